@@ -1,0 +1,1 @@
+//! SSRF-safe egress (placeholder; the real module lands with issue 5).

@@ -2,5 +2,15 @@
 //!
 //! See `ARCHITECTURE.md` for the module map, the data flow and the invariants.
 
+pub mod api;
+pub mod app;
+pub mod config;
+pub mod db;
 pub mod egress;
+pub mod error;
+pub mod fanout;
+pub mod ids;
+pub mod ingest;
+pub mod queue;
+pub mod store;
 pub mod verify;

@@ -1,1 +1,141 @@
-fn main() {}
+//! `webhook-gateway` binary: CLI -> configuration -> database -> `app::start`.
+
+use std::process::ExitCode;
+
+use clap::{CommandFactory, FromArgMatches};
+use tracing_subscriber::EnvFilter;
+use webhook_gateway::config::{Cli, Command, LogFormat, ServeArgs};
+use webhook_gateway::db::{self, embedded};
+use webhook_gateway::{api, app};
+
+fn main() -> ExitCode {
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
+    };
+    let result = match cli.command {
+        Command::Migrate(args) => {
+            init_tracing(LogFormat::Pretty);
+            runtime.block_on(async {
+                let pool = db::connect(&args.database_url, 2).await?;
+                db::migrate(&pool).await?;
+                println!("migrations applied");
+                Ok(())
+            })
+        }
+        Command::Serve(mut args) => {
+            let Some((_, sub)) = matches.subcommand() else {
+                return fail("missing subcommand");
+            };
+            if let Err(e) = args.merge_file(sub).and_then(|()| args.validate()) {
+                return fail(&e.to_string());
+            }
+            init_tracing(args.log_format);
+            runtime.block_on(serve(args))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&format!("{e:#}")),
+    }
+}
+
+/// Configuration and start-up errors are one line on stderr and exit code 1.
+fn fail(message: &str) -> ExitCode {
+    eprintln!("webhook-gateway: error: {message}");
+    ExitCode::FAILURE
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Pretty => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut cluster = None;
+    let url = match &args.database_url {
+        Some(url) => url.clone(),
+        None => {
+            let options = embedded::ClusterOptions {
+                data_dir: args.data_dir.join("pg"),
+                throwaway: false,
+                port: None,
+                settings: Vec::new(),
+            };
+            std::fs::create_dir_all(&args.data_dir)?;
+            let started = tokio::task::spawn_blocking(move || embedded::Cluster::start(&options)).await??;
+            tracing::info!(
+                data_dir = %started.data_dir().display(),
+                port = started.port(),
+                "embedded PostgreSQL started (set DATABASE_URL to use your own server)"
+            );
+            let url = started.url("postgres");
+            cluster = Some(started);
+            url
+        }
+    };
+    let result = run(args, &url).await;
+    if let Some(mut cluster) = cluster {
+        tokio::task::spawn_blocking(move || cluster.stop()).await?;
+        tracing::info!("embedded PostgreSQL stopped");
+    }
+    result
+}
+
+async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
+    let pool = db::connect(url, args.db_pool_size).await?;
+    db::migrate(&pool).await?;
+    let admin_token = match &args.admin_token {
+        Some(token) => token.clone(),
+        None => {
+            let token = api::generate_secret().replacen("whsec_", "wgadm_", 1).replace(['+', '/', '='], "");
+            println!("admin token (generated; set WEBHOOK_GATEWAY_ADMIN_TOKEN to keep one): {token}");
+            token
+        }
+    };
+    let settings = app::Settings {
+        listen: args.listen,
+        admin_token,
+        max_body_bytes: args.max_body_bytes,
+        role: args.role,
+        delivery: args.delivery(),
+        egress_allow: args.egress_allow.clone(),
+        egress_https_only: args.egress_https_only,
+    };
+    let running = app::start(pool.clone(), settings).await?;
+    shutdown_signal().await;
+    tracing::info!("shutting down: no new requests or claims; finishing in-flight work");
+    running.shutdown().await?;
+    pool.close().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! { () = ctrl_c => {}, () = term => {} }
+}

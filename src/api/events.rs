@@ -1,0 +1,103 @@
+//! `/v1/events`: publishing from internal producers, and reading stored events.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::deliveries::DeliveryView;
+use super::extract::{ApiJson, parse_id};
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::ids::EventId;
+use crate::ingest::{self, Accepted, IngestResponse};
+use crate::queue;
+use crate::store;
+
+/// Body of `POST /v1/events`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishEvent {
+    /// Source name (default `api`).
+    #[serde(default)]
+    pub source: Option<String>,
+    /// Event type, matched against subscriptions.
+    pub event_type: String,
+    /// The caller's id for this event: publishing it twice stores it once.
+    pub event_id: String,
+    /// The body delivered to subscribers.
+    pub payload: serde_json::Value,
+}
+
+/// `POST /v1/events`: idempotent on `(source, event_id)`; answers like ingest.
+pub async fn publish(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<PublishEvent>,
+) -> Result<Json<IngestResponse>, ApiError> {
+    if body.event_id.is_empty() || body.event_id.len() > 255 {
+        return Err(ApiError::validation("event_id", "must be 1-255 characters"));
+    }
+    if body.event_type.is_empty() || body.event_type.len() > 200 {
+        return Err(ApiError::validation("event_type", "must be 1-200 characters"));
+    }
+    let source_name = body.source.as_deref().unwrap_or("api");
+    let source = store::sources::by_name(&state.pool, source_name)
+        .await?
+        .ok_or_else(|| ApiError::validation("source", format!("no source named {source_name:?}")))?;
+    let payload = serde_json::to_vec(&body.payload).map_err(|_| ApiError::internal())?;
+    let stored = ingest::accept(
+        &state,
+        &Accepted {
+            source_id: source.id,
+            dedupe_key: &body.event_id,
+            event_type: &body.event_type,
+            content_type: Some("application/json"),
+            headers: &serde_json::json!({}),
+            payload: &payload,
+        },
+    )
+    .await?;
+    Ok(Json(stored.into()))
+}
+
+/// An event with its deliveries.
+#[derive(Debug, Serialize)]
+pub struct EventView {
+    id: EventId,
+    source: String,
+    event_type: String,
+    dedupe_key: String,
+    received_at: DateTime<Utc>,
+    content_type: Option<String>,
+    headers: serde_json::Value,
+    /// The body as JSON when it is JSON ...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<serde_json::Value>,
+    /// ... else as base64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_base64: Option<String>,
+    deliveries: Vec<DeliveryView>,
+}
+
+/// `GET /v1/events/{id}`.
+pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EventView>, ApiError> {
+    let id: EventId = parse_id(&id, "event")?;
+    let event = store::events::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("event"))?;
+    let filter = queue::read::Filter { event_id: Some(id), ..Default::default() };
+    let deliveries = queue::read::list(&state.pool, &filter, 1000).await?;
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(&event.payload).ok();
+    let payload_base64 = parsed.is_none().then(|| base64::engine::general_purpose::STANDARD.encode(&event.payload));
+    Ok(Json(EventView {
+        id: event.id,
+        source: event.source_name,
+        event_type: event.event_type,
+        dedupe_key: event.dedupe_key,
+        received_at: event.received_at,
+        content_type: event.content_type,
+        headers: event.headers.0,
+        payload: parsed,
+        payload_base64,
+        deliveries: deliveries.into_iter().map(Into::into).collect(),
+    }))
+}

@@ -1,0 +1,72 @@
+//! Extractors whose rejections are JSON `ApiError`s, so every 4xx carries a reason.
+
+use std::str::FromStr;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+
+/// `Json<T>` with JSON errors: 400 for broken JSON, 422 for a wrong shape (the message
+/// names the field), 415 without a JSON content type, 413 over the body limit.
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(value)) => Ok(ApiJson(value)),
+            Err(JsonRejection::JsonDataError(e)) => Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "validation_failed",
+                e.body_text().trim_start_matches("Failed to deserialize the JSON body into the target type: "),
+            )),
+            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::bad_request("malformed_json", e.body_text())),
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "expected Content-Type: application/json",
+            )),
+            Err(other) if other.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", other.body_text()))
+            }
+            Err(other) => Err(ApiError::bad_request("bad_request", other.body_text())),
+        }
+    }
+}
+
+/// `Query<T>` with JSON errors (422 naming the parameter).
+pub struct ApiQuery<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(ApiQuery(value)),
+            Err(QueryRejection::FailedToDeserializeQueryString(e)) => Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "validation_failed",
+                e.body_text().trim_start_matches("Failed to deserialize query string: "),
+            )),
+            Err(other) => Err(ApiError::bad_request("bad_request", other.body_text())),
+        }
+    }
+}
+
+/// Parse an id from a path segment; anything that is not an id is "not found".
+pub fn parse_id<T: FromStr>(raw: &str, what: &str) -> Result<T, ApiError> {
+    raw.parse().map_err(|_| ApiError::not_found(what))
+}

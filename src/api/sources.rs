@@ -1,0 +1,137 @@
+//! `/v1/sources`: where webhooks come from and how they are verified.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::extract::{ApiJson, parse_id};
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::ids::SourceId;
+use crate::store::{self, sources::Source};
+use crate::verify::{HmacScheme, Kind, Locator, SourceSpec};
+
+/// Body of `POST /v1/sources`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSource {
+    /// Unique name; webhooks arrive at `/ingest/{name}`.
+    pub name: String,
+    /// Verifier kind.
+    pub kind: Kind,
+    /// Signing secrets (several during a rotation).
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    /// Timestamp tolerance in seconds (kinds that sign a timestamp).
+    #[serde(default)]
+    pub tolerance_secs: Option<u64>,
+    /// Where the dedupe key lives (overrides the kind's default).
+    #[serde(default)]
+    pub dedupe: Locator,
+    /// Where the event type lives (overrides the kind's default).
+    #[serde(default)]
+    pub event_type: Locator,
+    /// Settings of the `hmac` kind.
+    #[serde(default)]
+    pub hmac: Option<HmacScheme>,
+}
+
+/// A source as the API shows it: secrets appear only as fingerprints.
+#[derive(Debug, Serialize)]
+pub struct SourceView {
+    id: SourceId,
+    name: String,
+    kind: Kind,
+    ingest_path: String,
+    dedupe: Locator,
+    event_type: Locator,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tolerance_secs: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hmac: Option<HmacScheme>,
+    secret_fingerprints: Vec<String>,
+    created_at: DateTime<Utc>,
+}
+
+impl From<Source> for SourceView {
+    fn from(s: Source) -> Self {
+        let spec = s.spec.0;
+        SourceView {
+            id: s.id,
+            ingest_path: format!("/ingest/{}", s.name),
+            name: s.name,
+            kind: spec.kind,
+            dedupe: spec.dedupe,
+            event_type: spec.event_type,
+            tolerance_secs: spec.tolerance_secs,
+            hmac: spec.hmac,
+            secret_fingerprints: spec.secrets.iter().map(|s| fingerprint(s)).collect(),
+            created_at: s.created_at,
+        }
+    }
+}
+
+fn fingerprint(secret: &str) -> String {
+    use sha2::{Digest, Sha256};
+    format!("sha256:{}", &hex::encode(Sha256::digest(secret.as_bytes()))[..12])
+}
+
+fn validate_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 100
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::validation("name", "1-100 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"))
+    }
+}
+
+/// `POST /v1/sources`.
+pub async fn create(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateSource>,
+) -> Result<(StatusCode, Json<SourceView>), ApiError> {
+    validate_name(&body.name)?;
+    if body.kind == Kind::Internal {
+        return Err(ApiError::validation("kind", "`internal` is reserved for the built-in `api` source"));
+    }
+    let spec = SourceSpec {
+        kind: body.kind,
+        secrets: body.secrets,
+        tolerance_secs: body.tolerance_secs,
+        dedupe: body.dedupe,
+        event_type: body.event_type,
+        hmac: body.hmac,
+    };
+    if spec.kind.needs_secret() && spec.secrets.iter().all(|s| s.is_empty()) {
+        return Err(ApiError::validation("secrets", format!("kind {} needs at least one secret", spec.kind.as_str())));
+    }
+    if spec.kind == Kind::None {
+        tracing::warn!(source = %body.name, "source of kind `none` created: its webhooks are not verified");
+    }
+    match store::sources::insert(&state.pool, &body.name, &spec).await {
+        Ok(source) => Ok((StatusCode::CREATED, Json(source.into()))),
+        Err(e) if store::is_unique_violation(&e, store::sources::NAME_UNIQUE) => {
+            Err(ApiError::conflict(format!("a source named {:?} already exists", body.name)))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `GET /v1/sources`.
+pub async fn list(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    let sources = store::sources::list(&state.pool).await?;
+    let data: Vec<SourceView> = sources.into_iter().map(Into::into).collect();
+    Ok(Json(serde_json::json!({ "data": data })))
+}
+
+/// `GET /v1/sources/{id}`.
+pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<SourceView>, ApiError> {
+    let id: SourceId = parse_id(&id, "source")?;
+    let source = store::sources::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("source"))?;
+    Ok(Json(source.into()))
+}

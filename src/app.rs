@@ -1,0 +1,111 @@
+//! Wiring: shared state, the HTTP server, the delivery workers, graceful shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use ipnet::IpNet;
+use sqlx::PgPool;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use url::Url;
+
+use crate::config::{DeliverySettings, Role};
+use crate::error::ApiError;
+
+/// State shared by every handler. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    /// Connection pool.
+    pub pool: PgPool,
+    /// Admin API bearer token.
+    pub admin_token: Arc<str>,
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+    /// Signalled when ingest creates deliveries, so idle workers claim at once.
+    pub wake: Arc<Notify>,
+    /// Operator-opened outbound ranges (endpoint URL checks).
+    pub egress_allow: Arc<[IpNet]>,
+    /// Refuse plain-http endpoints.
+    pub egress_https_only: bool,
+}
+
+impl AppState {
+    /// Validate an endpoint URL as typed by an operator: parseable, http(s), with a host.
+    pub fn check_endpoint_url(&self, raw: &str) -> Result<Url, ApiError> {
+        let url = Url::parse(raw).map_err(|e| ApiError::validation("url", format!("not a valid URL: {e}")))?;
+        match url.scheme() {
+            "https" => {}
+            "http" if !self.egress_https_only => {}
+            "http" => return Err(ApiError::validation("url", "only https URLs are allowed (egress-https-only)")),
+            other => return Err(ApiError::validation("url", format!("scheme {other:?} is not http or https"))),
+        }
+        if url.host().is_none() {
+            return Err(ApiError::validation("url", "has no host"));
+        }
+        Ok(url)
+    }
+}
+
+/// Everything a gateway process needs besides its database pool.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Listen address (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// Admin API bearer token.
+    pub admin_token: String,
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+    /// Which parts run.
+    pub role: Role,
+    /// Delivery worker settings.
+    pub delivery: DeliverySettings,
+    /// Operator-opened outbound ranges.
+    pub egress_allow: Vec<IpNet>,
+    /// Refuse plain-http endpoints.
+    pub egress_https_only: bool,
+}
+
+/// A running gateway: its address, and a handle to stop it.
+pub struct Running {
+    /// The address the HTTP server listens on.
+    pub addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    server: JoinHandle<std::io::Result<()>>,
+}
+
+impl Running {
+    /// Stop accepting, finish in-flight HTTP requests, then return.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let _ = self.shutdown.send(true);
+        self.server.await.context("server task panicked")??;
+        Ok(())
+    }
+}
+
+/// Bind, and start the HTTP server (and the workers, for roles that run them).
+pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> {
+    let state = AppState {
+        pool,
+        admin_token: settings.admin_token.clone().into(),
+        max_body_bytes: settings.max_body_bytes,
+        wake: Arc::new(Notify::new()),
+        egress_allow: settings.egress_allow.clone().into(),
+        egress_https_only: settings.egress_https_only,
+    };
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let addr = listener.local_addr()?;
+    let (shutdown, mut stop) = watch::channel(false);
+    let router = crate::api::router(state, settings.role);
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    tracing::info!(%addr, role = ?settings.role, "gateway listening");
+    Ok(Running { addr, shutdown, server })
+}

@@ -1,0 +1,378 @@
+//! Command line, environment and TOML configuration, validated once at start-up.
+//!
+//! Precedence: command line > environment > `--config FILE` > built-in default.
+//! Every flag has an environment variable; the TOML file uses the flag names with
+//! dashes replaced by underscores (`max_body_bytes = 2097152`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+/// The `webhook-gateway` command line.
+#[derive(Debug, Parser)]
+#[command(name = "webhook-gateway", version, about = "Durable webhook ingestion and delivery on PostgreSQL")]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once at start-up; boxing buys nothing
+pub enum Command {
+    /// Run the gateway (ingest, admin API and delivery workers).
+    Serve(ServeArgs),
+    /// Apply database migrations to DATABASE_URL and exit.
+    Migrate(MigrateArgs),
+}
+
+/// Which parts of the gateway a process runs, so ingest and delivery can scale apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// HTTP ingest, admin API and delivery workers.
+    All,
+    /// HTTP ingest and admin API only.
+    Ingest,
+    /// Delivery workers only (still serves /healthz, /readyz and /metrics).
+    Worker,
+}
+
+impl Role {
+    /// Whether this role runs delivery workers.
+    pub fn runs_workers(self) -> bool {
+        matches!(self, Role::All | Role::Worker)
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `webhook-gateway migrate`.
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// PostgreSQL connection URL.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+}
+
+/// `webhook-gateway serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// TOML file with the same keys as the flags (underscores for dashes).
+    #[arg(long, env = "WEBHOOK_GATEWAY_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Address to listen on.
+    #[arg(long, env = "WEBHOOK_GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// PostgreSQL connection URL. Unset: start a private PostgreSQL cluster in --data-dir.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+
+    /// Where the embedded PostgreSQL cluster lives (used only without a database URL).
+    #[arg(long, env = "WEBHOOK_GATEWAY_DATA_DIR", default_value = ".webhook-gateway")]
+    pub data_dir: PathBuf,
+
+    /// Bearer token for the admin API. Unset: one is generated and printed at start-up.
+    #[arg(long, env = "WEBHOOK_GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Largest accepted request body, in bytes.
+    #[arg(long, env = "WEBHOOK_GATEWAY_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Which parts to run.
+    #[arg(long, env = "WEBHOOK_GATEWAY_ROLE", value_enum, default_value = "all")]
+    pub role: Role,
+
+    /// Concurrent outbound deliveries per process. Default: 32 per CPU core.
+    #[arg(long, env = "WEBHOOK_GATEWAY_WORKERS")]
+    pub workers: Option<usize>,
+
+    /// Lease on a claimed delivery, in seconds; must exceed the request timeout plus margin.
+    #[arg(long, env = "WEBHOOK_GATEWAY_LEASE_SECS", default_value_t = 60)]
+    pub lease_secs: u64,
+
+    /// Outbound connect timeout, in seconds.
+    #[arg(long, env = "WEBHOOK_GATEWAY_CONNECT_TIMEOUT_SECS", default_value_t = 5)]
+    pub connect_timeout_secs: u64,
+
+    /// Outbound whole-request timeout, in seconds.
+    #[arg(long, env = "WEBHOOK_GATEWAY_REQUEST_TIMEOUT_SECS", default_value_t = 15)]
+    pub request_timeout_secs: u64,
+
+    /// Attempts per delivery before it is dead-lettered.
+    #[arg(long, env = "WEBHOOK_GATEWAY_MAX_ATTEMPTS", default_value_t = 8)]
+    pub max_attempts: u32,
+
+    /// Backoff base, in milliseconds (full jitter: random(0, min(cap, base * 2^attempt))).
+    #[arg(long, env = "WEBHOOK_GATEWAY_BACKOFF_BASE_MS", default_value_t = 5_000)]
+    pub backoff_base_ms: u64,
+
+    /// Backoff cap, in seconds.
+    #[arg(long, env = "WEBHOOK_GATEWAY_BACKOFF_CAP_SECS", default_value_t = 6 * 3600)]
+    pub backoff_cap_secs: u64,
+
+    /// Longest Retry-After the gateway honours, in seconds.
+    #[arg(long, env = "WEBHOOK_GATEWAY_RETRY_AFTER_CAP_SECS", default_value_t = 24 * 3600)]
+    pub retry_after_cap_secs: u64,
+
+    /// How often idle workers look for due deliveries, in milliseconds.
+    #[arg(long, env = "WEBHOOK_GATEWAY_POLL_INTERVAL_MS", default_value_t = 250)]
+    pub poll_interval_ms: u64,
+
+    /// On shutdown, how long in-flight deliveries may take to finish, in seconds.
+    #[arg(long, env = "WEBHOOK_GATEWAY_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
+    pub shutdown_grace_secs: u64,
+
+    /// Open an outbound address range (CIDR), e.g. 127.0.0.1/32. Repeatable; env is comma-separated.
+    #[arg(long = "egress-allow", env = "WEBHOOK_GATEWAY_EGRESS_ALLOW", value_delimiter = ',')]
+    pub egress_allow: Vec<ipnet::IpNet>,
+
+    /// Refuse plain-http endpoints.
+    #[arg(long, env = "WEBHOOK_GATEWAY_EGRESS_HTTPS_ONLY")]
+    pub egress_https_only: bool,
+
+    /// PostgreSQL connections per process.
+    #[arg(long, env = "WEBHOOK_GATEWAY_DB_POOL_SIZE", default_value_t = 16)]
+    pub db_pool_size: u32,
+
+    /// Log format.
+    #[arg(long, env = "WEBHOOK_GATEWAY_LOG_FORMAT", value_enum, default_value = "pretty")]
+    pub log_format: LogFormat,
+}
+
+/// The TOML file: every key optional, unknown keys are an error (typos must not pass).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    database_url: Option<String>,
+    data_dir: Option<PathBuf>,
+    admin_token: Option<String>,
+    max_body_bytes: Option<usize>,
+    role: Option<Role>,
+    workers: Option<usize>,
+    lease_secs: Option<u64>,
+    connect_timeout_secs: Option<u64>,
+    request_timeout_secs: Option<u64>,
+    max_attempts: Option<u32>,
+    backoff_base_ms: Option<u64>,
+    backoff_cap_secs: Option<u64>,
+    retry_after_cap_secs: Option<u64>,
+    poll_interval_ms: Option<u64>,
+    shutdown_grace_secs: Option<u64>,
+    egress_allow: Option<Vec<ipnet::IpNet>>,
+    egress_https_only: Option<bool>,
+    db_pool_size: Option<u32>,
+    log_format: Option<LogFormat>,
+}
+
+/// A configuration problem, reported as one line and a non-zero exit.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl ServeArgs {
+    /// Fill in values from `--config FILE` for every key not given on the command line or
+    /// in the environment.
+    pub fn merge_file(&mut self, matches: &ArgMatches) -> Result<(), ConfigError> {
+        let Some(path) = self.config.clone() else {
+            return Ok(());
+        };
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| ConfigError(format!("cannot read config file {}: {e}", path.display())))?;
+        let file: FileConfig = toml::from_str(&text).map_err(|e| {
+            let msg = e.message().to_owned();
+            ConfigError(format!("config file {}: {msg}", path.display()))
+        })?;
+        let explicit =
+            |id: &str| matches!(matches.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable));
+        macro_rules! take {
+            ($field:ident) => {
+                if let Some(v) = file.$field
+                    && !explicit(stringify!($field))
+                {
+                    self.$field = v;
+                }
+            };
+            (opt $field:ident) => {
+                if let Some(v) = file.$field
+                    && !explicit(stringify!($field))
+                {
+                    self.$field = Some(v);
+                }
+            };
+        }
+        take!(listen);
+        take!(opt database_url);
+        take!(data_dir);
+        take!(opt admin_token);
+        take!(max_body_bytes);
+        take!(role);
+        take!(opt workers);
+        take!(lease_secs);
+        take!(connect_timeout_secs);
+        take!(request_timeout_secs);
+        take!(max_attempts);
+        take!(backoff_base_ms);
+        take!(backoff_cap_secs);
+        take!(retry_after_cap_secs);
+        take!(poll_interval_ms);
+        take!(shutdown_grace_secs);
+        take!(egress_allow);
+        take!(egress_https_only);
+        take!(db_pool_size);
+        take!(log_format);
+        Ok(())
+    }
+
+    /// Check cross-field rules. Called once at start-up.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError(m));
+        if self.max_body_bytes == 0 {
+            return fail("max-body-bytes must be at least 1".into());
+        }
+        if self.workers == Some(0) {
+            return fail("workers must be at least 1".into());
+        }
+        if self.max_attempts == 0 {
+            return fail("max-attempts must be at least 1".into());
+        }
+        if self.request_timeout_secs == 0 || self.connect_timeout_secs == 0 {
+            return fail("connect-timeout-secs and request-timeout-secs must be at least 1".into());
+        }
+        // A lease shorter than a request lets a second worker send the same delivery while
+        // the first still waits on the subscriber: the margin covers recording the outcome.
+        let needed = self.request_timeout_secs + LEASE_MARGIN_SECS;
+        if self.lease_secs < needed {
+            return fail(format!(
+                "lease-secs ({}) must be at least request-timeout-secs ({}) + {LEASE_MARGIN_SECS} s margin = {needed}",
+                self.lease_secs, self.request_timeout_secs
+            ));
+        }
+        if self.backoff_base_ms == 0 || self.backoff_cap_secs == 0 {
+            return fail("backoff-base-ms and backoff-cap-secs must be at least 1".into());
+        }
+        if self.poll_interval_ms == 0 {
+            return fail("poll-interval-ms must be at least 1".into());
+        }
+        if self.db_pool_size < 2 {
+            return fail("db-pool-size must be at least 2".into());
+        }
+        if let Some(token) = &self.admin_token
+            && token.len() < 16
+        {
+            return fail("admin-token must be at least 16 characters".into());
+        }
+        Ok(())
+    }
+
+    /// Concurrent deliveries for this process.
+    pub fn worker_count(&self) -> usize {
+        self.workers.unwrap_or_else(|| 32 * std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2))
+    }
+
+    /// The delivery settings derived from the flags.
+    pub fn delivery(&self) -> DeliverySettings {
+        DeliverySettings {
+            workers: self.worker_count(),
+            lease: Duration::from_secs(self.lease_secs),
+            max_attempts: self.max_attempts,
+            backoff_base: Duration::from_millis(self.backoff_base_ms),
+            backoff_cap: Duration::from_secs(self.backoff_cap_secs),
+            retry_after_cap: Duration::from_secs(self.retry_after_cap_secs),
+            poll_interval: Duration::from_millis(self.poll_interval_ms),
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+        }
+    }
+}
+
+/// Margin between the request timeout and the lease, for recording the outcome.
+pub const LEASE_MARGIN_SECS: u64 = 10;
+
+/// Settings of the delivery workers.
+#[derive(Debug, Clone)]
+pub struct DeliverySettings {
+    /// Concurrent outbound requests in this process.
+    pub workers: usize,
+    /// Lease on a claimed delivery.
+    pub lease: Duration,
+    /// Attempt budget per delivery.
+    pub max_attempts: u32,
+    /// Backoff base.
+    pub backoff_base: Duration,
+    /// Backoff cap.
+    pub backoff_cap: Duration,
+    /// Cap on an honoured Retry-After.
+    pub retry_after_cap: Duration,
+    /// Idle poll interval.
+    pub poll_interval: Duration,
+    /// Shutdown grace for in-flight requests.
+    pub shutdown_grace: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches};
+
+    fn parse(args: &[&str]) -> Result<ServeArgs, String> {
+        let matches = Cli::command().try_get_matches_from(args).map_err(|e| e.to_string())?;
+        let cli = Cli::from_arg_matches(&matches).map_err(|e| e.to_string())?;
+        let Command::Serve(mut serve) = cli.command else { return Err("not serve".into()) };
+        let (_, sub) = matches.subcommand().ok_or("no subcommand")?;
+        serve.merge_file(sub).map_err(|e| e.to_string())?;
+        serve.validate().map_err(|e| e.to_string())?;
+        Ok(serve)
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let serve = parse(&["webhook-gateway", "serve"]).unwrap();
+        assert_eq!(serve.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(serve.max_body_bytes, 1024 * 1024);
+        assert_eq!(serve.lease_secs, 60);
+        assert!(serve.egress_allow.is_empty());
+    }
+
+    #[test]
+    fn lease_shorter_than_timeout_is_refused() {
+        let err =
+            parse(&["webhook-gateway", "serve", "--lease-secs", "20", "--request-timeout-secs", "15"]).unwrap_err();
+        assert!(err.contains("lease-secs (20) must be at least"), "{err}");
+    }
+
+    #[test]
+    fn file_fills_only_what_the_command_line_left_unset() {
+        let dir = std::env::temp_dir().join(format!("wg-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gw.toml");
+        std::fs::write(&path, "listen = \"127.0.0.1:9999\"\nmax_body_bytes = 42\negress_allow = [\"127.0.0.1/32\"]\n")
+            .unwrap();
+        let serve =
+            parse(&["webhook-gateway", "serve", "--config", path.to_str().unwrap(), "--max-body-bytes", "7"]).unwrap();
+        assert_eq!(serve.listen.to_string(), "127.0.0.1:9999");
+        assert_eq!(serve.max_body_bytes, 7);
+        assert_eq!(serve.egress_allow.len(), 1);
+
+        std::fs::write(&path, "lisen = \"127.0.0.1:1\"\n").unwrap();
+        let err = parse(&["webhook-gateway", "serve", "--config", path.to_str().unwrap()]).unwrap_err();
+        assert!(err.contains("unknown field `lisen`"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

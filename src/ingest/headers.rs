@@ -1,0 +1,62 @@
+//! Which request headers are kept with an event, and redaction of the secret ones.
+
+use axum::http::HeaderMap;
+use serde_json::{Map, Value};
+
+/// Replacement for a redacted header value.
+pub const REDACTED: &str = "[redacted]";
+
+/// Whether a header carries a credential or a signature that must not be stored as-is.
+fn is_sensitive(name: &str) -> bool {
+    matches!(name, "authorization" | "cookie" | "proxy-authorization" | "x-api-key")
+        || name.contains("signature")
+        || name.contains("hmac")
+        || name.contains("token")
+        || name.contains("secret")
+}
+
+/// Headers as a JSON object (lower-case names; repeated headers joined with ", "), with
+/// signatures and credentials redacted: once verified they are no longer needed, and
+/// stored they would be a secret at rest.
+pub fn redacted_headers(headers: &HeaderMap) -> Value {
+    let mut out = Map::new();
+    for name in headers.keys() {
+        let key = name.as_str();
+        let value = if is_sensitive(key) {
+            REDACTED.to_owned()
+        } else {
+            headers
+                .get_all(name)
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        out.insert(key.to_owned(), Value::String(value));
+    }
+    Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_and_credentials_are_redacted() {
+        let mut h = HeaderMap::new();
+        h.insert("stripe-signature", "t=1,v1=abc".parse().unwrap());
+        h.insert("x-hub-signature-256", "sha256=abc".parse().unwrap());
+        h.insert("x-shopify-hmac-sha256", "abc".parse().unwrap());
+        h.insert("authorization", "Bearer x".parse().unwrap());
+        h.insert("x-github-event", "push".parse().unwrap());
+        h.append("accept", "a".parse().unwrap());
+        h.append("accept", "b".parse().unwrap());
+        let v = redacted_headers(&h);
+        assert_eq!(v["stripe-signature"], REDACTED);
+        assert_eq!(v["x-hub-signature-256"], REDACTED);
+        assert_eq!(v["x-shopify-hmac-sha256"], REDACTED);
+        assert_eq!(v["authorization"], REDACTED);
+        assert_eq!(v["x-github-event"], "push");
+        assert_eq!(v["accept"], "a, b");
+    }
+}

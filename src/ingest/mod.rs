@@ -1,0 +1,124 @@
+//! `POST /ingest/{source}`: verify, then store the event and its fan-out in one
+//! transaction, then answer. Nothing is acknowledged before it is committed.
+
+mod headers;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::ids::{EventId, SourceId};
+use crate::store;
+use crate::store::events::{NewEvent, Stored};
+use crate::verify::{self, Kind};
+
+pub use headers::redacted_headers;
+
+/// The answer to an accepted webhook (new or duplicate).
+#[derive(Debug, Serialize)]
+pub struct IngestResponse {
+    /// The stored event (the original one for a duplicate).
+    pub event_id: EventId,
+    /// True when this webhook was already stored; nothing new was created.
+    pub duplicate: bool,
+}
+
+impl From<Stored> for IngestResponse {
+    fn from(s: Stored) -> Self {
+        IngestResponse { event_id: s.event_id, duplicate: s.duplicate }
+    }
+}
+
+/// `POST /ingest/{source}`.
+pub async fn ingest(
+    State(state): State<AppState>,
+    Path(source_name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::payload_too_large(state.max_body_bytes)
+        } else {
+            ApiError::bad_request("bad_request", rejection.body_text())
+        }
+    })?;
+    let source = store::sources::by_name(&state.pool, &source_name)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("source {source_name:?}")))?;
+    let spec = &source.spec.0;
+    if spec.kind == Kind::Internal {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "not_ingestible",
+            "this source takes events only through POST /v1/events",
+        ));
+    }
+    let verified = verify::verify(spec, &headers, &body, chrono::Utc::now().timestamp()).map_err(|e| {
+        tracing::debug!(source = %source_name, code = e.code(), "webhook refused");
+        match e {
+            verify::VerifyError::MalformedBody(m) => ApiError::bad_request("malformed_body", m),
+            other => ApiError::unauthorized(other.code(), other.to_string()),
+        }
+    })?;
+    if let Some(challenge) = verified.challenge {
+        return Ok(Json(serde_json::json!({ "challenge": challenge })).into_response());
+    }
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let stored = accept(
+        &state,
+        &Accepted {
+            source_id: source.id,
+            dedupe_key: &verified.dedupe_key,
+            event_type: &verified.event_type,
+            content_type,
+            headers: &redacted_headers(&headers),
+            payload: &body,
+        },
+    )
+    .await?;
+    Ok(Json(IngestResponse::from(stored)).into_response())
+}
+
+/// An event that passed verification (or came from an authenticated producer).
+pub struct Accepted<'a> {
+    /// Source.
+    pub source_id: SourceId,
+    /// Dedupe key.
+    pub dedupe_key: &'a str,
+    /// Event type.
+    pub event_type: &'a str,
+    /// Body content type.
+    pub content_type: Option<&'a str>,
+    /// Headers to keep (already redacted).
+    pub headers: &'a serde_json::Value,
+    /// Raw body.
+    pub payload: &'a [u8],
+}
+
+/// Store an accepted event with its fan-out, and wake this process's workers when it
+/// created deliveries. Shared by webhook ingest and `POST /v1/events`.
+pub async fn accept(state: &AppState, event: &Accepted<'_>) -> Result<Stored, ApiError> {
+    let stored = store::events::insert_with_fanout(
+        &state.pool,
+        &NewEvent {
+            source_id: event.source_id,
+            dedupe_key: event.dedupe_key,
+            event_type: event.event_type,
+            content_type: event.content_type,
+            headers: event.headers,
+            payload: event.payload,
+        },
+    )
+    .await?;
+    if stored.deliveries > 0 {
+        state.wake.notify_one();
+    }
+    Ok(stored)
+}

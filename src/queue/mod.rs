@@ -1,0 +1,247 @@
+//! The queue: the `deliveries` table and every statement that touches it.
+//!
+//! - [`claim`]: one statement picks due rows with `FOR UPDATE SKIP LOCKED`, moves them onto
+//!   a lease (`next_attempt_at = now() + lease`), bumps their fencing token and attempt
+//!   count, and returns what a worker needs to send them. Concurrent claimers get
+//!   disjoint rows; there is no "in progress" status a crash could strand: an abandoned
+//!   claim is simply due again when its lease ends.
+//! - [`record`]: outcomes are written with `WHERE claim_token = $token`; a worker whose
+//!   lease was taken over matches zero rows and its result is dropped (fenced).
+
+pub mod read;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+
+use crate::ids::{DeliveryId, EndpointId, EventId};
+
+/// A claimed delivery: everything needed to send it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Claimed {
+    /// Delivery id (its `webhook-id` derives from it).
+    pub id: DeliveryId,
+    /// Event id.
+    pub event_id: EventId,
+    /// Endpoint id.
+    pub endpoint_id: EndpointId,
+    /// This attempt's number (1-based), already counted.
+    pub attempt: i32,
+    /// Fencing token of this claim.
+    pub claim_token: i64,
+    /// Endpoint URL.
+    pub url: String,
+    /// Endpoint signing secret.
+    pub secret: String,
+    /// Event type.
+    pub event_type: String,
+    /// Source name.
+    pub source_name: String,
+    /// Body content type.
+    pub content_type: Option<String>,
+    /// Raw body.
+    pub payload: Vec<u8>,
+}
+
+/// Claim up to `limit` due deliveries for `lease`.
+///
+/// Ordered by due time so the oldest work goes first; `SKIP LOCKED` lets any number of
+/// workers in any number of processes claim at once without waiting on each other.
+pub async fn claim(db: impl PgExecutor<'_>, limit: i64, lease: Duration) -> Result<Vec<Claimed>, sqlx::Error> {
+    sqlx::query_as(
+        "WITH due AS (
+             SELECT id FROM deliveries
+             WHERE status = 'pending' AND next_attempt_at <= now()
+             ORDER BY next_attempt_at
+             LIMIT $1
+             FOR UPDATE SKIP LOCKED
+         )
+         UPDATE deliveries d
+         SET next_attempt_at = now() + make_interval(secs => $2),
+             leased_until = now() + make_interval(secs => $2),
+             claim_token = d.claim_token + 1,
+             attempt_count = d.attempt_count + 1,
+             updated_at = now()
+         FROM due, events e, endpoints ep, sources s
+         WHERE d.id = due.id AND e.id = d.event_id AND ep.id = d.endpoint_id AND s.id = e.source_id
+         RETURNING d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.claim_token,
+                   ep.url, ep.secret, e.event_type, s.name AS source_name, e.content_type, e.payload",
+    )
+    .bind(limit)
+    .bind(lease.as_secs_f64())
+    .fetch_all(db)
+    .await
+}
+
+/// Final or intermediate state after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// 2xx: done.
+    Delivered,
+    /// Try again at `next_attempt_at`.
+    Retry,
+    /// Dead-lettered: no more automatic attempts.
+    Dead,
+}
+
+impl Outcome {
+    /// Name stored in `attempts.outcome`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Delivered => "delivered",
+            Outcome::Retry => "retry",
+            Outcome::Dead => "dead",
+        }
+    }
+
+    fn status(self) -> &'static str {
+        match self {
+            Outcome::Delivered => "delivered",
+            Outcome::Retry => "pending",
+            Outcome::Dead => "dead",
+        }
+    }
+}
+
+/// What one attempt produced, ready to record.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    /// Delivery.
+    pub delivery_id: DeliveryId,
+    /// Token of the claim this attempt ran under.
+    pub claim_token: i64,
+    /// Attempt number.
+    pub attempt: i32,
+    /// When the request started.
+    pub started_at: DateTime<Utc>,
+    /// How long it took.
+    pub duration_ms: i32,
+    /// HTTP status, if any.
+    pub status_code: Option<i32>,
+    /// Transport error class, if no response.
+    pub error_kind: Option<String>,
+    /// What happens next.
+    pub outcome: Outcome,
+    /// Why.
+    pub reason: String,
+    /// Truncated response body.
+    pub response_excerpt: Option<String>,
+    /// Next due time (Retry only).
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// Why then (Retry only).
+    pub next_attempt_reason: Option<String>,
+}
+
+/// Record a batch of outcomes, each fenced by its claim token, in one statement.
+///
+/// Returns the ids that were recorded; any other id in the batch was fenced (its lease
+/// was taken over by a newer claim) and nothing about it was written.
+pub async fn record(db: impl PgExecutor<'_>, batch: &[AttemptRecord]) -> Result<Vec<DeliveryId>, sqlx::Error> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
+    }
+    fn col<T>(batch: &[AttemptRecord], f: impl Fn(&AttemptRecord) -> T) -> Vec<T> {
+        batch.iter().map(f).collect()
+    }
+    let ids: Vec<DeliveryId> = col(batch, |r| r.delivery_id);
+    let tokens: Vec<i64> = col(batch, |r| r.claim_token);
+    let attempts: Vec<i32> = col(batch, |r| r.attempt);
+    let started: Vec<DateTime<Utc>> = col(batch, |r| r.started_at);
+    let durations: Vec<i32> = col(batch, |r| r.duration_ms);
+    let codes: Vec<Option<i32>> = col(batch, |r| r.status_code);
+    let kinds: Vec<Option<String>> = batch.iter().map(|r| r.error_kind.clone()).collect();
+    let outcomes: Vec<&str> = batch.iter().map(|r| r.outcome.as_str()).collect();
+    let statuses: Vec<&str> = batch.iter().map(|r| r.outcome.status()).collect();
+    let reasons: Vec<&str> = batch.iter().map(|r| r.reason.as_str()).collect();
+    let excerpts: Vec<Option<&str>> = batch.iter().map(|r| r.response_excerpt.as_deref()).collect();
+    let next_at: Vec<Option<DateTime<Utc>>> = col(batch, |r| r.next_attempt_at);
+    let next_why: Vec<Option<&str>> = batch.iter().map(|r| r.next_attempt_reason.as_deref()).collect();
+
+    sqlx::query_scalar(
+        "WITH o AS (
+             SELECT * FROM unnest($1::uuid[], $2::int8[], $3::int4[], $4::timestamptz[], $5::int4[],
+                                  $6::int4[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
+                                  $12::timestamptz[], $13::text[])
+                 AS o(id, token, attempt, started_at, duration_ms, status_code, error_kind, outcome,
+                      status, reason, excerpt, next_at, next_why)
+         ), upd AS (
+             UPDATE deliveries d
+             SET status = o.status,
+                 next_attempt_at = COALESCE(o.next_at, d.next_attempt_at),
+                 leased_until = NULL,
+                 dead_reason = CASE WHEN o.status = 'dead' THEN o.reason END,
+                 finished_at = CASE WHEN o.status = 'pending' THEN NULL ELSE now() END,
+                 updated_at = now()
+             FROM o
+             WHERE d.id = o.id AND d.claim_token = o.token AND d.status = 'pending'
+             RETURNING d.id
+         )
+         INSERT INTO attempts (delivery_id, attempt_number, started_at, duration_ms, status_code, error_kind,
+                               outcome, reason, response_excerpt, next_attempt_at, next_attempt_reason)
+         SELECT o.id, o.attempt, o.started_at, o.duration_ms, o.status_code, o.error_kind, o.outcome,
+                o.reason, o.excerpt, o.next_at, o.next_why
+         FROM o JOIN upd ON upd.id = o.id
+         RETURNING delivery_id",
+    )
+    .bind(ids)
+    .bind(tokens)
+    .bind(attempts)
+    .bind(started)
+    .bind(durations)
+    .bind(codes)
+    .bind(kinds)
+    .bind(outcomes)
+    .bind(statuses)
+    .bind(reasons)
+    .bind(excerpts)
+    .bind(next_at)
+    .bind(next_why)
+    .fetch_all(db)
+    .await
+}
+
+/// Give a claim back without spending its attempt (e.g. the circuit opened between the
+/// claim and the send, or the process is shutting down before it sent anything).
+/// Fenced like [`record`]; returns whether the release applied.
+pub async fn release(
+    db: impl PgExecutor<'_>,
+    id: DeliveryId,
+    claim_token: i64,
+    due_at: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE deliveries
+         SET attempt_count = attempt_count - 1, next_attempt_at = $3, leased_until = NULL, updated_at = now()
+         WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
+    )
+    .bind(id)
+    .bind(claim_token)
+    .bind(due_at)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Dead-letter a claimed delivery whose budget was spent by attempts whose outcome is
+/// unknown (their workers died holding the lease). Nothing is sent, so the claim's
+/// attempt is given back. Fenced like [`record`].
+pub async fn bury_unsent(
+    db: impl PgExecutor<'_>,
+    id: DeliveryId,
+    claim_token: i64,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE deliveries
+         SET status = 'dead', attempt_count = attempt_count - 1, dead_reason = $3, leased_until = NULL,
+             finished_at = now(), updated_at = now()
+         WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
+    )
+    .bind(id)
+    .bind(claim_token)
+    .bind(reason)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -1,0 +1,43 @@
+//! The `attempts` table (rows are written by the queue's fenced record statement).
+
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+
+use crate::ids::DeliveryId;
+
+/// One recorded attempt.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct Attempt {
+    /// Attempt number, 1-based (the `webhook-attempt` header sent).
+    pub attempt_number: i32,
+    /// When the request started.
+    pub started_at: DateTime<Utc>,
+    /// How long it took, in milliseconds.
+    pub duration_ms: i32,
+    /// HTTP status, when a response came back.
+    pub status_code: Option<i32>,
+    /// Transport error class, when none did.
+    pub error_kind: Option<String>,
+    /// delivered | retry | dead.
+    pub outcome: String,
+    /// Why.
+    pub reason: String,
+    /// Start of the response body (truncated).
+    pub response_excerpt: Option<String>,
+    /// When the next attempt is due (retry outcomes).
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// Why then: backoff, retry_after, ...
+    pub next_attempt_reason: Option<String>,
+}
+
+/// Attempts of one delivery, in order.
+pub async fn for_delivery(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<Vec<Attempt>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT attempt_number, started_at, duration_ms, status_code, error_kind, outcome, reason,
+                response_excerpt, next_attempt_at, next_attempt_reason
+         FROM attempts WHERE delivery_id = $1 ORDER BY id",
+    )
+    .bind(id)
+    .fetch_all(db)
+    .await
+}

@@ -1,0 +1,51 @@
+//! The `sources` table.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+use sqlx::types::Json;
+
+use crate::ids::SourceId;
+use crate::verify::SourceSpec;
+
+/// A source row.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Source {
+    /// Id.
+    pub id: SourceId,
+    /// Unique name; the ingest path is `/ingest/{name}`.
+    pub name: String,
+    /// Verifier spec (kind, secrets, locators).
+    pub spec: Json<SourceSpec>,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "id, name, spec, created_at";
+
+/// Insert a source. A taken name fails with a unique violation on `sources_name_key`.
+pub async fn insert(db: impl PgExecutor<'_>, name: &str, spec: &SourceSpec) -> Result<Source, sqlx::Error> {
+    sqlx::query_as(&format!("INSERT INTO sources (name, kind, spec) VALUES ($1, $2, $3) RETURNING {COLUMNS}"))
+        .bind(name)
+        .bind(spec.kind.as_str())
+        .bind(Json(spec))
+        .fetch_one(db)
+        .await
+}
+
+/// Constraint that makes names unique.
+pub const NAME_UNIQUE: &str = "sources_name_key";
+
+/// A source by name.
+pub async fn by_name(db: impl PgExecutor<'_>, name: &str) -> Result<Option<Source>, sqlx::Error> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM sources WHERE name = $1")).bind(name).fetch_optional(db).await
+}
+
+/// A source by id.
+pub async fn by_id(db: impl PgExecutor<'_>, id: SourceId) -> Result<Option<Source>, sqlx::Error> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM sources WHERE id = $1")).bind(id).fetch_optional(db).await
+}
+
+/// All sources, by name (there are few).
+pub async fn list(db: impl PgExecutor<'_>) -> Result<Vec<Source>, sqlx::Error> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM sources ORDER BY name")).fetch_all(db).await
+}

@@ -1,0 +1,121 @@
+//! Admin API: authentication, validation and the JSON shape of errors.
+
+use serde_json::json;
+
+use crate::support::{ADMIN_TOKEN, TestApp};
+
+#[tokio::test]
+async fn admin_api_needs_the_bearer_token() {
+    let app = TestApp::ingest_only().await;
+    let missing =
+        app.http.post(app.url("/v1/endpoints")).json(&json!({"url": "https://example.com"})).send().await.unwrap();
+    assert_eq!(missing.status().as_u16(), 401);
+    let body: serde_json::Value = missing.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unauthorized");
+
+    let wrong = app.http.get(app.url("/v1/endpoints")).bearer_auth(format!("{ADMIN_TOKEN}x")).send().await.unwrap();
+    assert_eq!(wrong.status().as_u16(), 401);
+    assert_eq!(app.db.count("endpoints").await, 0);
+}
+
+#[tokio::test]
+async fn invalid_endpoint_urls_are_422_with_a_reason() {
+    let app = TestApp::ingest_only().await;
+    for url in ["not a url", "ftp://example.com/x", "file:///etc/passwd", "http://"] {
+        let (status, body) = app.admin(reqwest::Method::POST, "/v1/endpoints", Some(json!({"url": url}))).await;
+        assert_eq!(status, 422, "{url}: {body}");
+        assert_eq!(body["error"]["code"], "validation_failed");
+        assert!(body["error"]["message"].as_str().unwrap().starts_with("url:"), "{body}");
+    }
+    let (status, body) = app
+        .admin(reqwest::Method::POST, "/v1/endpoints", Some(json!({"url": "https://example.com", "secret": "nope"})))
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().starts_with("secret:"));
+    assert_eq!(app.db.count("endpoints").await, 0);
+}
+
+#[tokio::test]
+async fn endpoint_creation_returns_a_standard_webhooks_secret_once() {
+    let app = TestApp::ingest_only().await;
+    let created = app.admin_post("/v1/endpoints", json!({"url": "https://example.com/hook"}), 201).await;
+    assert!(created["secret"].as_str().unwrap().starts_with("whsec_"));
+    let fetched = app.admin_get(&format!("/v1/endpoints/{}", created["id"].as_str().unwrap())).await;
+    assert_eq!(fetched["url"], "https://example.com/hook");
+    assert!(fetched.get("secret").is_none(), "the secret is shown only at creation: {fetched}");
+}
+
+#[tokio::test]
+async fn malformed_json_is_400_and_wrong_shapes_are_422() {
+    let app = TestApp::ingest_only().await;
+    let resp = app
+        .http
+        .post(app.url("/v1/sources"))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "malformed_json");
+
+    let (status, body) =
+        app.admin(reqwest::Method::POST, "/v1/sources", Some(json!({"name": "x", "kind": "carrier-pigeon"}))).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("kind"), "{body}");
+    let (status, _) =
+        app.admin(reqwest::Method::POST, "/v1/sources", Some(json!({"name": "bad name!", "kind": "none"}))).await;
+    assert_eq!(status, 422);
+    let (status, body) =
+        app.admin(reqwest::Method::POST, "/v1/subscriptions", Some(json!({"endpoint_id": uuid::Uuid::new_v4()}))).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().starts_with("endpoint_id:"));
+    assert_eq!(app.db.count("sources").await, 1, "only the built-in api source");
+}
+
+#[tokio::test]
+async fn duplicate_source_name_is_409() {
+    let app = TestApp::ingest_only().await;
+    let created = app.source_none("shop").await;
+    assert_eq!(created["ingest_path"], "/ingest/shop");
+    let (status, body) =
+        app.admin(reqwest::Method::POST, "/v1/sources", Some(json!({"name": "shop", "kind": "none"}))).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "conflict");
+}
+
+#[tokio::test]
+async fn unknown_source_and_oversized_bodies_store_nothing() {
+    let app = TestApp::ingest_only().await;
+    app.source_none("shop").await;
+    let resp = app.http.post(app.url("/ingest/nope")).body("{}").send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "not_found");
+
+    // The test gateway's limit is 64 KiB.
+    let big = "x".repeat(64 * 1024 + 1);
+    let resp = app.http.post(app.url("/ingest/shop")).header("x-delivery-id", "big").body(big).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 413);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "payload_too_large");
+    assert_eq!(app.db.count("events").await, 0);
+
+    let resp = app.http.get(app.url("/no/such/route")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+}
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let app = TestApp::ingest_only().await;
+    let health = app.http.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+    let ready = app.http.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status().as_u16(), 200);
+    // Roll back the migration record: the gateway must say it is not ready.
+    sqlx::query("DELETE FROM _sqlx_migrations").execute(&app.db.pool).await.unwrap();
+    let ready = app.http.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status().as_u16(), 503);
+}

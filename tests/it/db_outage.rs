@@ -1,0 +1,63 @@
+//! Never acknowledge what is not committed: with the database down, ingest answers 503
+//! with Retry-After; when it is back, the producer's retry is stored exactly once.
+
+use serde_json::json;
+use webhook_gateway::db::embedded::{Cluster, ClusterOptions};
+
+use crate::support::{self, TestApp, TestDb, create_database, test_settings};
+
+#[tokio::test]
+async fn database_outage_answers_503_then_the_retry_is_stored_once() {
+    // A cluster of its own: stopping the shared one would break every other test.
+    let options = ClusterOptions { throwaway: false, ..support::throwaway_options() };
+    let mut cluster = tokio::task::spawn_blocking({
+        let options = options.clone();
+        move || Cluster::start(&options).unwrap()
+    })
+    .await
+    .unwrap();
+    create_database(&cluster.url("postgres"), "outage").await;
+    let url = cluster.url("outage");
+    let pool = webhook_gateway::db::connect(&url, 4).await.unwrap();
+    webhook_gateway::db::migrate(&pool).await.unwrap();
+    let db = TestDb { url, pool };
+    let settings = webhook_gateway::app::Settings { role: webhook_gateway::config::Role::Ingest, ..test_settings() };
+    let app = TestApp::spawn_with(db, settings, 4).await;
+    app.source_none("shop").await;
+    let port = cluster.port();
+
+    tokio::task::spawn_blocking(move || cluster.stop()).await.unwrap();
+    let resp = app
+        .http
+        .post(app.url("/ingest/shop"))
+        .header("x-delivery-id", "during-outage")
+        .body(r#"{"n":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    assert!(resp.headers().get("retry-after").is_some(), "503 carries Retry-After");
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "database_unavailable");
+    let ready = app.http.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status().as_u16(), 503);
+
+    // Same directory, same port: the gateway's pool reconnects by itself.
+    let restart = ClusterOptions { throwaway: true, port: Some(port), ..options };
+    let mut cluster = tokio::task::spawn_blocking(move || Cluster::start(&restart).unwrap()).await.unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let resp = app
+            .http
+            .post(app.url("/ingest/shop"))
+            .header("x-delivery-id", "during-outage")
+            .body(r#"{"n":1}"#)
+            .send()
+            .await
+            .unwrap();
+        statuses.push((resp.status().as_u16(), resp.json::<serde_json::Value>().await.unwrap()["duplicate"].clone()));
+    }
+    assert_eq!(statuses, vec![(200, json!(false)), (200, json!(true))]);
+    assert_eq!(app.db.count("events").await, 1);
+    tokio::task::spawn_blocking(move || cluster.stop()).await.unwrap();
+}

@@ -1,0 +1,205 @@
+//! Exactly once at the persistence boundary.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use tokio::sync::Barrier;
+
+use crate::support::TestApp;
+
+/// The centrepiece: 24 identical webhooks, each on its own HTTP connection (so its own
+/// request task and its own database connection), released together by a barrier,
+/// racing on one constraint. Ten rounds, so a lucky schedule can't pass it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_identical_webhooks_store_one_event_and_one_delivery() {
+    let app = TestApp::ingest_only().await;
+    app.source_none("shop").await;
+    let endpoint_a = app.endpoint_for("http://127.0.0.1:9/a", Some("shop")).await;
+    let endpoint_b = app.endpoint_for("http://127.0.0.1:9/b", None).await;
+    const RACERS: usize = 24;
+    const ROUNDS: usize = 10;
+
+    for round in 0..ROUNDS {
+        let delivery_id = format!("dlv-{round}");
+        let barrier = Arc::new(Barrier::new(RACERS));
+        let mut tasks = Vec::new();
+        for _ in 0..RACERS {
+            let barrier = barrier.clone();
+            // A client per racer: its own connection pool, so its own TCP connection.
+            let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+            let url = app.url("/ingest/shop");
+            let delivery_id = delivery_id.clone();
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let resp = client
+                    .post(url)
+                    .header("x-delivery-id", delivery_id)
+                    .header("x-event-type", "order.created")
+                    .header("content-type", "application/json")
+                    .body(r#"{"order": 1}"#)
+                    .send()
+                    .await
+                    .unwrap();
+                (resp.status().as_u16(), resp.json::<serde_json::Value>().await.unwrap())
+            }));
+        }
+        let mut winners = 0;
+        let mut ids = std::collections::HashSet::new();
+        for task in tasks {
+            let (status, body) = task.await.unwrap();
+            assert_eq!(status, 200, "round {round}: {body}");
+            if body["duplicate"] == json!(false) {
+                winners += 1;
+            } else {
+                assert_eq!(body["duplicate"], json!(true), "{body}");
+            }
+            ids.insert(body["event_id"].as_str().unwrap().to_owned());
+        }
+        assert_eq!(winners, 1, "round {round}: exactly one racer stores the event");
+        assert_eq!(ids.len(), 1, "round {round}: every answer names the same event");
+        let event_id = ids.into_iter().next().unwrap();
+
+        let events: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE dedupe_key = $1")
+            .bind(&delivery_id)
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+        assert_eq!(events, 1, "round {round}: one event row");
+        let per_endpoint: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT endpoint_id::text, count(*) FROM deliveries WHERE event_id = $1::uuid GROUP BY 1 ORDER BY 1",
+        )
+        .bind(&event_id)
+        .fetch_all(&app.db.pool)
+        .await
+        .unwrap();
+        let mut expected = vec![(endpoint_a.clone(), 1), (endpoint_b.clone(), 1)];
+        expected.sort();
+        assert_eq!(per_endpoint, expected, "round {round}: one delivery per subscribed endpoint");
+    }
+    assert_eq!(app.db.count("events").await, ROUNDS as i64);
+    assert_eq!(app.db.count("deliveries").await, 2 * ROUNDS as i64);
+}
+
+#[tokio::test]
+async fn duplicate_is_200_with_the_original_event_id() {
+    let app = TestApp::ingest_only().await;
+    app.source_none("shop").await;
+    let (s1, first) = app.ingest("shop", "d-1", "order.created", r#"{"a":1}"#).await;
+    let (s2, second) = app.ingest("shop", "d-1", "order.created", r#"{"a":1}"#).await;
+    assert_eq!((s1, s2), (200, 200));
+    assert_eq!(first["duplicate"], json!(false));
+    assert_eq!(second["duplicate"], json!(true));
+    assert_eq!(first["event_id"], second["event_id"]);
+
+    let event = app.admin_get(&format!("/v1/events/{}", first["event_id"].as_str().unwrap())).await;
+    assert_eq!(event["event_type"], "order.created");
+    assert_eq!(event["source"], "shop");
+    assert_eq!(event["payload"], json!({"a": 1}));
+    assert_eq!(event["headers"]["x-delivery-id"], "d-1");
+}
+
+#[tokio::test]
+async fn without_a_dedupe_header_the_body_hash_deduplicates() {
+    let app = TestApp::ingest_only().await;
+    app.admin_post("/v1/sources", json!({"name": "raw", "kind": "none"}), 201).await;
+    let post = |body: &'static str| {
+        let client = app.http.clone();
+        let url = app.url("/ingest/raw");
+        async move { client.post(url).body(body).send().await.unwrap().json::<serde_json::Value>().await.unwrap() }
+    };
+    let a = post("same body").await;
+    let b = post("same body").await;
+    let c = post("other body").await;
+    assert_eq!(a["duplicate"], json!(false));
+    assert_eq!(b["duplicate"], json!(true));
+    assert_eq!(a["event_id"], b["event_id"]);
+    assert_eq!(c["duplicate"], json!(false));
+    let event = app.admin_get(&format!("/v1/events/{}", a["event_id"].as_str().unwrap())).await;
+    assert_eq!(event["event_type"], "unknown");
+    assert!(event["dedupe_key"].as_str().unwrap().starts_with("sha256:"));
+}
+
+/// Fan-out matches source and event-type patterns, in the ingest statement itself.
+#[tokio::test]
+async fn fanout_follows_subscriptions() {
+    let app = TestApp::ingest_only().await;
+    app.source_none("shop").await;
+    app.source_none("crm").await;
+    let orders = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/orders"}), 201).await;
+    let all = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/all"}), 201).await;
+    app.admin_post(
+        "/v1/subscriptions",
+        json!({"endpoint_id": orders["id"], "source": "shop", "event_types": ["order.*", "refund.created"]}),
+        201,
+    )
+    .await;
+    app.admin_post("/v1/subscriptions", json!({"endpoint_id": all["id"]}), 201).await;
+    // A second, overlapping subscription must not create a second delivery.
+    app.admin_post("/v1/subscriptions", json!({"endpoint_id": all["id"], "source": "shop"}), 201).await;
+
+    let cases = [
+        ("shop", "order.created", 2),
+        ("shop", "order.", 2),
+        ("shop", "orders.created", 1),
+        ("shop", "refund.created", 2),
+        ("shop", "refund.updated", 1),
+        ("crm", "order.created", 1),
+    ];
+    for (i, (source, event_type, expected)) in cases.into_iter().enumerate() {
+        let (status, body) = app.ingest(source, &format!("f-{i}"), event_type, "{}").await;
+        assert_eq!(status, 200);
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE event_id = $1::uuid")
+            .bind(body["event_id"].as_str().unwrap())
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+        assert_eq!(n, expected, "{source} {event_type}");
+    }
+}
+
+/// If the delivery insert fails, the event is not stored either, and the sender gets a
+/// 5xx (so it retries): there is no event without its fan-out.
+#[tokio::test]
+async fn a_failing_fanout_stores_nothing_and_answers_5xx() {
+    let app = TestApp::ingest_only().await;
+    app.source_none("shop").await;
+    app.endpoint_for("http://127.0.0.1:9/x", None).await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'fan-out refused by test'; END $$ LANGUAGE plpgsql;
+         CREATE TRIGGER refuse BEFORE INSERT ON deliveries FOR EACH ROW EXECUTE FUNCTION refuse();",
+    )
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    let (status, body) = app.ingest("shop", "boom", "order.created", "{}").await;
+    assert!((500..600).contains(&status), "{status} {body}");
+    assert_eq!(body["error"]["code"], "internal");
+    assert_eq!(app.db.count("events").await, 0, "the event rolled back with its fan-out");
+    assert_eq!(app.db.count("deliveries").await, 0);
+
+    sqlx::query("DROP TRIGGER refuse ON deliveries").execute(&app.db.pool).await.unwrap();
+    let (status, body) = app.ingest("shop", "boom", "order.created", "{}").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["duplicate"], json!(false), "the retry is the first stored copy");
+    assert_eq!(app.db.count("deliveries").await, 1);
+}
+
+#[tokio::test]
+async fn events_published_through_the_api_are_idempotent() {
+    let app = TestApp::ingest_only().await;
+    app.endpoint_for("http://127.0.0.1:9/x", Some("api")).await;
+    let body = json!({"event_type": "user.created", "event_id": "u-1", "payload": {"id": 1}});
+    let first = app.admin_post("/v1/events", body.clone(), 200).await;
+    let second = app.admin_post("/v1/events", body, 200).await;
+    assert_eq!(first["duplicate"], json!(false));
+    assert_eq!(second["duplicate"], json!(true));
+    assert_eq!(first["event_id"], second["event_id"]);
+    let deliveries = app.admin_get(&format!("/v1/deliveries?event_id={}", first["event_id"].as_str().unwrap())).await;
+    assert_eq!(deliveries["data"].as_array().unwrap().len(), 1);
+    assert_eq!(deliveries["data"][0]["status"], "pending");
+    assert_eq!(deliveries["data"][0]["attempts"], 0);
+
+    // The built-in `api` source is not a webhook inbox.
+    let resp = app.http.post(app.url("/ingest/api")).body("{}").send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 403);
+}

@@ -1,0 +1,9 @@
+//! Integration tests: real PostgreSQL, real HTTP, one binary (so one embedded cluster per
+//! run when DATABASE_URL is unset).
+
+mod support;
+
+mod admin_api;
+mod binary;
+mod db_outage;
+mod ingest;

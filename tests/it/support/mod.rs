@@ -1,0 +1,245 @@
+//! Test support: a fresh PostgreSQL database per test, the gateway in-process on a free
+//! port, and an HTTP client.
+//!
+//! Databases: with `DATABASE_URL` set, each test creates its own database on that server;
+//! without it, one private throwaway cluster is started per test process (the same
+//! embedded mechanism `serve` uses) and each test gets its own database there. Tests
+//! never share state and run in parallel.
+
+#![allow(dead_code)]
+
+pub mod sink;
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::{Connection, Executor, PgConnection, PgPool};
+use webhook_gateway::app::{self, Running, Settings};
+use webhook_gateway::config::{DeliverySettings, Role};
+use webhook_gateway::db::{self, embedded};
+
+/// Admin token used by every test gateway.
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+enum Server {
+    External(String),
+    Embedded(embedded::Cluster),
+}
+
+static SERVER: OnceLock<Server> = OnceLock::new();
+
+/// Base URL (without database) of the server tests use.
+fn server_url(database: &str) -> String {
+    let server = SERVER.get_or_init(|| match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Server::External(url),
+        _ => Server::Embedded(start_throwaway_cluster()),
+    });
+    match server {
+        Server::External(url) => {
+            let mut url = url::Url::parse(url).expect("DATABASE_URL is not a URL");
+            url.set_path(database);
+            url.to_string()
+        }
+        Server::Embedded(cluster) => cluster.url(database),
+    }
+}
+
+/// A private cluster for this test process. Durability is off: these databases are
+/// deleted when the process exits, and no test measures time.
+pub fn start_throwaway_cluster() -> embedded::Cluster {
+    embedded::Cluster::start(&throwaway_options()).expect("cannot start the embedded PostgreSQL for tests")
+}
+
+/// Options of a throwaway test cluster in a fresh temporary directory.
+pub fn throwaway_options() -> embedded::ClusterOptions {
+    let dir = std::env::temp_dir().join(format!("wg-test-{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()));
+    embedded::ClusterOptions {
+        data_dir: dir,
+        throwaway: true,
+        port: None,
+        settings: vec![
+            ("fsync".into(), "off".into()),
+            ("synchronous_commit".into(), "off".into()),
+            ("full_page_writes".into(), "off".into()),
+        ],
+    }
+}
+
+/// A fresh, migrated database.
+pub struct TestDb {
+    /// Its connection URL.
+    pub url: String,
+    /// A pool for the test's own queries.
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    /// Create and migrate a new database.
+    pub async fn new() -> TestDb {
+        let name = format!("wg_test_{}", uuid::Uuid::new_v4().simple());
+        create_database(&server_url("postgres"), &name).await;
+        let url = server_url(&name);
+        let pool = db::connect(&url, 8).await.expect("connect to test database");
+        db::migrate(&pool).await.expect("migrate test database");
+        TestDb { url, pool }
+    }
+
+    /// Count rows of a table.
+    pub async fn count(&self, table: &str) -> i64 {
+        sqlx::query_scalar(&format!("SELECT count(*) FROM {table}")).fetch_one(&self.pool).await.expect("count")
+    }
+}
+
+/// `CREATE DATABASE name` on the server behind `admin_url`.
+pub async fn create_database(admin_url: &str, name: &str) {
+    let mut conn = PgConnection::connect(admin_url).await.expect("connect to the test server");
+    conn.execute(format!("CREATE DATABASE {name}").as_str()).await.expect("create test database");
+    conn.close().await.ok();
+}
+
+/// Gateway settings for tests: loopback egress allowed, fast polling, short backoff.
+pub fn test_settings() -> Settings {
+    Settings {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        admin_token: ADMIN_TOKEN.into(),
+        max_body_bytes: 64 * 1024,
+        role: Role::All,
+        delivery: DeliverySettings {
+            workers: 8,
+            lease: Duration::from_secs(60),
+            max_attempts: 8,
+            backoff_base: Duration::from_millis(50),
+            backoff_cap: Duration::from_millis(200),
+            retry_after_cap: Duration::from_secs(3600),
+            poll_interval: Duration::from_millis(50),
+            shutdown_grace: Duration::from_secs(5),
+        },
+        egress_allow: vec!["127.0.0.1/32".parse().expect("cidr")],
+        egress_https_only: false,
+    }
+}
+
+/// A gateway running in this process against a test database.
+pub struct TestApp {
+    /// Its database.
+    pub db: TestDb,
+    /// Its address.
+    pub addr: SocketAddr,
+    /// HTTP client.
+    pub http: reqwest::Client,
+    running: Option<Running>,
+}
+
+impl TestApp {
+    /// A gateway with default test settings on a fresh database.
+    pub async fn spawn() -> TestApp {
+        Self::spawn_with(TestDb::new().await, test_settings(), 32).await
+    }
+
+    /// A gateway that ingests but does not deliver (role `ingest`), for tests that look
+    /// at freshly created deliveries.
+    pub async fn ingest_only() -> TestApp {
+        let settings = Settings { role: Role::Ingest, ..test_settings() };
+        Self::spawn_with(TestDb::new().await, settings, 32).await
+    }
+
+    /// A gateway with the given settings and pool size.
+    pub async fn spawn_with(db: TestDb, settings: Settings, pool_size: u32) -> TestApp {
+        let pool = db::connect(&db.url, pool_size).await.expect("gateway pool");
+        let running = app::start(pool, settings).await.expect("start gateway");
+        TestApp { addr: running.addr, db, http: reqwest::Client::new(), running: Some(running) }
+    }
+
+    /// Stop the gateway gracefully.
+    pub async fn shutdown(&mut self) {
+        if let Some(running) = self.running.take() {
+            running.shutdown().await.expect("shutdown");
+        }
+    }
+
+    /// Full URL of a path on this gateway.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Authenticated admin call with a JSON body.
+    pub async fn admin(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = self.http.request(method, self.url(path)).bearer_auth(ADMIN_TOKEN);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.expect("admin request");
+        let status = resp.status().as_u16();
+        let body = resp.json::<Value>().await.unwrap_or(Value::Null);
+        (status, body)
+    }
+
+    /// `POST` with the admin token; panics unless the status is as expected.
+    pub async fn admin_post(&self, path: &str, body: Value, expect: u16) -> Value {
+        let (status, json) = self.admin(reqwest::Method::POST, path, Some(body)).await;
+        assert_eq!(status, expect, "POST {path}: {json}");
+        json
+    }
+
+    /// `GET` with the admin token; panics unless 200.
+    pub async fn admin_get(&self, path: &str) -> Value {
+        let (status, json) = self.admin(reqwest::Method::GET, path, None).await;
+        assert_eq!(status, 200, "GET {path}: {json}");
+        json
+    }
+
+    /// Create a `none` source with a dedupe header, and return its name.
+    pub async fn source_none(&self, name: &str) -> Value {
+        self.admin_post(
+            "/v1/sources",
+            serde_json::json!({"name": name, "kind": "none", "dedupe": {"header": "X-Delivery-Id"},
+                               "event_type": {"header": "X-Event-Type"}}),
+            201,
+        )
+        .await
+    }
+
+    /// Create an endpoint for `url` subscribed to everything from `source`; returns its id.
+    pub async fn endpoint_for(&self, url: &str, source: Option<&str>) -> String {
+        let ep = self.admin_post("/v1/endpoints", serde_json::json!({"url": url}), 201).await;
+        let id = ep["id"].as_str().expect("endpoint id").to_owned();
+        self.admin_post("/v1/subscriptions", serde_json::json!({"endpoint_id": id, "source": source}), 201).await;
+        id
+    }
+
+    /// Post a webhook to `/ingest/{source}` with a delivery id and event type.
+    pub async fn ingest(&self, source: &str, delivery_id: &str, event_type: &str, body: &str) -> (u16, Value) {
+        let resp = self
+            .http
+            .post(self.url(&format!("/ingest/{source}")))
+            .header("content-type", "application/json")
+            .header("x-delivery-id", delivery_id)
+            .header("x-event-type", event_type)
+            .body(body.to_owned())
+            .send()
+            .await
+            .expect("ingest request");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+}
+
+/// Poll `check` every 20 ms until it returns `Some`, or panic after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -20,6 +20,8 @@
 //! [`classify`] says [`AddressClass::Public`].
 
 pub mod classify;
+mod client;
+mod resolver;
 
 #[cfg(test)]
 mod tests_policy;
@@ -31,6 +33,8 @@ use ipnet::IpNet;
 use url::{Host, Url};
 
 pub use classify::{AddressClass, classify};
+pub use client::EgressClient;
+pub use resolver::{HostResolver, SystemResolver};
 
 /// Settings for [`EgressClient`].
 #[derive(Debug, Clone)]

@@ -24,7 +24,13 @@ mod client;
 mod resolver;
 
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
+mod tests_net;
+#[cfg(test)]
 mod tests_policy;
+#[cfg(test)]
+mod tests_tls;
 
 use std::net::IpAddr;
 use std::time::Duration;

@@ -101,20 +101,24 @@ impl EgressClient {
             .body(body)
             .send()
             .await
-            .map_err(|e| SendError::from_reqwest(&e))
+            .map_err(SendError::from_reqwest)
     }
 }
 
 impl SendError {
     /// Maps a reqwest error (from [`EgressClient::post`], or from reading a response
     /// body later) to its [`SendError`] kind by looking through the source chain.
-    pub fn from_reqwest(err: &reqwest::Error) -> SendError {
-        let msg = error_chain_message(err);
+    ///
+    /// The URL is left out of the message: webhook URLs often carry secrets in the
+    /// path or query, and these messages end up in logs and delivery records.
+    pub fn from_reqwest(err: reqwest::Error) -> SendError {
+        let err = err.without_url();
+        let msg = error_chain_message(&err);
         let mut refused = None;
         let mut dns = false;
         let mut tls = false;
         let mut io_kinds = Vec::new();
-        for e in error_chain(err) {
+        for e in error_chain(&err) {
             if let Some(r) = e.downcast_ref::<ResolveError>() {
                 match r {
                     ResolveError::Refused(refusal) => refused = Some(refusal.clone()),
@@ -161,7 +165,7 @@ impl SendError {
 
 impl From<reqwest::Error> for SendError {
     fn from(err: reqwest::Error) -> Self {
-        SendError::from_reqwest(&err)
+        SendError::from_reqwest(err)
     }
 }
 

@@ -17,7 +17,7 @@
 //!   from the environment: either would send the request somewhere we did not check.
 //!
 //! Policy: an address is allowed iff it is inside the operator allow-list or
-//! [`classify`] says [`AddressClass::Public`].
+//! [`classify()`] says [`AddressClass::Public`].
 
 pub mod classify;
 mod client;
@@ -50,9 +50,10 @@ pub struct EgressConfig {
     pub allow: Vec<IpNet>,
     /// Refuse plain `http` URLs.
     pub https_only: bool,
-    /// Bound on establishing a connection (TCP and TLS).
+    /// Bound on establishing a connection (resolution, TCP and TLS handshake).
     pub connect_timeout: Duration,
-    /// Bound on a whole request, from start until the response head arrives.
+    /// Total deadline for a request, from connecting until the response body has been
+    /// read (a body read after it expires fails as a timeout).
     pub request_timeout: Duration,
     /// Extra trusted CAs on top of the built-in web roots (private CAs, tests).
     pub extra_root_certs: Vec<reqwest::Certificate>,

@@ -226,6 +226,10 @@ async fn connection_refused_is_connect() {
         .unwrap_err();
     assert!(matches!(err, SendError::Connect(_)), "{err:?}");
     assert_eq!(err.kind(), "connect");
+    // The cause is in the message; the URL (which may hold secrets) is not.
+    let msg = err.to_string();
+    assert!(msg.to_lowercase().contains("connection refused"), "{msg}");
+    assert!(!msg.contains("/hook"), "{msg}");
 }
 
 #[tokio::test]

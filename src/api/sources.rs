@@ -67,15 +67,10 @@ impl From<Source> for SourceView {
             event_type: spec.event_type,
             tolerance_secs: spec.tolerance_secs,
             hmac: spec.hmac,
-            secret_fingerprints: spec.secrets.iter().map(|s| fingerprint(s)).collect(),
+            secret_fingerprints: spec.secrets.iter().map(|s| crate::verify::secret_fingerprint(s)).collect(),
             created_at: s.created_at,
         }
     }
-}
-
-fn fingerprint(secret: &str) -> String {
-    use sha2::{Digest, Sha256};
-    format!("sha256:{}", &hex::encode(Sha256::digest(secret.as_bytes()))[..12])
 }
 
 fn validate_name(name: &str) -> Result<(), ApiError> {
@@ -107,9 +102,8 @@ pub async fn create(
         event_type: body.event_type,
         hmac: body.hmac,
     };
-    if spec.kind.needs_secret() && spec.secrets.iter().all(|s| s.is_empty()) {
-        return Err(ApiError::validation("secrets", format!("kind {} needs at least one secret", spec.kind.as_str())));
-    }
+    crate::verify::validate_spec(&spec)
+        .map_err(|m| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", m))?;
     if spec.kind == Kind::None {
         tracing::warn!(source = %body.name, "source of kind `none` created: its webhooks are not verified");
     }

@@ -121,25 +121,25 @@ pub fn classify(ip: IpAddr) -> AddressClass {
 
 /// IPv4 special-purpose blocks, most specific first where they overlap.
 const V4_TABLE: &[(u32, u8, AddressClass)] = &[
-    (0x0000_0000, 8, AddressClass::Unspecified), // 0.0.0.0/8
-    (0x0a00_0000, 8, AddressClass::Private),     // 10.0.0.0/8
-    (0x6440_0000, 10, AddressClass::Cgnat),      // 100.64.0.0/10
-    (0x7f00_0000, 8, AddressClass::Loopback),    // 127.0.0.0/8
-    (0xa9fe_0000, 16, AddressClass::LinkLocal),  // 169.254.0.0/16
-    (0xac10_0000, 12, AddressClass::Private),    // 172.16.0.0/12
+    (0x0000_0000, 8, AddressClass::Unspecified),         // 0.0.0.0/8
+    (0x0a00_0000, 8, AddressClass::Private),             // 10.0.0.0/8
+    (0x6440_0000, 10, AddressClass::Cgnat),              // 100.64.0.0/10
+    (0x7f00_0000, 8, AddressClass::Loopback),            // 127.0.0.0/8
+    (0xa9fe_0000, 16, AddressClass::LinkLocal),          // 169.254.0.0/16
+    (0xac10_0000, 12, AddressClass::Private),            // 172.16.0.0/12
     (0xc000_0000, 24, AddressClass::ProtocolAssignment), // 192.0.0.0/24
-    (0xc000_0200, 24, AddressClass::Documentation), // 192.0.2.0/24
-    (0xc01f_c400, 24, AddressClass::As112),      // 192.31.196.0/24
-    (0xc034_c100, 24, AddressClass::Amt),        // 192.52.193.0/24
-    (0xc058_6300, 24, AddressClass::SixToFour),  // 192.88.99.0/24
-    (0xc0a8_0000, 16, AddressClass::Private),    // 192.168.0.0/16
-    (0xc0af_3000, 24, AddressClass::As112),      // 192.175.48.0/24
-    (0xc612_0000, 15, AddressClass::Benchmarking), // 198.18.0.0/15
-    (0xc633_6400, 24, AddressClass::Documentation), // 198.51.100.0/24
-    (0xcb00_7100, 24, AddressClass::Documentation), // 203.0.113.0/24
-    (0xe000_0000, 4, AddressClass::Multicast),   // 224.0.0.0/4
-    (0xffff_ffff, 32, AddressClass::Broadcast),  // 255.255.255.255/32
-    (0xf000_0000, 4, AddressClass::Reserved),    // 240.0.0.0/4
+    (0xc000_0200, 24, AddressClass::Documentation),      // 192.0.2.0/24
+    (0xc01f_c400, 24, AddressClass::As112),              // 192.31.196.0/24
+    (0xc034_c100, 24, AddressClass::Amt),                // 192.52.193.0/24
+    (0xc058_6300, 24, AddressClass::SixToFour),          // 192.88.99.0/24
+    (0xc0a8_0000, 16, AddressClass::Private),            // 192.168.0.0/16
+    (0xc0af_3000, 24, AddressClass::As112),              // 192.175.48.0/24
+    (0xc612_0000, 15, AddressClass::Benchmarking),       // 198.18.0.0/15
+    (0xc633_6400, 24, AddressClass::Documentation),      // 198.51.100.0/24
+    (0xcb00_7100, 24, AddressClass::Documentation),      // 203.0.113.0/24
+    (0xe000_0000, 4, AddressClass::Multicast),           // 224.0.0.0/4
+    (0xffff_ffff, 32, AddressClass::Broadcast),          // 255.255.255.255/32
+    (0xf000_0000, 4, AddressClass::Reserved),            // 240.0.0.0/4
 ];
 
 /// IPv6 blocks checked after the embedded-IPv4 prefixes, most specific first.
@@ -183,10 +183,7 @@ fn classify_v6(ip: Ipv6Addr) -> AddressClass {
         // Truncation to the low 32 bits is exactly the embedded address.
         return classify_v4(Ipv4Addr::from(bits as u32));
     }
-    if let Some(&(_, _, class)) = V6_TABLE
-        .iter()
-        .find(|&&(net, len, _)| prefix_match_u128(bits, net, len))
-    {
+    if let Some(&(_, _, class)) = V6_TABLE.iter().find(|&&(net, len, _)| prefix_match_u128(bits, net, len)) {
         return class;
     }
     if !prefix_match_u128(bits, 0x2000 << 112, 3) {

@@ -41,10 +41,7 @@ impl EgressClient {
     }
 
     /// A client resolving names through `resolver` (tests, custom DNS).
-    pub fn with_resolver(
-        cfg: EgressConfig,
-        resolver: Arc<dyn HostResolver>,
-    ) -> anyhow::Result<Self> {
+    pub fn with_resolver(cfg: EgressConfig, resolver: Arc<dyn HostResolver>) -> anyhow::Result<Self> {
         let allow: Arc<[IpNet]> = cfg.allow.into();
         let mut builder = reqwest::Client::builder()
             .dns_resolver(Arc::new(PolicyResolver::new(resolver, Arc::clone(&allow))))
@@ -60,16 +57,8 @@ impl EgressClient {
         for cert in cfg.extra_root_certs {
             builder = builder.add_root_certificate(cert);
         }
-        let http = builder
-            .build()
-            .map_err(|e| anyhow::anyhow!("building egress HTTP client: {e}"))?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                http,
-                allow,
-                https_only: cfg.https_only,
-            }),
-        })
+        let http = builder.build().map_err(|e| anyhow::anyhow!("building egress HTTP client: {e}"))?;
+        Ok(Self { inner: Arc::new(Inner { http, allow, https_only: cfg.https_only }) })
     }
 
     /// Static check of a URL: scheme http/https (https only when configured), host
@@ -85,23 +74,11 @@ impl EgressClient {
     /// refuses if any resolved address is forbidden and connects only to the validated
     /// addresses. A `Host` entry in `headers` is dropped so the header always names the
     /// URL's host. Redirects are returned, not followed.
-    pub async fn post(
-        &self,
-        url: &Url,
-        mut headers: HeaderMap,
-        body: Bytes,
-    ) -> Result<reqwest::Response, SendError> {
+    pub async fn post(&self, url: &Url, mut headers: HeaderMap, body: Bytes) -> Result<reqwest::Response, SendError> {
         // reqwest skips the resolver for IP-literal hosts: this is their only check.
         self.check_url(url).map_err(SendError::Refused)?;
         headers.remove(http::header::HOST);
-        self.inner
-            .http
-            .post(url.clone())
-            .headers(headers)
-            .body(body)
-            .send()
-            .await
-            .map_err(SendError::from_reqwest)
+        self.inner.http.post(url.clone()).headers(headers).body(body).send().await.map_err(SendError::from_reqwest)
     }
 }
 

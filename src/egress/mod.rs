@@ -149,10 +149,7 @@ impl SendError {
 /// because the connection goes to the IPv4 address it carries.
 pub fn check_addr(addr: IpAddr, allow: &[IpNet]) -> Result<(), Refusal> {
     let canonical = addr.to_canonical();
-    if allow
-        .iter()
-        .any(|net| net.contains(&addr) || net.contains(&canonical))
-    {
+    if allow.iter().any(|net| net.contains(&addr) || net.contains(&canonical)) {
         return Ok(());
     }
     match classify(addr) {

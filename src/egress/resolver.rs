@@ -66,10 +66,7 @@ impl Resolve for PolicyResolver {
         let lookup = self.inner.lookup(&host);
         let allow = Arc::clone(&self.allow);
         Box::pin(async move {
-            let ips = lookup.await.map_err(|source| ResolveError::Lookup {
-                host: host.clone(),
-                source,
-            })?;
+            let ips = lookup.await.map_err(|source| ResolveError::Lookup { host: host.clone(), source })?;
             if ips.is_empty() {
                 return Err(ResolveError::NoAddresses(host).into());
             }

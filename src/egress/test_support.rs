@@ -27,10 +27,7 @@ impl StaticResolver {
     pub fn one(host: &str, ip: &str) -> Arc<Self> {
         let mut answers = HashMap::new();
         answers.insert(host.to_owned(), vec![ip.parse().unwrap()]);
-        Arc::new(Self {
-            answers,
-            calls: AtomicUsize::new(0),
-        })
+        Arc::new(Self { answers, calls: AtomicUsize::new(0) })
     }
 }
 
@@ -40,9 +37,7 @@ impl HostResolver for StaticResolver {
         let answer = self.answers.get(host).cloned();
         let host = host.to_owned();
         Box::pin(async move {
-            answer.ok_or_else(|| {
-                io::Error::new(io::ErrorKind::NotFound, format!("no such host {host}"))
-            })
+            answer.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no such host {host}")))
         })
     }
 }
@@ -55,14 +50,8 @@ pub(super) struct SequenceResolver {
 
 impl SequenceResolver {
     pub fn new(answers: &[&[&str]]) -> Arc<Self> {
-        let answers = answers
-            .iter()
-            .map(|a| a.iter().map(|ip| ip.parse().unwrap()).collect())
-            .collect();
-        Arc::new(Self {
-            answers,
-            calls: AtomicUsize::new(0),
-        })
+        let answers = answers.iter().map(|a| a.iter().map(|ip| ip.parse().unwrap()).collect()).collect();
+        Arc::new(Self { answers, calls: AtomicUsize::new(0) })
     }
 }
 
@@ -133,19 +122,11 @@ pub(super) fn spawn_http(listener: TcpListener, reply: Reply) -> TestServer {
 }
 
 /// Serves HTTPS on `listener`, recording the SNI of each connection.
-pub(super) fn spawn_https(
-    listener: TcpListener,
-    reply: Reply,
-    acceptor: tokio_rustls::TlsAcceptor,
-) -> TestServer {
+pub(super) fn spawn_https(listener: TcpListener, reply: Reply, acceptor: tokio_rustls::TlsAcceptor) -> TestServer {
     spawn(listener, reply, Some(acceptor))
 }
 
-fn spawn(
-    listener: TcpListener,
-    reply: Reply,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-) -> TestServer {
+fn spawn(listener: TcpListener, reply: Reply, tls: Option<tokio_rustls::TlsAcceptor>) -> TestServer {
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let connections = Arc::new(AtomicUsize::new(0));
@@ -172,12 +153,7 @@ fn spawn(
             });
         }
     });
-    TestServer {
-        addr,
-        seen,
-        connections,
-        task,
-    }
+    TestServer { addr, seen, connections, task }
 }
 
 /// Keep-alive request loop: parse head and Content-Length body, record, answer.
@@ -206,15 +182,8 @@ async fn serve_conn<S: AsyncRead + AsyncWrite + Unpin>(
             .filter_map(|l| l.split_once(':'))
             .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
             .collect();
-        let header = |name: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
-        let len: usize = header("content-length")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+        let header = |name: &str| headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        let len: usize = header("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
         while buf.len() < head_end + len {
             let mut chunk = [0u8; 4096];
             match stream.read(&mut chunk).await {

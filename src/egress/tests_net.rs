@@ -17,10 +17,7 @@ use super::test_support::{Reply, SequenceResolver, StaticResolver, loopback_list
 use super::{AddressClass, EgressClient, EgressConfig, Refusal, SendError};
 
 fn allow_loopback_one() -> EgressConfig {
-    EgressConfig {
-        allow: vec!["127.0.0.1/32".parse::<IpNet>().unwrap()],
-        ..EgressConfig::default()
-    }
+    EgressConfig { allow: vec!["127.0.0.1/32".parse::<IpNet>().unwrap()], ..EgressConfig::default() }
 }
 
 fn hook_url(host: &str, port: u16) -> Url {
@@ -32,9 +29,7 @@ async fn post(client: &EgressClient, url: &Url) -> Result<reqwest::Response, Sen
     headers.insert("content-type", HeaderValue::from_static("application/json"));
     // A caller-supplied Host must not override the URL's host.
     headers.insert("host", HeaderValue::from_static("evil.example"));
-    client
-        .post(url, headers, Bytes::from_static(b"{\"n\":1}"))
-        .await
+    client.post(url, headers, Bytes::from_static(b"{\"n\":1}")).await
 }
 
 #[tokio::test]
@@ -66,12 +61,7 @@ async fn hostname_resolving_to_loopback_is_refused_unless_allowed() {
     let expected_host = format!("hooks.internal.test:{}", server.port());
     assert_eq!(seen[0].host.as_deref(), Some(expected_host.as_str()));
     assert_eq!(seen[0].body, b"{\"n\":1}");
-    assert!(
-        seen[0]
-            .headers
-            .iter()
-            .any(|(k, v)| k == "user-agent" && v.starts_with("webhook-gateway/"))
-    );
+    assert!(seen[0].headers.iter().any(|(k, v)| k == "user-agent" && v.starts_with("webhook-gateway/")));
 }
 
 #[tokio::test]
@@ -80,29 +70,16 @@ async fn rebinding_cannot_move_a_validated_connection() {
     // has a listener on the same port, so a connection that went there would be seen.
     let server = spawn_http(loopback_listener().await, Reply::Ok);
     let port = server.port();
-    let attacker = spawn_http(
-        tokio::net::TcpListener::bind(("127.0.0.2", port))
-            .await
-            .unwrap(),
-        Reply::Ok,
-    );
+    let attacker = spawn_http(tokio::net::TcpListener::bind(("127.0.0.2", port)).await.unwrap(), Reply::Ok);
     let resolver = SequenceResolver::new(&[&["127.0.0.1"], &["127.0.0.2"]]);
     let url = hook_url("rebind.test", port);
 
     let client = EgressClient::with_resolver(allow_loopback_one(), resolver.clone()).unwrap();
     assert_eq!(post(&client, &url).await.unwrap().status(), 200);
-    assert_eq!(
-        resolver.calls.load(Ordering::SeqCst),
-        1,
-        "one lookup for the request"
-    );
+    assert_eq!(resolver.calls.load(Ordering::SeqCst), 1, "one lookup for the request");
     // The pooled connection is reused: no second lookup, same validated peer.
     assert_eq!(post(&client, &url).await.unwrap().status(), 200);
-    assert_eq!(
-        resolver.calls.load(Ordering::SeqCst),
-        1,
-        "no lookup for a pooled connection"
-    );
+    assert_eq!(resolver.calls.load(Ordering::SeqCst), 1, "no lookup for a pooled connection");
     assert_eq!(server.seen().len(), 2);
     assert_eq!(server.connection_count(), 1);
 
@@ -118,11 +95,7 @@ async fn rebinding_cannot_move_a_validated_connection() {
         "{err:?}"
     );
     assert_eq!(resolver.calls.load(Ordering::SeqCst), 2);
-    assert_eq!(
-        attacker.connection_count(),
-        0,
-        "nothing ever reached the rebound address"
-    );
+    assert_eq!(attacker.connection_count(), 0, "nothing ever reached the rebound address");
     assert_eq!(server.seen().len(), 2);
 }
 
@@ -130,14 +103,9 @@ async fn rebinding_cannot_move_a_validated_connection() {
 async fn rebinding_to_metadata_is_refused_without_sending() {
     let resolver = SequenceResolver::new(&[&["169.254.169.254"]]);
     let client = EgressClient::with_resolver(allow_loopback_one(), resolver).unwrap();
-    let err = post(&client, &hook_url("metadata.test", 80))
-        .await
-        .unwrap_err();
+    let err = post(&client, &hook_url("metadata.test", 80)).await.unwrap_err();
     assert_eq!(err.kind(), "forbidden_address");
-    assert_eq!(
-        err.to_string(),
-        "forbidden_address: 169.254.169.254 is link-local"
-    );
+    assert_eq!(err.to_string(), "forbidden_address: 169.254.169.254 is link-local");
 }
 
 #[tokio::test]
@@ -146,17 +114,9 @@ async fn any_forbidden_address_in_the_answer_refuses_the_whole_answer() {
     // 127.0.0.1 is allowed and listening, but the answer also carries 10.0.0.1.
     let resolver = SequenceResolver::new(&[&["127.0.0.1", "10.0.0.1"]]);
     let client = EgressClient::with_resolver(allow_loopback_one(), resolver).unwrap();
-    let err = post(&client, &hook_url("mixed.test", server.port()))
-        .await
-        .unwrap_err();
+    let err = post(&client, &hook_url("mixed.test", server.port())).await.unwrap_err();
     assert!(
-        matches!(
-            err,
-            SendError::Refused(Refusal::ForbiddenAddress {
-                class: AddressClass::Private,
-                ..
-            })
-        ),
+        matches!(err, SendError::Refused(Refusal::ForbiddenAddress { class: AddressClass::Private, .. })),
         "{err:?}"
     );
     assert_eq!(server.connection_count(), 0);
@@ -175,9 +135,7 @@ async fn ip_literals_are_checked_before_reqwest_sees_them() {
         let err = post(&client, &Url::parse(&url).unwrap()).await.unwrap_err();
         assert_eq!(err.kind(), "forbidden_address", "{url}");
     }
-    let err = post(&client, &Url::parse("ftp://example.com/").unwrap())
-        .await
-        .unwrap_err();
+    let err = post(&client, &Url::parse("ftp://example.com/").unwrap()).await.unwrap_err();
     assert_eq!(err.kind(), "forbidden_scheme");
     assert_eq!(server.connection_count(), 0);
     assert_eq!(resolver.calls.load(Ordering::SeqCst), 0);
@@ -187,10 +145,7 @@ async fn ip_literals_are_checked_before_reqwest_sees_them() {
     let url = Url::parse(&format!("http://127.0.0.1:{}/x", server.port())).unwrap();
     assert_eq!(post(&allowed, &url).await.unwrap().status(), 200);
     let expected_host = format!("127.0.0.1:{}", server.port());
-    assert_eq!(
-        server.seen()[0].host.as_deref(),
-        Some(expected_host.as_str())
-    );
+    assert_eq!(server.seen()[0].host.as_deref(), Some(expected_host.as_str()));
 }
 
 #[tokio::test]
@@ -200,17 +155,11 @@ async fn redirects_are_returned_not_followed() {
     let server = spawn_http(loopback_listener().await, Reply::Redirect(location));
     let resolver = StaticResolver::one("hooks.internal.test", "127.0.0.1");
     let client = EgressClient::with_resolver(allow_loopback_one(), resolver).unwrap();
-    let resp = post(&client, &hook_url("hooks.internal.test", server.port()))
-        .await
-        .unwrap();
+    let resp = post(&client, &hook_url("hooks.internal.test", server.port())).await.unwrap();
     assert_eq!(resp.status(), 302);
     assert_eq!(resp.headers().get("location").unwrap(), location);
     assert_eq!(server.seen().len(), 1);
-    assert_eq!(
-        target.connection_count(),
-        0,
-        "redirect target never contacted"
-    );
+    assert_eq!(target.connection_count(), 0, "redirect target never contacted");
 }
 
 #[tokio::test]
@@ -221,9 +170,7 @@ async fn connection_refused_is_connect() {
     };
     let resolver = StaticResolver::one("hooks.internal.test", "127.0.0.1");
     let client = EgressClient::with_resolver(allow_loopback_one(), resolver).unwrap();
-    let err = post(&client, &hook_url("hooks.internal.test", dead_port))
-        .await
-        .unwrap_err();
+    let err = post(&client, &hook_url("hooks.internal.test", dead_port)).await.unwrap_err();
     assert!(matches!(err, SendError::Connect(_)), "{err:?}");
     assert_eq!(err.kind(), "connect");
     // The cause is in the message; the URL (which may hold secrets) is not.
@@ -236,39 +183,26 @@ async fn connection_refused_is_connect() {
 async fn silent_server_is_timeout() {
     let server = spawn_http(loopback_listener().await, Reply::Hang);
     let resolver = StaticResolver::one("hooks.internal.test", "127.0.0.1");
-    let cfg = EgressConfig {
-        request_timeout: Duration::from_millis(300),
-        ..allow_loopback_one()
-    };
+    let cfg = EgressConfig { request_timeout: Duration::from_millis(300), ..allow_loopback_one() };
     let client = EgressClient::with_resolver(cfg, resolver).unwrap();
     let started = std::time::Instant::now();
-    let err = post(&client, &hook_url("hooks.internal.test", server.port()))
-        .await
-        .unwrap_err();
+    let err = post(&client, &hook_url("hooks.internal.test", server.port())).await.unwrap_err();
     assert!(matches!(err, SendError::Timeout(_)), "{err:?}");
     assert!(started.elapsed() < Duration::from_secs(5));
-    assert_eq!(
-        server.seen().len(),
-        1,
-        "the request was sent, the answer never came"
-    );
+    assert_eq!(server.seen().len(), 1, "the request was sent, the answer never came");
 }
 
 #[tokio::test]
 async fn lookup_failure_is_dns() {
     let resolver = Arc::new(StaticResolver::default());
     let client = EgressClient::with_resolver(EgressConfig::default(), resolver).unwrap();
-    let err = post(&client, &hook_url("nxdomain.test", 80))
-        .await
-        .unwrap_err();
+    let err = post(&client, &hook_url("nxdomain.test", 80)).await.unwrap_err();
     assert!(matches!(err, SendError::Dns(_)), "{err:?}");
     assert!(err.to_string().contains("nxdomain.test"), "{err}");
 
     let empty = SequenceResolver::new(&[&[]]);
     let client = EgressClient::with_resolver(EgressConfig::default(), empty).unwrap();
-    let err = post(&client, &hook_url("empty.test", 80))
-        .await
-        .unwrap_err();
+    let err = post(&client, &hook_url("empty.test", 80)).await.unwrap_err();
     assert!(matches!(err, SendError::Dns(_)), "{err:?}");
 }
 
@@ -276,17 +210,9 @@ async fn lookup_failure_is_dns() {
 async fn system_resolver_refuses_localhost() {
     // Real OS lookup of "localhost" answers loopback only: refused before connecting.
     let client = EgressClient::new(EgressConfig::default()).unwrap();
-    let err = post(&client, &Url::parse("http://localhost:9/").unwrap())
-        .await
-        .unwrap_err();
+    let err = post(&client, &Url::parse("http://localhost:9/").unwrap()).await.unwrap_err();
     assert!(
-        matches!(
-            err,
-            SendError::Refused(Refusal::ForbiddenAddress {
-                class: AddressClass::Loopback,
-                ..
-            })
-        ),
+        matches!(err, SendError::Refused(Refusal::ForbiddenAddress { class: AddressClass::Loopback, .. })),
         "{err:?}"
     );
 }
@@ -296,23 +222,12 @@ struct ProxyEnv {
     saved: Vec<(&'static str, Option<std::ffi::OsString>)>,
 }
 
-const PROXY_VARS: [&str; 8] = [
-    "HTTP_PROXY",
-    "http_proxy",
-    "HTTPS_PROXY",
-    "https_proxy",
-    "ALL_PROXY",
-    "all_proxy",
-    "NO_PROXY",
-    "no_proxy",
-];
+const PROXY_VARS: [&str; 8] =
+    ["HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"];
 
 impl ProxyEnv {
     fn set(proxy: &str) -> Self {
-        let saved = PROXY_VARS
-            .iter()
-            .map(|&k| (k, std::env::var_os(k)))
-            .collect();
+        let saved = PROXY_VARS.iter().map(|&k| (k, std::env::var_os(k))).collect();
         for k in PROXY_VARS {
             // SAFETY: edition 2024 marks env mutation unsafe because other threads may
             // read the environment concurrently. Only this test sets these variables,
@@ -363,20 +278,11 @@ async fn proxy_environment_is_ignored() {
     assert_eq!(resp.status(), 200);
     assert_eq!(proxy.connection_count(), 1);
     let proxied = proxy.seen();
-    assert!(
-        proxied[0]
-            .request_line
-            .starts_with("POST http://hooks.internal.test:"),
-        "{proxied:?}"
-    );
+    assert!(proxied[0].request_line.starts_with("POST http://hooks.internal.test:"), "{proxied:?}");
 
     let resp = post(&client, &url).await.unwrap();
     assert_eq!(resp.status(), 200);
-    assert_eq!(
-        proxy.connection_count(),
-        1,
-        "egress client never used the proxy"
-    );
+    assert_eq!(proxy.connection_count(), 1, "egress client never used the proxy");
     let seen = server.seen();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].request_line, "POST /hook HTTP/1.1");

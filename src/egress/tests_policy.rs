@@ -57,10 +57,7 @@ const FORBIDDEN: &[(&str, AddressClass, AddressClass)] = &[
 /// Ranges whose every address must be forbidden; the embedded-IPv4 prefixes are
 /// covered by the mapped/NAT64 properties below instead.
 fn forbidden_nets() -> Vec<IpNet> {
-    FORBIDDEN
-        .iter()
-        .map(|(n, _, _)| n.parse().unwrap())
-        .collect()
+    FORBIDDEN.iter().map(|(n, _, _)| n.parse().unwrap()).collect()
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -165,10 +162,7 @@ fn class_display_names() {
     assert_eq!(Loopback.to_string(), "loopback");
     assert_eq!(Private.to_string(), "private");
     let refusal = check_addr(ip("169.254.169.254"), &[]).unwrap_err();
-    assert_eq!(
-        refusal.to_string(),
-        "forbidden_address: 169.254.169.254 is link-local"
-    );
+    assert_eq!(refusal.to_string(), "forbidden_address: 169.254.169.254 is link-local");
     assert_eq!(refusal.kind(), "forbidden_address");
 }
 
@@ -249,14 +243,7 @@ fn url(s: &str) -> Url {
 }
 
 fn refused_as(s: &str, addr: &str, class: AddressClass) {
-    assert_eq!(
-        check_url_static(&url(s), &[], false),
-        Err(Refusal::ForbiddenAddress {
-            addr: ip(addr),
-            class
-        }),
-        "{s}"
-    );
+    assert_eq!(check_url_static(&url(s), &[], false), Err(Refusal::ForbiddenAddress { addr: ip(addr), class }), "{s}");
 }
 
 #[test]
@@ -269,58 +256,29 @@ fn static_url_checks() {
     refused_as("http://127.0.0.1./", "127.0.0.1", Loopback);
     refused_as("http://[::ffff:127.0.0.1]/", "::ffff:127.0.0.1", Loopback);
     refused_as("http://[::1]:8080/", "::1", Loopback);
-    refused_as(
-        "http://169.254.169.254/latest/meta-data",
-        "169.254.169.254",
-        LinkLocal,
-    );
+    refused_as("http://169.254.169.254/latest/meta-data", "169.254.169.254", LinkLocal);
     // The userinfo does not confuse the parser: the host is 127.0.0.1.
     refused_as("http://user@127.0.0.1/", "127.0.0.1", Loopback);
     refused_as("http://8.8.8.8@127.0.0.1/", "127.0.0.1", Loopback);
     refused_as("http://[fd00:ec2::254]/", "fd00:ec2::254", UniqueLocal);
     refused_as("https://0.0.0.0/", "0.0.0.0", Unspecified);
 
-    let static_check =
-        |s: &str, allow: &[IpNet], https_only| check_url_static(&url(s), allow, https_only);
-    assert_eq!(
-        static_check("ftp://x/", &[], false),
-        Err(Refusal::Scheme("ftp".into()))
-    );
-    assert_eq!(
-        static_check("file:///etc/passwd", &[], false),
-        Err(Refusal::Scheme("file".into()))
-    );
-    assert_eq!(
-        static_check("gopher://x/", &[], false),
-        Err(Refusal::Scheme("gopher".into()))
-    );
-    assert!(matches!(
-        static_check("http://example.com/", &[], true),
-        Err(Refusal::Scheme(_))
-    ));
+    let static_check = |s: &str, allow: &[IpNet], https_only| check_url_static(&url(s), allow, https_only);
+    assert_eq!(static_check("ftp://x/", &[], false), Err(Refusal::Scheme("ftp".into())));
+    assert_eq!(static_check("file:///etc/passwd", &[], false), Err(Refusal::Scheme("file".into())));
+    assert_eq!(static_check("gopher://x/", &[], false), Err(Refusal::Scheme("gopher".into())));
+    assert!(matches!(static_check("http://example.com/", &[], true), Err(Refusal::Scheme(_))));
     assert_eq!(static_check("https://example.com/", &[], true), Ok(()));
     assert_eq!(static_check("http://example.com/hook", &[], false), Ok(()));
     assert_eq!(static_check("http://8.8.8.8/", &[], false), Ok(()));
-    assert_eq!(
-        static_check("http://[2606:4700:4700::1111]/", &[], false),
-        Ok(())
-    );
+    assert_eq!(static_check("http://[2606:4700:4700::1111]/", &[], false), Ok(()));
 
     let allow: Vec<IpNet> = vec!["127.0.0.1/32".parse().unwrap()];
-    assert_eq!(
-        static_check("http://127.0.0.1:8080/", &allow, false),
-        Ok(())
-    );
-    assert_eq!(
-        static_check("http://[::ffff:127.0.0.1]:8080/", &allow, false),
-        Ok(())
-    );
+    assert_eq!(static_check("http://127.0.0.1:8080/", &allow, false), Ok(()));
+    assert_eq!(static_check("http://[::ffff:127.0.0.1]:8080/", &allow, false), Ok(()));
     assert_eq!(
         static_check("http://127.0.0.2:8080/", &allow, false),
-        Err(Refusal::ForbiddenAddress {
-            addr: ip("127.0.0.2"),
-            class: Loopback
-        })
+        Err(Refusal::ForbiddenAddress { addr: ip("127.0.0.2"), class: Loopback })
     );
     assert_eq!(
         static_check("http://127.0.0.1:8080/", &allow, true),
@@ -330,20 +288,11 @@ fn static_url_checks() {
 
 #[test]
 fn refusal_and_send_error_kinds() {
-    let addr = SendError::Refused(Refusal::ForbiddenAddress {
-        addr: ip("10.0.0.1"),
-        class: Private,
-    });
+    let addr = SendError::Refused(Refusal::ForbiddenAddress { addr: ip("10.0.0.1"), class: Private });
     assert_eq!(addr.kind(), "forbidden_address");
     assert_eq!(addr.to_string(), "forbidden_address: 10.0.0.1 is private");
-    assert_eq!(
-        SendError::Refused(Refusal::Scheme("ftp".into())).kind(),
-        "forbidden_scheme"
-    );
-    assert_eq!(
-        SendError::Refused(Refusal::InvalidUrl("x".into())).kind(),
-        "invalid_url"
-    );
+    assert_eq!(SendError::Refused(Refusal::Scheme("ftp".into())).kind(), "forbidden_scheme");
+    assert_eq!(SendError::Refused(Refusal::InvalidUrl("x".into())).kind(), "invalid_url");
     assert_eq!(SendError::Dns(String::new()).kind(), "dns");
     assert_eq!(SendError::Timeout(String::new()).kind(), "timeout");
     assert_eq!(SendError::Connect(String::new()).kind(), "connect");

@@ -31,14 +31,9 @@ impl TestCa {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "egress test CA");
+        params.distinguished_name.push(DnType::CommonName, "egress test CA");
         let cert = params.self_signed(&key).unwrap();
-        Self {
-            cert,
-            issuer: Issuer::new(params, key),
-        }
+        Self { cert, issuer: Issuer::new(params, key) }
     }
 
     fn root(&self) -> reqwest::Certificate {
@@ -47,10 +42,7 @@ impl TestCa {
 
     fn server_cert(&self, name: &str) -> ServerCert {
         let key = KeyPair::generate().unwrap();
-        let leaf = CertificateParams::new(vec![name.to_owned()])
-            .unwrap()
-            .signed_by(&key, &self.issuer)
-            .unwrap();
+        let leaf = CertificateParams::new(vec![name.to_owned()]).unwrap().signed_by(&key, &self.issuer).unwrap();
         ServerCert {
             chain: vec![leaf.der().clone(), self.cert.der().clone()],
             key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
@@ -84,36 +76,22 @@ fn client_trusting(ca: &TestCa, https_only: bool) -> EgressClient {
 #[tokio::test]
 async fn pinned_https_keeps_sni_host_and_verification() {
     let ca = TestCa::new();
-    let server = spawn_https(
-        loopback_listener().await,
-        Reply::Ok,
-        acceptor(ca.server_cert(NAME)),
-    );
+    let server = spawn_https(loopback_listener().await, Reply::Ok, acceptor(ca.server_cert(NAME)));
     let client = client_trusting(&ca, true);
     let url = Url::parse(&format!("https://{NAME}:{}/hook", server.port())).unwrap();
 
-    let resp = client
-        .post(&url, HeaderMap::new(), Bytes::from_static(b"{}"))
-        .await
-        .unwrap();
+    let resp = client.post(&url, HeaderMap::new(), Bytes::from_static(b"{}")).await.unwrap();
     assert_eq!(resp.status(), 200);
     let seen = server.seen();
     assert_eq!(seen.len(), 1);
-    assert_eq!(
-        seen[0].sni.as_deref(),
-        Some(NAME),
-        "SNI is the URL host, not the IP"
-    );
+    assert_eq!(seen[0].sni.as_deref(), Some(NAME), "SNI is the URL host, not the IP");
     let expected_host = format!("{NAME}:{}", server.port());
     assert_eq!(seen[0].host.as_deref(), Some(expected_host.as_str()));
     assert_eq!(seen[0].body, b"{}");
 
     // https_only: the same destination over http is refused before any lookup.
     let http_url = Url::parse(&format!("http://{NAME}:{}/hook", server.port())).unwrap();
-    let err = client
-        .post(&http_url, HeaderMap::new(), Bytes::new())
-        .await
-        .unwrap_err();
+    let err = client.post(&http_url, HeaderMap::new(), Bytes::new()).await.unwrap_err();
     assert_eq!(err.kind(), "forbidden_scheme");
 }
 
@@ -125,34 +103,21 @@ async fn certificate_for_another_name_is_tls_error() {
     let server = spawn_https(loopback_listener().await, Reply::Ok, acceptor(cert));
     let client = client_trusting(&ca, false);
     let url = Url::parse(&format!("https://{NAME}:{}/hook", server.port())).unwrap();
-    let err = client
-        .post(&url, HeaderMap::new(), Bytes::new())
-        .await
-        .unwrap_err();
+    let err = client.post(&url, HeaderMap::new(), Bytes::new()).await.unwrap_err();
     assert!(matches!(err, SendError::Tls(_)), "{err:?}");
     assert_eq!(err.kind(), "tls");
-    assert!(
-        server.connection_count() >= 1,
-        "the handshake was attempted"
-    );
+    assert!(server.connection_count() >= 1, "the handshake was attempted");
     assert!(server.seen().is_empty());
 }
 
 #[tokio::test]
 async fn untrusted_ca_is_tls_error() {
     let ca = TestCa::new();
-    let server = spawn_https(
-        loopback_listener().await,
-        Reply::Ok,
-        acceptor(ca.server_cert(NAME)),
-    );
+    let server = spawn_https(loopback_listener().await, Reply::Ok, acceptor(ca.server_cert(NAME)));
     // Trusts a different CA than the one that signed the server certificate.
     let client = client_trusting(&TestCa::new(), false);
     let url = Url::parse(&format!("https://{NAME}:{}/hook", server.port())).unwrap();
-    let err = client
-        .post(&url, HeaderMap::new(), Bytes::new())
-        .await
-        .unwrap_err();
+    let err = client.post(&url, HeaderMap::new(), Bytes::new()).await.unwrap_err();
     assert!(matches!(err, SendError::Tls(_)), "{err:?}");
     assert!(server.seen().is_empty());
 }

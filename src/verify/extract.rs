@@ -14,10 +14,7 @@ pub fn body_sha256_hex(body: &[u8]) -> String {
 
 /// A header's value as text, if present and valid visible ASCII.
 pub(crate) fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
+    headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
 }
 
 /// The body parsed as JSON, computed at most once per request.
@@ -34,9 +31,7 @@ impl<'a> LazyJson<'a> {
     /// The parsed body, or `None` when it is not JSON.
     pub(crate) fn get(&mut self) -> Option<&Value> {
         let body = self.body;
-        self.parsed
-            .get_or_insert_with(|| serde_json::from_slice(body).ok())
-            .as_ref()
+        self.parsed.get_or_insert_with(|| serde_json::from_slice(body).ok()).as_ref()
     }
 
     /// A string (or number) at an RFC 6901 pointer.
@@ -56,9 +51,7 @@ pub(crate) fn scalar_to_string(value: &Value) -> Option<String> {
 
 /// A header's trimmed value as an owned key, if present and non-empty.
 pub(crate) fn header_string(headers: &HeaderMap, name: &str) -> Option<String> {
-    header_str(headers, name)
-        .filter(|v| !v.is_empty())
-        .map(str::to_owned)
+    header_str(headers, name).filter(|v| !v.is_empty()).map(str::to_owned)
 }
 
 /// The source's override when it configures one, else the kind's default. An override
@@ -70,11 +63,7 @@ pub(crate) fn resolve<'a>(
     json: &mut LazyJson<'a>,
     default: impl FnOnce(&mut LazyJson<'a>) -> Option<String>,
 ) -> Option<String> {
-    if locator.is_empty() {
-        default(json)
-    } else {
-        locate(locator, headers, json)
-    }
+    if locator.is_empty() { default(json) } else { locate(locator, headers, json) }
 }
 
 /// The event type of last resort.
@@ -83,11 +72,7 @@ pub(crate) fn unknown_event_type() -> String {
 }
 
 /// Resolve a locator: header first, then JSON pointer.
-pub(crate) fn locate(
-    locator: &Locator,
-    headers: &HeaderMap,
-    json: &mut LazyJson,
-) -> Option<String> {
+pub(crate) fn locate(locator: &Locator, headers: &HeaderMap, json: &mut LazyJson) -> Option<String> {
     if let Some(name) = &locator.header
         && let Some(v) = header_str(headers, name).filter(|v| !v.is_empty())
     {
@@ -106,10 +91,7 @@ mod tests {
     #[test]
     fn body_hash_is_prefixed_and_matches_a_known_digest() {
         // sha256("abc") from FIPS 180-2, appendix B.1.
-        assert_eq!(
-            body_sha256_hex(b"abc"),
-            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(body_sha256_hex(b"abc"), "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 
     #[test]
@@ -117,30 +99,12 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("x-id", "from-header".parse().unwrap());
         let body = br#"{"data": {"id": "from-body", "n": 7}}"#;
-        let both = Locator {
-            header: Some("X-Id".into()),
-            json_pointer: Some("/data/id".into()),
-        };
-        assert_eq!(
-            locate(&both, &headers, &mut LazyJson::new(body)).as_deref(),
-            Some("from-header")
-        );
-        let pointer_only = Locator {
-            header: Some("x-missing".into()),
-            json_pointer: Some("/data/n".into()),
-        };
-        assert_eq!(
-            locate(&pointer_only, &headers, &mut LazyJson::new(body)).as_deref(),
-            Some("7")
-        );
-        let nothing = Locator {
-            header: None,
-            json_pointer: Some("/data".into()),
-        };
+        let both = Locator { header: Some("X-Id".into()), json_pointer: Some("/data/id".into()) };
+        assert_eq!(locate(&both, &headers, &mut LazyJson::new(body)).as_deref(), Some("from-header"));
+        let pointer_only = Locator { header: Some("x-missing".into()), json_pointer: Some("/data/n".into()) };
+        assert_eq!(locate(&pointer_only, &headers, &mut LazyJson::new(body)).as_deref(), Some("7"));
+        let nothing = Locator { header: None, json_pointer: Some("/data".into()) };
         assert_eq!(locate(&nothing, &headers, &mut LazyJson::new(body)), None);
-        assert_eq!(
-            locate(&both, &HeaderMap::new(), &mut LazyJson::new(b"not json")),
-            None
-        );
+        assert_eq!(locate(&both, &HeaderMap::new(), &mut LazyJson::new(b"not json")), None);
     }
 }

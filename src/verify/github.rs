@@ -31,39 +31,22 @@ impl Verifier for Github {
         let signature = header
             .strip_prefix("sha256=")
             .and_then(decode_hex)
-            .ok_or_else(|| {
-                VerifyError::InvalidSignature(format!("{SIGNATURE_HEADER} is not sha256=<hex>"))
-            })?;
-        check_any(
-            HmacAlgorithm::Sha256,
-            &verbatim_keys(spec),
-            &[body],
-            &[signature],
-        )?;
+            .ok_or_else(|| VerifyError::InvalidSignature(format!("{SIGNATURE_HEADER} is not sha256=<hex>")))?;
+        check_any(HmacAlgorithm::Sha256, &verbatim_keys(spec), &[body], &[signature])?;
 
         let mut json = LazyJson::new(body);
-        let dedupe_key = resolve(&spec.dedupe, headers, &mut json, |_| {
-            header_string(headers, DELIVERY_HEADER)
-        })
-        .unwrap_or_else(|| body_sha256_hex(body));
+        let dedupe_key = resolve(&spec.dedupe, headers, &mut json, |_| header_string(headers, DELIVERY_HEADER))
+            .unwrap_or_else(|| body_sha256_hex(body));
         let event_type = resolve(&spec.event_type, headers, &mut json, |json| {
             let event = header_string(headers, EVENT_HEADER)?;
-            let action = json
-                .get()
-                .and_then(|v| v.get("action"))
-                .and_then(Value::as_str)
-                .filter(|a| !a.is_empty());
+            let action = json.get().and_then(|v| v.get("action")).and_then(Value::as_str).filter(|a| !a.is_empty());
             Some(match action {
                 Some(action) => format!("{event}.{action}"),
                 None => event,
             })
         })
         .unwrap_or_else(unknown_event_type);
-        Ok(Verified {
-            dedupe_key,
-            event_type,
-            challenge: None,
-        })
+        Ok(Verified { dedupe_key, event_type, challenge: None })
     }
 }
 
@@ -78,38 +61,26 @@ mod tests {
     // `Hello, World!`.
     const DOC_SECRET: &str = "It's a Secret to Everybody";
     const DOC_BODY: &str = "Hello, World!";
-    const DOC_HEADER: &str =
-        "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
+    const DOC_HEADER: &str = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
     // DOC_BODY under a second secret, computed outside this crate:
     //   printf '%s' 'Hello, World!' | openssl dgst -sha256 -hmac 'second-github-secret'
     // (same result from Python's hmac.new(key, msg, hashlib.sha256).hexdigest()).
     const SECOND_SECRET: &str = "second-github-secret";
-    const SECOND_HEADER: &str =
-        "sha256=08337244a1549aec6ebd0646b85fa58adb5eccd8e299f6f70b0d4df6d86ccfef";
+    const SECOND_HEADER: &str = "sha256=08337244a1549aec6ebd0646b85fa58adb5eccd8e299f6f70b0d4df6d86ccfef";
     // printf '%s' '{"action":"opened","number":7}' |
     //   openssl dgst -sha256 -hmac "It's a Secret to Everybody"
     const PR_BODY: &str = r#"{"action":"opened","number":7}"#;
-    const PR_HEADER: &str =
-        "sha256=34fd4221cb1c8b95d142c6dc81775bb15fcd403d46608fdf114c11b6a0f525c5";
+    const PR_HEADER: &str = "sha256=34fd4221cb1c8b95d142c6dc81775bb15fcd403d46608fdf114c11b6a0f525c5";
     const DELIVERY: &str = "72d3162e-cc78-11e3-81ab-4c9367dc0958";
 
     fn request(signature: &str, event: &str) -> http::HeaderMap {
-        headers(&[
-            ("X-Hub-Signature-256", signature),
-            ("X-GitHub-Event", event),
-            ("X-GitHub-Delivery", DELIVERY),
-        ])
+        headers(&[("X-Hub-Signature-256", signature), ("X-GitHub-Event", event), ("X-GitHub-Delivery", DELIVERY)])
     }
 
     #[test]
     fn published_example_is_accepted() {
-        let v = verify(
-            &spec(Kind::Github, &[DOC_SECRET]),
-            &request(DOC_HEADER, "ping"),
-            DOC_BODY.as_bytes(),
-            0,
-        )
-        .unwrap();
+        let v =
+            verify(&spec(Kind::Github, &[DOC_SECRET]), &request(DOC_HEADER, "ping"), DOC_BODY.as_bytes(), 0).unwrap();
         assert_eq!(v.dedupe_key, DELIVERY);
         // Not JSON, so there is no action to add.
         assert_eq!(v.event_type, "ping");
@@ -117,13 +88,8 @@ mod tests {
 
     #[test]
     fn action_refines_the_event_header() {
-        let v = verify(
-            &spec(Kind::Github, &[DOC_SECRET]),
-            &request(PR_HEADER, "pull_request"),
-            PR_BODY.as_bytes(),
-            0,
-        )
-        .unwrap();
+        let v = verify(&spec(Kind::Github, &[DOC_SECRET]), &request(PR_HEADER, "pull_request"), PR_BODY.as_bytes(), 0)
+            .unwrap();
         assert_eq!(v.event_type, "pull_request.opened");
     }
 
@@ -131,15 +97,9 @@ mod tests {
     fn wrong_secret_and_tampered_body_are_invalid() {
         let h = request(DOC_HEADER, "ping");
         let wrong = spec(Kind::Github, &["not the secret"]);
-        assert_eq!(
-            code(verify(&wrong, &h, DOC_BODY.as_bytes(), 0)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&wrong, &h, DOC_BODY.as_bytes(), 0)), "invalid_signature");
         let right = spec(Kind::Github, &[DOC_SECRET]);
-        assert_eq!(
-            code(verify(&right, &h, b"Hello, World?", 0)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&right, &h, b"Hello, World?", 0)), "invalid_signature");
     }
 
     #[test]
@@ -153,22 +113,14 @@ mod tests {
             "sha256=".to_owned(),   // empty
         ] {
             assert_eq!(
-                code(verify(
-                    &s,
-                    &request(&header, "ping"),
-                    DOC_BODY.as_bytes(),
-                    0
-                )),
+                code(verify(&s, &request(&header, "ping"), DOC_BODY.as_bytes(), 0)),
                 "invalid_signature",
                 "{header}"
             );
         }
         // The SHA-1 header alone does not count.
         let legacy = headers(&[("X-Hub-Signature", "sha1=0123")]);
-        assert_eq!(
-            code(verify(&s, &legacy, DOC_BODY.as_bytes(), 0)),
-            "missing_signature"
-        );
+        assert_eq!(code(verify(&s, &legacy, DOC_BODY.as_bytes(), 0)), "missing_signature");
     }
 
     #[test]
@@ -194,10 +146,7 @@ mod tests {
         s.dedupe = pointer_locator("/number");
         s.event_type = header_locator("X-GitHub-Hook-Installation-Target-Type");
         let mut h = request(PR_HEADER, "pull_request");
-        h.insert(
-            "X-GitHub-Hook-Installation-Target-Type",
-            http::HeaderValue::from_static("repository"),
-        );
+        h.insert("X-GitHub-Hook-Installation-Target-Type", http::HeaderValue::from_static("repository"));
         let v = verify(&s, &h, PR_BODY.as_bytes(), 0).unwrap();
         assert_eq!(v.dedupe_key, "7");
         assert_eq!(v.event_type, "repository");

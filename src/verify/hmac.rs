@@ -21,9 +21,10 @@ impl Verifier for GenericHmac {
         _now_unix: i64,
     ) -> Result<Verified, VerifyError> {
         // `validate_spec` refuses this; failing closed covers a spec stored before it did.
-        let scheme = spec.hmac.as_ref().ok_or_else(|| {
-            VerifyError::InvalidSignature("source of kind hmac has no hmac settings".to_owned())
-        })?;
+        let scheme = spec
+            .hmac
+            .as_ref()
+            .ok_or_else(|| VerifyError::InvalidSignature("source of kind hmac has no hmac settings".to_owned()))?;
         let header = required_header(headers, &scheme.header)?;
         let encoded = match scheme.prefix.as_deref().filter(|p| !p.is_empty()) {
             None => Some(header),
@@ -33,9 +34,7 @@ impl Verifier for GenericHmac {
                 .filter(|head| head.eq_ignore_ascii_case(prefix))
                 .and_then(|_| header.get(prefix.len()..)),
         }
-        .ok_or_else(|| {
-            VerifyError::InvalidSignature(format!("{} lacks the configured prefix", scheme.header))
-        })?;
+        .ok_or_else(|| VerifyError::InvalidSignature(format!("{} lacks the configured prefix", scheme.header)))?;
         let signature = match scheme.encoding {
             SignatureEncoding::Hex => decode_hex(encoded),
             SignatureEncoding::Base64 => decode_base64(encoded),
@@ -50,40 +49,26 @@ impl Verifier for GenericHmac {
                 }
             ))
         })?;
-        check_any(
-            scheme.algorithm,
-            &verbatim_keys(spec),
-            &[body],
-            &[signature],
-        )?;
+        check_any(scheme.algorithm, &verbatim_keys(spec), &[body], &[signature])?;
 
         let mut json = LazyJson::new(body);
-        let dedupe_key =
-            locate(&spec.dedupe, headers, &mut json).unwrap_or_else(|| body_sha256_hex(body));
-        let event_type =
-            locate(&spec.event_type, headers, &mut json).unwrap_or_else(unknown_event_type);
-        Ok(Verified {
-            dedupe_key,
-            event_type,
-            challenge: None,
-        })
+        let dedupe_key = locate(&spec.dedupe, headers, &mut json).unwrap_or_else(|| body_sha256_hex(body));
+        let event_type = locate(&spec.event_type, headers, &mut json).unwrap_or_else(unknown_event_type);
+        Ok(Verified { dedupe_key, event_type, challenge: None })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use crate::verify::test_util::{code, header_locator, headers, pointer_locator, spec};
-    use crate::verify::{
-        HmacAlgorithm, HmacScheme, Kind, SignatureEncoding, SourceSpec, body_sha256_hex, verify,
-    };
+    use crate::verify::{HmacAlgorithm, HmacScheme, Kind, SignatureEncoding, SourceSpec, body_sha256_hex, verify};
 
     // Computed outside this crate with OpenSSL and cross-checked with Python's hmac:
     //   printf '%s' "$BODY" | openssl dgst -sha512 -hmac 'generic-secret' -binary | base64 -w0
     //   printf '%s' "$BODY" | openssl dgst -sha256 -hmac 'generic-secret'
     const BODY: &str = r#"{"kind":"order.paid","id":"ord_42"}"#;
     const SECRET: &str = "generic-secret";
-    const SHA512_B64: &str =
-        "mQNXH0L/8I1fouFsLcGwHifq3kSmLVL4LYr/X7HES4Jf5+FSSBOe9toV7IxPwMPLBLPOV7taDA0YZYaD9I6Oww==";
+    const SHA512_B64: &str = "mQNXH0L/8I1fouFsLcGwHifq3kSmLVL4LYr/X7HES4Jf5+FSSBOe9toV7IxPwMPLBLPOV7taDA0YZYaD9I6Oww==";
     /// Same body, SHA-512 under `generic-secret-2`.
     const SHA512_B64_SECOND: &str =
         "ibZoXNWBVvctkCxe5JWNHIszjSxzg+Y50rW3gJ0yIN5CTJI4ijBZchveTsrAfj/G279a00jQI+PQ8+MdRbU3Lg==";
@@ -138,14 +123,8 @@ mod tests {
     #[test]
     fn wrong_secret_and_tampered_body_are_invalid() {
         let h = signed(&format!("sha512={SHA512_B64}"));
-        assert_eq!(
-            code(verify(&sha512_spec(&["wrong"]), &h, BODY.as_bytes(), 0)),
-            "invalid_signature"
-        );
-        assert_eq!(
-            code(verify(&sha512_spec(&[SECRET]), &h, b"{}", 0)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&sha512_spec(&["wrong"]), &h, BODY.as_bytes(), 0)), "invalid_signature");
+        assert_eq!(code(verify(&sha512_spec(&[SECRET]), &h, b"{}", 0)), "invalid_signature");
     }
 
     #[test]
@@ -158,27 +137,12 @@ mod tests {
             format!("sha512={SHA256_HEX}"), // the SHA-256 MAC
             "sha512=".to_owned(),
         ] {
-            assert_eq!(
-                code(verify(&s, &signed(&value), BODY.as_bytes(), 0)),
-                "invalid_signature",
-                "{value}"
-            );
+            assert_eq!(code(verify(&s, &signed(&value), BODY.as_bytes(), 0)), "invalid_signature", "{value}");
         }
         let h = headers(&[("X-Other", "sha512=x")]);
-        assert_eq!(
-            code(verify(&s, &h, BODY.as_bytes(), 0)),
-            "missing_signature"
-        );
+        assert_eq!(code(verify(&s, &h, BODY.as_bytes(), 0)), "missing_signature");
         let hex_given_base64 = headers(&[("X-Hook-Sig", SHA512_B64)]);
-        assert_eq!(
-            code(verify(
-                &sha256_hex_spec(),
-                &hex_given_base64,
-                BODY.as_bytes(),
-                0
-            )),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&sha256_hex_spec(), &hex_given_base64, BODY.as_bytes(), 0)), "invalid_signature");
     }
 
     #[test]
@@ -210,19 +174,13 @@ mod tests {
     fn missing_settings_or_secrets_fail_closed() {
         let h = signed(&format!("sha512={SHA512_B64}"));
         let no_settings = spec(Kind::Hmac, &[SECRET]);
-        assert_eq!(
-            code(verify(&no_settings, &h, BODY.as_bytes(), 0)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&no_settings, &h, BODY.as_bytes(), 0)), "invalid_signature");
         // An empty secret is never a key: anyone could sign with it. This is the body's
         // HMAC-SHA512 under the empty key, which must still be refused:
         //   python3 -c 'import hmac,hashlib,base64,sys; print(base64.b64encode(
         //     hmac.new(b"", sys.argv[1].encode(), hashlib.sha512).digest()).decode())' "$BODY"
         let empty_key_sig = "885036bTDlECOrBUCQ52B6dStrJPX7NYYplZPKPXKaK0ITw51/wUhOO1kFctoTr/EPfkwHC8g9dMICwA+oEaBg==";
         let h = signed(&format!("sha512={empty_key_sig}"));
-        assert_eq!(
-            code(verify(&sha512_spec(&[""]), &h, BODY.as_bytes(), 0)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&sha512_spec(&[""]), &h, BODY.as_bytes(), 0)), "invalid_signature");
     }
 }

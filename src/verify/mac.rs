@@ -33,13 +33,8 @@ pub(crate) fn decode_hex(text: &str) -> Option<Vec<u8>> {
 
 /// A signature header's value. Absent is `MissingSignature`; present but not visible ASCII
 /// is `InvalidSignature` (it cannot hold any signature format we know).
-pub(crate) fn required_header<'a>(
-    headers: &'a HeaderMap,
-    name: &str,
-) -> Result<&'a str, VerifyError> {
-    let value = headers
-        .get(name)
-        .ok_or_else(|| VerifyError::MissingSignature(format!("header {name} is absent")))?;
+pub(crate) fn required_header<'a>(headers: &'a HeaderMap, name: &str) -> Result<&'a str, VerifyError> {
+    let value = headers.get(name).ok_or_else(|| VerifyError::MissingSignature(format!("header {name} is absent")))?;
     value
         .to_str()
         .map(str::trim)
@@ -49,11 +44,7 @@ pub(crate) fn required_header<'a>(
 /// The spec's secrets as key bytes, used verbatim. Empty secrets are skipped: an empty
 /// HMAC key is one every forger knows.
 pub(crate) fn verbatim_keys(spec: &SourceSpec) -> Vec<&[u8]> {
-    spec.secrets
-        .iter()
-        .filter(|s| !s.is_empty())
-        .map(|s| s.as_bytes())
-        .collect()
+    spec.secrets.iter().filter(|s| !s.is_empty()).map(|s| s.as_bytes()).collect()
 }
 
 /// Accept when the MAC of `message` (the concatenation of its parts) under any key equals
@@ -68,28 +59,16 @@ pub(crate) fn check_any<K: AsRef<[u8]>>(
     candidates: &[Vec<u8>],
 ) -> Result<(), VerifyError> {
     if keys.is_empty() {
-        return Err(VerifyError::InvalidSignature(
-            "source has no usable secret".to_owned(),
-        ));
+        return Err(VerifyError::InvalidSignature("source has no usable secret".to_owned()));
     }
     let matched = keys.iter().any(|key| match algorithm {
         HmacAlgorithm::Sha256 => matches::<Hmac<Sha256>>(key.as_ref(), message, candidates),
         HmacAlgorithm::Sha512 => matches::<Hmac<Sha512>>(key.as_ref(), message, candidates),
     });
-    if matched {
-        Ok(())
-    } else {
-        Err(VerifyError::InvalidSignature(
-            "no signature matches any secret".to_owned(),
-        ))
-    }
+    if matched { Ok(()) } else { Err(VerifyError::InvalidSignature("no signature matches any secret".to_owned())) }
 }
 
-fn matches<M: Mac + KeyInit + Clone>(
-    key: &[u8],
-    message: &[&[u8]],
-    candidates: &[Vec<u8>],
-) -> bool {
+fn matches<M: Mac + KeyInit + Clone>(key: &[u8], message: &[&[u8]], candidates: &[Vec<u8>]) -> bool {
     // HMAC takes keys of any length, so this only fails for MACs we do not use.
     let Ok(mut mac) = <M as KeyInit>::new_from_slice(key) else {
         return false;
@@ -97,30 +76,21 @@ fn matches<M: Mac + KeyInit + Clone>(
     for part in message {
         mac.update(part);
     }
-    candidates
-        .iter()
-        .any(|candidate| mac.clone().verify_slice(candidate).is_ok())
+    candidates.iter().any(|candidate| mac.clone().verify_slice(candidate).is_ok())
 }
 
 /// Parse a signed unix timestamp. Only ASCII digits: a sign or spaces inside would let two
 /// spellings of one instant carry different signatures.
 pub(crate) fn parse_timestamp(raw: &str, what: &str) -> Result<i64, VerifyError> {
     if raw.is_empty() || !raw.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(VerifyError::InvalidSignature(format!(
-            "{what} is not a unix timestamp"
-        )));
+        return Err(VerifyError::InvalidSignature(format!("{what} is not a unix timestamp")));
     }
-    raw.parse()
-        .map_err(|_| VerifyError::InvalidSignature(format!("{what} is out of range")))
+    raw.parse().map_err(|_| VerifyError::InvalidSignature(format!("{what} is out of range")))
 }
 
 /// Refuse a timestamp further than the spec's tolerance from `now_unix`, in either
 /// direction: a far-future timestamp would stay replayable for that long.
-pub(crate) fn check_tolerance(
-    spec: &SourceSpec,
-    timestamp: i64,
-    now_unix: i64,
-) -> Result<(), VerifyError> {
+pub(crate) fn check_tolerance(spec: &SourceSpec, timestamp: i64, now_unix: i64) -> Result<(), VerifyError> {
     let tolerance = spec.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS);
     // i128 so that no pair of i64 values can overflow the difference.
     let skew = i128::from(now_unix) - i128::from(timestamp);
@@ -155,14 +125,8 @@ mod tests {
         let s = spec(None);
         assert!(check_tolerance(&s, 1000, 1300).is_ok());
         assert!(check_tolerance(&s, 1300, 1000).is_ok());
-        assert!(matches!(
-            check_tolerance(&s, 1000, 1301),
-            Err(VerifyError::TimestampOutOfTolerance(_))
-        ));
-        assert!(matches!(
-            check_tolerance(&s, 1301, 1000),
-            Err(VerifyError::TimestampOutOfTolerance(_))
-        ));
+        assert!(matches!(check_tolerance(&s, 1000, 1301), Err(VerifyError::TimestampOutOfTolerance(_))));
+        assert!(matches!(check_tolerance(&s, 1301, 1000), Err(VerifyError::TimestampOutOfTolerance(_))));
         assert!(check_tolerance(&spec(Some(10)), 1000, 1011).is_err());
         // Extreme values must not overflow.
         assert!(check_tolerance(&s, i64::MAX, i64::MIN).is_err());
@@ -171,21 +135,8 @@ mod tests {
     #[test]
     fn timestamps_are_plain_digits() {
         assert_eq!(parse_timestamp("1700000000", "t"), Ok(1_700_000_000));
-        for bad in [
-            "",
-            "+1700000000",
-            "-1",
-            "17e8",
-            "1 7",
-            "99999999999999999999",
-        ] {
-            assert!(
-                matches!(
-                    parse_timestamp(bad, "t"),
-                    Err(VerifyError::InvalidSignature(_))
-                ),
-                "{bad:?}"
-            );
+        for bad in ["", "+1700000000", "-1", "17e8", "1 7", "99999999999999999999"] {
+            assert!(matches!(parse_timestamp(bad, "t"), Err(VerifyError::InvalidSignature(_))), "{bad:?}");
         }
     }
 

@@ -234,12 +234,7 @@ fn verifier(kind: Kind) -> &'static dyn Verifier {
 /// are [`body_sha256_hex`] and `"unknown"`.
 ///
 /// `now_unix` is the current time in unix seconds (a parameter so tests can pin it).
-pub fn verify(
-    spec: &SourceSpec,
-    headers: &HeaderMap,
-    body: &[u8],
-    now_unix: i64,
-) -> Result<Verified, VerifyError> {
+pub fn verify(spec: &SourceSpec, headers: &HeaderMap, body: &[u8], now_unix: i64) -> Result<Verified, VerifyError> {
     verifier(spec.kind).verify(spec, headers, body, now_unix)
 }
 
@@ -264,32 +259,14 @@ mod tests {
         let secret = "whsec_c2VjcmV0LXZhbHVlLXRoYXQtbXVzdC1ub3QtbGVhaw==";
         let signature = "deadbeefcafebabe";
         let cases = [
-            (
-                Kind::Stripe,
-                vec![("Stripe-Signature", format!("t=1,v1={signature}"))],
-            ),
-            (
-                Kind::Stripe,
-                vec![("Stripe-Signature", format!("v1={signature}"))],
-            ),
-            (
-                Kind::Github,
-                vec![("X-Hub-Signature-256", format!("sha256={signature}"))],
-            ),
-            (
-                Kind::Github,
-                vec![("X-Hub-Signature-256", signature.to_owned())],
-            ),
-            (
-                Kind::Shopify,
-                vec![("X-Shopify-Hmac-Sha256", signature.to_owned())],
-            ),
+            (Kind::Stripe, vec![("Stripe-Signature", format!("t=1,v1={signature}"))]),
+            (Kind::Stripe, vec![("Stripe-Signature", format!("v1={signature}"))]),
+            (Kind::Github, vec![("X-Hub-Signature-256", format!("sha256={signature}"))]),
+            (Kind::Github, vec![("X-Hub-Signature-256", signature.to_owned())]),
+            (Kind::Shopify, vec![("X-Shopify-Hmac-Sha256", signature.to_owned())]),
             (
                 Kind::Slack,
-                vec![
-                    ("X-Slack-Signature", format!("v0={signature}")),
-                    ("X-Slack-Request-Timestamp", "1".to_owned()),
-                ],
+                vec![("X-Slack-Signature", format!("v0={signature}")), ("X-Slack-Request-Timestamp", "1".to_owned())],
             ),
             (
                 Kind::StandardWebhooks,
@@ -302,13 +279,9 @@ mod tests {
         ];
         for (kind, pairs) in cases {
             let pairs: Vec<(&str, &str)> = pairs.iter().map(|(n, v)| (*n, v.as_str())).collect();
-            let err = verify(&spec(kind, &[secret]), &headers(&pairs), b"{}", 1)
-                .expect_err("forged request accepted");
+            let err = verify(&spec(kind, &[secret]), &headers(&pairs), b"{}", 1).expect_err("forged request accepted");
             let text = err.to_string();
-            assert!(
-                !text.contains(secret) && !text.contains(signature),
-                "{kind:?}: {text}"
-            );
+            assert!(!text.contains(secret) && !text.contains(signature), "{kind:?}: {text}");
         }
     }
 }

@@ -28,30 +28,16 @@ impl Verifier for Shopify {
         _now_unix: i64,
     ) -> Result<Verified, VerifyError> {
         let header = required_header(headers, SIGNATURE_HEADER)?;
-        let signature = decode_base64(header).ok_or_else(|| {
-            VerifyError::InvalidSignature(format!("{SIGNATURE_HEADER} is not base64"))
-        })?;
-        check_any(
-            HmacAlgorithm::Sha256,
-            &verbatim_keys(spec),
-            &[body],
-            &[signature],
-        )?;
+        let signature = decode_base64(header)
+            .ok_or_else(|| VerifyError::InvalidSignature(format!("{SIGNATURE_HEADER} is not base64")))?;
+        check_any(HmacAlgorithm::Sha256, &verbatim_keys(spec), &[body], &[signature])?;
 
         let mut json = LazyJson::new(body);
-        let dedupe_key = resolve(&spec.dedupe, headers, &mut json, |_| {
-            header_string(headers, WEBHOOK_ID_HEADER)
-        })
-        .unwrap_or_else(|| body_sha256_hex(body));
-        let event_type = resolve(&spec.event_type, headers, &mut json, |_| {
-            header_string(headers, TOPIC_HEADER)
-        })
-        .unwrap_or_else(unknown_event_type);
-        Ok(Verified {
-            dedupe_key,
-            event_type,
-            challenge: None,
-        })
+        let dedupe_key = resolve(&spec.dedupe, headers, &mut json, |_| header_string(headers, WEBHOOK_ID_HEADER))
+            .unwrap_or_else(|| body_sha256_hex(body));
+        let event_type = resolve(&spec.event_type, headers, &mut json, |_| header_string(headers, TOPIC_HEADER))
+            .unwrap_or_else(unknown_event_type);
+        Ok(Verified { dedupe_key, event_type, challenge: None })
     }
 }
 
@@ -104,16 +90,10 @@ mod tests {
     fn wrong_secret_and_tampered_body_are_invalid() {
         let h = request(SIG, "w");
         let wrong = spec(Kind::Shopify, &["wrong"]);
-        assert_eq!(
-            code(verify(&wrong, &h, BODY.as_bytes(), 0)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&wrong, &h, BODY.as_bytes(), 0)), "invalid_signature");
         let right = spec(Kind::Shopify, &[SECRET]);
         let tampered = BODY.replace("jon", "eve");
-        assert_eq!(
-            code(verify(&right, &h, tampered.as_bytes(), 0)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&right, &h, tampered.as_bytes(), 0)), "invalid_signature");
     }
 
     #[test]
@@ -124,17 +104,10 @@ mod tests {
         // this decodes, to 48 bytes that cannot match.
         let hex = "98d7eb769dc918f200c9c2e36326813250d5f2f2e92cc19b292b9e61fb3a3e8a";
         for header in ["not base64!", &format!("sha256={SIG}"), hex, ""] {
-            assert_eq!(
-                code(verify(&s, &request(header, "w"), BODY.as_bytes(), 0)),
-                "invalid_signature",
-                "{header}"
-            );
+            assert_eq!(code(verify(&s, &request(header, "w"), BODY.as_bytes(), 0)), "invalid_signature", "{header}");
         }
         let h = headers(&[("X-Shopify-Topic", "orders/create")]);
-        assert_eq!(
-            code(verify(&s, &h, BODY.as_bytes(), 0)),
-            "missing_signature"
-        );
+        assert_eq!(code(verify(&s, &h, BODY.as_bytes(), 0)), "missing_signature");
     }
 
     #[test]

@@ -15,9 +15,7 @@
 use http::HeaderMap;
 
 use super::extract::{LazyJson, body_sha256_hex, locate, resolve, unknown_event_type};
-use super::mac::{
-    check_any, check_tolerance, decode_hex, parse_timestamp, required_header, verbatim_keys,
-};
+use super::mac::{check_any, check_tolerance, decode_hex, parse_timestamp, required_header, verbatim_keys};
 use super::{HmacAlgorithm, SourceSpec, Verified, Verifier, VerifyError};
 
 const SIGNATURE_HEADER: &str = "X-Slack-Signature";
@@ -39,9 +37,7 @@ impl Verifier for Slack {
         let signature = header
             .strip_prefix("v0=")
             .and_then(decode_hex)
-            .ok_or_else(|| {
-                VerifyError::InvalidSignature(format!("{SIGNATURE_HEADER} is not v0=<hex>"))
-            })?;
+            .ok_or_else(|| VerifyError::InvalidSignature(format!("{SIGNATURE_HEADER} is not v0=<hex>")))?;
         let timestamp = parse_timestamp(raw_timestamp, TIMESTAMP_HEADER)?;
         check_any(
             HmacAlgorithm::Sha256,
@@ -54,9 +50,9 @@ impl Verifier for Slack {
         let mut json = LazyJson::new(body);
         let body_type = json.pointer("/type");
         if body_type.as_deref() == Some("url_verification") {
-            let challenge = json.pointer("/challenge").ok_or_else(|| {
-                VerifyError::MalformedBody("url_verification has no challenge".to_owned())
-            })?;
+            let challenge = json
+                .pointer("/challenge")
+                .ok_or_else(|| VerifyError::MalformedBody("url_verification has no challenge".to_owned()))?;
             return Ok(Verified {
                 dedupe_key: body_sha256_hex(body),
                 event_type: "url_verification".to_owned(),
@@ -68,24 +64,17 @@ impl Verifier for Slack {
             match json.pointer("/event_id") {
                 Some(id) => id,
                 None if body_type.as_deref() == Some("event_callback") => {
-                    return Err(VerifyError::MalformedBody(
-                        "Slack event_callback has no event_id".to_owned(),
-                    ));
+                    return Err(VerifyError::MalformedBody("Slack event_callback has no event_id".to_owned()));
                 }
                 None => body_sha256_hex(body),
             }
         } else {
             locate(&spec.dedupe, headers, &mut json).unwrap_or_else(|| body_sha256_hex(body))
         };
-        let event_type = resolve(&spec.event_type, headers, &mut json, |json| {
-            json.pointer("/event/type").or(body_type)
-        })
-        .unwrap_or_else(unknown_event_type);
-        Ok(Verified {
-            dedupe_key,
-            event_type,
-            challenge: None,
-        })
+        let event_type =
+            resolve(&spec.event_type, headers, &mut json, |json| json.pointer("/event/type").or(body_type))
+                .unwrap_or_else(unknown_event_type);
+        Ok(Verified { dedupe_key, event_type, challenge: None })
     }
 }
 
@@ -105,25 +94,21 @@ mod tests {
     //   printf '%s' "v0:1700000000:$BODY" | openssl dgst -sha256 -hmac "$SECRET"
     // and cross-checked with Python's hmac.new(secret, msg, hashlib.sha256).hexdigest().
     const TS: i64 = 1_700_000_000;
-    const EVENT_BODY: &str = r#"{"type":"event_callback","event_id":"Ev08MFMKH6","event":{"type":"app_mention","text":"hi"}}"#;
+    const EVENT_BODY: &str =
+        r#"{"type":"event_callback","event_id":"Ev08MFMKH6","event":{"type":"app_mention","text":"hi"}}"#;
     /// EVENT_BODY at TS under DOC_SECRET.
     const EVENT_SIG: &str = "v0=cd2ffc598068a4be92af3ee11f41e74da36af896879f9200f9f2356580811471";
     /// EVENT_BODY at TS under `second-slack-signing-secret`.
-    const EVENT_SIG_SECOND: &str =
-        "v0=de7a126bdf76785dbaaed21e052e7205ba92621d6b61ea7090c59e0a25e2c9c6";
+    const EVENT_SIG_SECOND: &str = "v0=de7a126bdf76785dbaaed21e052e7205ba92621d6b61ea7090c59e0a25e2c9c6";
     /// Slack's documented url_verification body, at TS under DOC_SECRET.
     const CHALLENGE_BODY: &str = r#"{"token":"Jhj5dZrVaK7ZwHHjRyZWjbDl","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#;
-    const CHALLENGE_SIG: &str =
-        "v0=76c303eba32e8ec5639c84f822b2c64cdb1ea7e94fdd6d7b0b958d8e40c0959f";
+    const CHALLENGE_SIG: &str = "v0=76c303eba32e8ec5639c84f822b2c64cdb1ea7e94fdd6d7b0b958d8e40c0959f";
     /// An event_callback without event_id, at TS under DOC_SECRET.
     const NO_ID_BODY: &str = r#"{"type":"event_callback","event":{"type":"app_mention"}}"#;
     const NO_ID_SIG: &str = "v0=a26c279d1cb3398a35a4c509f20523b2c5e109184463f759ec2abd4017d47bf7";
 
     fn request(signature: &str, timestamp: &str) -> http::HeaderMap {
-        headers(&[
-            ("X-Slack-Signature", signature),
-            ("X-Slack-Request-Timestamp", timestamp),
-        ])
+        headers(&[("X-Slack-Signature", signature), ("X-Slack-Request-Timestamp", timestamp)])
     }
 
     fn ts() -> String {
@@ -153,56 +138,32 @@ mod tests {
     #[test]
     fn url_verification_returns_the_challenge_after_the_signature_check() {
         let s = spec(Kind::Slack, &[DOC_SECRET]);
-        let v = verify(
-            &s,
-            &request(CHALLENGE_SIG, &ts()),
-            CHALLENGE_BODY.as_bytes(),
-            TS,
-        )
-        .unwrap();
-        assert_eq!(
-            v.challenge.as_deref(),
-            Some("3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P")
-        );
+        let v = verify(&s, &request(CHALLENGE_SIG, &ts()), CHALLENGE_BODY.as_bytes(), TS).unwrap();
+        assert_eq!(v.challenge.as_deref(), Some("3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"));
         assert_eq!(v.event_type, "url_verification");
         // Unsigned, it is refused like anything else.
         let forged = request(EVENT_SIG, &ts());
-        assert_eq!(
-            code(verify(&s, &forged, CHALLENGE_BODY.as_bytes(), TS)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&s, &forged, CHALLENGE_BODY.as_bytes(), TS)), "invalid_signature");
     }
 
     #[test]
     fn event_callback_without_event_id_is_malformed() {
         let s = spec(Kind::Slack, &[DOC_SECRET]);
         let h = request(NO_ID_SIG, &ts());
-        assert_eq!(
-            code(verify(&s, &h, NO_ID_BODY.as_bytes(), TS)),
-            "malformed_body"
-        );
+        assert_eq!(code(verify(&s, &h, NO_ID_BODY.as_bytes(), TS)), "malformed_body");
     }
 
     #[test]
     fn wrong_secret_and_tampered_body_are_invalid() {
         let h = request(EVENT_SIG, &ts());
         let wrong = spec(Kind::Slack, &["wrong"]);
-        assert_eq!(
-            code(verify(&wrong, &h, EVENT_BODY.as_bytes(), TS)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&wrong, &h, EVENT_BODY.as_bytes(), TS)), "invalid_signature");
         let right = spec(Kind::Slack, &[DOC_SECRET]);
         let tampered = EVENT_BODY.replace("hi", "ho");
-        assert_eq!(
-            code(verify(&right, &h, tampered.as_bytes(), TS)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&right, &h, tampered.as_bytes(), TS)), "invalid_signature");
         // The timestamp is signed: moving it breaks the signature.
         let moved = request(EVENT_SIG, &(TS + 1).to_string());
-        assert_eq!(
-            code(verify(&right, &moved, EVENT_BODY.as_bytes(), TS)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&right, &moved, EVENT_BODY.as_bytes(), TS)), "invalid_signature");
     }
 
     #[test]
@@ -217,12 +178,7 @@ mod tests {
             (EVENT_SIG.to_owned(), "-1700000000".to_owned()),
         ] {
             assert_eq!(
-                code(verify(
-                    &s,
-                    &request(&sig, &timestamp),
-                    EVENT_BODY.as_bytes(),
-                    TS
-                )),
+                code(verify(&s, &request(&sig, &timestamp), EVENT_BODY.as_bytes(), TS)),
                 "invalid_signature",
                 "{sig} {timestamp}"
             );
@@ -230,10 +186,7 @@ mod tests {
         let no_sig = headers(&[("X-Slack-Request-Timestamp", "1700000000")]);
         let no_ts = headers(&[("X-Slack-Signature", EVENT_SIG)]);
         for h in [no_sig, no_ts] {
-            assert_eq!(
-                code(verify(&s, &h, EVENT_BODY.as_bytes(), TS)),
-                "missing_signature"
-            );
+            assert_eq!(code(verify(&s, &h, EVENT_BODY.as_bytes(), TS)), "missing_signature");
         }
     }
 
@@ -243,20 +196,11 @@ mod tests {
         let h = request(EVENT_SIG, &ts());
         let body = EVENT_BODY.as_bytes();
         assert!(verify(&s, &h, body, TS + 300).is_ok());
-        assert_eq!(
-            code(verify(&s, &h, body, TS + 301)),
-            "timestamp_out_of_tolerance"
-        );
-        assert_eq!(
-            code(verify(&s, &h, body, TS - 301)),
-            "timestamp_out_of_tolerance"
-        );
+        assert_eq!(code(verify(&s, &h, body, TS + 301)), "timestamp_out_of_tolerance");
+        assert_eq!(code(verify(&s, &h, body, TS - 301)), "timestamp_out_of_tolerance");
         // The published example is years old by now.
         let doc = request(DOC_SIG, DOC_TS);
-        assert_eq!(
-            code(verify(&s, &doc, DOC_BODY.as_bytes(), TS)),
-            "timestamp_out_of_tolerance"
-        );
+        assert_eq!(code(verify(&s, &doc, DOC_BODY.as_bytes(), TS)), "timestamp_out_of_tolerance");
     }
 
     #[test]

@@ -37,9 +37,7 @@ impl Verifier for StandardWebhooks {
         let raw_timestamp = required_header(headers, TIMESTAMP_HEADER)?;
         let header = required_header(headers, SIGNATURE_HEADER)?;
         if id.is_empty() {
-            return Err(VerifyError::InvalidSignature(format!(
-                "{ID_HEADER} is empty"
-            )));
+            return Err(VerifyError::InvalidSignature(format!("{ID_HEADER} is empty")));
         }
         let timestamp = parse_timestamp(raw_timestamp, TIMESTAMP_HEADER)?;
 
@@ -52,17 +50,11 @@ impl Verifier for StandardWebhooks {
             }
         }
         if v1_entries == 0 {
-            return Err(VerifyError::InvalidSignature(format!(
-                "{SIGNATURE_HEADER} has no v1 signature"
-            )));
+            return Err(VerifyError::InvalidSignature(format!("{SIGNATURE_HEADER} has no v1 signature")));
         }
         // A secret that does not decode was refused by `validate_spec`; skipping it here
         // keeps the others working rather than failing the whole source.
-        let keys: Vec<Vec<u8>> = spec
-            .secrets
-            .iter()
-            .filter_map(|s| decode_secret(s))
-            .collect();
+        let keys: Vec<Vec<u8>> = spec.secrets.iter().filter_map(|s| decode_secret(s)).collect();
         check_any(
             HmacAlgorithm::Sha256,
             &keys,
@@ -72,15 +64,11 @@ impl Verifier for StandardWebhooks {
         check_tolerance(spec, timestamp, now_unix)?;
 
         let mut json = LazyJson::new(body);
-        let dedupe_key = resolve(&spec.dedupe, headers, &mut json, |_| Some(id.to_owned()))
-            .unwrap_or_else(|| body_sha256_hex(body));
-        let event_type = resolve(&spec.event_type, headers, &mut json, |j| j.pointer("/type"))
-            .unwrap_or_else(unknown_event_type);
-        Ok(Verified {
-            dedupe_key,
-            event_type,
-            challenge: None,
-        })
+        let dedupe_key =
+            resolve(&spec.dedupe, headers, &mut json, |_| Some(id.to_owned())).unwrap_or_else(|| body_sha256_hex(body));
+        let event_type =
+            resolve(&spec.event_type, headers, &mut json, |j| j.pointer("/type")).unwrap_or_else(unknown_event_type);
+        Ok(Verified { dedupe_key, event_type, challenge: None })
     }
 }
 
@@ -116,23 +104,14 @@ mod tests {
     const TYPED_SIG_SECOND: &str = "v1,iqFHzjtK5x9PnzRAjOd9oAHkFXwJVH9QsuECyBuqoWo=";
 
     fn request(id: &str, ts: &str, signature: &str) -> http::HeaderMap {
-        headers(&[
-            ("webhook-id", id),
-            ("webhook-timestamp", ts),
-            ("webhook-signature", signature),
-        ])
+        headers(&[("webhook-id", id), ("webhook-timestamp", ts), ("webhook-signature", signature)])
     }
 
     #[test]
     fn published_vector_is_accepted_with_or_without_the_prefix() {
         for secret in [SECRET, SECRET.trim_start_matches("whsec_")] {
-            let v = verify(
-                &spec(Kind::StandardWebhooks, &[secret]),
-                &request(ID, TS, SIG),
-                BODY.as_bytes(),
-                NOW,
-            )
-            .unwrap();
+            let v =
+                verify(&spec(Kind::StandardWebhooks, &[secret]), &request(ID, TS, SIG), BODY.as_bytes(), NOW).unwrap();
             assert_eq!(v.dedupe_key, ID);
             assert_eq!(v.event_type, "unknown");
         }
@@ -153,34 +132,22 @@ mod tests {
         let list = format!("v1a,hnO3f9T8Ytu9HwrXslvumlUpqtNVqkhqw== v1,bm9wZQ== v1,!!! {SIG}");
         assert!(verify(&s, &request(ID, TS, &list), BODY.as_bytes(), NOW).is_ok());
         let only_v1a = "v1a,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
-        assert_eq!(
-            code(verify(&s, &request(ID, TS, only_v1a), BODY.as_bytes(), NOW)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&s, &request(ID, TS, only_v1a), BODY.as_bytes(), NOW)), "invalid_signature");
     }
 
     #[test]
     fn wrong_secret_and_tampered_content_are_invalid() {
         let h = request(ID, TS, SIG);
         let wrong = spec(Kind::StandardWebhooks, &[SECOND_SECRET]);
-        assert_eq!(
-            code(verify(&wrong, &h, BODY.as_bytes(), NOW)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&wrong, &h, BODY.as_bytes(), NOW)), "invalid_signature");
         let right = spec(Kind::StandardWebhooks, &[SECRET]);
         let tampered = br#"{"test": 2432232315}"#;
         assert_eq!(code(verify(&right, &h, tampered, NOW)), "invalid_signature");
         // The id and the timestamp are signed too.
         let other_id = request("msg_other", TS, SIG);
-        assert_eq!(
-            code(verify(&right, &other_id, BODY.as_bytes(), NOW)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&right, &other_id, BODY.as_bytes(), NOW)), "invalid_signature");
         let other_ts = request(ID, "1614265331", SIG);
-        assert_eq!(
-            code(verify(&right, &other_ts, BODY.as_bytes(), NOW)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&right, &other_ts, BODY.as_bytes(), NOW)), "invalid_signature");
     }
 
     #[test]
@@ -201,19 +168,11 @@ mod tests {
             );
         }
         for missing in ["webhook-id", "webhook-timestamp", "webhook-signature"] {
-            let pairs: Vec<(&str, &str)> = [
-                ("webhook-id", ID),
-                ("webhook-timestamp", TS),
-                ("webhook-signature", SIG),
-            ]
-            .into_iter()
-            .filter(|(name, _)| *name != missing)
-            .collect();
-            assert_eq!(
-                code(verify(&s, &headers(&pairs), BODY.as_bytes(), NOW)),
-                "missing_signature",
-                "{missing}"
-            );
+            let pairs: Vec<(&str, &str)> = [("webhook-id", ID), ("webhook-timestamp", TS), ("webhook-signature", SIG)]
+                .into_iter()
+                .filter(|(name, _)| *name != missing)
+                .collect();
+            assert_eq!(code(verify(&s, &headers(&pairs), BODY.as_bytes(), NOW)), "missing_signature", "{missing}");
         }
     }
 
@@ -222,14 +181,8 @@ mod tests {
         let s = spec(Kind::StandardWebhooks, &[SECRET]);
         let h = request(ID, TS, SIG);
         assert!(verify(&s, &h, BODY.as_bytes(), NOW - 300).is_ok());
-        assert_eq!(
-            code(verify(&s, &h, BODY.as_bytes(), NOW + 301)),
-            "timestamp_out_of_tolerance"
-        );
-        assert_eq!(
-            code(verify(&s, &h, BODY.as_bytes(), NOW - 301)),
-            "timestamp_out_of_tolerance"
-        );
+        assert_eq!(code(verify(&s, &h, BODY.as_bytes(), NOW + 301)), "timestamp_out_of_tolerance");
+        assert_eq!(code(verify(&s, &h, BODY.as_bytes(), NOW - 301)), "timestamp_out_of_tolerance");
     }
 
     #[test]
@@ -237,10 +190,7 @@ mod tests {
         let s = spec(Kind::StandardWebhooks, &[SECRET, SECOND_SECRET]);
         for sig in [TYPED_SIG, TYPED_SIG_SECOND] {
             let h = request(TYPED_ID, TYPED_TS, sig);
-            assert!(
-                verify(&s, &h, TYPED_BODY.as_bytes(), TYPED_NOW).is_ok(),
-                "{sig}"
-            );
+            assert!(verify(&s, &h, TYPED_BODY.as_bytes(), TYPED_NOW).is_ok(), "{sig}");
         }
         // A sender signing with both keys at once is accepted by either.
         let both = format!("{TYPED_SIG_SECOND} {TYPED_SIG}");
@@ -251,10 +201,7 @@ mod tests {
 
     #[test]
     fn secrets_decode_to_key_bytes() {
-        assert_eq!(
-            decode_secret(SECOND_SECRET).as_deref(),
-            Some(&b"another-test-secret-key!"[..])
-        );
+        assert_eq!(decode_secret(SECOND_SECRET).as_deref(), Some(&b"another-test-secret-key!"[..]));
         assert_eq!(decode_secret("whsec_"), None);
         assert_eq!(decode_secret("whsec_***"), None);
     }

@@ -9,9 +9,7 @@
 use http::HeaderMap;
 
 use super::extract::{LazyJson, body_sha256_hex, locate, resolve, unknown_event_type};
-use super::mac::{
-    check_any, check_tolerance, decode_hex, parse_timestamp, required_header, verbatim_keys,
-};
+use super::mac::{check_any, check_tolerance, decode_hex, parse_timestamp, required_header, verbatim_keys};
 use super::{HmacAlgorithm, SourceSpec, Verified, Verifier, VerifyError};
 
 const SIGNATURE_HEADER: &str = "Stripe-Signature";
@@ -30,30 +28,20 @@ impl Verifier for Stripe {
         let header = required_header(headers, SIGNATURE_HEADER)?;
         let (t, signatures) = parse_header(header)?;
         let timestamp = parse_timestamp(t, "Stripe-Signature t")?;
-        check_any(
-            HmacAlgorithm::Sha256,
-            &verbatim_keys(spec),
-            &[t.as_bytes(), b".", body],
-            &signatures,
-        )?;
+        check_any(HmacAlgorithm::Sha256, &verbatim_keys(spec), &[t.as_bytes(), b".", body], &signatures)?;
         check_tolerance(spec, timestamp, now_unix)?;
 
         let mut json = LazyJson::new(body);
         // Stripe's event id is the documented idempotency key and is in every event, so a
         // body without one is not an event we understand: refuse it rather than guess.
         let dedupe_key = if spec.dedupe.is_empty() {
-            json.pointer("/id")
-                .ok_or_else(|| VerifyError::MalformedBody("Stripe event has no `id`".to_owned()))?
+            json.pointer("/id").ok_or_else(|| VerifyError::MalformedBody("Stripe event has no `id`".to_owned()))?
         } else {
             locate(&spec.dedupe, headers, &mut json).unwrap_or_else(|| body_sha256_hex(body))
         };
-        let event_type = resolve(&spec.event_type, headers, &mut json, |j| j.pointer("/type"))
-            .unwrap_or_else(unknown_event_type);
-        Ok(Verified {
-            dedupe_key,
-            event_type,
-            challenge: None,
-        })
+        let event_type =
+            resolve(&spec.event_type, headers, &mut json, |j| j.pointer("/type")).unwrap_or_else(unknown_event_type);
+        Ok(Verified { dedupe_key, event_type, challenge: None })
     }
 }
 
@@ -79,13 +67,10 @@ fn parse_header(header: &str) -> Result<(&str, Vec<Vec<u8>>), VerifyError> {
             _ => {}
         }
     }
-    let timestamp = timestamp.ok_or_else(|| {
-        VerifyError::InvalidSignature("Stripe-Signature has no t= timestamp".to_owned())
-    })?;
+    let timestamp =
+        timestamp.ok_or_else(|| VerifyError::InvalidSignature("Stripe-Signature has no t= timestamp".to_owned()))?;
     if v1_entries == 0 {
-        return Err(VerifyError::InvalidSignature(
-            "Stripe-Signature has no v1 signature".to_owned(),
-        ));
+        return Err(VerifyError::InvalidSignature("Stripe-Signature has no v1 signature".to_owned()));
     }
     Ok((timestamp, signatures))
 }
@@ -137,22 +122,13 @@ mod tests {
     fn wrong_secret_and_tampered_body_are_invalid() {
         let header = signed(&format!("t={T},v1={SIG_ONE}"));
         let wrong = spec(Kind::Stripe, &["whsec_wrong"]);
-        assert_eq!(
-            code(verify(&wrong, &header, BODY.as_bytes(), T)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&wrong, &header, BODY.as_bytes(), T)), "invalid_signature");
         let right = spec(Kind::Stripe, &[SECRET_ONE]);
         let tampered = BODY.replace("succeeded", "failed");
-        assert_eq!(
-            code(verify(&right, &header, tampered.as_bytes(), T)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&right, &header, tampered.as_bytes(), T)), "invalid_signature");
         // The timestamp is signed too: changing it breaks the signature.
         let moved = signed(&format!("t={},v1={SIG_ONE}", T + 1));
-        assert_eq!(
-            code(verify(&right, &moved, BODY.as_bytes(), T)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&right, &moved, BODY.as_bytes(), T)), "invalid_signature");
     }
 
     #[test]
@@ -167,16 +143,9 @@ mod tests {
             format!("sha256={SIG_ONE}"),         // another provider's format
             String::new(),
         ] {
-            assert_eq!(
-                code(verify(&s, &signed(&header), BODY.as_bytes(), T)),
-                "invalid_signature",
-                "{header}"
-            );
+            assert_eq!(code(verify(&s, &signed(&header), BODY.as_bytes(), T)), "invalid_signature", "{header}");
         }
-        assert_eq!(
-            code(verify(&s, &headers(&[]), BODY.as_bytes(), T)),
-            "missing_signature"
-        );
+        assert_eq!(code(verify(&s, &headers(&[]), BODY.as_bytes(), T)), "missing_signature");
     }
 
     #[test]
@@ -185,20 +154,11 @@ mod tests {
         let h = signed(&format!("t={T},v1={SIG_ONE}"));
         assert!(verify(&s, &h, BODY.as_bytes(), T + 300).is_ok());
         assert!(verify(&s, &h, BODY.as_bytes(), T - 300).is_ok());
-        assert_eq!(
-            code(verify(&s, &h, BODY.as_bytes(), T + 301)),
-            "timestamp_out_of_tolerance"
-        );
-        assert_eq!(
-            code(verify(&s, &h, BODY.as_bytes(), T - 301)),
-            "timestamp_out_of_tolerance"
-        );
+        assert_eq!(code(verify(&s, &h, BODY.as_bytes(), T + 301)), "timestamp_out_of_tolerance");
+        assert_eq!(code(verify(&s, &h, BODY.as_bytes(), T - 301)), "timestamp_out_of_tolerance");
         let mut tight = s.clone();
         tight.tolerance_secs = Some(5);
-        assert_eq!(
-            code(verify(&tight, &h, BODY.as_bytes(), T + 6)),
-            "timestamp_out_of_tolerance"
-        );
+        assert_eq!(code(verify(&tight, &h, BODY.as_bytes(), T + 6)), "timestamp_out_of_tolerance");
     }
 
     #[test]
@@ -216,20 +176,14 @@ mod tests {
         let h = signed(&format!("t={T},v1={SIG_OTHER},v0={SIG_OTHER},v1={SIG_ONE}"));
         assert!(verify(&s, &h, BODY.as_bytes(), T).is_ok());
         let none_match = signed(&format!("t={T},v1={SIG_OTHER},v0={SIG_ONE}"));
-        assert_eq!(
-            code(verify(&s, &none_match, BODY.as_bytes(), T)),
-            "invalid_signature"
-        );
+        assert_eq!(code(verify(&s, &none_match, BODY.as_bytes(), T)), "invalid_signature");
     }
 
     #[test]
     fn body_without_id_is_malformed_unless_the_key_is_overridden() {
         let mut s = spec(Kind::Stripe, &[SECRET_ONE]);
         let h = signed(&format!("t={T},v1={NO_ID_SIG}"));
-        assert_eq!(
-            code(verify(&s, &h, NO_ID_BODY.as_bytes(), T)),
-            "malformed_body"
-        );
+        assert_eq!(code(verify(&s, &h, NO_ID_BODY.as_bytes(), T)), "malformed_body");
         s.dedupe = pointer_locator("/data/object/id");
         let v = verify(&s, &h, NO_ID_BODY.as_bytes(), T).unwrap();
         assert_eq!(v.dedupe_key, body_sha256_hex(NO_ID_BODY.as_bytes()));

@@ -8,10 +8,7 @@ use super::{Kind, Locator, SourceSpec, VerifyError};
 pub(crate) fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
     let mut map = HeaderMap::new();
     for (name, value) in pairs {
-        map.append(
-            HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            HeaderValue::from_str(value).unwrap(),
-        );
+        map.append(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_str(value).unwrap());
     }
     map
 }
@@ -30,18 +27,12 @@ pub(crate) fn spec(kind: Kind, secrets: &[&str]) -> SourceSpec {
 
 /// A locator reading a header.
 pub(crate) fn header_locator(name: &str) -> Locator {
-    Locator {
-        header: Some(name.to_owned()),
-        json_pointer: None,
-    }
+    Locator { header: Some(name.to_owned()), json_pointer: None }
 }
 
 /// A locator reading a JSON pointer.
 pub(crate) fn pointer_locator(pointer: &str) -> Locator {
-    Locator {
-        header: None,
-        json_pointer: Some(pointer.to_owned()),
-    }
+    Locator { header: None, json_pointer: Some(pointer.to_owned()) }
 }
 
 /// The error's code, so assertions read as the variant they expect.

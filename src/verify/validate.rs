@@ -24,22 +24,15 @@ pub fn validate_spec(spec: &SourceSpec) -> Result<(), String> {
         }
     }
     if spec.kind == Kind::StandardWebhooks
-        && let Some(i) = spec
-            .secrets
-            .iter()
-            .position(|s| standard::decode_secret(s).is_none())
+        && let Some(i) = spec.secrets.iter().position(|s| standard::decode_secret(s).is_none())
     {
-        return Err(format!(
-            "secrets[{i}]: kind standard-webhooks needs whsec_<base64> (or plain base64)"
-        ));
+        return Err(format!("secrets[{i}]: kind standard-webhooks needs whsec_<base64> (or plain base64)"));
     }
     match (&spec.hmac, spec.kind) {
         (None, Kind::Hmac) => {
-            return Err(
-                "hmac: kind hmac needs hmac settings ({\"header\": ..., \"algorithm\": ..., \
+            return Err("hmac: kind hmac needs hmac settings ({\"header\": ..., \"algorithm\": ..., \
                  \"encoding\": ..., \"prefix\": ...})"
-                    .to_owned(),
-            );
+                .to_owned());
         }
         (Some(scheme), Kind::Hmac) => {
             if !valid_header_name(&scheme.header) {
@@ -70,9 +63,7 @@ fn check_locator(field: &str, locator: &Locator) -> Result<(), String> {
         && !pointer.is_empty()
         && !pointer.starts_with('/')
     {
-        return Err(format!(
-            "{field}.json_pointer: must be empty or start with \"/\" (RFC 6901)"
-        ));
+        return Err(format!("{field}.json_pointer: must be empty or start with \"/\" (RFC 6901)"));
     }
     Ok(())
 }
@@ -119,10 +110,7 @@ mod tests {
         assert_eq!(
             validate_spec(&spec(
                 Kind::StandardWebhooks,
-                &[
-                    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-                    "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-                ]
+                &["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
             )),
             Ok(())
         );
@@ -136,33 +124,18 @@ mod tests {
 
     #[test]
     fn secrets_are_required_for_signing_kinds() {
-        for kind in [
-            Kind::Stripe,
-            Kind::Github,
-            Kind::Shopify,
-            Kind::Slack,
-            Kind::StandardWebhooks,
-        ] {
+        for kind in [Kind::Stripe, Kind::Github, Kind::Shopify, Kind::Slack, Kind::StandardWebhooks] {
             let message = err(&spec(kind, &[]));
-            assert_eq!(
-                message,
-                format!("secrets: kind {} needs at least one secret", kind.as_str())
-            );
+            assert_eq!(message, format!("secrets: kind {} needs at least one secret", kind.as_str()));
         }
-        assert_eq!(
-            err(&spec(Kind::Github, &["ok", ""])),
-            "secrets[1]: must not be empty"
-        );
+        assert_eq!(err(&spec(Kind::Github, &["ok", ""])), "secrets[1]: must not be empty");
     }
 
     #[test]
     fn standard_webhooks_secrets_must_decode() {
         let message = err(&spec(Kind::StandardWebhooks, &["whsec_not base64!"]));
         assert!(message.starts_with("secrets[0]: "), "{message}");
-        assert!(
-            !message.contains("not base64!"),
-            "the secret leaked: {message}"
-        );
+        assert!(!message.contains("not base64!"), "the secret leaked: {message}");
         assert!(err(&spec(Kind::StandardWebhooks, &["whsec_"])).starts_with("secrets[0]"));
     }
 
@@ -170,10 +143,7 @@ mod tests {
     fn hmac_settings_belong_to_kind_hmac() {
         assert!(err(&spec(Kind::Hmac, &["s"])).starts_with("hmac: "));
         let mut bad_header = spec(Kind::Hmac, &["s"]);
-        bad_header.hmac = Some(HmacScheme {
-            header: "X Signature".to_owned(),
-            ..scheme()
-        });
+        bad_header.hmac = Some(HmacScheme { header: "X Signature".to_owned(), ..scheme() });
         assert!(err(&bad_header).starts_with("hmac.header: "));
         let mut stray = spec(Kind::Github, &["s"]);
         stray.hmac = Some(scheme());
@@ -197,10 +167,7 @@ mod tests {
     #[test]
     fn fingerprint_is_a_short_prefixed_hash() {
         // printf %s 'whsec_test_stripe_one' | sha256sum | cut -c1-8
-        assert_eq!(
-            secret_fingerprint("whsec_test_stripe_one"),
-            "sha256:c5597d39"
-        );
+        assert_eq!(secret_fingerprint("whsec_test_stripe_one"), "sha256:c5597d39");
         assert_ne!(secret_fingerprint("a"), secret_fingerprint("b"));
         assert!(!secret_fingerprint("whsec_test_stripe_one").contains("whsec"));
     }

@@ -11,6 +11,8 @@ use tokio::task::JoinHandle;
 use url::Url;
 
 use crate::config::{DeliverySettings, Role};
+use crate::deliver::Dispatcher;
+use crate::egress::{self, EgressClient, EgressConfig, HostResolver};
 use crate::error::ApiError;
 
 /// State shared by every handler. Cheap to clone.
@@ -31,24 +33,19 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Validate an endpoint URL as typed by an operator: parseable, http(s), with a host.
+    /// Validate an endpoint URL as typed by an operator: parseable, http(s), with a host,
+    /// and not an IP literal in a forbidden range. Host names are checked at send time,
+    /// because DNS changes.
     pub fn check_endpoint_url(&self, raw: &str) -> Result<Url, ApiError> {
         let url = Url::parse(raw).map_err(|e| ApiError::validation("url", format!("not a valid URL: {e}")))?;
-        match url.scheme() {
-            "https" => {}
-            "http" if !self.egress_https_only => {}
-            "http" => return Err(ApiError::validation("url", "only https URLs are allowed (egress-https-only)")),
-            other => return Err(ApiError::validation("url", format!("scheme {other:?} is not http or https"))),
-        }
-        if url.host().is_none() {
-            return Err(ApiError::validation("url", "has no host"));
-        }
+        egress::check_url_static(&url, &self.egress_allow, self.egress_https_only)
+            .map_err(|refusal| ApiError::validation("url", refusal))?;
         Ok(url)
     }
 }
 
 /// Everything a gateway process needs besides its database pool.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Settings {
     /// Listen address (port 0 picks a free port).
     pub listen: SocketAddr,
@@ -60,10 +57,11 @@ pub struct Settings {
     pub role: Role,
     /// Delivery worker settings.
     pub delivery: DeliverySettings,
-    /// Operator-opened outbound ranges.
-    pub egress_allow: Vec<IpNet>,
-    /// Refuse plain-http endpoints.
-    pub egress_https_only: bool,
+    /// Outbound client settings (allow-list, timeouts, extra CAs).
+    pub egress: EgressConfig,
+    /// Name resolver for outbound requests; `None` is the system resolver. (Tests inject
+    /// one to point test host names at local subscribers.)
+    pub resolver: Option<Arc<dyn HostResolver>>,
 }
 
 /// A running gateway: its address, and a handle to stop it.
@@ -72,13 +70,19 @@ pub struct Running {
     pub addr: SocketAddr,
     shutdown: watch::Sender<bool>,
     server: JoinHandle<std::io::Result<()>>,
+    dispatcher: Option<Dispatcher>,
 }
 
 impl Running {
-    /// Stop accepting, finish in-flight HTTP requests, then return.
+    /// Stop accepting requests and claims, finish in-flight HTTP requests and deliveries
+    /// (up to the grace period), record them, then return.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         let _ = self.shutdown.send(true);
-        self.server.await.context("server task panicked")??;
+        let server = self.server.await;
+        if let Some(dispatcher) = self.dispatcher {
+            dispatcher.shutdown().await;
+        }
+        server.context("server task panicked")??;
         Ok(())
     }
 }
@@ -90,8 +94,17 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         admin_token: settings.admin_token.clone().into(),
         max_body_bytes: settings.max_body_bytes,
         wake: Arc::new(Notify::new()),
-        egress_allow: settings.egress_allow.clone().into(),
-        egress_https_only: settings.egress_https_only,
+        egress_allow: settings.egress.allow.clone().into(),
+        egress_https_only: settings.egress.https_only,
+    };
+    let dispatcher = if settings.role.runs_workers() {
+        let egress = match &settings.resolver {
+            Some(resolver) => EgressClient::with_resolver(settings.egress.clone(), resolver.clone()),
+            None => EgressClient::new(settings.egress.clone()),
+        }?;
+        Some(Dispatcher::spawn(state.pool.clone(), egress, settings.delivery.clone(), state.wake.clone()))
+    } else {
+        None
     };
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -107,5 +120,5 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
             .await
     });
     tracing::info!(%addr, role = ?settings.role, "gateway listening");
-    Ok(Running { addr, shutdown, server })
+    Ok(Running { addr, shutdown, server, dispatcher })
 }

@@ -287,6 +287,17 @@ impl ServeArgs {
         self.workers.unwrap_or_else(|| 32 * std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2))
     }
 
+    /// The outbound client settings derived from the flags.
+    pub fn egress(&self) -> crate::egress::EgressConfig {
+        crate::egress::EgressConfig {
+            allow: self.egress_allow.clone(),
+            https_only: self.egress_https_only,
+            connect_timeout: Duration::from_secs(self.connect_timeout_secs),
+            request_timeout: Duration::from_secs(self.request_timeout_secs),
+            ..Default::default()
+        }
+    }
+
     /// The delivery settings derived from the flags.
     pub fn delivery(&self) -> DeliverySettings {
         DeliverySettings {

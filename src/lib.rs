@@ -6,6 +6,7 @@ pub mod api;
 pub mod app;
 pub mod config;
 pub mod db;
+pub mod deliver;
 pub mod egress;
 pub mod error;
 pub mod fanout;

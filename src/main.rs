@@ -108,8 +108,8 @@ async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
         max_body_bytes: args.max_body_bytes,
         role: args.role,
         delivery: args.delivery(),
-        egress_allow: args.egress_allow.clone(),
-        egress_https_only: args.egress_https_only,
+        egress: args.egress(),
+        resolver: None,
     };
     let running = app::start(pool.clone(), settings).await?;
     shutdown_signal().await;

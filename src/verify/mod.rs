@@ -30,6 +30,7 @@ use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
 pub use extract::body_sha256_hex;
+pub use standard::decode_secret as decode_standard_secret;
 pub use validate::{secret_fingerprint, validate_spec};
 
 /// The verifier kinds a source can use.

@@ -20,7 +20,7 @@ const SIGNATURE_HEADER: &str = "webhook-signature";
 pub(super) struct StandardWebhooks;
 
 /// The HMAC key of a Standard Webhooks secret, or `None` if it is not base64 (or empty).
-pub(super) fn decode_secret(secret: &str) -> Option<Vec<u8>> {
+pub fn decode_secret(secret: &str) -> Option<Vec<u8>> {
     let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
     decode_base64(encoded).filter(|key| !key.is_empty())
 }

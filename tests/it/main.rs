@@ -6,4 +6,6 @@ mod support;
 mod admin_api;
 mod binary;
 mod db_outage;
+mod delivery;
 mod ingest;
+mod replicas;

@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod sink;
+pub mod standard_webhooks;
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -19,6 +20,7 @@ use sqlx::{Connection, Executor, PgConnection, PgPool};
 use webhook_gateway::app::{self, Running, Settings};
 use webhook_gateway::config::{DeliverySettings, Role};
 use webhook_gateway::db::{self, embedded};
+use webhook_gateway::egress::EgressConfig;
 
 /// Admin token used by every test gateway.
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
@@ -116,8 +118,12 @@ pub fn test_settings() -> Settings {
             poll_interval: Duration::from_millis(50),
             shutdown_grace: Duration::from_secs(5),
         },
-        egress_allow: vec!["127.0.0.1/32".parse().expect("cidr")],
-        egress_https_only: false,
+        egress: EgressConfig {
+            allow: vec!["127.0.0.1/32".parse().expect("cidr")],
+            request_timeout: Duration::from_secs(5),
+            ..Default::default()
+        },
+        resolver: None,
     }
 }
 
@@ -242,4 +248,82 @@ where
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The gateway binary as a separate process (a real replica: its own pool, its own
+/// workers), against `db_url`. Killed on drop unless waited for.
+pub struct GatewayProcess {
+    /// The child process.
+    pub child: std::process::Child,
+    /// Its HTTP address.
+    pub addr: SocketAddr,
+}
+
+impl GatewayProcess {
+    /// Start `webhook-gateway serve --database-url db_url <extra>` with test defaults
+    /// (loopback egress allowed, fast polling); `extra` flags come last and win.
+    pub fn start(db_url: &str, extra: &[&str]) -> GatewayProcess {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let log = std::env::temp_dir().join(format!("wg-proc-{port}.log"));
+        let log = std::fs::File::create(log).expect("log file");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_webhook-gateway"))
+            .args(["serve", "--database-url", db_url, "--listen", &addr.to_string(), "--admin-token", ADMIN_TOKEN])
+            .args(["--egress-allow", "127.0.0.1/32", "--poll-interval-ms", "50", "--db-pool-size", "8"])
+            .args(extra)
+            .env("RUST_LOG", "info,sqlx=warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start gateway process");
+        GatewayProcess { child, addr }
+    }
+
+    /// SIGKILL: no shutdown, no cleanup, leases left behind.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait; returns whether it exited 0.
+    pub fn terminate(&mut self) -> bool {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().map(|s| s.success()).unwrap_or(false)
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.kill();
+        }
+    }
+}
+
+/// Insert `n` events of source `api`, each with one delivery to `endpoint_id`, due now.
+pub async fn seed_deliveries(pool: &PgPool, endpoint_id: &str, n: i64) {
+    sqlx::query(
+        "WITH ev AS (
+             INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload)
+             SELECT (SELECT id FROM sources WHERE name = 'api'), 'seed-' || g, 'seed.created', 'application/json',
+                    '{}'::jsonb, convert_to('{\"n\": ' || g || '}', 'UTF8')
+             FROM generate_series(1, $1) g
+             RETURNING id)
+         INSERT INTO deliveries (event_id, endpoint_id) SELECT id, $2::uuid FROM ev",
+    )
+    .bind(n)
+    .bind(endpoint_id)
+    .execute(pool)
+    .await
+    .expect("seed deliveries");
+}
+
+/// Count deliveries by status.
+pub async fn count_status(pool: &PgPool, status: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = $1")
+        .bind(status)
+        .fetch_one(pool)
+        .await
+        .expect("count by status")
 }

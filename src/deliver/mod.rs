@@ -1,0 +1,240 @@
+//! Delivery workers: claim due deliveries, POST them, record the outcome.
+//!
+//! One dispatcher per process owns `workers` slots (a semaphore). It claims only as many
+//! deliveries as it has free slots, and starts each claimed delivery at once: nothing is
+//! claimed and then left waiting (a claimed row that is not being worked on would sit
+//! out its lease for nothing). The claim, the HTTP request and the record are three
+//! separate steps with no transaction held across the request.
+
+pub mod backoff;
+pub mod policy;
+mod recorder;
+pub mod request;
+pub mod sign;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use chrono::Utc;
+use sqlx::PgPool;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use url::Url;
+
+use crate::config::DeliverySettings;
+use crate::egress::{EgressClient, SendError};
+use crate::queue::{self, AttemptRecord, Claimed, Outcome};
+use policy::{Decision, Observed, Policy};
+
+/// Most deliveries claimed by one statement.
+pub const MAX_CLAIM_BATCH: usize = 128;
+
+/// Everything a worker needs.
+#[derive(Clone)]
+struct Context {
+    pool: PgPool,
+    egress: EgressClient,
+    settings: DeliverySettings,
+    outcomes: mpsc::Sender<AttemptRecord>,
+}
+
+/// A running dispatcher. [`Dispatcher::shutdown`] stops claiming, lets in-flight requests
+/// finish (up to the grace period), records them and returns.
+pub struct Dispatcher {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Dispatcher {
+    /// Start the dispatcher. `wake` is notified when new deliveries were created.
+    pub fn spawn(pool: PgPool, egress: EgressClient, settings: DeliverySettings, wake: Arc<Notify>) -> Dispatcher {
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(pool, egress, settings, wake, stopped));
+        Dispatcher { stop, task }
+    }
+
+    /// Graceful stop.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        if let Err(e) = self.task.await {
+            tracing::error!(error = %e, "delivery dispatcher panicked");
+        }
+    }
+}
+
+async fn run(
+    pool: PgPool,
+    egress: EgressClient,
+    settings: DeliverySettings,
+    wake: Arc<Notify>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(settings.workers));
+    let (outcomes, records) = mpsc::channel(settings.workers.max(16));
+    let recorder = tokio::spawn(recorder::run(pool.clone(), records));
+    let ctx = Context { pool: pool.clone(), egress, settings: settings.clone(), outcomes };
+    let mut in_flight = JoinSet::new();
+    let mut claim_failures = 0u32;
+    tracing::info!(workers = settings.workers, "delivery workers started");
+
+    loop {
+        // Wait for a free slot (or shutdown).
+        let first = tokio::select! {
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        while in_flight.try_join_next().is_some() {}
+        let want = (1 + slots.available_permits()).min(MAX_CLAIM_BATCH);
+        let claimed = match queue::claim(&pool, want as i64, settings.lease).await {
+            Ok(claimed) => {
+                claim_failures = 0;
+                claimed
+            }
+            Err(e) => {
+                claim_failures += 1;
+                let pause = Duration::from_millis(100 * 2u64.pow(claim_failures.min(6)));
+                tracing::warn!(error = %e, retry_in = ?pause, "claiming deliveries failed");
+                drop(first);
+                if sleep_or_stop(pause, &mut stop).await {
+                    break;
+                }
+                continue;
+            }
+        };
+        let drained = claimed.len() < want;
+        let mut permits = std::iter::once(first).chain(std::iter::from_fn(|| slots.clone().try_acquire_owned().ok()));
+        for job in claimed {
+            // Only this loop acquires slots, and it counted them: a permit is there.
+            let Some(permit) = permits.next() else {
+                tracing::error!(delivery_id = %job.id, "no free slot for a claimed delivery; its lease will bring it back");
+                continue;
+            };
+            in_flight.spawn(attempt(ctx.clone(), job, permit));
+        }
+        drop(permits);
+        if drained {
+            // No more due work: sleep until woken by ingest, the poll interval, or stop.
+            tokio::select! {
+                () = wake.notified() => {}
+                () = tokio::time::sleep(settings.poll_interval) => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+        }
+    }
+
+    let in_flight_now = in_flight.len();
+    if in_flight_now > 0 {
+        tracing::info!(in_flight = in_flight_now, grace = ?settings.shutdown_grace, "waiting for in-flight deliveries");
+    }
+    let finished =
+        tokio::time::timeout(settings.shutdown_grace, async { while in_flight.join_next().await.is_some() {} }).await;
+    if finished.is_err() {
+        tracing::warn!(
+            unfinished = in_flight.len(),
+            "shutdown grace expired; unfinished deliveries will be retried when their leases end"
+        );
+        in_flight.abort_all();
+        while in_flight.join_next().await.is_some() {}
+    }
+    drop(ctx);
+    if let Err(e) = recorder.await {
+        tracing::error!(error = %e, "outcome recorder panicked");
+    }
+    tracing::info!("delivery workers stopped");
+}
+
+/// Sleep, unless stop arrives first; returns true on stop.
+async fn sleep_or_stop(pause: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(pause) => false,
+        _ = stop.wait_for(|s| *s) => true,
+    }
+}
+
+/// One attempt of one claimed delivery; the slot is held until the outcome is queued.
+async fn attempt(ctx: Context, job: Claimed, _slot: OwnedSemaphorePermit) {
+    let settings = &ctx.settings;
+    if job.attempt > settings.max_attempts as i32 {
+        // Every budgeted attempt was claimed, and the last one's worker died holding the
+        // lease: its outcome is unknown and the budget is spent.
+        let reason = format!(
+            "attempt budget exhausted ({} attempts); the last attempt's outcome is unknown (its worker's lease expired)",
+            settings.max_attempts
+        );
+        match queue::bury_unsent(&ctx.pool, job.id, job.claim_token, &reason).await {
+            Ok(true) => tracing::warn!(delivery_id = %job.id, "dead: {reason}"),
+            Ok(false) => tracing::warn!(delivery_id = %job.id, "fenced while dead-lettering"),
+            Err(e) => tracing::error!(delivery_id = %job.id, error = %e, "dead-lettering failed; lease will retry"),
+        }
+        return;
+    }
+
+    let started_at = Utc::now();
+    let clock = std::time::Instant::now();
+    let (observed, status_code, excerpt) = send(&ctx, &job, started_at.timestamp()).await;
+    let duration_ms = clock.elapsed().as_millis().min(i32::MAX as u128) as i32;
+    let policy = Policy {
+        max_attempts: settings.max_attempts,
+        backoff_base: settings.backoff_base,
+        backoff_cap: settings.backoff_cap,
+        retry_after_cap: settings.retry_after_cap,
+    };
+    let verdict = policy::decide(&policy, &observed, job.attempt as u32, SystemTime::now(), &mut rand::rng());
+    let (outcome, next_attempt_at, next_reason) = match verdict.decision {
+        Decision::Delivered => (Outcome::Delivered, None, None),
+        Decision::Dead => (Outcome::Dead, None, None),
+        Decision::Retry { delay, why } => {
+            let at = Utc::now() + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+            (Outcome::Retry, Some(at), Some(why.as_str().to_owned()))
+        }
+    };
+    tracing::debug!(delivery_id = %job.id, attempt = job.attempt, outcome = outcome.as_str(), reason = %verdict.reason, "attempt finished");
+    let error_kind = match &observed {
+        Observed::Transport { kind, .. } => Some((*kind).to_owned()),
+        Observed::Refused { message } => message.split(':').next().map(str::to_owned),
+        Observed::Response { .. } => None,
+    };
+    let record = AttemptRecord {
+        delivery_id: job.id,
+        claim_token: job.claim_token,
+        attempt: job.attempt,
+        started_at,
+        duration_ms,
+        status_code,
+        error_kind,
+        outcome,
+        reason: verdict.reason,
+        response_excerpt: excerpt,
+        next_attempt_at,
+        next_attempt_reason: next_reason,
+    };
+    if ctx.outcomes.send(record).await.is_err() {
+        tracing::error!(delivery_id = %job.id, "outcome recorder is gone; the lease will bring this delivery back");
+    }
+}
+
+/// Send one attempt; never fails: every way it can go wrong is an [`Observed`].
+async fn send(ctx: &Context, job: &Claimed, timestamp: i64) -> (Observed, Option<i32>, Option<String>) {
+    let url = match Url::parse(&job.url) {
+        Ok(url) => url,
+        Err(e) => return (Observed::Refused { message: format!("invalid_url: {e}") }, None, None),
+    };
+    let headers = request::headers(job, &[job.secret.as_str()], timestamp);
+    match ctx.egress.post(&url, headers, Bytes::copy_from_slice(&job.payload)).await {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let retry_after = header("retry-after");
+            let location = header("location");
+            let excerpt = request::read_excerpt(response).await;
+            let excerpt = (!excerpt.is_empty()).then_some(excerpt);
+            (Observed::Response { status, retry_after, location }, Some(status as i32), excerpt)
+        }
+        Err(SendError::Refused(refusal)) => (Observed::Refused { message: refusal.to_string() }, None, None),
+        Err(e) => (Observed::Transport { kind: e.kind(), message: e.to_string() }, None, None),
+    }
+}

@@ -1,0 +1,207 @@
+//! Many workers, many processes, one database: each delivery is sent once per attempt,
+//! crashes are recovered by the lease, stale workers are fenced.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use webhook_gateway::queue::{self, AttemptRecord, Outcome};
+
+use crate::support::sink::{Reply, Sink};
+use crate::support::{GatewayProcess, TestApp, TestDb, count_status, eventually, seed_deliveries};
+
+/// Two gateway processes (separate pools, separate workers), 1,000 due deliveries: the
+/// sink receives each webhook-id exactly once and every delivery ends delivered after
+/// one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_deliver_each_webhook_exactly_once() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::ok().await;
+    let endpoint = app.endpoint_for(&sink.url("/"), Some("api")).await;
+    seed_deliveries(&app.db.pool, &endpoint, 1000).await;
+
+    let _a = GatewayProcess::start(&app.db.url, &["--role", "worker", "--workers", "16"]);
+    let _b = GatewayProcess::start(&app.db.url, &["--role", "worker", "--workers", "16"]);
+    eventually(Duration::from_secs(120), "1000 delivered", || async {
+        (count_status(&app.db.pool, "delivered").await == 1000).then_some(())
+    })
+    .await;
+    let mut per_id: HashMap<String, usize> = HashMap::new();
+    for r in sink.received() {
+        *per_id.entry(r.header("webhook-id")).or_default() += 1;
+        assert_eq!(r.header("webhook-attempt"), "1");
+    }
+    assert_eq!(per_id.len(), 1000, "every delivery reached the sink");
+    assert!(per_id.values().all(|&n| n == 1), "no webhook-id was sent twice");
+    let max_attempts: i32 =
+        sqlx::query_scalar("SELECT max(attempt_count) FROM deliveries").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(max_attempts, 1);
+    assert_eq!(app.db.count("attempts").await, 1000);
+}
+
+/// Same, with a sink that fails the first attempt of each delivery: exactly two POSTs
+/// each, attempt 1 then attempt 2, never more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_retry_each_failed_delivery_exactly_once() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::start(|_, n| if n == 0 { Reply::status(500) } else { Reply::status(200) }).await;
+    let endpoint = app.endpoint_for(&sink.url("/"), Some("api")).await;
+    seed_deliveries(&app.db.pool, &endpoint, 1000).await;
+    let fast_backoff = ["--backoff-base-ms", "20", "--backoff-cap-secs", "1"];
+    let _a =
+        GatewayProcess::start(&app.db.url, &[&["--role", "worker", "--workers", "16"][..], &fast_backoff].concat());
+    let _b =
+        GatewayProcess::start(&app.db.url, &[&["--role", "worker", "--workers", "16"][..], &fast_backoff].concat());
+    eventually(Duration::from_secs(120), "1000 delivered", || async {
+        (count_status(&app.db.pool, "delivered").await == 1000).then_some(())
+    })
+    .await;
+    let mut per_id: HashMap<String, Vec<String>> = HashMap::new();
+    for r in sink.received() {
+        per_id.entry(r.header("webhook-id")).or_default().push(r.header("webhook-attempt"));
+    }
+    assert_eq!(per_id.len(), 1000);
+    for (id, attempts) in &per_id {
+        assert_eq!(attempts, &["1", "2"], "{id}");
+    }
+    let counts: Vec<i32> =
+        sqlx::query_scalar("SELECT DISTINCT attempt_count FROM deliveries").fetch_all(&app.db.pool).await.unwrap();
+    assert_eq!(counts, [2]);
+}
+
+/// A worker process is SIGKILLed while the subscriber holds its request. When the lease
+/// runs out, another worker delivers it: same webhook-id and idempotency key, attempt 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_s_delivery_comes_back_after_the_lease() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::start(|_, n| if n == 0 { Reply::Hold(Duration::from_secs(60)) } else { Reply::status(200) }).await;
+    let endpoint = app.endpoint_for(&sink.url("/"), Some("api")).await;
+    seed_deliveries(&app.db.pool, &endpoint, 1).await;
+    // The shortest lease the configuration allows: request timeout 1 s + 10 s margin.
+    let lease = ["--request-timeout-secs", "1", "--lease-secs", "11"];
+    let mut doomed = GatewayProcess::start(&app.db.url, &[&["--role", "worker"][..], &lease].concat());
+    eventually(Duration::from_secs(30), "first attempt in flight", || async { (sink.count() == 1).then_some(()) })
+        .await;
+    doomed.kill();
+    let (status, leased): (String, Option<chrono::DateTime<chrono::Utc>>) =
+        sqlx::query_as("SELECT status, leased_until FROM deliveries").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(status, "pending", "nothing was recorded by the dead worker");
+    assert!(leased.is_some(), "the lease is still held by the dead worker");
+
+    let _survivor = GatewayProcess::start(&app.db.url, &[&["--role", "worker"][..], &lease].concat());
+    eventually(Duration::from_secs(60), "redelivered after the lease", || async {
+        (count_status(&app.db.pool, "delivered").await == 1).then_some(())
+    })
+    .await;
+    let got = sink.received();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].header("webhook-id"), got[1].header("webhook-id"));
+    assert_eq!(got[0].header("idempotency-key"), got[1].header("idempotency-key"));
+    assert_eq!(got[0].header("webhook-attempt"), "1");
+    assert_eq!(got[1].header("webhook-attempt"), "2");
+    assert!(got[1].at.duration_since(got[0].at) >= Duration::from_secs(10), "not before the lease ran out");
+    let recorded: Vec<i32> =
+        sqlx::query_scalar("SELECT attempt_number FROM attempts").fetch_all(&app.db.pool).await.unwrap();
+    assert_eq!(recorded, [2], "attempt 1's outcome is unknown, only attempt 2 is recorded");
+}
+
+fn record(id: webhook_gateway::ids::DeliveryId, token: i64, attempt: i32, outcome: Outcome) -> AttemptRecord {
+    AttemptRecord {
+        delivery_id: id,
+        claim_token: token,
+        attempt,
+        started_at: chrono::Utc::now(),
+        duration_ms: 5,
+        status_code: Some(200),
+        error_kind: None,
+        outcome,
+        reason: "HTTP 200".into(),
+        response_excerpt: None,
+        next_attempt_at: None,
+        next_attempt_reason: None,
+    }
+}
+
+/// A worker whose lease was taken over records nothing; the new holder records once.
+#[tokio::test]
+async fn a_stale_worker_is_fenced() {
+    let db = TestDb::new().await;
+    let endpoint: (String,) = sqlx::query_as(
+        "INSERT INTO endpoints (url, secret) VALUES ('http://127.0.0.1:9/', 'whsec_x') RETURNING id::text",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    seed_deliveries(&db.pool, &endpoint.0, 1).await;
+
+    // Worker A claims with a lease that is already over; worker B takes the row over.
+    let a = queue::claim(&db.pool, 10, Duration::ZERO).await.unwrap();
+    assert_eq!(a.len(), 1);
+    let b = queue::claim(&db.pool, 10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(b.len(), 1);
+    assert_eq!(b[0].claim_token, a[0].claim_token + 1);
+    assert_eq!((a[0].attempt, b[0].attempt), (1, 2));
+
+    let stale =
+        queue::record(&db.pool, &[record(a[0].id, a[0].claim_token, a[0].attempt, Outcome::Delivered)]).await.unwrap();
+    assert!(stale.is_empty(), "A is fenced");
+    let (status, attempts): (String, i32) =
+        sqlx::query_as("SELECT status, attempt_count FROM deliveries").fetch_one(&db.pool).await.unwrap();
+    assert_eq!((status.as_str(), attempts), ("pending", 2), "A changed nothing");
+    assert_eq!(db.count("attempts").await, 0);
+    assert!(!queue::release(&db.pool, a[0].id, a[0].claim_token, chrono::Utc::now()).await.unwrap());
+
+    let fresh =
+        queue::record(&db.pool, &[record(b[0].id, b[0].claim_token, b[0].attempt, Outcome::Delivered)]).await.unwrap();
+    assert_eq!(fresh, [b[0].id]);
+    // Recording twice (a retried write) does not apply twice.
+    let again =
+        queue::record(&db.pool, &[record(b[0].id, b[0].claim_token, b[0].attempt, Outcome::Delivered)]).await.unwrap();
+    assert!(again.is_empty());
+    assert_eq!(db.count("attempts").await, 1);
+}
+
+/// Claimers on separate connections racing for the same queue get disjoint rows, and
+/// between them claim every row exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_are_disjoint() {
+    let db = TestDb::new().await;
+    let endpoint: (String,) = sqlx::query_as(
+        "INSERT INTO endpoints (url, secret) VALUES ('http://127.0.0.1:9/', 'whsec_x') RETURNING id::text",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    seed_deliveries(&db.pool, &endpoint.0, 2000).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let pool = webhook_gateway::db::connect(&db.url, 1).await.unwrap();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut mine = Vec::new();
+            loop {
+                let got = queue::claim(&pool, 7, Duration::from_secs(60)).await.unwrap();
+                if got.is_empty() {
+                    break;
+                }
+                mine.extend(got.into_iter().map(|c| c.id));
+            }
+            mine
+        }));
+    }
+    let mut all = Vec::new();
+    let mut workers_that_claimed = 0;
+    for t in tasks {
+        let mine = t.await.unwrap();
+        workers_that_claimed += usize::from(!mine.is_empty());
+        all.extend(mine);
+    }
+    let total = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(total, 2000, "every row claimed");
+    assert_eq!(all.len(), 2000, "no row claimed twice");
+    assert!(workers_that_claimed > 1, "the claimers really raced");
+}

@@ -30,6 +30,8 @@ pub struct AppState {
     pub egress_allow: Arc<[IpNet]>,
     /// Refuse plain-http endpoints.
     pub egress_https_only: bool,
+    /// Backlog release rate on resume.
+    pub release_per_sec: u32,
 }
 
 impl AppState {
@@ -96,6 +98,7 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         wake: Arc::new(Notify::new()),
         egress_allow: settings.egress.allow.clone().into(),
         egress_https_only: settings.egress.https_only,
+        release_per_sec: settings.delivery.circuit.release_per_sec,
     };
     let dispatcher = if settings.role.runs_workers() {
         let egress = match &settings.resolver {

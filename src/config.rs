@@ -147,6 +147,22 @@ pub struct ServeArgs {
     #[arg(long, env = "WEBHOOK_GATEWAY_EGRESS_HTTPS_ONLY")]
     pub egress_https_only: bool,
 
+    /// Consecutive retryable failures that open an endpoint's circuit.
+    #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_FAILURE_THRESHOLD", default_value_t = 5)]
+    pub circuit_failure_threshold: u32,
+
+    /// First circuit cool-down, in milliseconds; doubles with each re-open.
+    #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_COOLDOWN_MS", default_value_t = 30_000)]
+    pub circuit_cooldown_ms: u64,
+
+    /// Longest circuit cool-down, in seconds.
+    #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_COOLDOWN_CAP_SECS", default_value_t = 600)]
+    pub circuit_cooldown_cap_secs: u64,
+
+    /// Parked deliveries released per second when a circuit closes or an endpoint resumes.
+    #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_RELEASE_PER_SEC", default_value_t = 200)]
+    pub circuit_release_per_sec: u32,
+
     /// PostgreSQL connections per process.
     #[arg(long, env = "WEBHOOK_GATEWAY_DB_POOL_SIZE", default_value_t = 16)]
     pub db_pool_size: u32,
@@ -180,6 +196,10 @@ struct FileConfig {
     egress_https_only: Option<bool>,
     db_pool_size: Option<u32>,
     log_format: Option<LogFormat>,
+    circuit_failure_threshold: Option<u32>,
+    circuit_cooldown_ms: Option<u64>,
+    circuit_cooldown_cap_secs: Option<u64>,
+    circuit_release_per_sec: Option<u32>,
 }
 
 /// A configuration problem, reported as one line and a non-zero exit.
@@ -238,6 +258,10 @@ impl ServeArgs {
         take!(egress_https_only);
         take!(db_pool_size);
         take!(log_format);
+        take!(circuit_failure_threshold);
+        take!(circuit_cooldown_ms);
+        take!(circuit_cooldown_cap_secs);
+        take!(circuit_release_per_sec);
         Ok(())
     }
 
@@ -270,6 +294,11 @@ impl ServeArgs {
         }
         if self.poll_interval_ms == 0 {
             return fail("poll-interval-ms must be at least 1".into());
+        }
+        if self.circuit_failure_threshold == 0 || self.circuit_cooldown_ms == 0 || self.circuit_release_per_sec == 0 {
+            return fail(
+                "circuit-failure-threshold, circuit-cooldown-ms and circuit-release-per-sec must be at least 1".into(),
+            );
         }
         if self.db_pool_size < 2 {
             return fail("db-pool-size must be at least 2".into());
@@ -309,6 +338,12 @@ impl ServeArgs {
             retry_after_cap: Duration::from_secs(self.retry_after_cap_secs),
             poll_interval: Duration::from_millis(self.poll_interval_ms),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+            circuit: crate::circuit::CircuitConfig {
+                failure_threshold: self.circuit_failure_threshold,
+                cooldown: Duration::from_millis(self.circuit_cooldown_ms),
+                cooldown_cap: Duration::from_secs(self.circuit_cooldown_cap_secs),
+                release_per_sec: self.circuit_release_per_sec,
+            },
         }
     }
 }
@@ -335,6 +370,8 @@ pub struct DeliverySettings {
     pub poll_interval: Duration,
     /// Shutdown grace for in-flight requests.
     pub shutdown_grace: Duration,
+    /// Circuit breaker settings.
+    pub circuit: crate::circuit::CircuitConfig,
 }
 
 #[cfg(test)]

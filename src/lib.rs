@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod app;
+pub mod circuit;
 pub mod config;
 pub mod db;
 pub mod deliver;

@@ -24,6 +24,8 @@ pub struct DeliveryView {
     attempts: i32,
     next_attempt_at: Option<DateTime<Utc>>,
     in_flight: bool,
+    /// Waiting for its endpoint's circuit to close (or the endpoint to resume).
+    parked: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     dead_reason: Option<String>,
     created_at: DateTime<Utc>,
@@ -41,7 +43,8 @@ impl From<Delivery> for DeliveryView {
             event_id: d.event_id,
             endpoint_id: d.endpoint_id,
             in_flight: pending && d.leased_until.is_some_and(|t| t > Utc::now()),
-            next_attempt_at: pending.then_some(d.next_attempt_at),
+            next_attempt_at: (pending && !d.parked).then_some(d.next_attempt_at),
+            parked: d.parked,
             status: d.status,
             attempts: d.attempt_count,
             dead_reason: d.dead_reason,

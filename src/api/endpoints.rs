@@ -35,16 +35,42 @@ pub struct EndpointView {
     #[serde(skip_serializing_if = "Option::is_none")]
     secret: Option<String>,
     description: Option<String>,
+    paused: bool,
+    circuit: CircuitView,
     created_at: DateTime<Utc>,
+}
+
+/// The endpoint's circuit breaker, as operators see it.
+#[derive(Debug, Serialize)]
+struct CircuitView {
+    /// closed | open | half_open
+    state: &'static str,
+    consecutive_failures: i32,
+    /// Opens since it was last closed (the cool-down doubles with each).
+    open_count: i32,
+    opened_at: Option<DateTime<Utc>>,
+    /// When an open circuit admits its next probe.
+    reopen_at: Option<DateTime<Utc>>,
 }
 
 impl EndpointView {
     fn new(e: Endpoint, show_secret: bool) -> Self {
+        let c = &e.circuit;
+        let open = c.circuit_state == "open";
+        let circuit = CircuitView {
+            state: c.display_state(Utc::now()),
+            consecutive_failures: c.consecutive_failures,
+            open_count: c.open_count,
+            opened_at: if open { c.opened_at } else { None },
+            reopen_at: if open { c.reopen_at } else { None },
+        };
         EndpointView {
             id: e.id,
             url: e.url,
             secret: show_secret.then_some(e.secret),
             description: e.description,
+            paused: e.paused,
+            circuit,
             created_at: e.created_at,
         }
     }
@@ -94,5 +120,26 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<serde_json::Valu
 pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EndpointView>, ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
     let endpoint = store::endpoints::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
+    Ok(Json(EndpointView::new(endpoint, false)))
+}
+
+/// `POST /v1/endpoints/{id}/pause`: nothing is sent until resumed; due deliveries are
+/// parked without spending attempts (like an open circuit that only an operator closes).
+pub async fn pause(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EndpointView>, ApiError> {
+    let id: EndpointId = parse_id(&id, "endpoint")?;
+    let endpoint =
+        store::endpoints::set_paused(&state.pool, id, true).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
+    tracing::info!(endpoint_id = %id, "endpoint paused");
+    Ok(Json(EndpointView::new(endpoint, false)))
+}
+
+/// `POST /v1/endpoints/{id}/resume`: deliveries flow again; the parked backlog is
+/// released at the configured rate.
+pub async fn resume(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EndpointView>, ApiError> {
+    let id: EndpointId = parse_id(&id, "endpoint")?;
+    let endpoint =
+        store::endpoints::set_paused(&state.pool, id, false).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
+    let released = crate::circuit::sql::release_backlog(&state.pool, id, state.release_per_sec).await?;
+    tracing::info!(endpoint_id = %id, released, "endpoint resumed");
     Ok(Json(EndpointView::new(endpoint, false)))
 }

@@ -32,6 +32,8 @@ pub fn router(state: AppState, role: Role) -> Router {
             .route("/sources/{id}", get(sources::get))
             .route("/endpoints", post(endpoints::create).get(endpoints::list))
             .route("/endpoints/{id}", get(endpoints::get))
+            .route("/endpoints/{id}/pause", post(endpoints::pause))
+            .route("/endpoints/{id}/resume", post(endpoints::resume))
             .route("/subscriptions", post(subscriptions::create))
             .route("/events", post(events::publish))
             .route("/events/{id}", get(events::get))

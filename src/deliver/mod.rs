@@ -22,6 +22,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use url::Url;
 
+use crate::circuit::Signal;
 use crate::config::DeliverySettings;
 use crate::egress::{EgressClient, SendError};
 use crate::queue::{self, AttemptRecord, Claimed, Outcome};
@@ -36,7 +37,7 @@ struct Context {
     pool: PgPool,
     egress: EgressClient,
     settings: DeliverySettings,
-    outcomes: mpsc::Sender<AttemptRecord>,
+    outcomes: mpsc::Sender<(AttemptRecord, OwnedSemaphorePermit)>,
 }
 
 /// A running dispatcher. [`Dispatcher::shutdown`] stops claiming, lets in-flight requests
@@ -72,10 +73,11 @@ async fn run(
 ) {
     let slots = Arc::new(Semaphore::new(settings.workers));
     let (outcomes, records) = mpsc::channel(settings.workers.max(16));
-    let recorder = tokio::spawn(recorder::run(pool.clone(), records));
+    let recorder = tokio::spawn(recorder::run(pool.clone(), records, settings.circuit));
     let ctx = Context { pool: pool.clone(), egress, settings: settings.clone(), outcomes };
     let mut in_flight = JoinSet::new();
     let mut claim_failures = 0u32;
+    let mut last_probe_check = tokio::time::Instant::now() - PROBE_CHECK_INTERVAL;
     tracing::info!(workers = settings.workers, "delivery workers started");
 
     loop {
@@ -89,10 +91,10 @@ async fn run(
         };
         while in_flight.try_join_next().is_some() {}
         let want = (1 + slots.available_permits()).min(MAX_CLAIM_BATCH);
-        let claimed = match queue::claim(&pool, want as i64, settings.lease).await {
-            Ok(claimed) => {
+        let (claimed, parked) = match claim(&pool, want, &settings, &mut last_probe_check).await {
+            Ok(claim) => {
                 claim_failures = 0;
-                claimed
+                (claim.claimed, claim.parked)
             }
             Err(e) => {
                 claim_failures += 1;
@@ -105,7 +107,8 @@ async fn run(
                 continue;
             }
         };
-        let drained = claimed.len() < want;
+        // Fewer than asked, with nothing parked: no more due work right now.
+        let drained = claimed.len() < want && parked == 0;
         let mut permits = std::iter::once(first).chain(std::iter::from_fn(|| slots.clone().try_acquire_owned().ok()));
         for job in claimed {
             // Only this loop acquires slots, and it counted them: a permit is there.
@@ -147,6 +150,32 @@ async fn run(
     tracing::info!("delivery workers stopped");
 }
 
+/// How often a dispatcher looks for half-open endpoints to probe.
+const PROBE_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Half-open probes first (at most every [`PROBE_CHECK_INTERVAL`]), then due deliveries,
+/// `want` in all.
+async fn claim(
+    pool: &PgPool,
+    want: usize,
+    settings: &DeliverySettings,
+    last_probe_check: &mut tokio::time::Instant,
+) -> Result<queue::Claim, sqlx::Error> {
+    let mut probes = Vec::new();
+    if last_probe_check.elapsed() >= PROBE_CHECK_INTERVAL {
+        *last_probe_check = tokio::time::Instant::now();
+        probes = queue::claim_probes(pool, want.min(16) as i64, settings.lease).await?;
+        for probe in &probes {
+            tracing::info!(endpoint_id = %probe.endpoint_id, delivery_id = %probe.id, "half-open probe admitted");
+        }
+    }
+    let rest = want - probes.len();
+    let mut claim =
+        if rest > 0 { queue::claim(pool, rest as i64, settings.lease).await? } else { queue::Claim::default() };
+    claim.claimed.splice(0..0, probes);
+    Ok(claim)
+}
+
 /// Sleep, unless stop arrives first; returns true on stop.
 async fn sleep_or_stop(pause: Duration, stop: &mut watch::Receiver<bool>) -> bool {
     tokio::select! {
@@ -155,8 +184,9 @@ async fn sleep_or_stop(pause: Duration, stop: &mut watch::Receiver<bool>) -> boo
     }
 }
 
-/// One attempt of one claimed delivery; the slot is held until the outcome is queued.
-async fn attempt(ctx: Context, job: Claimed, _slot: OwnedSemaphorePermit) {
+/// One attempt of one claimed delivery; the slot goes with the outcome to the recorder
+/// and is freed once the outcome is written.
+async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit) {
     let settings = &ctx.settings;
     if job.attempt > settings.max_attempts as i32 {
         // Every budgeted attempt was claimed, and the last one's worker died holding the
@@ -193,6 +223,11 @@ async fn attempt(ctx: Context, job: Claimed, _slot: OwnedSemaphorePermit) {
         }
     };
     tracing::debug!(delivery_id = %job.id, attempt = job.attempt, outcome = outcome.as_str(), reason = %verdict.reason, "attempt finished");
+    let signal = match (&observed, verdict.endpoint_failure) {
+        (Observed::Refused { .. }, _) => Signal::Neutral,
+        (_, true) => Signal::Failure,
+        (_, false) => Signal::Healthy,
+    };
     let error_kind = match &observed {
         Observed::Transport { kind, .. } => Some((*kind).to_owned()),
         Observed::Refused { message } => message.split(':').next().map(str::to_owned),
@@ -211,8 +246,11 @@ async fn attempt(ctx: Context, job: Claimed, _slot: OwnedSemaphorePermit) {
         response_excerpt: excerpt,
         next_attempt_at,
         next_attempt_reason: next_reason,
+        endpoint_id: job.endpoint_id,
+        signal,
+        probe_token: job.probe_token,
     };
-    if ctx.outcomes.send(record).await.is_err() {
+    if ctx.outcomes.send((record, slot)).await.is_err() {
         tracing::error!(delivery_id = %job.id, "outcome recorder is gone; the lease will bring this delivery back");
     }
 }

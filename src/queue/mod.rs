@@ -42,32 +42,154 @@ pub struct Claimed {
     pub content_type: Option<String>,
     /// Raw body.
     pub payload: Vec<u8>,
+    /// Set when this attempt is its endpoint's half-open probe: the probe's fencing token.
+    pub probe_token: Option<i64>,
 }
+
+/// Columns a worker needs, from the claimed delivery `d`, its event `e`, endpoint `ep`
+/// and source `s`.
+const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.claim_token, \
+     ep.url, ep.secret, e.event_type, s.name AS source_name, e.content_type, e.payload";
 
 /// Claim up to `limit` due deliveries for `lease`.
 ///
 /// Ordered by due time so the oldest work goes first; `SKIP LOCKED` lets any number of
 /// workers in any number of processes claim at once without waiting on each other.
-pub async fn claim(db: impl PgExecutor<'_>, limit: i64, lease: Duration) -> Result<Vec<Claimed>, sqlx::Error> {
-    sqlx::query_as(
+/// Due deliveries whose endpoint is open or paused are parked by the same statement (no
+/// attempt spent; up to [`PARK_BATCH`] beyond `limit` per call): parked rows leave the
+/// claim index, so a dead endpoint's backlog costs later claims nothing.
+pub async fn claim(db: impl PgExecutor<'_>, limit: i64, lease: Duration) -> Result<Claim, sqlx::Error> {
+    let rows: Vec<ClaimRow> = sqlx::query_as(&format!(
         "WITH due AS (
-             SELECT id FROM deliveries
-             WHERE status = 'pending' AND next_attempt_at <= now()
-             ORDER BY next_attempt_at
+             SELECT d.id, d.next_attempt_at, (ep.circuit_state = 'closed' AND NOT ep.paused) AS runnable
+             FROM deliveries d JOIN endpoints ep ON ep.id = d.endpoint_id
+             WHERE d.status = 'pending' AND NOT d.parked AND d.next_attempt_at <= now()
+             ORDER BY d.next_attempt_at
+             LIMIT $1 + {PARK_BATCH}
+             FOR UPDATE OF d SKIP LOCKED
+         ), ranked AS (
+             SELECT id, runnable, row_number() OVER (PARTITION BY runnable ORDER BY next_attempt_at) AS n FROM due
+         ), parked AS (
+             UPDATE deliveries d SET parked = true, updated_at = now()
+             FROM ranked WHERE d.id = ranked.id AND NOT ranked.runnable
+             RETURNING 1
+         ), claimed AS (
+             UPDATE deliveries d
+             SET next_attempt_at = now() + make_interval(secs => $2),
+                 leased_until = now() + make_interval(secs => $2),
+                 claim_token = d.claim_token + 1,
+                 attempt_count = d.attempt_count + 1,
+                 updated_at = now()
+             FROM ranked, events e, endpoints ep, sources s
+             WHERE d.id = ranked.id AND ranked.runnable AND ranked.n <= $1
+               AND e.id = d.event_id AND ep.id = d.endpoint_id AND s.id = e.source_id
+             RETURNING {CLAIMED_COLUMNS}, NULL::int8 AS probe_token
+         ), tally AS (
+             SELECT count(*) AS parked FROM parked
+         )
+         SELECT claimed.*, tally.parked FROM tally LEFT JOIN claimed ON true"
+    ))
+    .bind(limit)
+    .bind(lease.as_secs_f64())
+    .fetch_all(db)
+    .await?;
+    let parked = rows.first().map_or(0, |r| r.parked);
+    let claimed = rows.into_iter().filter_map(ClaimRow::into_claimed).collect();
+    Ok(Claim { claimed, parked: parked as usize })
+}
+
+/// Blocked deliveries one claim may park beyond its limit.
+pub const PARK_BATCH: i64 = 256;
+
+/// The result of [`claim`].
+#[derive(Debug, Default)]
+pub struct Claim {
+    /// Deliveries now leased to the caller.
+    pub claimed: Vec<Claimed>,
+    /// Due deliveries parked because their endpoint is open or paused.
+    pub parked: usize,
+}
+
+/// One row of the claim statement: a claimed delivery, or (when none was claimed) only
+/// the tally.
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    id: Option<DeliveryId>,
+    event_id: Option<EventId>,
+    endpoint_id: Option<EndpointId>,
+    attempt: Option<i32>,
+    claim_token: Option<i64>,
+    url: Option<String>,
+    secret: Option<String>,
+    event_type: Option<String>,
+    source_name: Option<String>,
+    content_type: Option<String>,
+    payload: Option<Vec<u8>>,
+    parked: i64,
+}
+
+impl ClaimRow {
+    fn into_claimed(self) -> Option<Claimed> {
+        Some(Claimed {
+            id: self.id?,
+            event_id: self.event_id?,
+            endpoint_id: self.endpoint_id?,
+            attempt: self.attempt?,
+            claim_token: self.claim_token?,
+            url: self.url?,
+            secret: self.secret?,
+            event_type: self.event_type?,
+            source_name: self.source_name?,
+            content_type: self.content_type,
+            payload: self.payload?,
+            probe_token: None,
+        })
+    }
+}
+
+/// Admit one probe for each of up to `limit` half-open endpoints: claim the endpoint row
+/// (its cool-down is over and no live probe holds it) together with its oldest pending
+/// delivery, parked or not. The endpoint's `probe_until` is the probe's lease, so a
+/// prober that dies does not wedge the circuit; `probe_token` fences its outcome.
+/// Row locks with `SKIP LOCKED` on the endpoint make this exactly one probe per window
+/// across every worker and replica.
+pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) -> Result<Vec<Claimed>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "WITH ready AS (
+             SELECT id FROM endpoints
+             WHERE circuit_state = 'open' AND NOT paused AND reopen_at <= now()
+               AND (probe_until IS NULL OR probe_until <= now())
+             ORDER BY reopen_at
              LIMIT $1
              FOR UPDATE SKIP LOCKED
+         ), pick AS (
+             SELECT p.id AS delivery_id, ready.id AS endpoint_id
+             FROM ready CROSS JOIN LATERAL (
+                 SELECT id FROM deliveries
+                 WHERE endpoint_id = ready.id AND status = 'pending'
+                   AND (leased_until IS NULL OR leased_until <= now())
+                 ORDER BY id
+                 LIMIT 1
+                 FOR UPDATE SKIP LOCKED
+             ) p
+         ), probe AS (
+             UPDATE endpoints ep
+             SET probe_until = now() + make_interval(secs => $2), probe_token = ep.probe_token + 1
+             FROM pick WHERE ep.id = pick.endpoint_id
+             RETURNING ep.id, ep.probe_token
          )
          UPDATE deliveries d
-         SET next_attempt_at = now() + make_interval(secs => $2),
+         SET parked = false,
+             next_attempt_at = now() + make_interval(secs => $2),
              leased_until = now() + make_interval(secs => $2),
              claim_token = d.claim_token + 1,
              attempt_count = d.attempt_count + 1,
              updated_at = now()
-         FROM due, events e, endpoints ep, sources s
-         WHERE d.id = due.id AND e.id = d.event_id AND ep.id = d.endpoint_id AND s.id = e.source_id
-         RETURNING d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.claim_token,
-                   ep.url, ep.secret, e.event_type, s.name AS source_name, e.content_type, e.payload",
-    )
+         FROM pick, probe, events e, endpoints ep, sources s
+         WHERE d.id = pick.delivery_id AND probe.id = pick.endpoint_id
+           AND e.id = d.event_id AND ep.id = d.endpoint_id AND s.id = e.source_id
+         RETURNING {CLAIMED_COLUMNS}, probe.probe_token"
+    ))
     .bind(limit)
     .bind(lease.as_secs_f64())
     .fetch_all(db)
@@ -131,6 +253,12 @@ pub struct AttemptRecord {
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// Why then (Retry only).
     pub next_attempt_reason: Option<String>,
+    /// The endpoint, for the circuit breaker.
+    pub endpoint_id: EndpointId,
+    /// What this attempt says about the endpoint's health.
+    pub signal: crate::circuit::Signal,
+    /// The probe token, when this attempt was a half-open probe.
+    pub probe_token: Option<i64>,
 }
 
 /// Record a batch of outcomes, each fenced by its claim token, in one statement.

@@ -22,6 +22,8 @@ pub struct Delivery {
     pub next_attempt_at: DateTime<Utc>,
     /// Set while a worker holds the lease.
     pub leased_until: Option<DateTime<Utc>>,
+    /// Waiting for its endpoint (open circuit or paused), without spending attempts.
+    pub parked: bool,
     /// Why it is dead.
     pub dead_reason: Option<String>,
     /// Creation time.
@@ -33,7 +35,7 @@ pub struct Delivery {
 }
 
 const COLUMNS: &str = "id, event_id, endpoint_id, status, attempt_count, next_attempt_at, leased_until, \
-                       dead_reason, created_at, updated_at, finished_at";
+                       parked, dead_reason, created_at, updated_at, finished_at";
 
 /// Filters for [`list`]; all optional.
 #[derive(Debug, Clone, Default)]

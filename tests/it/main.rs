@@ -5,6 +5,7 @@ mod support;
 
 mod admin_api;
 mod binary;
+mod circuit;
 mod db_outage;
 mod delivery;
 mod ingest;

@@ -47,7 +47,9 @@ async fn two_replicas_retry_each_failed_delivery_exactly_once() {
     let sink = Sink::start(|_, n| if n == 0 { Reply::status(500) } else { Reply::status(200) }).await;
     let endpoint = app.endpoint_for(&sink.url("/"), Some("api")).await;
     seed_deliveries(&app.db.pool, &endpoint, 1000).await;
-    let fast_backoff = ["--backoff-base-ms", "20", "--backoff-cap-secs", "1"];
+    // Every delivery fails once, which would (rightly) open the endpoint's circuit; this
+    // test is about retry bookkeeping, so the breaker is set out of reach.
+    let fast_backoff = ["--backoff-base-ms", "20", "--backoff-cap-secs", "1", "--circuit-failure-threshold", "100000"];
     let _a =
         GatewayProcess::start(&app.db.url, &[&["--role", "worker", "--workers", "16"][..], &fast_backoff].concat());
     let _b =
@@ -105,11 +107,14 @@ async fn a_killed_worker_s_delivery_comes_back_after_the_lease() {
     assert_eq!(recorded, [2], "attempt 1's outcome is unknown, only attempt 2 is recorded");
 }
 
-fn record(id: webhook_gateway::ids::DeliveryId, token: i64, attempt: i32, outcome: Outcome) -> AttemptRecord {
+fn record(claim: &queue::Claimed, outcome: Outcome) -> AttemptRecord {
     AttemptRecord {
-        delivery_id: id,
-        claim_token: token,
-        attempt,
+        delivery_id: claim.id,
+        claim_token: claim.claim_token,
+        attempt: claim.attempt,
+        endpoint_id: claim.endpoint_id,
+        signal: webhook_gateway::circuit::Signal::Healthy,
+        probe_token: None,
         started_at: chrono::Utc::now(),
         duration_ms: 5,
         status_code: Some(200),
@@ -135,15 +140,14 @@ async fn a_stale_worker_is_fenced() {
     seed_deliveries(&db.pool, &endpoint.0, 1).await;
 
     // Worker A claims with a lease that is already over; worker B takes the row over.
-    let a = queue::claim(&db.pool, 10, Duration::ZERO).await.unwrap();
+    let a = queue::claim(&db.pool, 10, Duration::ZERO).await.unwrap().claimed;
     assert_eq!(a.len(), 1);
-    let b = queue::claim(&db.pool, 10, Duration::from_secs(60)).await.unwrap();
+    let b = queue::claim(&db.pool, 10, Duration::from_secs(60)).await.unwrap().claimed;
     assert_eq!(b.len(), 1);
     assert_eq!(b[0].claim_token, a[0].claim_token + 1);
     assert_eq!((a[0].attempt, b[0].attempt), (1, 2));
 
-    let stale =
-        queue::record(&db.pool, &[record(a[0].id, a[0].claim_token, a[0].attempt, Outcome::Delivered)]).await.unwrap();
+    let stale = queue::record(&db.pool, &[record(&a[0], Outcome::Delivered)]).await.unwrap();
     assert!(stale.is_empty(), "A is fenced");
     let (status, attempts): (String, i32) =
         sqlx::query_as("SELECT status, attempt_count FROM deliveries").fetch_one(&db.pool).await.unwrap();
@@ -151,12 +155,10 @@ async fn a_stale_worker_is_fenced() {
     assert_eq!(db.count("attempts").await, 0);
     assert!(!queue::release(&db.pool, a[0].id, a[0].claim_token, chrono::Utc::now()).await.unwrap());
 
-    let fresh =
-        queue::record(&db.pool, &[record(b[0].id, b[0].claim_token, b[0].attempt, Outcome::Delivered)]).await.unwrap();
+    let fresh = queue::record(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
     assert_eq!(fresh, [b[0].id]);
     // Recording twice (a retried write) does not apply twice.
-    let again =
-        queue::record(&db.pool, &[record(b[0].id, b[0].claim_token, b[0].attempt, Outcome::Delivered)]).await.unwrap();
+    let again = queue::record(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
     assert!(again.is_empty());
     assert_eq!(db.count("attempts").await, 1);
 }
@@ -182,7 +184,7 @@ async fn concurrent_claims_are_disjoint() {
             barrier.wait().await;
             let mut mine = Vec::new();
             loop {
-                let got = queue::claim(&pool, 7, Duration::from_secs(60)).await.unwrap();
+                let got = queue::claim(&pool, 7, Duration::from_secs(60)).await.unwrap().claimed;
                 if got.is_empty() {
                     break;
                 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 use webhook_gateway::app::{self, Running, Settings};
+use webhook_gateway::circuit::CircuitConfig;
 use webhook_gateway::config::{DeliverySettings, Role};
 use webhook_gateway::db::{self, embedded};
 use webhook_gateway::egress::EgressConfig;
@@ -117,6 +118,12 @@ pub fn test_settings() -> Settings {
             retry_after_cap: Duration::from_secs(3600),
             poll_interval: Duration::from_millis(50),
             shutdown_grace: Duration::from_secs(5),
+            circuit: CircuitConfig {
+                failure_threshold: 5,
+                cooldown: Duration::from_millis(500),
+                cooldown_cap: Duration::from_secs(2),
+                release_per_sec: 1000,
+            },
         },
         egress: EgressConfig {
             allow: vec!["127.0.0.1/32".parse().expect("cidr")],

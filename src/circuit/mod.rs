@@ -1,0 +1,319 @@
+//! Per-endpoint circuit breaker, shared by every worker of every replica (the state is a
+//! row in PostgreSQL).
+//!
+//! - **closed**: deliveries flow. `threshold` consecutive endpoint failures (retryable
+//!   kinds only: permanent 4xx and egress refusals are not the endpoint being down) open
+//!   it.
+//! - **open**: nothing is sent. The claim parks the endpoint's due deliveries without
+//!   spending an attempt. After the cool-down (`cooldown · 2^(opens-1)`, capped) the
+//!   circuit is **half-open**.
+//! - **half-open**: exactly one probe is admitted, by an atomic claim on the endpoint row
+//!   with a lease (`probe_until`), so a crashed prober can't wedge the circuit. The
+//!   probe's outcome is fenced by `probe_token`. Healthy: closed, counters reset, and the
+//!   parked backlog is released at a bounded rate. Failed: open again, longer cool-down.
+//!
+//! This module is the pure transition function; `sql` holds its statements.
+
+pub mod sql;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+/// Breaker settings.
+#[derive(Debug, Clone, Copy)]
+pub struct CircuitConfig {
+    /// Consecutive endpoint failures that open the circuit.
+    pub failure_threshold: u32,
+    /// First cool-down; doubles with each re-open.
+    pub cooldown: Duration,
+    /// Longest cool-down.
+    pub cooldown_cap: Duration,
+    /// Parked deliveries released per second after the circuit closes (or the endpoint
+    /// resumes), so a recovering subscriber is not hit by its whole backlog at once.
+    pub release_per_sec: u32,
+}
+
+impl Default for CircuitConfig {
+    fn default() -> Self {
+        CircuitConfig {
+            failure_threshold: 5,
+            cooldown: Duration::from_secs(30),
+            cooldown_cap: Duration::from_secs(600),
+            release_per_sec: 200,
+        }
+    }
+}
+
+impl CircuitConfig {
+    /// The cool-down after the `opens`-th consecutive open (1-based).
+    pub fn cooldown_for(&self, opens: u32) -> Duration {
+        let factor = 1u32.checked_shl(opens.saturating_sub(1).min(31)).unwrap_or(u32::MAX);
+        self.cooldown.saturating_mul(factor).min(self.cooldown_cap)
+    }
+}
+
+/// The stored state of one endpoint's circuit.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Circuit {
+    /// `closed` or `open` (half-open is open with `reopen_at` in the past).
+    pub circuit_state: String,
+    /// Consecutive endpoint failures.
+    pub consecutive_failures: i32,
+    /// Opens since last closed.
+    pub open_count: i32,
+    /// When it last opened.
+    pub opened_at: Option<DateTime<Utc>>,
+    /// End of the cool-down.
+    pub reopen_at: Option<DateTime<Utc>>,
+    /// Fencing token of the current probe.
+    pub probe_token: i64,
+    /// Lease of the current probe.
+    pub probe_until: Option<DateTime<Utc>>,
+}
+
+impl Circuit {
+    /// A closed circuit with no failures.
+    pub fn closed() -> Circuit {
+        Circuit {
+            circuit_state: "closed".into(),
+            consecutive_failures: 0,
+            open_count: 0,
+            opened_at: None,
+            reopen_at: None,
+            probe_token: 0,
+            probe_until: None,
+        }
+    }
+
+    /// `closed`, `open` or `half_open`, as operators see it.
+    pub fn display_state(&self, now: DateTime<Utc>) -> &'static str {
+        match (self.circuit_state.as_str(), self.reopen_at) {
+            ("open", Some(at)) if at <= now => "half_open",
+            ("open", _) => "open",
+            _ => "closed",
+        }
+    }
+}
+
+/// How one attempt bears on its endpoint's health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// The endpoint answered (2xx, or a permanent 4xx: it is up, just unhappy).
+    Healthy,
+    /// A retryable failure: 5xx, 408/425/429, timeout, connection or TLS failure, 3xx.
+    Failure,
+    /// Says nothing about the endpoint (egress refused to send).
+    Neutral,
+}
+
+/// What a batch of outcomes observed for one endpoint, in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observation {
+    /// Whether any ordinary attempt was healthy.
+    pub any_healthy: bool,
+    /// Failures after the last healthy attempt (all of them when none was healthy).
+    pub trailing_failures: u32,
+    /// The probe's outcome and token, if this batch holds a probe.
+    pub probe: Option<(i64, Signal)>,
+}
+
+impl Observation {
+    /// Fold one attempt into the observation.
+    pub fn add(&mut self, signal: Signal, probe_token: Option<i64>) {
+        if let Some(token) = probe_token {
+            self.probe = Some((token, signal));
+            return;
+        }
+        match signal {
+            Signal::Healthy => {
+                self.any_healthy = true;
+                self.trailing_failures = 0;
+            }
+            Signal::Failure => self.trailing_failures += 1,
+            Signal::Neutral => {}
+        }
+    }
+}
+
+/// What changed, beyond the new state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing to write.
+    None,
+    /// Counters changed.
+    Updated,
+    /// The circuit opened (from closed).
+    Opened,
+    /// A probe failed: open again, longer cool-down.
+    Reopened,
+    /// A probe succeeded: closed; release the parked backlog.
+    Closed,
+}
+
+/// The transition function.
+pub fn apply(current: &Circuit, seen: &Observation, now: DateTime<Utc>, cfg: &CircuitConfig) -> (Circuit, Change) {
+    let mut next = current.clone();
+    let open_until = |opens: i32| now + chrono::Duration::from_std(cfg.cooldown_for(opens as u32)).unwrap_or_default();
+
+    if let Some((token, signal)) = seen.probe
+        && current.circuit_state == "open"
+        && token == current.probe_token
+    {
+        next.probe_until = None;
+        return match signal {
+            Signal::Healthy => (Circuit { probe_token: current.probe_token, ..Circuit::closed() }, Change::Closed),
+            Signal::Failure => {
+                next.open_count = current.open_count + 1;
+                next.opened_at = Some(now);
+                next.reopen_at = Some(open_until(next.open_count));
+                (next, Change::Reopened)
+            }
+            // Let another probe try at once.
+            Signal::Neutral => (next, Change::Updated),
+        };
+    }
+
+    let failures = if seen.any_healthy {
+        seen.trailing_failures as i32
+    } else {
+        current.consecutive_failures.saturating_add(seen.trailing_failures as i32)
+    };
+    next.consecutive_failures = failures;
+    if current.circuit_state == "closed" && failures >= cfg.failure_threshold as i32 {
+        next.circuit_state = "open".into();
+        next.open_count = 1;
+        next.opened_at = Some(now);
+        next.reopen_at = Some(open_until(1));
+        next.probe_until = None;
+        return (next, Change::Opened);
+    }
+    let change = if next == *current { Change::None } else { Change::Updated };
+    (next, change)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> CircuitConfig {
+        CircuitConfig {
+            failure_threshold: 5,
+            cooldown: Duration::from_secs(30),
+            cooldown_cap: Duration::from_secs(600),
+            release_per_sec: 200,
+        }
+    }
+
+    fn seen(signals: &[Signal]) -> Observation {
+        let mut o = Observation::default();
+        for s in signals {
+            o.add(*s, None);
+        }
+        o
+    }
+
+    fn now() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_700_000_000, 0).unwrap()
+    }
+
+    #[test]
+    fn cooldown_doubles_up_to_the_cap() {
+        let c = cfg();
+        let secs: Vec<u64> = (1..=7).map(|n| c.cooldown_for(n).as_secs()).collect();
+        assert_eq!(secs, [30, 60, 120, 240, 480, 600, 600]);
+        assert_eq!(c.cooldown_for(u32::MAX).as_secs(), 600);
+    }
+
+    #[test]
+    fn threshold_consecutive_failures_open_the_circuit() {
+        let c = cfg();
+        let (four, change) = apply(&Circuit::closed(), &seen(&[Signal::Failure; 4]), now(), &c);
+        assert_eq!((four.consecutive_failures, change), (4, Change::Updated));
+        assert_eq!(four.circuit_state, "closed");
+        let (open, change) = apply(&four, &seen(&[Signal::Failure]), now(), &c);
+        assert_eq!(change, Change::Opened);
+        assert_eq!(open.circuit_state, "open");
+        assert_eq!(open.open_count, 1);
+        assert_eq!(open.reopen_at, Some(now() + chrono::Duration::seconds(30)));
+        assert_eq!(open.display_state(now()), "open");
+        assert_eq!(open.display_state(now() + chrono::Duration::seconds(30)), "half_open");
+    }
+
+    #[test]
+    fn a_healthy_answer_resets_the_count_and_only_trailing_failures_count() {
+        let c = cfg();
+        let start = Circuit { consecutive_failures: 4, ..Circuit::closed() };
+        let (after, _) = apply(&start, &seen(&[Signal::Failure, Signal::Healthy, Signal::Failure]), now(), &c);
+        assert_eq!(after.consecutive_failures, 1);
+        assert_eq!(after.circuit_state, "closed");
+        let (same, change) = apply(&Circuit::closed(), &seen(&[Signal::Healthy, Signal::Neutral]), now(), &c);
+        assert_eq!((same, change), (Circuit::closed(), Change::None));
+    }
+
+    #[test]
+    fn neutral_signals_neither_count_nor_reset() {
+        let c = cfg();
+        let start = Circuit { consecutive_failures: 4, ..Circuit::closed() };
+        let (after, change) = apply(&start, &seen(&[Signal::Neutral; 10]), now(), &c);
+        assert_eq!((after.consecutive_failures, change), (4, Change::None));
+    }
+
+    fn half_open(token: i64, opens: i32) -> Circuit {
+        Circuit {
+            circuit_state: "open".into(),
+            consecutive_failures: 5,
+            open_count: opens,
+            opened_at: Some(now() - chrono::Duration::seconds(60)),
+            reopen_at: Some(now() - chrono::Duration::seconds(1)),
+            probe_token: token,
+            probe_until: Some(now() + chrono::Duration::seconds(60)),
+        }
+    }
+
+    #[test]
+    fn a_healthy_probe_closes_the_circuit() {
+        let mut o = Observation::default();
+        o.add(Signal::Healthy, Some(7));
+        let (closed, change) = apply(&half_open(7, 3), &o, now(), &cfg());
+        assert_eq!(change, Change::Closed);
+        assert_eq!(closed.circuit_state, "closed");
+        assert_eq!((closed.consecutive_failures, closed.open_count), (0, 0));
+        assert_eq!(closed.probe_until, None);
+    }
+
+    #[test]
+    fn a_failed_probe_reopens_with_a_doubled_cooldown() {
+        let mut o = Observation::default();
+        o.add(Signal::Failure, Some(7));
+        let (open, change) = apply(&half_open(7, 1), &o, now(), &cfg());
+        assert_eq!(change, Change::Reopened);
+        assert_eq!(open.open_count, 2);
+        assert_eq!(open.reopen_at, Some(now() + chrono::Duration::seconds(60)));
+        assert_eq!(open.probe_until, None);
+    }
+
+    #[test]
+    fn a_stale_probe_is_fenced_and_a_neutral_probe_frees_the_slot() {
+        let mut stale = Observation::default();
+        stale.add(Signal::Healthy, Some(6));
+        let (state, change) = apply(&half_open(7, 1), &stale, now(), &cfg());
+        assert_eq!(state.circuit_state, "open", "an old probe's success does not close the circuit");
+        assert_ne!(change, Change::Closed);
+
+        let mut neutral = Observation::default();
+        neutral.add(Signal::Neutral, Some(7));
+        let (state, change) = apply(&half_open(7, 1), &neutral, now(), &cfg());
+        assert_eq!((state.circuit_state.as_str(), change), ("open", Change::Updated));
+        assert_eq!(state.probe_until, None);
+    }
+
+    #[test]
+    fn failures_while_open_do_not_reopen_or_extend() {
+        let open = half_open(7, 2);
+        let (after, change) = apply(&open, &seen(&[Signal::Failure; 3]), now(), &cfg());
+        assert_eq!(after.reopen_at, open.reopen_at);
+        assert_eq!(after.open_count, 2);
+        assert_eq!(change, Change::Updated);
+    }
+}

@@ -1,0 +1,209 @@
+//! The per-endpoint circuit breaker: shared by replicas, spends no attempts while open,
+//! admits exactly one half-open probe, recovers, survives a crashed prober.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::sink::{Reply, Sink};
+use crate::support::{GatewayProcess, TestApp, TestDb, count_status, eventually, seed_deliveries, test_settings};
+
+async fn endpoint(app: &TestApp, id: &str) -> Value {
+    app.admin_get(&format!("/v1/endpoints/{id}")).await
+}
+
+async fn in_flight(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE leased_until > now() AND status = 'pending'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// 200 deliveries to an endpoint answering 503: it gets about `threshold` requests (plus
+/// what was in flight), the circuit opens, and every other delivery still has
+/// attempt_count 0: parked, not failed.
+#[tokio::test]
+async fn an_open_circuit_stops_sending_and_spends_no_attempts() {
+    let mut settings = test_settings();
+    settings.delivery.circuit.cooldown = Duration::from_secs(300);
+    let workers = settings.delivery.workers;
+    let threshold = settings.delivery.circuit.failure_threshold as usize;
+    let app = TestApp::spawn_with(TestDb::new().await, settings, 16).await;
+    let sink = Sink::start(|_, _| Reply::status(503)).await;
+    let ep = app.endpoint_for(&sink.url("/"), Some("api")).await;
+    seed_deliveries(&app.db.pool, &ep, 200).await;
+
+    eventually(Duration::from_secs(30), "circuit open and nothing in flight", || async {
+        let e = endpoint(&app, &ep).await;
+        (e["circuit"]["state"] == "open" && in_flight(&app.db).await == 0).then_some(())
+    })
+    .await;
+    // Give claimers time to (wrongly) send more.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent = sink.count();
+    assert!(sent >= threshold, "{sent} requests");
+    assert!(sent <= threshold + workers, "{sent} requests: at most threshold + what was in flight");
+    let untouched: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE attempt_count = 0")
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(untouched, 200 - sent as i64, "every delivery not sent has spent no attempt");
+    let parked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE parked").fetch_one(&app.db.pool).await.unwrap();
+    assert!(parked >= untouched, "due deliveries of the open endpoint are parked ({parked})");
+    assert_eq!(count_status(&app.db.pool, "dead").await, 0);
+    let e = endpoint(&app, &ep).await;
+    assert!(e["circuit"]["consecutive_failures"].as_i64().unwrap() >= threshold as i64);
+    assert_eq!(e["circuit"]["open_count"], 1);
+}
+
+/// Two instances, 16 hungry workers, a subscriber that keeps failing: exactly one request
+/// per half-open window, counted at the subscriber. Then it recovers: the probe closes
+/// the circuit and the whole backlog is delivered without any budget exhausted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn half_open_admits_exactly_one_probe_across_replicas_then_recovers() {
+    let db = TestDb::new().await;
+    let mut settings = test_settings();
+    settings.delivery.circuit.cooldown = Duration::from_millis(500);
+    settings.delivery.circuit.cooldown_cap = Duration::from_millis(1000);
+    let healthy = Arc::new(AtomicBool::new(false));
+    let flag = healthy.clone();
+    let sink =
+        Sink::start(move |_, _| if flag.load(Ordering::SeqCst) { Reply::status(200) } else { Reply::status(503) })
+            .await;
+    let a = TestApp::spawn_with(TestDb { url: db.url.clone(), pool: db.pool.clone() }, settings.clone(), 16).await;
+    let _b = TestApp::spawn_with(TestDb { url: db.url.clone(), pool: db.pool.clone() }, settings, 16).await;
+    let ep = a.endpoint_for(&sink.url("/"), Some("api")).await;
+    seed_deliveries(&db.pool, &ep, 100).await;
+
+    eventually(Duration::from_secs(30), "circuit opens", || async {
+        (endpoint(&a, &ep).await["circuit"]["open_count"].as_i64() >= Some(1)).then_some(())
+    })
+    .await;
+    eventually(Duration::from_secs(30), "in-flight requests drain", || async {
+        (in_flight(&db).await <= 1).then_some(())
+    })
+    .await;
+    let burst = sink.count();
+    // Watch several half-open windows (0.5 s, then 1 s each).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let probes: Vec<Instant> = sink.received()[burst..].iter().map(|r| r.at).collect();
+    assert!(probes.len() >= 3, "probes keep being admitted: {}", probes.len());
+    assert!(probes.len() <= 8, "at most one probe per window: {} in 5 s", probes.len());
+    for pair in probes.windows(2) {
+        let gap = pair[1].duration_since(pair[0]);
+        assert!(gap >= Duration::from_millis(400), "two requests {gap:?} apart: two probes in one window");
+    }
+    let e = endpoint(&a, &ep).await;
+    assert!(e["circuit"]["open_count"].as_i64().unwrap() >= 3, "each failed probe re-opened: {e}");
+
+    healthy.store(true, Ordering::SeqCst);
+    eventually(Duration::from_secs(60), "backlog delivered", || async {
+        (count_status(&db.pool, "delivered").await == 100).then_some(())
+    })
+    .await;
+    assert_eq!(endpoint(&a, &ep).await["circuit"]["state"], "closed");
+    let worst: i32 = sqlx::query_scalar("SELECT max(attempt_count) FROM deliveries").fetch_one(&db.pool).await.unwrap();
+    assert!(worst < 8, "no delivery came near its budget (worst: {worst} attempts)");
+    assert_eq!(count_status(&db.pool, "dead").await, 0);
+}
+
+/// The prober is SIGKILLed mid-probe: the circuit is not wedged. When the probe lease
+/// runs out another probe is admitted, succeeds, and the circuit closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_prober_does_not_wedge_the_circuit() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::start(|_, n| if n == 0 { Reply::Hold(Duration::from_secs(60)) } else { Reply::status(200) }).await;
+    let ep = app.endpoint_for(&sink.url("/"), Some("api")).await;
+    seed_deliveries(&app.db.pool, &ep, 3).await;
+    sqlx::query("UPDATE endpoints SET circuit_state = 'open', open_count = 1, opened_at = now(), reopen_at = now()")
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    let lease = ["--role", "worker", "--request-timeout-secs", "1", "--lease-secs", "11"];
+    let mut prober = GatewayProcess::start(&app.db.url, &lease);
+    eventually(Duration::from_secs(30), "probe in flight", || async { (sink.count() == 1).then_some(()) }).await;
+    prober.kill();
+    assert_eq!(endpoint(&app, &ep).await["circuit"]["state"], "half_open");
+
+    let _next = GatewayProcess::start(&app.db.url, &lease);
+    eventually(Duration::from_secs(60), "all delivered", || async {
+        (count_status(&app.db.pool, "delivered").await == 3).then_some(())
+    })
+    .await;
+    let got = sink.received();
+    assert!(got[1].at.duration_since(got[0].at) >= Duration::from_secs(10), "the second probe waited for the lease");
+    assert_eq!(endpoint(&app, &ep).await["circuit"]["state"], "closed");
+}
+
+/// One dead endpoint (it hangs until our timeout) and one healthy endpoint share the
+/// workers: the breaker takes the dead one out and the healthy one's deliveries flow.
+#[tokio::test]
+async fn a_failing_endpoint_does_not_hold_up_a_healthy_one() {
+    let mut settings = test_settings();
+    settings.egress.request_timeout = Duration::from_secs(2);
+    settings.delivery.circuit.cooldown = Duration::from_secs(300);
+    let workers = settings.delivery.workers;
+    let app = TestApp::spawn_with(TestDb::new().await, settings, 16).await;
+    let dead = Sink::start(|_, _| Reply::Hold(Duration::from_secs(30))).await;
+    let healthy = Sink::ok().await;
+    let dead_ep = app.endpoint_for(&dead.url("/"), Some("api")).await;
+    let healthy_ep = app.admin_post("/v1/endpoints", serde_json::json!({"url": healthy.url("/")}), 201).await;
+    let healthy_ep = healthy_ep["id"].as_str().unwrap().to_owned();
+    // The dead endpoint's deliveries are older: first in line.
+    seed_deliveries(&app.db.pool, &dead_ep, 100).await;
+    sqlx::query("INSERT INTO deliveries (event_id, endpoint_id) SELECT id, $1::uuid FROM events")
+        .bind(&healthy_ep)
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    eventually(Duration::from_secs(60), "healthy endpoint's deliveries done", || async {
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = $1::uuid AND status = 'delivered'")
+                .bind(&healthy_ep)
+                .fetch_one(&app.db.pool)
+                .await
+                .unwrap();
+        (n == 100).then_some(())
+    })
+    .await;
+    println!(
+        "healthy endpoint drained in {:?} beside a hanging one (request timeout 2 s, {workers} workers)",
+        started.elapsed()
+    );
+    assert!(dead.count() <= 5 + 2 * workers, "the dead endpoint got {} requests", dead.count());
+    assert_eq!(healthy.count(), 100);
+}
+
+/// Pause parks deliveries without sending or spending attempts; resume releases them.
+#[tokio::test]
+async fn pause_and_resume() {
+    let app = TestApp::spawn().await;
+    let sink = Sink::ok().await;
+    let ep = app.endpoint_for(&sink.url("/"), Some("api")).await;
+    let paused = app.admin_post(&format!("/v1/endpoints/{ep}/pause"), serde_json::json!({}), 200).await;
+    assert_eq!(paused["paused"], true);
+    seed_deliveries(&app.db.pool, &ep, 20).await;
+    eventually(Duration::from_secs(30), "all parked", || async {
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE parked").fetch_one(&app.db.pool).await.unwrap();
+        (n == 20).then_some(())
+    })
+    .await;
+    assert_eq!(sink.count(), 0);
+    let resumed = app.admin_post(&format!("/v1/endpoints/{ep}/resume"), serde_json::json!({}), 200).await;
+    assert_eq!(resumed["paused"], false);
+    eventually(Duration::from_secs(30), "delivered after resume", || async {
+        (count_status(&app.db.pool, "delivered").await == 20).then_some(())
+    })
+    .await;
+    let attempts: i64 =
+        sqlx::query_scalar("SELECT sum(attempt_count) FROM deliveries").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(attempts, 20, "one attempt each: the pause spent none");
+    let (status, _) =
+        app.admin(reqwest::Method::POST, &format!("/v1/endpoints/{}/pause", uuid::Uuid::new_v4()), None).await;
+    assert_eq!(status, 404);
+}

@@ -2,6 +2,7 @@
 //! transaction, then answer. Nothing is acknowledged before it is committed.
 
 mod headers;
+pub mod rejections;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -61,7 +62,8 @@ pub async fn ingest(
         ));
     }
     let verified = verify::verify(spec, &headers, &body, chrono::Utc::now().timestamp()).map_err(|e| {
-        tracing::debug!(source = %source_name, code = e.code(), "webhook refused");
+        // Counted under the stored name (the source exists), logged rate-limited.
+        rejections::record(&source.name, &e);
         match e {
             verify::VerifyError::MalformedBody(m) => ApiError::bad_request("malformed_body", m),
             other => ApiError::unauthorized(other.code(), other.to_string()),

@@ -80,7 +80,7 @@ pub async fn ingest(
             dedupe_key: &verified.dedupe_key,
             event_type: &verified.event_type,
             content_type,
-            headers: &redacted_headers(&headers),
+            headers: &redacted_headers(&headers, spec.hmac.as_ref().map(|h| h.header.as_str())),
             payload: &body,
         },
     )

@@ -7,3 +7,4 @@ mod admin_api;
 mod binary;
 mod db_outage;
 mod ingest;
+mod sources;

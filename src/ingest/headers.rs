@@ -18,11 +18,15 @@ fn is_sensitive(name: &str) -> bool {
 /// Headers as a JSON object (lower-case names; repeated headers joined with ", "), with
 /// signatures and credentials redacted: once verified they are no longer needed, and
 /// stored they would be a secret at rest.
-pub fn redacted_headers(headers: &HeaderMap) -> Value {
+///
+/// `signature_header` is a source's own signature header (the `hmac` kind's configured
+/// `header`, any name, e.g. `X-Hook-Sig`), redacted even when its name looks harmless: a
+/// stored signature lets whoever reads it replay the body under a new delivery id.
+pub fn redacted_headers(headers: &HeaderMap, signature_header: Option<&str>) -> Value {
     let mut out = Map::new();
     for name in headers.keys() {
         let key = name.as_str();
-        let value = if is_sensitive(key) {
+        let value = if is_sensitive(key) || signature_header.is_some_and(|h| h.trim().eq_ignore_ascii_case(key)) {
             REDACTED.to_owned()
         } else {
             headers
@@ -51,12 +55,23 @@ mod tests {
         h.insert("x-github-event", "push".parse().unwrap());
         h.append("accept", "a".parse().unwrap());
         h.append("accept", "b".parse().unwrap());
-        let v = redacted_headers(&h);
+        let v = redacted_headers(&h, None);
         assert_eq!(v["stripe-signature"], REDACTED);
         assert_eq!(v["x-hub-signature-256"], REDACTED);
         assert_eq!(v["x-shopify-hmac-sha256"], REDACTED);
         assert_eq!(v["authorization"], REDACTED);
         assert_eq!(v["x-github-event"], "push");
         assert_eq!(v["accept"], "a, b");
+    }
+
+    #[test]
+    fn a_configured_signature_header_is_redacted_whatever_its_name() {
+        let mut h = HeaderMap::new();
+        h.insert("x-hook-sig", "a3ef716b".parse().unwrap());
+        h.insert("x-request-id", "req-1".parse().unwrap());
+        assert_eq!(redacted_headers(&h, None)["x-hook-sig"], "a3ef716b");
+        let v = redacted_headers(&h, Some("X-Hook-Sig"));
+        assert_eq!(v["x-hook-sig"], REDACTED);
+        assert_eq!(v["x-request-id"], "req-1");
     }
 }

@@ -2,6 +2,7 @@
 //! transaction, then answer. Nothing is acknowledged before it is committed.
 
 mod headers;
+pub mod rejections;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -61,7 +62,8 @@ pub async fn ingest(
         ));
     }
     let verified = verify::verify(spec, &headers, &body, chrono::Utc::now().timestamp()).map_err(|e| {
-        tracing::debug!(source = %source_name, code = e.code(), "webhook refused");
+        // Counted under the stored name (the source exists), logged rate-limited.
+        rejections::record(&source.name, &e);
         match e {
             verify::VerifyError::MalformedBody(m) => ApiError::bad_request("malformed_body", m),
             other => ApiError::unauthorized(other.code(), other.to_string()),
@@ -78,7 +80,7 @@ pub async fn ingest(
             dedupe_key: &verified.dedupe_key,
             event_type: &verified.event_type,
             content_type,
-            headers: &redacted_headers(&headers),
+            headers: &redacted_headers(&headers, spec.hmac.as_ref().map(|h| h.header.as_str())),
             payload: &body,
         },
     )

@@ -10,8 +10,8 @@
 //! `standard.rs`, `hmac.rs`, `none.rs`), each a unit struct behind the private `Verifier`
 //! trait; `mac.rs` holds what they share (constant-time check over all secrets, decoding,
 //! timestamp tolerance), `extract.rs` the dedupe-key and event-type lookups, and
-//! `validate.rs` the checks the admin API runs when a source is created.
-//! `README-sources.md` shows how to set up each kind.
+//! `validate.rs` the checks the admin API runs when a source is created. The README's
+//! "Sources: receiving webhooks" section shows how to set up each kind.
 
 mod extract;
 mod github;

@@ -10,3 +10,4 @@ mod db_outage;
 mod delivery;
 mod ingest;
 mod replicas;
+mod sources;

@@ -94,6 +94,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
     let pool = db::connect(url, args.db_pool_size).await?;
     db::migrate(&pool).await?;
+    for source in webhook_gateway::store::sources::list(&pool).await? {
+        if source.spec.0.kind == webhook_gateway::verify::Kind::None {
+            tracing::warn!(source = %source.name, "source of kind `none`: its webhooks are accepted unverified");
+        }
+    }
     let admin_token = match &args.admin_token {
         Some(token) => token.clone(),
         None => {

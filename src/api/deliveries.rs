@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::extract::{ApiQuery, parse_id};
+use super::extract::{ApiQuery, page_limit, parse_id};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::ids::{DeliveryId, EndpointId, EventId};
@@ -91,10 +91,7 @@ pub async fn list(
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let limit = q.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::validation("limit", "must be between 1 and 1000"));
-    }
+    let limit = page_limit(q.limit)?;
     let filter = Filter {
         event_id: q.event_id,
         endpoint_id: q.endpoint_id,
@@ -126,4 +123,19 @@ pub async fn attempts(
         "delivery": DeliveryView::from(delivery),
         "data": attempts,
     })))
+}
+
+/// `POST /v1/deliveries/{id}/redeliver`: a dead (or delivered) delivery goes back to
+/// pending, due now, with a fresh attempt budget and the same `webhook-id`. Idempotent:
+/// while it is pending, calling again changes nothing and returns the current state.
+/// (Re-ingesting a duplicate event never revives a dead delivery; only this does.)
+pub async fn redeliver(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<DeliveryView>, ApiError> {
+    let id: DeliveryId = parse_id(&id, "delivery")?;
+    let changed = crate::queue::redeliver(&state.pool, id).await?;
+    let delivery = read::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("delivery"))?;
+    if changed {
+        state.wake.notify_one();
+        tracing::info!(delivery_id = %id, "manual redelivery");
+    }
+    Ok(Json(delivery.into()))
 }

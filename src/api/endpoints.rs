@@ -7,11 +7,11 @@ use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::extract::{ApiJson, parse_id};
+use super::extract::{ApiJson, ApiQuery, parse_id};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::ids::EndpointId;
-use crate::store::{self, endpoints::Endpoint};
+use crate::store::{self, endpoints::Deleted, endpoints::Endpoint};
 
 /// Body of `POST /v1/endpoints`.
 #[derive(Debug, Deserialize)]
@@ -142,4 +142,168 @@ pub async fn resume(State(state): State<AppState>, Path(id): Path<String>) -> Re
     let released = crate::circuit::sql::release_backlog(&state.pool, id, state.release_per_sec).await?;
     tracing::info!(endpoint_id = %id, released, "endpoint resumed");
     Ok(Json(EndpointView::new(endpoint, false)))
+}
+
+/// Body of `PATCH /v1/endpoints/{id}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateEndpoint {
+    /// New URL (checked like at creation).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// New description; `null` clears it.
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    pub description: Option<Option<String>>,
+}
+
+/// `PATCH /v1/endpoints/{id}`. Pending deliveries go to the new URL from their next attempt.
+pub async fn update(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<UpdateEndpoint>,
+) -> Result<Json<EndpointView>, ApiError> {
+    let id: EndpointId = parse_id(&id, "endpoint")?;
+    let url = body.url.as_deref().map(|u| state.check_endpoint_url(u)).transpose()?;
+    let description = body.description.as_ref().map(|d| d.as_deref());
+    let endpoint = store::endpoints::update(&state.pool, id, url.as_ref().map(|u| u.as_str()), description)
+        .await?
+        .ok_or_else(|| ApiError::not_found("endpoint"))?;
+    Ok(Json(EndpointView::new(endpoint, false)))
+}
+
+/// Query of `DELETE /v1/endpoints/{id}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteQuery {
+    /// Dead-letter pending deliveries (reason `endpoint deleted`) instead of refusing.
+    #[serde(default)]
+    force: bool,
+}
+
+/// `DELETE /v1/endpoints/{id}`: 409 while deliveries are pending, unless `?force=true`.
+/// The endpoint's history (deliveries, attempts, dead letters) stays inspectable.
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<DeleteQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id: EndpointId = parse_id(&id, "endpoint")?;
+    match store::endpoints::delete(&state.pool, id, q.force).await? {
+        Deleted::NotFound => Err(ApiError::not_found("endpoint")),
+        Deleted::HasPending(n) => Err(ApiError::conflict(format!(
+            "endpoint has {n} pending deliveries: repeat with ?force=true to dead-letter them"
+        ))),
+        Deleted::Done(dead_lettered) => {
+            tracing::info!(endpoint_id = %id, dead_lettered, "endpoint deleted");
+            Ok(Json(serde_json::json!({"id": id, "deleted": true, "dead_lettered": dead_lettered})))
+        }
+    }
+}
+
+/// Body of `POST /v1/endpoints/{id}/rotate-secret`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RotateSecret {
+    /// The new secret (`whsec_...`); generated when absent.
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// How long the old secret keeps signing alongside the new one (default 24 h).
+    #[serde(default)]
+    pub grace_secs: Option<u64>,
+}
+
+/// Default grace period of a secret rotation.
+pub const ROTATION_GRACE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// `POST /v1/endpoints/{id}/rotate-secret`: returns the new secret. Until the grace
+/// period ends every request carries two `v1,` signatures, one per secret, so a
+/// subscriber can switch at its own pace.
+pub async fn rotate_secret(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id: EndpointId = parse_id(&id, "endpoint")?;
+    let body: RotateSecret = super::extract::json_or_default(&body)?;
+    let secret = match body.secret {
+        Some(secret) => {
+            validate_secret(&secret)?;
+            secret
+        }
+        None => generate_secret(),
+    };
+    let grace = body.grace_secs.map(std::time::Duration::from_secs).unwrap_or(ROTATION_GRACE);
+    if grace > std::time::Duration::from_secs(30 * 24 * 3600) {
+        return Err(ApiError::validation("grace_secs", "at most 30 days"));
+    }
+    let endpoint = store::endpoints::rotate_secret(&state.pool, id, &secret, grace)
+        .await?
+        .ok_or_else(|| ApiError::not_found("endpoint"))?;
+    tracing::info!(endpoint_id = %id, grace_secs = grace.as_secs(), "endpoint secret rotated");
+    Ok(Json(serde_json::json!({
+        "id": endpoint.id,
+        "secret": endpoint.secret,
+        "previous_secret_valid_until": chrono::Utc::now() + chrono::Duration::from_std(grace).unwrap_or_default(),
+    })))
+}
+
+/// `POST /v1/endpoints/{id}/test`: a synthetic `webhook.test` event delivered to this
+/// endpoint only, like any other delivery (signed, retried, recorded).
+pub async fn test_send(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    let id: EndpointId = parse_id(&id, "endpoint")?;
+    if store::endpoints::by_id(&state.pool, id).await?.is_none() {
+        return Err(ApiError::not_found("endpoint"));
+    }
+    let payload = serde_json::to_vec(&serde_json::json!({
+        "type": "webhook.test",
+        "endpoint_id": id,
+        "sent_at": chrono::Utc::now(),
+    }))
+    .map_err(|_| ApiError::internal())?;
+    let (event_id, delivery_id) = store::events::insert_test(&state.pool, id, &payload).await?;
+    state.wake.notify_one();
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(
+            serde_json::json!({"event_id": event_id, "delivery_id": delivery_id, "webhook_id": delivery_id.webhook_id()}),
+        ),
+    ))
+}
+
+/// Body of `POST /v1/endpoints/{id}/recover`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recover {
+    /// Dead-lettered at or after.
+    pub since: DateTime<Utc>,
+    /// Dead-lettered before (default: now).
+    #[serde(default)]
+    pub until: Option<DateTime<Utc>>,
+}
+
+/// `POST /v1/endpoints/{id}/recover`: after an outage, re-queue the endpoint's dead
+/// deliveries that died in the window (fresh budget, same `webhook-id`), released at the
+/// configured rate. Safe to call twice: only dead deliveries qualify.
+pub async fn recover(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<Recover>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id: EndpointId = parse_id(&id, "endpoint")?;
+    if store::endpoints::by_id(&state.pool, id).await?.is_none() {
+        return Err(ApiError::not_found("endpoint"));
+    }
+    let until = body.until.unwrap_or_else(Utc::now);
+    if until <= body.since {
+        return Err(ApiError::validation("until", "must be after since"));
+    }
+    let requeued = crate::queue::recover(&state.pool, id, body.since, until, state.release_per_sec).await?;
+    if requeued > 0 {
+        state.wake.notify_one();
+    }
+    tracing::info!(endpoint_id = %id, requeued, "dead deliveries recovered");
+    Ok(Json(serde_json::json!({"requeued": requeued})))
 }

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::deliveries::DeliveryView;
-use super::extract::{ApiJson, parse_id};
+use super::extract::{ApiJson, ApiQuery, page_limit, parse_id};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::ids::EventId;
@@ -100,4 +100,44 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
         payload_base64,
         deliveries: deliveries.into_iter().map(Into::into).collect(),
     }))
+}
+
+/// Query of `GET /v1/events`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Source name.
+    source: Option<String>,
+    /// Exact event type.
+    event_type: Option<String>,
+    /// Received at or after (RFC 3339).
+    since: Option<DateTime<Utc>>,
+    /// Received before (RFC 3339).
+    until: Option<DateTime<Utc>>,
+    /// Page size, 1-1000 (default 100).
+    limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<EventId>,
+}
+
+/// `GET /v1/events?source=&event_type=&since=&until=&limit=&cursor=`: oldest first.
+pub async fn list(
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let limit = page_limit(q.limit)?;
+    let source_id = match &q.source {
+        None => None,
+        Some(name) => Some(
+            store::sources::by_name(&state.pool, name)
+                .await?
+                .ok_or_else(|| ApiError::validation("source", format!("no source named {name:?}")))?
+                .id,
+        ),
+    };
+    let filter =
+        store::events::Filter { source_id, event_type: q.event_type, since: q.since, until: q.until, after: q.cursor };
+    let rows = store::events::list(&state.pool, &filter, limit).await?;
+    let next_cursor = (rows.len() as i64 == limit).then(|| rows.last().map(|e| e.id)).flatten();
+    Ok(Json(serde_json::json!({ "data": rows, "next_cursor": next_cursor })))
 }

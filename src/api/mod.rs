@@ -29,17 +29,25 @@ pub fn router(state: AppState, role: Role) -> Router {
     if role != Role::Worker {
         let admin = Router::new()
             .route("/sources", post(sources::create).get(sources::list))
-            .route("/sources/{id}", get(sources::get))
+            .route("/sources/{id}", get(sources::get).patch(sources::update).delete(sources::delete))
             .route("/endpoints", post(endpoints::create).get(endpoints::list))
-            .route("/endpoints/{id}", get(endpoints::get))
+            .route("/endpoints/{id}", get(endpoints::get).patch(endpoints::update).delete(endpoints::delete))
             .route("/endpoints/{id}/pause", post(endpoints::pause))
             .route("/endpoints/{id}/resume", post(endpoints::resume))
-            .route("/subscriptions", post(subscriptions::create))
-            .route("/events", post(events::publish))
+            .route("/endpoints/{id}/rotate-secret", post(endpoints::rotate_secret))
+            .route("/endpoints/{id}/test", post(endpoints::test_send))
+            .route("/endpoints/{id}/recover", post(endpoints::recover))
+            .route("/subscriptions", post(subscriptions::create).get(subscriptions::list))
+            .route(
+                "/subscriptions/{id}",
+                get(subscriptions::get).patch(subscriptions::update).delete(subscriptions::delete),
+            )
+            .route("/events", post(events::publish).get(events::list))
             .route("/events/{id}", get(events::get))
             .route("/deliveries", get(deliveries::list))
             .route("/deliveries/{id}", get(deliveries::get))
             .route("/deliveries/{id}/attempts", get(deliveries::attempts))
+            .route("/deliveries/{id}/redeliver", post(deliveries::redeliver))
             .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
         app = app.nest("/v1", admin).route("/ingest/{source}", post(crate::ingest::ingest));
     }

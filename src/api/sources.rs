@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::extract::{ApiJson, parse_id};
+use super::extract::{ApiJson, ApiQuery, parse_id};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::ids::SourceId;
@@ -128,4 +128,93 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
     let id: SourceId = parse_id(&id, "source")?;
     let source = store::sources::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("source"))?;
     Ok(Json(source.into()))
+}
+
+/// Body of `PATCH /v1/sources/{id}`: any subset; the name and kind are fixed.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSource {
+    /// Replace the secret list (rotation: send old and new, later only new).
+    #[serde(default)]
+    pub secrets: Option<Vec<String>>,
+    /// Timestamp tolerance in seconds.
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    pub tolerance_secs: Option<Option<u64>>,
+    /// Where the dedupe key lives.
+    #[serde(default)]
+    pub dedupe: Option<Locator>,
+    /// Where the event type lives.
+    #[serde(default)]
+    pub event_type: Option<Locator>,
+    /// Settings of the `hmac` kind.
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    pub hmac: Option<Option<HmacScheme>>,
+}
+
+/// `PATCH /v1/sources/{id}`.
+pub async fn update(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<UpdateSource>,
+) -> Result<Json<SourceView>, ApiError> {
+    let id: SourceId = parse_id(&id, "source")?;
+    let source = store::sources::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("source"))?;
+    let mut spec = source.spec.0;
+    if spec.kind == Kind::Internal {
+        return Err(ApiError::conflict("built-in sources cannot be changed"));
+    }
+    if let Some(secrets) = body.secrets {
+        spec.secrets = secrets;
+    }
+    if let Some(tolerance) = body.tolerance_secs {
+        spec.tolerance_secs = tolerance;
+    }
+    if let Some(dedupe) = body.dedupe {
+        spec.dedupe = dedupe;
+    }
+    if let Some(event_type) = body.event_type {
+        spec.event_type = event_type;
+    }
+    if let Some(hmac) = body.hmac {
+        spec.hmac = hmac;
+    }
+    crate::verify::validate_spec(&spec)
+        .map_err(|m| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", m))?;
+    let updated =
+        store::sources::update_spec(&state.pool, id, &spec).await?.ok_or_else(|| ApiError::not_found("source"))?;
+    tracing::info!(source = %updated.name, "source updated");
+    Ok(Json(updated.into()))
+}
+
+/// Query of `DELETE /v1/sources/{id}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteQuery {
+    /// Also delete the source's events, deliveries and attempts.
+    #[serde(default)]
+    force: bool,
+}
+
+/// `DELETE /v1/sources/{id}`: refused (409) while the source has events, unless
+/// `?force=true`, which deletes them with it.
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<DeleteQuery>,
+) -> Result<StatusCode, ApiError> {
+    let id: SourceId = parse_id(&id, "source")?;
+    let source = store::sources::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("source"))?;
+    if source.spec.0.kind == Kind::Internal {
+        return Err(ApiError::conflict("built-in sources cannot be deleted"));
+    }
+    let events = store::sources::event_count(&state.pool, id).await?;
+    if events > 0 && !q.force {
+        return Err(ApiError::conflict(format!(
+            "source {:?} has {events} events; deleting it deletes them and their deliveries: repeat with ?force=true",
+            source.name
+        )));
+    }
+    store::sources::delete(&state.pool, id).await?;
+    tracing::info!(source = %source.name, events, "source deleted");
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -6,7 +6,9 @@ use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::extract::ApiJson;
+use axum::extract::Path;
+
+use super::extract::{ApiJson, ApiQuery, parse_id};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::fanout;
@@ -49,30 +51,37 @@ impl From<Subscription> for SubscriptionView {
     }
 }
 
+fn validate_patterns(types: &[String]) -> Result<(), ApiError> {
+    if types.is_empty() {
+        return Err(ApiError::validation("event_types", "must not be empty (omit it to match every type)"));
+    }
+    for t in types {
+        fanout::validate_pattern(t).map_err(|e| ApiError::validation("event_types", e))?;
+    }
+    Ok(())
+}
+
+async fn source_id_by_name(state: &AppState, name: &str) -> Result<crate::ids::SourceId, ApiError> {
+    Ok(store::sources::by_name(&state.pool, name)
+        .await?
+        .ok_or_else(|| ApiError::validation("source", format!("no source named {name:?}")))?
+        .id)
+}
+
 /// `POST /v1/subscriptions`.
 pub async fn create(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CreateSubscription>,
 ) -> Result<(StatusCode, Json<SubscriptionView>), ApiError> {
     if let Some(types) = &body.event_types {
-        if types.is_empty() {
-            return Err(ApiError::validation("event_types", "must not be empty (omit it to match every type)"));
-        }
-        for t in types {
-            fanout::validate_pattern(t).map_err(|e| ApiError::validation("event_types", e))?;
-        }
+        validate_patterns(types)?;
     }
     if store::endpoints::by_id(&state.pool, body.endpoint_id).await?.is_none() {
         return Err(ApiError::validation("endpoint_id", "no such endpoint"));
     }
     let source_id = match &body.source {
         None => None,
-        Some(name) => Some(
-            store::sources::by_name(&state.pool, name)
-                .await?
-                .ok_or_else(|| ApiError::validation("source", format!("no source named {name:?}")))?
-                .id,
-        ),
+        Some(name) => Some(source_id_by_name(&state, name).await?),
     };
     let created = store::subscriptions::insert(&state.pool, body.endpoint_id, source_id, body.event_types.as_deref())
         .await
@@ -85,4 +94,73 @@ pub async fn create(
             }
         })?;
     Ok((StatusCode::CREATED, Json(created.into())))
+}
+
+/// Query of `GET /v1/subscriptions`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only this endpoint's subscriptions.
+    endpoint_id: Option<EndpointId>,
+}
+
+/// `GET /v1/subscriptions?endpoint_id=`.
+pub async fn list(
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let data: Vec<SubscriptionView> =
+        store::subscriptions::list(&state.pool, q.endpoint_id).await?.into_iter().map(Into::into).collect();
+    Ok(Json(serde_json::json!({ "data": data })))
+}
+
+/// `GET /v1/subscriptions/{id}`.
+pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<SubscriptionView>, ApiError> {
+    let id: SubscriptionId = parse_id(&id, "subscription")?;
+    let sub = store::subscriptions::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("subscription"))?;
+    Ok(Json(sub.into()))
+}
+
+/// Body of `PATCH /v1/subscriptions/{id}`; `null` clears a filter (match everything).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSubscription {
+    /// Source name, or `null` for every source.
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    pub source: Option<Option<String>>,
+    /// Patterns, or `null` for every type.
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    pub event_types: Option<Option<Vec<String>>>,
+}
+
+/// `PATCH /v1/subscriptions/{id}`: applies to events stored from now on.
+pub async fn update(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<UpdateSubscription>,
+) -> Result<Json<SubscriptionView>, ApiError> {
+    let id: SubscriptionId = parse_id(&id, "subscription")?;
+    if let Some(Some(types)) = &body.event_types {
+        validate_patterns(types)?;
+    }
+    let source_id = match &body.source {
+        None => None,
+        Some(None) => Some(None),
+        Some(Some(name)) => Some(Some(source_id_by_name(&state, name).await?)),
+    };
+    let types = body.event_types.as_ref().map(|t| t.as_deref());
+    let sub = store::subscriptions::update(&state.pool, id, source_id, types)
+        .await?
+        .ok_or_else(|| ApiError::not_found("subscription"))?;
+    Ok(Json(sub.into()))
+}
+
+/// `DELETE /v1/subscriptions/{id}`: no new deliveries; existing ones are unaffected.
+pub async fn delete(State(state): State<AppState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    let id: SubscriptionId = parse_id(&id, "subscription")?;
+    if store::subscriptions::delete(&state.pool, id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found("subscription"))
+    }
 }

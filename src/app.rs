@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use ipnet::IpNet;
+use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::PgPool;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
@@ -32,6 +33,8 @@ pub struct AppState {
     pub egress_https_only: bool,
     /// Backlog release rate on resume.
     pub release_per_sec: u32,
+    /// The Prometheus exporter, when this process installed one (the binary does).
+    pub metrics: Option<PrometheusHandle>,
 }
 
 impl AppState {
@@ -64,6 +67,8 @@ pub struct Settings {
     /// Name resolver for outbound requests; `None` is the system resolver. (Tests inject
     /// one to point test host names at local subscribers.)
     pub resolver: Option<Arc<dyn HostResolver>>,
+    /// The Prometheus exporter (`GET /metrics`); `None` disables metrics.
+    pub metrics: Option<PrometheusHandle>,
 }
 
 /// A running gateway: its address, and a handle to stop it.
@@ -73,6 +78,7 @@ pub struct Running {
     shutdown: watch::Sender<bool>,
     server: JoinHandle<std::io::Result<()>>,
     dispatcher: Option<Dispatcher>,
+    sampler: Option<JoinHandle<()>>,
 }
 
 impl Running {
@@ -83,6 +89,9 @@ impl Running {
         let server = self.server.await;
         if let Some(dispatcher) = self.dispatcher {
             dispatcher.shutdown().await;
+        }
+        if let Some(sampler) = self.sampler {
+            let _ = sampler.await;
         }
         server.context("server task panicked")??;
         Ok(())
@@ -99,6 +108,7 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         egress_allow: settings.egress.allow.clone().into(),
         egress_https_only: settings.egress.https_only,
         release_per_sec: settings.delivery.circuit.release_per_sec,
+        metrics: settings.metrics.clone(),
     };
     let dispatcher = if settings.role.runs_workers() {
         let egress = match &settings.resolver {
@@ -114,6 +124,8 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let addr = listener.local_addr()?;
     let (shutdown, mut stop) = watch::channel(false);
+    let sampler =
+        settings.metrics.is_some().then(|| tokio::spawn(crate::metrics::sample(state.pool.clone(), stop.clone())));
     let router = crate::api::router(state, settings.role);
     let server = tokio::spawn(async move {
         axum::serve(listener, router)
@@ -123,5 +135,5 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
             .await
     });
     tracing::info!(%addr, role = ?settings.role, "gateway listening");
-    Ok(Running { addr, shutdown, server, dispatcher })
+    Ok(Running { addr, shutdown, server, dispatcher, sampler })
 }

@@ -115,6 +115,7 @@ async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
         delivery: args.delivery(),
         egress: args.egress(),
         resolver: None,
+        metrics: Some(webhook_gateway::metrics::install()?),
     };
     let running = app::start(pool.clone(), settings).await?;
     shutdown_signal().await;

@@ -50,6 +50,7 @@ pub async fn publish(
         &state,
         &Accepted {
             source_id: source.id,
+            source_name: &source.name,
             dedupe_key: &body.event_id,
             event_type: &body.event_type,
             content_type: Some("application/json"),

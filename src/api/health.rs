@@ -27,3 +27,15 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) 
         ),
     }
 }
+
+/// `GET /metrics`: Prometheus text format.
+pub async fn metrics(State(state): State<AppState>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match &state.metrics {
+        Some(handle) => {
+            ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], handle.render())
+                .into_response()
+        }
+        None => crate::error::ApiError::not_found("metrics (not enabled in this process)").into_response(),
+    }
+}

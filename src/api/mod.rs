@@ -25,7 +25,10 @@ pub use endpoints::generate_secret;
 
 /// The full router for a process of the given role.
 pub fn router(state: AppState, role: Role) -> Router {
-    let mut app = Router::new().route("/healthz", get(health::healthz)).route("/readyz", get(health::readyz));
+    let mut app = Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics));
     if role != Role::Worker {
         let admin = Router::new()
             .route("/sources", post(sources::create).get(sources::list))

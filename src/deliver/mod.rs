@@ -235,6 +235,12 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit) {
         Observed::Refused { message } => message.split(':').next().map(str::to_owned),
         Observed::Response { .. } => None,
     };
+    let class = match (&observed, &error_kind) {
+        (Observed::Response { status, .. }, _) => format!("{}xx", status / 100),
+        (_, Some(kind)) => kind.clone(),
+        (_, None) => "other".to_owned(),
+    };
+    crate::metrics::attempt(outcome.as_str(), class, clock.elapsed());
     let record = AttemptRecord {
         delivery_id: job.id,
         claim_token: job.claim_token,

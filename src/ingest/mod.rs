@@ -77,6 +77,7 @@ pub async fn ingest(
         &state,
         &Accepted {
             source_id: source.id,
+            source_name: &source.name,
             dedupe_key: &verified.dedupe_key,
             event_type: &verified.event_type,
             content_type,
@@ -92,6 +93,8 @@ pub async fn ingest(
 pub struct Accepted<'a> {
     /// Source.
     pub source_id: SourceId,
+    /// Its name (metrics label).
+    pub source_name: &'a str,
     /// Dedupe key.
     pub dedupe_key: &'a str,
     /// Event type.
@@ -122,5 +125,6 @@ pub async fn accept(state: &AppState, event: &Accepted<'_>) -> Result<Stored, Ap
     if stored.deliveries > 0 {
         state.wake.notify_one();
     }
+    crate::metrics::ingest(event.source_name, if stored.duplicate { "duplicate" } else { "accepted" });
     Ok(stored)
 }

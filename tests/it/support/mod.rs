@@ -131,6 +131,7 @@ pub fn test_settings() -> Settings {
             ..Default::default()
         },
         resolver: None,
+        metrics: None,
     }
 }
 

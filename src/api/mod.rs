@@ -54,7 +54,29 @@ pub fn router(state: AppState, role: Role) -> Router {
             .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
         app = app.nest("/v1", admin).route("/ingest/{source}", post(crate::ingest::ingest));
     }
-    app.fallback(not_found).layer(DefaultBodyLimit::max(state.max_body_bytes)).with_state(state)
+    let app = app.fallback(not_found).layer(DefaultBodyLimit::max(state.max_body_bytes)).with_state(state);
+    with_request_ids(app)
+}
+
+/// Every request gets an `x-request-id` (the caller's, or a fresh UUID), echoed on the
+/// response and carried by a span, so every log line a request causes names it.
+/// Requests are logged at debug (a busy gateway would otherwise log every webhook);
+/// server errors at warn.
+fn with_request_ids(app: Router) -> Router {
+    use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+    use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
+    let header = axum::http::HeaderName::from_static("x-request-id");
+    let trace = TraceLayer::new_for_http()
+        .make_span_with(|req: &axum::http::Request<axum::body::Body>| {
+            let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
+            tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
+        })
+        .on_request(())
+        .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
+        .on_failure(DefaultOnFailure::new().level(tracing::Level::WARN));
+    app.layer(PropagateRequestIdLayer::new(header.clone()))
+        .layer(trace)
+        .layer(SetRequestIdLayer::new(header, MakeRequestUuid))
 }
 
 async fn not_found() -> ApiError {

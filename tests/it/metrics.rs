@@ -94,3 +94,52 @@ async fn scraped_counters_match_a_scripted_sequence() {
     let accepted_series = scraped.keys().filter(|k| k.starts_with("webhook_gateway_ingest_requests_total")).count();
     assert_eq!(accepted_series, 3, "no other label values (bounded cardinality)");
 }
+
+/// `--log-format json`: one JSON object per line, and a log line caused by a request
+/// carries that request's id (which the response echoes).
+#[tokio::test]
+async fn json_logs_carry_the_request_id() {
+    let db = TestDb::new().await;
+    let gw = GatewayProcess::start(&db.url, &["--log-format", "json", "--role", "ingest"]);
+    let base = format!("http://{}", gw.addr);
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(30), "gateway ready", || async {
+        let r = http.get(format!("{base}/readyz")).send().await.ok()?;
+        r.status().is_success().then_some(())
+    })
+    .await;
+    let ep: serde_json::Value = http
+        .post(format!("{base}/v1/endpoints"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"url": "https://example.com/hook"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let resp = http
+        .post(format!("{base}/v1/endpoints/{}/pause", ep["id"].as_str().unwrap()))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("x-request-id", "req-from-caller-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-request-id"], "req-from-caller-42");
+    let generated = http.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(generated.headers()["x-request-id"].len(), 36, "a UUID when the caller sends none");
+
+    let line = eventually(Duration::from_secs(10), "the pause log line", || async {
+        let text = std::fs::read_to_string(&gw.log).ok()?;
+        text.lines().find(|l| l.contains("endpoint paused")).map(str::to_owned)
+    })
+    .await;
+    let parsed: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
+    assert_eq!(parsed["span"]["request_id"], "req-from-caller-42", "{parsed}");
+    let text = std::fs::read_to_string(&gw.log).unwrap();
+    for l in text.lines().filter(|l| !l.trim().is_empty()) {
+        serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+    }
+    assert!(!text.contains(ADMIN_TOKEN), "the admin token is never logged");
+    assert!(!text.contains(ep["secret"].as_str().unwrap()), "secrets are never logged");
+}

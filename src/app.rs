@@ -78,7 +78,7 @@ pub struct Running {
     shutdown: watch::Sender<bool>,
     server: JoinHandle<std::io::Result<()>>,
     dispatcher: Option<Dispatcher>,
-    sampler: Option<JoinHandle<()>>,
+    background: Vec<JoinHandle<()>>,
 }
 
 impl Running {
@@ -90,8 +90,8 @@ impl Running {
         if let Some(dispatcher) = self.dispatcher {
             dispatcher.shutdown().await;
         }
-        if let Some(sampler) = self.sampler {
-            let _ = sampler.await;
+        for task in self.background {
+            let _ = task.await;
         }
         server.context("server task panicked")??;
         Ok(())
@@ -124,8 +124,18 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let addr = listener.local_addr()?;
     let (shutdown, mut stop) = watch::channel(false);
-    let sampler =
-        settings.metrics.is_some().then(|| tokio::spawn(crate::metrics::sample(state.pool.clone(), stop.clone())));
+    let mut background = Vec::new();
+    if settings.metrics.is_some() {
+        background.push(tokio::spawn(crate::metrics::sample(state.pool.clone(), stop.clone())));
+    }
+    let wake_task = match settings.role {
+        Role::Ingest => {
+            Some(tokio::spawn(crate::wake::notify_others(state.pool.clone(), state.wake.clone(), stop.clone())))
+        }
+        Role::Worker => Some(tokio::spawn(crate::wake::listen(state.pool.clone(), state.wake.clone(), stop.clone()))),
+        Role::All => None,
+    };
+    background.extend(wake_task);
     let router = crate::api::router(state, settings.role);
     let server = tokio::spawn(async move {
         axum::serve(listener, router)
@@ -135,5 +145,5 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
             .await
     });
     tracing::info!(%addr, role = ?settings.role, "gateway listening");
-    Ok(Running { addr, shutdown, server, dispatcher, sampler })
+    Ok(Running { addr, shutdown, server, dispatcher, background })
 }

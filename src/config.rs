@@ -14,7 +14,12 @@ use serde::Deserialize;
 
 /// The `webhook-gateway` command line.
 #[derive(Debug, Parser)]
-#[command(name = "webhook-gateway", version, about = "Durable webhook ingestion and delivery on PostgreSQL")]
+#[command(
+    name = "webhook-gateway",
+    version,
+    about = "Durable webhook ingestion and delivery on PostgreSQL",
+    args_override_self = true
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]

@@ -17,3 +17,4 @@ pub mod metrics;
 pub mod queue;
 pub mod store;
 pub mod verify;
+pub mod wake;

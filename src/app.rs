@@ -35,6 +35,8 @@ pub struct AppState {
     pub release_per_sec: u32,
     /// The Prometheus exporter, when this process installed one (the binary does).
     pub metrics: Option<PrometheusHandle>,
+    /// Sources by name for ingest (short TTL; admin changes invalidate it).
+    pub sources: Arc<crate::ingest::SourceCache>,
 }
 
 impl AppState {
@@ -109,6 +111,7 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         egress_https_only: settings.egress.https_only,
         release_per_sec: settings.delivery.circuit.release_per_sec,
         metrics: settings.metrics.clone(),
+        sources: Arc::default(),
     };
     let dispatcher = if settings.role.runs_workers() {
         let egress = match &settings.resolver {

@@ -108,7 +108,10 @@ pub async fn create(
         tracing::warn!(source = %body.name, "source of kind `none` created: its webhooks are not verified");
     }
     match store::sources::insert(&state.pool, &body.name, &spec).await {
-        Ok(source) => Ok((StatusCode::CREATED, Json(source.into()))),
+        Ok(source) => {
+            state.sources.invalidate();
+            Ok((StatusCode::CREATED, Json(source.into())))
+        }
         Err(e) if store::is_unique_violation(&e, store::sources::NAME_UNIQUE) => {
             Err(ApiError::conflict(format!("a source named {:?} already exists", body.name)))
         }
@@ -182,6 +185,7 @@ pub async fn update(
         .map_err(|m| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", m))?;
     let updated =
         store::sources::update_spec(&state.pool, id, &spec).await?.ok_or_else(|| ApiError::not_found("source"))?;
+    state.sources.invalidate();
     tracing::info!(source = %updated.name, "source updated");
     Ok(Json(updated.into()))
 }
@@ -215,6 +219,7 @@ pub async fn delete(
         )));
     }
     store::sources::delete(&state.pool, id).await?;
+    state.sources.invalidate();
     tracing::info!(source = %source.name, events, "source deleted");
     Ok(StatusCode::NO_CONTENT)
 }

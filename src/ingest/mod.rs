@@ -1,6 +1,7 @@
 //! `POST /ingest/{source}`: verify, then store the event and its fan-out in one
 //! transaction, then answer. Nothing is acknowledged before it is committed.
 
+mod cache;
 mod headers;
 pub mod rejections;
 
@@ -19,6 +20,7 @@ use crate::store;
 use crate::store::events::{NewEvent, Stored};
 use crate::verify::{self, Kind};
 
+pub use cache::SourceCache;
 pub use headers::redacted_headers;
 
 /// The answer to an accepted webhook (new or duplicate).
@@ -50,7 +52,9 @@ pub async fn ingest(
             ApiError::bad_request("bad_request", rejection.body_text())
         }
     })?;
-    let source = store::sources::by_name(&state.pool, &source_name)
+    let source = state
+        .sources
+        .get(&state.pool, &source_name)
         .await?
         .ok_or_else(|| ApiError::not_found(&format!("source {source_name:?}")))?;
     let spec = &source.spec.0;

@@ -9,6 +9,7 @@ mod endpoints;
 mod events;
 pub mod extract;
 mod health;
+pub mod openapi;
 mod sources;
 mod subscriptions;
 
@@ -28,7 +29,8 @@ pub fn router(state: AppState, role: Role) -> Router {
     let mut app = Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics));
+        .route("/metrics", get(health::metrics))
+        .route("/openapi.json", get(openapi::openapi_json));
     if role != Role::Worker {
         let admin = Router::new()
             .route("/sources", post(sources::create).get(sources::list))

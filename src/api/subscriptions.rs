@@ -5,18 +5,19 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 use axum::extract::Path;
 
 use super::extract::{ApiJson, ApiQuery, parse_id};
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::fanout;
 use crate::ids::{EndpointId, SubscriptionId};
 use crate::store::{self, subscriptions::Subscription};
 
 /// Body of `POST /v1/subscriptions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSubscription {
     /// Target endpoint.
@@ -24,19 +25,32 @@ pub struct CreateSubscription {
     /// Source name; absent means every source.
     #[serde(default)]
     pub source: Option<String>,
-    /// Event-type patterns (`*` wildcard); absent means every type.
+    /// Event-type patterns (`*` wildcard); absent means every type; must not be empty.
     #[serde(default)]
+    #[schema(example = json!(["order.*"]))]
     pub event_types: Option<Vec<String>>,
 }
 
 /// A subscription as the API shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct SubscriptionView {
     id: SubscriptionId,
     endpoint_id: EndpointId,
+    /// Source name; `null`: every source.
     source: Option<String>,
+    /// Event-type patterns; `null`: every type.
     event_types: Option<Vec<String>>,
     created_at: DateTime<Utc>,
+}
+
+// Documentation only: `list` builds this body with `json!` (unchanged bytes: sorted keys);
+// tests/it/openapi.rs checks real answers against the schema.
+/// Subscriptions.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct SubscriptionList {
+    /// The subscriptions (not paginated).
+    data: Vec<SubscriptionView>,
 }
 
 impl From<Subscription> for SubscriptionView {
@@ -69,6 +83,23 @@ async fn source_id_by_name(state: &AppState, name: &str) -> Result<crate::ids::S
 }
 
 /// `POST /v1/subscriptions`.
+#[utoipa::path(
+    post, path = "/v1/subscriptions", tag = "subscriptions", operation_id = "create_subscription",
+    summary = "Create a subscription",
+    request_body = CreateSubscription,
+    responses(
+        (status = 201, description = "Created", body = SubscriptionView),
+        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
+        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
+        (status = 422, description = "Invalid field, or unknown endpoint or source, named (`validation_failed`)",
+            body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn create(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CreateSubscription>,
@@ -97,7 +128,8 @@ pub async fn create(
 }
 
 /// Query of `GET /v1/subscriptions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Only this endpoint's subscriptions.
@@ -105,6 +137,19 @@ pub struct ListQuery {
 }
 
 /// `GET /v1/subscriptions?endpoint_id=`.
+#[utoipa::path(
+    get, path = "/v1/subscriptions", tag = "subscriptions", operation_id = "list_subscriptions",
+    summary = "List subscriptions",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "The subscriptions (not paginated)", body = SubscriptionList),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 422, description = "Bad query string (`validation_failed`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn list(
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<ListQuery>,
@@ -115,6 +160,19 @@ pub async fn list(
 }
 
 /// `GET /v1/subscriptions/{id}`.
+#[utoipa::path(
+    get, path = "/v1/subscriptions/{id}", tag = "subscriptions", operation_id = "get_subscription",
+    summary = "Get a subscription",
+    params(("id" = SubscriptionId, Path, description = "Subscription id (anything else is 404)")),
+    responses(
+        (status = 200, description = "The subscription", body = SubscriptionView),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such subscription (`not_found`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<SubscriptionView>, ApiError> {
     let id: SubscriptionId = parse_id(&id, "subscription")?;
     let sub = store::subscriptions::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("subscription"))?;
@@ -122,7 +180,7 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
 }
 
 /// Body of `PATCH /v1/subscriptions/{id}`; `null` clears a filter (match everything).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateSubscription {
     /// Source name, or `null` for every source.
@@ -133,7 +191,28 @@ pub struct UpdateSubscription {
     pub event_types: Option<Option<Vec<String>>>,
 }
 
-/// `PATCH /v1/subscriptions/{id}`: applies to events stored from now on.
+/// `PATCH /v1/subscriptions/{id}`.
+///
+/// Applies to events stored from now on.
+#[utoipa::path(
+    patch, path = "/v1/subscriptions/{id}", tag = "subscriptions", operation_id = "update_subscription",
+    summary = "Update a subscription",
+    params(("id" = SubscriptionId, Path, description = "Subscription id (anything else is 404)")),
+    request_body = UpdateSubscription,
+    responses(
+        (status = 200, description = "The updated subscription", body = SubscriptionView),
+        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such subscription (`not_found`)", body = ErrorBody),
+        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
+        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
+        (status = 422, description = "Invalid field, or no such source, named in the message (`validation_failed`)",
+            body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn update(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -155,7 +234,22 @@ pub async fn update(
     Ok(Json(sub.into()))
 }
 
-/// `DELETE /v1/subscriptions/{id}`: no new deliveries; existing ones are unaffected.
+/// `DELETE /v1/subscriptions/{id}`.
+///
+/// No new deliveries; existing ones are unaffected.
+#[utoipa::path(
+    delete, path = "/v1/subscriptions/{id}", tag = "subscriptions", operation_id = "delete_subscription",
+    summary = "Delete a subscription",
+    params(("id" = SubscriptionId, Path, description = "Subscription id (anything else is 404)")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such subscription (`not_found`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn delete(State(state): State<AppState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
     let id: SubscriptionId = parse_id(&id, "subscription")?;
     if store::subscriptions::delete(&state.pool, id).await? {

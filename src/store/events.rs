@@ -129,7 +129,7 @@ pub async fn by_id(db: impl PgExecutor<'_>, id: EventId) -> Result<Option<Event>
 }
 
 /// An event without its body, for listings.
-#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, utoipa::ToSchema)]
 pub struct EventSummary {
     /// Id.
     pub id: EventId,

@@ -10,6 +10,7 @@ mod db_outage;
 mod delivery;
 mod ingest;
 mod metrics;
+mod openapi;
 mod operator;
 mod replicas;
 mod sources;

@@ -115,9 +115,9 @@ impl Gateway {
         }
     }
 
-    /// Last lines of the gateway's log.
+    /// Last lines of the gateway's log, without colour codes.
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let text = strip_ansi(&std::fs::read_to_string(&self.log).unwrap_or_default());
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join(" | ")
     }
@@ -180,6 +180,25 @@ impl Gateway {
             .await?;
         Ok(id)
     }
+}
+
+/// Text without ANSI escape sequences (the gateway's pretty log colours its fields).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ parameters final-byte
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 impl Drop for Gateway {

@@ -48,7 +48,6 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
     std::fs::write(&script, pg::pgbench_script()?)?;
     let host = gw.addr.to_string();
 
-    let (mut unique_rows, mut pgbench_rows, mut dup_rows) = (Vec::new(), Vec::new(), Vec::new());
     let mut vars: Option<PgbenchVars> = None;
     let top_c = ctx.args.concurrency.iter().copied().max().unwrap_or(1);
     for &c in &ctx.args.concurrency {
@@ -74,8 +73,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
             ..Row::default()
         };
         lat_cells(&mut row, &Latency::from_micros(&mut out.latencies));
-        ctx.row(row.clone());
-        unique_rows.push(row);
+        ctx.row(row);
         if statements && c == top_c {
             ctx.appendix(
                 format!("pg_stat_statements: gateway ingest, unique events, {c} connections"),
@@ -109,8 +107,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
             ..Row::default()
         };
         lat_cells(&mut row, &pgb.latency);
-        ctx.row(row.clone());
-        pgbench_rows.push(row);
+        ctx.row(row);
         if statements && c == top_c {
             ctx.appendix(
                 format!("pg_stat_statements: pgbench, same statement, {c} connections"),
@@ -146,17 +143,11 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
             ..Row::default()
         };
         lat_cells(&mut row, &Latency::from_micros(&mut out.latencies));
-        ctx.row(row.clone());
-        dup_rows.push(row);
+        ctx.row(row);
     }
     let rss_all = gw.stop(std::time::Duration::from_secs(30)).await;
 
-    // Print order: 1, 2, 3, then memory.
-    let mut report = ctx.report.lock().expect("report lock");
-    let keep = report.rows.len() - unique_rows.len() - pgbench_rows.len() - dup_rows.len();
-    report.rows.truncate(keep);
-    report.rows.extend(unique_rows.into_iter().chain(dup_rows).chain(pgbench_rows));
-    report.rows.push(Row {
+    ctx.row(Row {
         id: "8".into(),
         scenario: "Memory: gateway peak RSS".into(),
         setting: "during 1 (ingest, role ingest)".into(),

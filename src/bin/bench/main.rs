@@ -7,9 +7,8 @@
 //! prints a Markdown table with the machine line, also written to
 //! `bench/results/<date>.md`. See `bench/README.md`.
 
-// Parts of the modules serve scenarios 4-8, which come in the next commit.
-#![allow(dead_code)]
-
+mod delivery;
+mod e2e;
 mod gateway;
 mod ingest;
 mod loadgen;
@@ -121,6 +120,8 @@ pub struct Ctx {
     pub work_dir: PathBuf,
     /// The results so far.
     pub report: Mutex<Report>,
+    /// Deliveries/s of the all-healthy fan-out-4 drain, to compare the failing scenario with.
+    pub healthy_fanout4_rate: Mutex<Option<f64>>,
 }
 
 impl Ctx {
@@ -210,6 +211,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         seq: Arc::new(AtomicU64::new(1)),
         work_dir,
         report: Mutex::new(Report { command: command.trim().to_owned(), ..Report::default() }),
+        healthy_fanout4_rate: Mutex::new(None),
     };
     let machine = machine_line(&ctx).await.unwrap_or_else(|e| format!("machine: (could not read: {e:#})"));
     eprintln!("bench: {machine}");
@@ -219,9 +221,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     for s in scenarios {
         let result = match s {
             Scenario::Ingest => ingest::run(&ctx).await,
-            Scenario::Drain | Scenario::E2e | Scenario::Scaling | Scenario::Failing => {
-                Err(anyhow::anyhow!("not written yet"))
-            }
+            Scenario::Drain => delivery::drain(&ctx).await,
+            Scenario::E2e => e2e::run(&ctx).await,
+            Scenario::Scaling => delivery::scaling(&ctx).await,
+            Scenario::Failing => delivery::failing(&ctx).await,
             Scenario::All => Ok(()),
         };
         if let Err(e) = result {

@@ -68,7 +68,10 @@ impl Report {
         let mut out = String::new();
         out.push_str("| # | scenario | setting | result | p50 | p99 | max | target | CPU, cores (of 2) | note |\n");
         out.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
-        for r in &self.rows {
+        // Scenario order, whatever order they ran in (stable: a scenario's rows keep theirs).
+        let mut rows: Vec<&Row> = self.rows.iter().collect();
+        rows.sort_by_key(|r| r.id.parse::<u32>().unwrap_or(u32::MAX));
+        for r in rows {
             let _ = writeln!(
                 out,
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",

@@ -223,7 +223,7 @@ pub async fn statements_table(pool: &PgPool) -> String {
             s.mean_ms,
             s.max_ms,
             s.rows,
-            s.query.replace('|', "\\|").replace('`', "'")
+            pg::shorten(&s.query, 110).replace('|', "\\|").replace('`', "'")
         ));
     }
     out

@@ -110,6 +110,9 @@ pub struct Outcome {
     pub latencies: Vec<u64>,
     /// Length of the measured window.
     pub window: Duration,
+    /// Open loop: from the start of the window to the last answer to a measured webhook
+    /// (longer than the window when the gateway falls behind the offered rate).
+    pub span: Option<Duration>,
 }
 
 impl Outcome {
@@ -123,11 +126,13 @@ impl Outcome {
             self.first_error = other.first_error;
         }
         self.latencies.extend(other.latencies);
+        self.span = self.span.max(other.span);
     }
 
-    /// Accepted per second over the window.
+    /// Accepted per second over the window (or, open loop, until the last measured
+    /// webhook was answered).
     pub fn rate(&self) -> f64 {
-        self.ok as f64 / self.window.as_secs_f64()
+        self.ok as f64 / self.span.unwrap_or(self.window).max(self.window).as_secs_f64()
     }
 
     /// `"3 × 503, 1 transport error"`, or empty.
@@ -287,6 +292,7 @@ pub async fn open_loop(
                         if counted {
                             out.ok += 1;
                             out.latencies.push(done.duration_since(ticket.due).as_micros() as u64);
+                            out.span = out.span.max(Some(done.duration_since(from)));
                         }
                     }
                     Ok((status, _)) => *out.failures.entry(status).or_default() += 1,

@@ -246,6 +246,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
         wall.as_secs_f64(),
         bench_cpu / wall.as_secs_f64()
     ));
+    let noisy: Vec<String> = {
+        let report = ctx.report.lock().expect("report lock");
+        report
+            .rows
+            .iter()
+            .filter(|r| other_cores(&r.cpu) > NOISY_CORES)
+            .map(|r| format!("{} {}", r.id, r.setting))
+            .collect()
+    };
+    if !noisy.is_empty() {
+        ctx.note(format!(
+            "Noisy rows (other processes on the machine used more than {NOISY_CORES} cores during the window, see the \
+             CPU column): {}. Their absolute figures are low; the ratios measured side by side suffer less.",
+            noisy.join("; ")
+        ));
+    }
     let report = ctx.report.into_inner().expect("report lock");
     let title = format!("webhook-gateway benchmark, {}", stamp.format("%Y-%m-%d %H:%M"));
     let md = report.markdown(&title);
@@ -266,6 +282,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Above this many cores used by other processes, a row is flagged as noisy.
+const NOISY_CORES: f64 = 0.25;
+
+/// The `other` figure of a CPU cell.
+fn other_cores(cpu: &str) -> f64 {
+    cpu.split(" · ").find_map(|p| p.strip_prefix("other ")?.parse().ok()).unwrap_or(0.0)
 }
 
 /// `machine: CPU ... · 2 cores · 23.4 GiB · PostgreSQL 15.x · synchronous_commit=on · fsync=on · ...`

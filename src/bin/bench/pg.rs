@@ -185,7 +185,7 @@ pub struct StatementStats {
     pub max_ms: f64,
     /// Rows returned or affected.
     pub rows: i64,
-    /// The statement, whitespace-collapsed and shortened.
+    /// The statement (as normalised by pg_stat_statements).
     pub query: String,
 }
 
@@ -201,7 +201,7 @@ pub async fn top_statements(pool: &PgPool, limit: i64) -> Vec<StatementStats> {
     .bind(limit)
     .fetch_all(pool)
     .await;
-    rows.unwrap_or_default().into_iter().map(|s| StatementStats { query: shorten(&s.query, 110), ..s }).collect()
+    rows.unwrap_or_default()
 }
 
 /// Whitespace collapsed, cut at `max` characters.
@@ -256,20 +256,54 @@ pub fn parse_claim_durations(text: &str) -> Vec<u64> {
     out
 }
 
+/// The first string literal after `marker` in a source file (SQL in this crate has no `"`).
+fn literal_after(source: &str, marker: &str) -> Option<String> {
+    let from = source.find(marker)? + marker.len();
+    let open = from + source[from..].find('"')? + 1;
+    let close = open + source[open..].find('"')?;
+    Some(source[open..close].to_owned())
+}
+
 /// The gateway's ingest statement, read from `src/store/events.rs` at build time so
 /// pgbench always runs exactly what the gateway runs.
 pub fn ingest_statement() -> anyhow::Result<String> {
     const SOURCE: &str = include_str!("../../store/events.rs");
-    let start = SOURCE.find("const INSERT: &str = \"").context("src/store/events.rs has no `const INSERT`")?;
-    let body = &SOURCE[start + "const INSERT: &str = \"".len()..];
-    let end = body.find("\";").context("unterminated `const INSERT` in src/store/events.rs")?;
-    let sql = body[..end].to_owned();
+    let sql = literal_after(SOURCE, "const INSERT: &str =").context("src/store/events.rs has no `const INSERT`")?;
     if !sql.contains("INSERT INTO events") || !sql.contains("INSERT INTO deliveries") || sql.contains("$7") {
         bail!(
             "`const INSERT` in src/store/events.rs no longer looks like the event + fan-out statement with 6 parameters"
         );
     }
     Ok(sql)
+}
+
+/// The gateway's claim statement (`$1` = how many, `$2` = lease in seconds), read from
+/// `src/queue/mod.rs` at build time.
+pub fn claim_statement() -> Option<String> {
+    const SOURCE: &str = include_str!("../../queue/mod.rs");
+    let sql = literal_after(SOURCE, "pub async fn claim")?;
+    (is_claim(&sql) && sql.contains("$2") && !sql.contains("$3")).then_some(sql)
+}
+
+/// `EXPLAIN (ANALYZE, BUFFERS)` of one claim of `limit` rows, rolled back.
+pub async fn explain_claim(pool: &PgPool, limit: i64) -> String {
+    let Some(sql) = claim_statement() else {
+        return "(the claim statement was not found in src/queue/mod.rs)".into();
+    };
+    let run = async {
+        let mut tx = pool.begin().await?;
+        let lines: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS) {sql}"))
+            .bind(limit)
+            .bind(60.0_f64)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.rollback().await?;
+        Ok::<_, sqlx::Error>(lines.join("\n"))
+    };
+    match run.await {
+        Ok(plan) => format!("```\n{plan}\n```"),
+        Err(e) => format!("(EXPLAIN failed: {e})"),
+    }
 }
 
 /// The pgbench script: a random dedupe key per transaction and the ingest statement with
@@ -478,6 +512,12 @@ mod tests {
         assert!(script.starts_with("\\set k random("));
         assert!(script.contains("VALUES (:source, :k, :etype, :ctype, :headers, :payload)"), "{script}");
         assert!(!script.contains('$'), "{script}");
+    }
+
+    #[test]
+    fn the_claim_statement_is_found() {
+        let sql = claim_statement().expect("claim statement");
+        assert!(sql.contains("FOR UPDATE SKIP LOCKED") && sql.contains("LIMIT $1"), "{sql}");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::gateway::{Gateway, Role};
 use crate::loadgen::{self, Expect, MakeRequest};
 use crate::pg::{self, PgbenchVars};
 use crate::report::{Row, verdict};
-use crate::stats::{CpuMark, Latency, fmt_dur, fmt_rate};
+use crate::stats::{CpuMark, CpuShare, Latency, fmt_dur, fmt_rate};
 
 /// Keys the duplicate scenario cycles through (each stored once beforehand).
 const DUPLICATE_KEYS: u64 = 1000;
@@ -63,6 +63,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         let mut out = loadgen::closed_loop(gw.addr, c, ctx.warmup(), ctx.measure(), make, Expect::New).await;
         let share = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
         let gateway_rate = out.rate();
+        let gateway_share = share;
         let mut row = Row {
             id: "1".into(),
             scenario: "Ingest, unique events".into(),
@@ -103,7 +104,11 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
             result: format!("{} · gateway/pgbench **{ratio:.2}**", fmt_rate(pgb.tps)),
             target: if c >= 16 { verdict(ratio >= 0.70, "≥ 0.70") } else { "—".into() },
             cpu: share.cell(),
-            note: if pgb.failed > 0 { format!("{} failed transactions", pgb.failed) } else { String::new() },
+            note: [cpu_per_webhook(&gateway_share, gateway_rate, &share, pgb.tps), failed_note(pgb.failed)]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join("; "),
             ..Row::default()
         };
         lat_cells(&mut row, &pgb.latency);
@@ -156,6 +161,27 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         ..Row::default()
     });
     Ok(())
+}
+
+/// Server-side CPU per webhook, which a noisy machine disturbs less than the rates: on a
+/// CPU-bound machine the throughput ratio tends to the inverse ratio of these.
+fn cpu_per_webhook(gateway: &CpuShare, gateway_rate: f64, pgbench: &CpuShare, pgbench_tps: f64) -> Option<String> {
+    let us = |cores: f64, rate: f64| cores / rate.max(1e-9) * 1e6;
+    let (gw, pg) = (gateway.gateway?, gateway.postgres?);
+    let pg_alone = pgbench.postgres?;
+    let ours = us(gw + pg, gateway_rate);
+    let limit = us(pg_alone, pgbench_tps);
+    Some(format!(
+        "server CPU per webhook: gateway {:.0} µs + PostgreSQL {:.0} µs = {ours:.0} µs, vs PostgreSQL {limit:.0} µs for \
+         pgbench's transaction (CPU-bound ratio {:.2})",
+        us(gw, gateway_rate),
+        us(pg, gateway_rate),
+        limit / ours.max(1e-9)
+    ))
+}
+
+fn failed_note(failed: u64) -> Option<String> {
+    (failed > 0).then(|| format!("{failed} failed transactions"))
 }
 
 /// `123.4 MiB`.

@@ -252,7 +252,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .rows
             .iter()
             .filter(|r| other_cores(&r.cpu) > NOISY_CORES)
-            .map(|r| format!("{} {}", r.id, r.setting))
+            .map(|r| format!("{} ({})", r.id, r.setting))
             .collect()
     };
     if !noisy.is_empty() {

@@ -169,9 +169,9 @@ async fn drain_with_worker(ctx: &Ctx, setup: &Setup, until: Until) -> anyhow::Re
         let c = ctx.sink.counts();
         let delivered = if c.without_id > 0 { c.ok } else { c.unique };
         let done = match until {
-            // Every 2 s regardless, should some delivery end dead instead of at the sink.
+            // Every 5 s regardless, should some delivery end dead instead of at the sink.
             Until::NothingPending(total) => {
-                (delivered >= total || polls.is_multiple_of(20)) && pg::pending(&setup.pool).await? == 0
+                (delivered >= total || polls.is_multiple_of(50)) && pg::pending(&setup.pool).await? == 0
             }
             Until::Delivered(n) => delivered >= n,
         };

@@ -101,7 +101,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
             id: "3".into(),
             scenario: "Physical limit: pgbench, same statement".into(),
             setting: format!("{c} conn"),
-            result: format!("{} · gateway/pgbench **{ratio:.2}**", fmt_rate(pgb.tps)),
+            result: format!("{} · gateway/pgbench **{ratio:.3}**", fmt_rate(pgb.tps)),
             target: if c >= 16 { verdict(ratio >= 0.70, "≥ 0.70") } else { "—".into() },
             cpu: share.cell(),
             note: [cpu_per_webhook(&gateway_share, gateway_rate, &share, pgb.tps), failed_note(pgb.failed)]

@@ -256,12 +256,55 @@ pub fn parse_claim_durations(text: &str) -> Vec<u64> {
     out
 }
 
-/// The first string literal after `marker` in a source file (SQL in this crate has no `"`).
+/// The first string literal after `marker` in a source file (SQL in this crate has no
+/// `"`), with `format!` placeholders `{CONST}` replaced by the file's constants of those
+/// names and Rust's `\`-newline continuations removed.
 fn literal_after(source: &str, marker: &str) -> Option<String> {
     let from = source.find(marker)? + marker.len();
     let open = from + source[from..].find('"')? + 1;
     let close = open + source[open..].find('"')?;
-    Some(source[open..close].to_owned())
+    let raw = &source[open..close];
+    let formatted = source[from..open].contains("format!(");
+    let mut sql = unescape(raw);
+    if formatted {
+        let placeholder = |sql: &str| {
+            sql.match_indices('{').map(|(i, _)| i).find(|&i| sql[i + 1..].starts_with(|c: char| c.is_ascii_uppercase()))
+        };
+        while let Some(start) = placeholder(&sql) {
+            let end = start + sql[start..].find('}')?;
+            let name = &sql[start + 1..end];
+            let value = const_value(source, name)?;
+            sql.replace_range(start..=end, &value);
+        }
+        sql = sql.replace("{{", "{").replace("}}", "}");
+    }
+    Some(sql)
+}
+
+/// The value of `const NAME: T = value;` in a source file: a string literal's text, or
+/// the literal as written (numbers).
+fn const_value(source: &str, name: &str) -> Option<String> {
+    let at = source.find(&format!("const {name}:"))?;
+    let rest = &source[at..];
+    let value = rest[rest.find('=')? + 1..].trim_start();
+    if let Some(stripped) = value.strip_prefix('"') {
+        Some(unescape(&stripped[..stripped.find('"')?]))
+    } else {
+        Some(value[..value.find(';')?].trim().to_owned())
+    }
+}
+
+/// Rust string continuations (`\` at the end of a line eats the newline and the next
+/// line's leading whitespace).
+fn unescape(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(i) = rest.find("\\\n") {
+        out.push_str(&rest[..i]);
+        rest = rest[i + 2..].trim_start();
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The gateway's ingest statement, read from `src/store/events.rs` at build time so
@@ -281,7 +324,7 @@ pub fn ingest_statement() -> anyhow::Result<String> {
 /// `src/queue/mod.rs` at build time.
 pub fn claim_statement() -> Option<String> {
     const SOURCE: &str = include_str!("../../queue/mod.rs");
-    let sql = literal_after(SOURCE, "pub async fn claim")?;
+    let sql = literal_after(SOURCE, "pub async fn claim(")?;
     (is_claim(&sql) && sql.contains("$2") && !sql.contains("$3")).then_some(sql)
 }
 
@@ -517,7 +560,8 @@ mod tests {
     #[test]
     fn the_claim_statement_is_found() {
         let sql = claim_statement().expect("claim statement");
-        assert!(sql.contains("FOR UPDATE SKIP LOCKED") && sql.contains("LIMIT $1"), "{sql}");
+        assert!(sql.contains("SKIP LOCKED") && sql.contains("LIMIT $1"), "{sql}");
+        assert!(!sql.contains('{') && !sql.contains('\\'), "{sql}");
     }
 
     #[test]

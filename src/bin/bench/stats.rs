@@ -1,0 +1,248 @@
+//! Latency summaries and CPU accounting (this process, the gateway, PostgreSQL, the
+//! whole machine), all read from `/proc` and `getrusage`.
+
+use std::path::Path;
+use std::time::Duration;
+
+/// p50 / p99 / max of a set of latencies.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Latency {
+    /// Samples.
+    pub n: usize,
+    /// Median.
+    pub p50: Duration,
+    /// 99th percentile.
+    pub p99: Duration,
+    /// Largest.
+    pub max: Duration,
+}
+
+impl Latency {
+    /// Summarise latencies given in microseconds (sorts in place).
+    pub fn from_micros(samples: &mut [u64]) -> Latency {
+        if samples.is_empty() {
+            return Latency::default();
+        }
+        samples.sort_unstable();
+        let at = |q: f64| {
+            let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1;
+            Duration::from_micros(samples[i])
+        };
+        Latency {
+            n: samples.len(),
+            p50: at(0.50),
+            p99: at(0.99),
+            max: Duration::from_micros(samples[samples.len() - 1]),
+        }
+    }
+}
+
+/// A duration for a table cell: µs under 1 ms, ms with one or two decimals, s above 10 s.
+pub fn fmt_dur(d: Duration) -> String {
+    let us = d.as_micros();
+    if us < 1000 {
+        format!("{us} µs")
+    } else if us < 10_000 {
+        format!("{:.2} ms", us as f64 / 1000.0)
+    } else if us < 10_000_000 {
+        format!("{:.1} ms", us as f64 / 1000.0)
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
+    }
+}
+
+/// A rate for a table cell, e.g. `4,321/s`.
+pub fn fmt_rate(per_sec: f64) -> String {
+    format!("{}/s", thousands(per_sec.round() as u64))
+}
+
+/// `1234567` → `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as f64 } else { 100.0 }
+}
+
+/// CPU seconds this process has used (user + system, all threads).
+pub fn self_cpu() -> f64 {
+    // SAFETY: getrusage writes into the struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Fields of `/proc/<pid>/stat` after the command name: index 0 is field 3 (state).
+fn stat_fields(pid: u32) -> Option<Vec<u64>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 2..];
+    Some(rest.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0)).collect())
+}
+
+/// CPU seconds of one process (user + system), with its reaped children when `children`.
+pub fn pid_cpu(pid: u32, children: bool) -> Option<f64> {
+    let f = stat_fields(pid)?;
+    // utime, stime, cutime, cstime are fields 14-17, i.e. indexes 11-14 here.
+    let mut ticks = f[11] + f[12];
+    if children {
+        ticks += f[13] + f[14];
+    }
+    Some(ticks as f64 / clock_ticks())
+}
+
+/// CPU seconds of a PostgreSQL cluster: the postmaster with its reaped backends, plus
+/// every live child. `None` when the postmaster is not a local process we can see.
+pub fn cluster_cpu(postmaster: u32) -> Option<f64> {
+    let mut total = pid_cpu(postmaster, true)?;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        if let Some(f) = stat_fields(pid)
+            && f[1] == u64::from(postmaster)
+        {
+            total += (f[11] + f[12]) as f64 / clock_ticks();
+        }
+    }
+    Some(total)
+}
+
+/// The postmaster's pid from `postmaster.pid` in a data directory.
+pub fn postmaster_pid(data_dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(data_dir.join("postmaster.pid")).ok()?.lines().next()?.trim().parse().ok()
+}
+
+/// Busy CPU seconds of the whole machine (all cores), from `/proc/stat`.
+pub fn machine_busy() -> f64 {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = text.lines().next() else { return 0.0 };
+    let v: Vec<u64> = line.split_whitespace().skip(1).map(|f| f.parse().unwrap_or(0)).collect();
+    // user nice system idle iowait irq softirq steal ...: busy = all but idle and iowait.
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total - idle) as f64 / clock_ticks()
+}
+
+/// Peak resident set (VmHWM) of a process, in bytes.
+pub fn peak_rss(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Who used the CPU during a measured window: cores (CPU seconds per wall second).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuShare {
+    /// This process: load generator, sink, seeding and polling.
+    pub bench: f64,
+    /// The gateway process.
+    pub gateway: Option<f64>,
+    /// PostgreSQL (all its processes).
+    pub postgres: Option<f64>,
+    /// pgbench, for the physical-limit rows.
+    pub pgbench: Option<f64>,
+    /// Everything else on the machine (another build, the kernel's own threads ...).
+    pub other: Option<f64>,
+}
+
+impl CpuShare {
+    /// `bench 0.42 · gw 0.91 · pg 0.55 · other 0.02` (cores).
+    pub fn cell(&self) -> String {
+        let mut parts = vec![format!("bench {:.2}", self.bench)];
+        if let Some(g) = self.gateway {
+            parts.push(format!("gw {g:.2}"));
+        }
+        if let Some(p) = self.pgbench {
+            parts.push(format!("pgbench {p:.2}"));
+        }
+        match self.postgres {
+            Some(p) => parts.push(format!("pg {p:.2}")),
+            None => parts.push("pg n/a".into()),
+        }
+        if let Some(o) = self.other {
+            parts.push(format!("other {o:.2}"));
+        }
+        parts.join(" · ")
+    }
+}
+
+/// A CPU snapshot to diff against a later one.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuMark {
+    at: std::time::Instant,
+    bench: f64,
+    gateway: Option<f64>,
+    postgres: Option<f64>,
+    machine: f64,
+}
+
+impl CpuMark {
+    /// Take a snapshot of this process, the gateway (if any) and the cluster (if local).
+    pub fn now(gateway: Option<u32>, postmaster: Option<u32>) -> CpuMark {
+        CpuMark {
+            at: std::time::Instant::now(),
+            bench: self_cpu(),
+            gateway: gateway.and_then(|p| pid_cpu(p, true)),
+            postgres: postmaster.and_then(cluster_cpu),
+            machine: machine_busy(),
+        }
+    }
+
+    /// Cores used between `self` and `later`; `pgbench_secs` is pgbench's CPU time over
+    /// the same window, if it ran.
+    pub fn share(&self, later: &CpuMark, pgbench_secs: Option<f64>) -> CpuShare {
+        let wall = later.at.duration_since(self.at).as_secs_f64().max(1e-6);
+        let d = |a: Option<f64>, b: Option<f64>| Some((b? - a?).max(0.0) / wall);
+        let bench = (later.bench - self.bench).max(0.0) / wall;
+        let gateway = d(self.gateway, later.gateway);
+        let postgres = d(self.postgres, later.postgres);
+        let pgbench = pgbench_secs.map(|s| s / wall);
+        let machine = (later.machine - self.machine).max(0.0) / wall;
+        let other =
+            postgres.map(|pg| (machine - bench - pg - gateway.unwrap_or(0.0) - pgbench.unwrap_or(0.0)).max(0.0));
+        CpuShare { bench, gateway, postgres, pgbench, other }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_one_to_hundred() {
+        let mut v: Vec<u64> = (1..=100).rev().collect();
+        let l = Latency::from_micros(&mut v);
+        assert_eq!(
+            (l.n, l.p50, l.p99, l.max),
+            (100, Duration::from_micros(50), Duration::from_micros(99), Duration::from_micros(100))
+        );
+    }
+
+    #[test]
+    fn formatting() {
+        assert_eq!(thousands(1_234_567), "1,234,567");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(fmt_rate(5321.4), "5,321/s");
+        assert_eq!(fmt_dur(Duration::from_micros(850)), "850 µs");
+        assert_eq!(fmt_dur(Duration::from_micros(2_345)), "2.35 ms");
+        assert_eq!(fmt_dur(Duration::from_micros(45_600)), "45.6 ms");
+    }
+
+    #[test]
+    fn this_process_is_visible() {
+        assert!(pid_cpu(std::process::id(), false).is_some());
+        assert!(peak_rss(std::process::id()).unwrap() > 0);
+        assert!(machine_busy() > 0.0);
+    }
+}

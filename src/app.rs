@@ -14,6 +14,7 @@ use crate::config::{DeliverySettings, Role};
 use crate::deliver::Dispatcher;
 use crate::egress::{self, EgressClient, EgressConfig, HostResolver};
 use crate::error::ApiError;
+use crate::janitor::{Janitor, JanitorSettings};
 
 /// State shared by every handler. Cheap to clone.
 #[derive(Clone)]
@@ -61,6 +62,8 @@ pub struct Settings {
     pub delivery: DeliverySettings,
     /// Outbound client settings (allow-list, timeouts, extra CAs).
     pub egress: EgressConfig,
+    /// Retention: what the janitor deletes, and how often it tries.
+    pub janitor: JanitorSettings,
     /// Name resolver for outbound requests; `None` is the system resolver. (Tests inject
     /// one to point test host names at local subscribers.)
     pub resolver: Option<Arc<dyn HostResolver>>,
@@ -73,6 +76,7 @@ pub struct Running {
     shutdown: watch::Sender<bool>,
     server: JoinHandle<std::io::Result<()>>,
     dispatcher: Option<Dispatcher>,
+    janitor: Janitor,
 }
 
 impl Running {
@@ -84,6 +88,7 @@ impl Running {
         if let Some(dispatcher) = self.dispatcher {
             dispatcher.shutdown().await;
         }
+        self.janitor.shutdown().await;
         server.context("server task panicked")??;
         Ok(())
     }
@@ -113,6 +118,8 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let addr = listener.local_addr()?;
+    // Every role runs one: the advisory lock makes one replica at a time do a pass.
+    let janitor = Janitor::spawn(state.pool.clone(), settings.janitor.clone());
     let (shutdown, mut stop) = watch::channel(false);
     let router = crate::api::router(state, settings.role);
     let server = tokio::spawn(async move {
@@ -123,5 +130,5 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
             .await
     });
     tracing::info!(%addr, role = ?settings.role, "gateway listening");
-    Ok(Running { addr, shutdown, server, dispatcher })
+    Ok(Running { addr, shutdown, server, dispatcher, janitor })
 }

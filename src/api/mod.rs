@@ -10,6 +10,7 @@ mod events;
 pub mod extract;
 mod health;
 mod sources;
+mod storage;
 mod subscriptions;
 
 use axum::Router;
@@ -40,6 +41,7 @@ pub fn router(state: AppState, role: Role) -> Router {
             .route("/deliveries", get(deliveries::list))
             .route("/deliveries/{id}", get(deliveries::get))
             .route("/deliveries/{id}/attempts", get(deliveries::attempts))
+            .route("/admin/storage", get(storage::get))
             .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
         app = app.nest("/v1", admin).route("/ingest/{source}", post(crate::ingest::ingest));
     }

@@ -9,5 +9,6 @@ mod circuit;
 mod db_outage;
 mod delivery;
 mod ingest;
+mod janitor;
 mod replicas;
 mod sources;

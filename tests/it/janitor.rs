@@ -192,6 +192,34 @@ async fn a_pass_is_bounded_by_its_batch_cap() {
     assert_eq!(statuses, ["capped", "capped", "complete"]);
 }
 
+/// Expired events kept alive by a pending delivery do not stall a pass, even when more of
+/// them than a batch share one timestamp (one multi-row insert): the batches step over
+/// them and delete the expired events behind them, in one pass.
+#[tokio::test]
+async fn kept_events_do_not_stall_the_pass() {
+    let db = TestDb::new().await;
+    let ep = endpoint(&db.pool).await;
+    sqlx::query(
+        "WITH ev AS (
+             INSERT INTO events (source_id, dedupe_key, event_type, headers, payload, received_at)
+             SELECT (SELECT id FROM sources WHERE name = 'api'), 'blocked-' || g, 't', '{}', '\\x00',
+                    now() - interval '40 days'
+             FROM generate_series(1, 5) g
+             RETURNING id)
+         INSERT INTO deliveries (event_id, endpoint_id) SELECT id, $1 FROM ev",
+    )
+    .bind(ep)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        event(&db.pool, 35).await;
+    }
+    let report = ran(janitor::run_pass(&db.pool, &settings(2), "test").await.unwrap());
+    assert_eq!((report.status, report.events_deleted, report.deliveries_deleted), (RunStatus::Complete, 3, 0));
+    assert_eq!((db.count("events").await, db.count("deliveries").await), (5, 5));
+}
+
 /// A dead delivery of an expired event is redelivered (back to pending) while the janitor
 /// is deleting that event: the redelivery's transaction holds the row when the janitor
 /// reaches it, the janitor waits, sees the committed pending row, and keeps the event and
@@ -424,7 +452,8 @@ async fn the_claim_and_the_janitor_use_their_indexes() {
         sqlx::query_scalar(&events_sql)
             .bind(secs(retention.events_retention))
             .bind(5000_i64)
-            .bind(None::<chrono::DateTime<chrono::Utc>>),
+            .bind(None::<chrono::DateTime<chrono::Utc>>)
+            .bind(None::<Uuid>),
     )
     .await;
     assert!(uses(&events, "events_received_at"), "events batch plan: {events:?}");

@@ -75,6 +75,10 @@ pub const LOCK_KEY: i64 = 0x7767_6a61_6e69_7472;
 const SESSION_SETTINGS: &str = "SELECT set_config('lock_timeout', '5s', false), \
      set_config('statement_timeout', '60s', false), set_config('enable_seqscan', 'off', false), \
      set_config('enable_bitmapscan', 'off', false)";
+/// Longest the janitor waits for its connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// On shutdown, longest a statement in progress may still run.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 /// A frozen janitor process (connection open, nothing sent) loses the lock after this.
 const IDLE_SESSION_SETTING: &str = "SELECT set_config('idle_session_timeout', '5min', false)";
 
@@ -186,8 +190,8 @@ impl Janitor {
         Janitor { stop, task }
     }
 
-    /// Stop: an ongoing pass finishes its current batch (bounded by the statement
-    /// timeout), records itself as stopped, and releases the lock.
+    /// Stop: an ongoing pass finishes its current batch, records itself as stopped and
+    /// releases the lock; a batch still running after 5 s is abandoned (rolled back).
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         if let Err(e) = self.task.await {
@@ -205,7 +209,21 @@ async fn run(pool: PgPool, settings: JanitorSettings, instance: String, mut stop
             _ = stop.wait_for(|s| *s) => break,
         }
         next = settings.interval;
-        match pass(&pool, &settings, &instance, &stop).await {
+        // On shutdown the pass stops at its next pause; a statement still running after
+        // SHUTDOWN_WAIT is abandoned with its connection (its batch rolls back, the lock
+        // goes with the session, and the next pass marks the run abandoned).
+        let mut stopping = stop.clone();
+        let outcome = tokio::select! {
+            outcome = pass(&pool, &settings, &instance, &stop) => outcome,
+            () = async {
+                let _ = stopping.wait_for(|s| *s).await;
+                tokio::time::sleep(SHUTDOWN_WAIT).await;
+            } => {
+                tracing::warn!("janitor: abandoning the statement in progress at shutdown");
+                break;
+            }
+        };
+        match outcome {
             Ok(PassOutcome::Skipped) => tracing::debug!("janitor pass skipped: another instance holds the lock"),
             Ok(PassOutcome::Ran(report)) => {
                 let fields = (report.events_deleted, report.deliveries_deleted, report.attempts_deleted);
@@ -229,7 +247,7 @@ async fn run(pool: PgPool, settings: JanitorSettings, instance: String, mut stop
                     next = settings.batch_pause;
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "janitor pass could not run; retrying at the next interval"),
+            Err(e) => tracing::warn!(error = %e, "janitor pass failed; retrying at the next interval"),
         }
     }
 }
@@ -250,7 +268,9 @@ async fn pass(
     stop: &watch::Receiver<bool>,
 ) -> Result<PassOutcome, sqlx::Error> {
     let options = (*pool.connect_options()).clone().application_name("webhook-gateway janitor");
-    let mut conn = PgConnection::connect_with(&options).await?;
+    let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
+        .await
+        .map_err(|_| sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "janitor connection")))??;
     let result = locked_pass(&mut conn, settings, instance, stop).await;
     // Closing the session releases the advisory lock whatever happened above; if the
     // close itself fails, the server drops the session (and the lock) with the socket.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use ipnet::IpNet;
+use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::PgPool;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
@@ -33,6 +34,10 @@ pub struct AppState {
     pub egress_https_only: bool,
     /// Backlog release rate on resume.
     pub release_per_sec: u32,
+    /// The Prometheus exporter, when this process installed one (the binary does).
+    pub metrics: Option<PrometheusHandle>,
+    /// Sources by name for ingest (short TTL; admin changes invalidate it).
+    pub sources: Arc<crate::ingest::SourceCache>,
 }
 
 impl AppState {
@@ -67,6 +72,8 @@ pub struct Settings {
     /// Name resolver for outbound requests; `None` is the system resolver. (Tests inject
     /// one to point test host names at local subscribers.)
     pub resolver: Option<Arc<dyn HostResolver>>,
+    /// The Prometheus exporter (`GET /metrics`); `None` disables metrics.
+    pub metrics: Option<PrometheusHandle>,
 }
 
 /// A running gateway: its address, and a handle to stop it.
@@ -76,6 +83,7 @@ pub struct Running {
     shutdown: watch::Sender<bool>,
     server: JoinHandle<std::io::Result<()>>,
     dispatcher: Option<Dispatcher>,
+    background: Vec<JoinHandle<()>>,
     janitor: Janitor,
 }
 
@@ -87,6 +95,9 @@ impl Running {
         let server = self.server.await;
         if let Some(dispatcher) = self.dispatcher {
             dispatcher.shutdown().await;
+        }
+        for task in self.background {
+            let _ = task.await;
         }
         self.janitor.shutdown().await;
         server.context("server task panicked")??;
@@ -104,6 +115,8 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         egress_allow: settings.egress.allow.clone().into(),
         egress_https_only: settings.egress.https_only,
         release_per_sec: settings.delivery.circuit.release_per_sec,
+        metrics: settings.metrics.clone(),
+        sources: Arc::default(),
     };
     let dispatcher = if settings.role.runs_workers() {
         let egress = match &settings.resolver {
@@ -121,6 +134,18 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
     // Every role runs one: the advisory lock makes one replica at a time do a pass.
     let janitor = Janitor::spawn(state.pool.clone(), settings.janitor.clone());
     let (shutdown, mut stop) = watch::channel(false);
+    let mut background = Vec::new();
+    if settings.metrics.is_some() {
+        background.push(tokio::spawn(crate::metrics::sample(state.pool.clone(), stop.clone())));
+    }
+    let wake_task = match settings.role {
+        Role::Ingest => {
+            Some(tokio::spawn(crate::wake::notify_others(state.pool.clone(), state.wake.clone(), stop.clone())))
+        }
+        Role::Worker => Some(tokio::spawn(crate::wake::listen(state.pool.clone(), state.wake.clone(), stop.clone()))),
+        Role::All => None,
+    };
+    background.extend(wake_task);
     let router = crate::api::router(state, settings.role);
     let server = tokio::spawn(async move {
         axum::serve(listener, router)
@@ -130,5 +155,5 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
             .await
     });
     tracing::info!(%addr, role = ?settings.role, "gateway listening");
-    Ok(Running { addr, shutdown, server, dispatcher, janitor })
+    Ok(Running { addr, shutdown, server, dispatcher, background, janitor })
 }

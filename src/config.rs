@@ -16,7 +16,12 @@ use crate::janitor::{self, JanitorSettings};
 
 /// The `webhook-gateway` command line.
 #[derive(Debug, Parser)]
-#[command(name = "webhook-gateway", version, about = "Durable webhook ingestion and delivery on PostgreSQL")]
+#[command(
+    name = "webhook-gateway",
+    version,
+    about = "Durable webhook ingestion and delivery on PostgreSQL",
+    args_override_self = true
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]

@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
 
 /// An error answered to an HTTP client as `{"error": {"code", "message"}}`.
 #[derive(Debug, thiserror::Error)]
@@ -82,9 +82,30 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
+/// The body of every error answer: `{"error": {"code", "message"}}`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// The `error` object of an [`ErrorBody`].
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// Stable machine-readable code: `unauthorized`, `not_found`, `conflict`, `malformed_json`,
+    /// `bad_request`, `validation_failed`, `payload_too_large`, `unsupported_media_type`,
+    /// `database_unavailable`, `internal`; on ingest also `missing_signature`,
+    /// `invalid_signature`, `timestamp_out_of_tolerance`, `malformed_body`, `not_ingestible`.
+    #[schema(example = "not_found")]
+    pub code: &'static str,
+    /// Human-readable reason; for `validation_failed` it starts with the field's name.
+    #[schema(example = "endpoint not found")]
+    pub message: String,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(json!({"error": {"code": self.code, "message": self.message}}));
+        let body = Json(ErrorBody { error: ErrorDetail { code: self.code, message: self.message } });
         let mut response = (self.status, body).into_response();
         if let Some(secs) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));

@@ -9,7 +9,9 @@ use uuid::Uuid;
 macro_rules! typed_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type)]
+        #[derive(
+            Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+        )]
         #[serde(transparent)]
         #[sqlx(transparent)]
         pub struct $name(pub Uuid);

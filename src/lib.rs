@@ -14,6 +14,8 @@ pub mod fanout;
 pub mod ids;
 pub mod ingest;
 pub mod janitor;
+pub mod metrics;
 pub mod queue;
 pub mod store;
 pub mod verify;
+pub mod wake;

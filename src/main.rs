@@ -116,6 +116,7 @@ async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
         egress: args.egress(),
         janitor: args.janitor(),
         resolver: None,
+        metrics: Some(webhook_gateway::metrics::install()?),
     };
     let running = app::start(pool.clone(), settings).await?;
     shutdown_signal().await;

@@ -4,34 +4,67 @@ use axum::Json;
 use axum::extract::{Path, State};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
-use super::extract::{ApiQuery, parse_id};
+use super::extract::{ApiQuery, page_limit, parse_id};
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::ids::{DeliveryId, EndpointId, EventId};
 use crate::queue::read::{self, Delivery, Filter};
 use crate::store;
 
 /// A delivery as the API shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct DeliveryView {
     id: DeliveryId,
     /// The `webhook-id` / `Idempotency-Key` every attempt carries.
+    #[schema(example = "msg_0190c7e0f4a97c3a9d5e3c1b2a4f6e8d")]
     webhook_id: String,
     event_id: EventId,
     endpoint_id: EndpointId,
+    /// `pending`, `delivered` or `dead`.
+    #[schema(example = "pending")]
     status: String,
+    /// Attempts made so far (over its whole life, redeliveries included).
     attempts: i32,
+    /// When the next attempt is due (pending and not parked).
     next_attempt_at: Option<DateTime<Utc>>,
+    /// An attempt is running now.
     in_flight: bool,
     /// Waiting for its endpoint's circuit to close (or the endpoint to resume).
     parked: bool,
+    /// Why it was dead-lettered (dead only).
     #[serde(skip_serializing_if = "Option::is_none")]
     dead_reason: Option<String>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
+    /// When it was delivered or dead-lettered.
     #[serde(skip_serializing_if = "Option::is_none")]
     finished_at: Option<DateTime<Utc>>,
+}
+
+// Documentation only: `list` builds this body with `json!` (unchanged bytes: sorted keys);
+// tests/it/openapi.rs checks real answers against the schema.
+/// A page of deliveries.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct DeliveryPage {
+    /// Oldest first.
+    data: Vec<DeliveryView>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    next_cursor: Option<DeliveryId>,
+}
+
+// Documentation only: `attempts` builds this body with `json!` (unchanged bytes: sorted keys);
+// tests/it/openapi.rs checks real answers against the schema.
+/// A delivery and the story of its attempts.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct AttemptTimeline {
+    /// The delivery now.
+    delivery: DeliveryView,
+    /// Its attempts, in order.
+    data: Vec<store::attempts::Attempt>,
 }
 
 impl From<Delivery> for DeliveryView {
@@ -56,19 +89,25 @@ impl From<Delivery> for DeliveryView {
 }
 
 /// Query of `GET /v1/deliveries`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
+    /// Only this event's deliveries.
     event_id: Option<EventId>,
+    /// Only this endpoint's deliveries.
     endpoint_id: Option<EndpointId>,
+    /// Only deliveries in this state (`dead` is the dead-letter queue).
+    #[param(inline)]
     status: Option<Status>,
     /// Page size, 1-1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
     /// `next_cursor` of the previous page.
     cursor: Option<DeliveryId>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 enum Status {
     Pending,
@@ -87,14 +126,25 @@ impl Status {
 }
 
 /// `GET /v1/deliveries?event_id=&endpoint_id=&status=&limit=&cursor=`.
+#[utoipa::path(
+    get, path = "/v1/deliveries", tag = "deliveries", operation_id = "list_deliveries",
+    summary = "List deliveries",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of deliveries, oldest first", body = DeliveryPage),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 422, description = "Bad query parameter, named in the message (`validation_failed`)",
+            body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn list(
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let limit = q.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::validation("limit", "must be between 1 and 1000"));
-    }
+    let limit = page_limit(q.limit)?;
     let filter = Filter {
         event_id: q.event_id,
         endpoint_id: q.endpoint_id,
@@ -108,6 +158,19 @@ pub async fn list(
 }
 
 /// `GET /v1/deliveries/{id}`.
+#[utoipa::path(
+    get, path = "/v1/deliveries/{id}", tag = "deliveries", operation_id = "get_delivery",
+    summary = "Get a delivery",
+    params(("id" = DeliveryId, Path, description = "Delivery id (anything else is 404)")),
+    responses(
+        (status = 200, description = "The delivery", body = DeliveryView),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such delivery (`not_found`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<DeliveryView>, ApiError> {
     let id: DeliveryId = parse_id(&id, "delivery")?;
     let delivery = read::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("delivery"))?;
@@ -115,6 +178,19 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
 }
 
 /// `GET /v1/deliveries/{id}/attempts`.
+#[utoipa::path(
+    get, path = "/v1/deliveries/{id}/attempts", tag = "deliveries", operation_id = "list_delivery_attempts",
+    summary = "A delivery's attempts",
+    params(("id" = DeliveryId, Path, description = "Delivery id (anything else is 404)")),
+    responses(
+        (status = 200, description = "The delivery and its attempts", body = AttemptTimeline),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such delivery (`not_found`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn attempts(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -126,4 +202,35 @@ pub async fn attempts(
         "delivery": DeliveryView::from(delivery),
         "data": attempts,
     })))
+}
+
+/// `POST /v1/deliveries/{id}/redeliver`.
+///
+/// A dead (or delivered) delivery goes back to pending, due now, with a fresh attempt
+/// budget and the same `webhook-id`. Idempotent: while it is pending, calling again changes
+/// nothing and returns the current state. (Re-ingesting a duplicate event never revives a
+/// dead delivery; only this does.)
+#[utoipa::path(
+    post, path = "/v1/deliveries/{id}/redeliver", tag = "deliveries", operation_id = "redeliver",
+    summary = "Redeliver a delivery",
+    params(("id" = DeliveryId, Path, description = "Delivery id (anything else is 404)")),
+    responses(
+        (status = 200, description = "Pending again, due now (idempotent: a pending delivery is returned unchanged)",
+            body = DeliveryView),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such delivery (`not_found`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn redeliver(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<DeliveryView>, ApiError> {
+    let id: DeliveryId = parse_id(&id, "delivery")?;
+    let changed = crate::queue::redeliver(&state.pool, id).await?;
+    let delivery = read::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("delivery"))?;
+    if changed {
+        state.wake.notify_one();
+        tracing::info!(delivery_id = %id, "manual redelivery");
+    }
+    Ok(Json(delivery.into()))
 }

@@ -6,18 +6,20 @@ use axum::http::StatusCode;
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
-use super::extract::{ApiJson, parse_id};
+use super::extract::{ApiJson, ApiQuery, parse_id};
 use crate::app::AppState;
-use crate::error::ApiError;
-use crate::ids::EndpointId;
-use crate::store::{self, endpoints::Endpoint};
+use crate::error::{ApiError, ErrorBody};
+use crate::ids::{DeliveryId, EndpointId, EventId};
+use crate::store::{self, endpoints::Deleted, endpoints::Endpoint};
 
 /// Body of `POST /v1/endpoints`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateEndpoint {
-    /// Subscriber URL (http or https).
+    /// Subscriber URL (http or https; IP literals in private ranges are refused unless allowed).
+    #[schema(example = "https://subscriber.example.com/hooks")]
     pub url: String,
     /// Standard Webhooks secret `whsec_<base64>`; generated when absent.
     #[serde(default)]
@@ -28,22 +30,25 @@ pub struct CreateEndpoint {
 }
 
 /// An endpoint as the API shows it. The secret is shown only when it is created.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct EndpointView {
     id: EndpointId,
     url: String,
+    /// The signing secret (`whsec_...`): present only in the answer to `POST /v1/endpoints`.
     #[serde(skip_serializing_if = "Option::is_none")]
     secret: Option<String>,
     description: Option<String>,
+    /// Paused by an operator: nothing is sent until resumed.
     paused: bool,
     circuit: CircuitView,
     created_at: DateTime<Utc>,
 }
 
 /// The endpoint's circuit breaker, as operators see it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct CircuitView {
-    /// closed | open | half_open
+    /// `closed`, `open` or `half_open`.
+    #[schema(value_type = String, example = "closed")]
     state: &'static str,
     consecutive_failures: i32,
     /// Opens since it was last closed (the cool-down doubles with each).
@@ -92,7 +97,33 @@ fn validate_secret(secret: &str) -> Result<(), ApiError> {
     }
 }
 
+// Documentation only: `list` builds this body with `json!` (unchanged bytes: sorted keys);
+// tests/it/openapi.rs checks real answers against the schema.
+/// All endpoints.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct EndpointList {
+    /// Every endpoint not deleted, oldest first; secrets are not shown.
+    data: Vec<EndpointView>,
+}
+
 /// `POST /v1/endpoints`.
+#[utoipa::path(
+    post, path = "/v1/endpoints", tag = "endpoints", operation_id = "create_endpoint",
+    summary = "Create an endpoint",
+    request_body = CreateEndpoint,
+    responses(
+        (status = 201, description = "Created; the answer shows the secret, this once", body = EndpointView),
+        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
+        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
+        (status = 422, description = "Invalid field, named in the message (`validation_failed`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn create(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CreateEndpoint>,
@@ -110,6 +141,17 @@ pub async fn create(
 }
 
 /// `GET /v1/endpoints`.
+#[utoipa::path(
+    get, path = "/v1/endpoints", tag = "endpoints", operation_id = "list_endpoints",
+    summary = "List endpoints",
+    responses(
+        (status = 200, description = "All endpoints (not paginated)", body = EndpointList),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn list(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
     let endpoints = store::endpoints::list(&state.pool).await?;
     let data: Vec<EndpointView> = endpoints.into_iter().map(|e| EndpointView::new(e, false)).collect();
@@ -117,14 +159,42 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<serde_json::Valu
 }
 
 /// `GET /v1/endpoints/{id}`.
+#[utoipa::path(
+    get, path = "/v1/endpoints/{id}", tag = "endpoints", operation_id = "get_endpoint",
+    summary = "Get an endpoint",
+    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
+    responses(
+        (status = 200, description = "The endpoint (without its secret)", body = EndpointView),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EndpointView>, ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
     let endpoint = store::endpoints::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
     Ok(Json(EndpointView::new(endpoint, false)))
 }
 
-/// `POST /v1/endpoints/{id}/pause`: nothing is sent until resumed; due deliveries are
-/// parked without spending attempts (like an open circuit that only an operator closes).
+/// `POST /v1/endpoints/{id}/pause`.
+///
+/// Nothing is sent until resumed; due deliveries are parked without spending attempts (like
+/// an open circuit that only an operator closes).
+#[utoipa::path(
+    post, path = "/v1/endpoints/{id}/pause", tag = "endpoints", operation_id = "pause_endpoint",
+    summary = "Pause an endpoint",
+    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
+    responses(
+        (status = 200, description = "Paused (idempotent)", body = EndpointView),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn pause(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EndpointView>, ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
     let endpoint =
@@ -133,8 +203,22 @@ pub async fn pause(State(state): State<AppState>, Path(id): Path<String>) -> Res
     Ok(Json(EndpointView::new(endpoint, false)))
 }
 
-/// `POST /v1/endpoints/{id}/resume`: deliveries flow again; the parked backlog is
-/// released at the configured rate.
+/// `POST /v1/endpoints/{id}/resume`.
+///
+/// Deliveries flow again; the parked backlog is released at the configured rate.
+#[utoipa::path(
+    post, path = "/v1/endpoints/{id}/resume", tag = "endpoints", operation_id = "resume_endpoint",
+    summary = "Resume an endpoint",
+    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
+    responses(
+        (status = 200, description = "Resumed (idempotent)", body = EndpointView),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn resume(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EndpointView>, ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
     let endpoint =
@@ -142,4 +226,312 @@ pub async fn resume(State(state): State<AppState>, Path(id): Path<String>) -> Re
     let released = crate::circuit::sql::release_backlog(&state.pool, id, state.release_per_sec).await?;
     tracing::info!(endpoint_id = %id, released, "endpoint resumed");
     Ok(Json(EndpointView::new(endpoint, false)))
+}
+
+/// Body of `PATCH /v1/endpoints/{id}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateEndpoint {
+    /// New URL (checked like at creation).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// New description; `null` clears it.
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    pub description: Option<Option<String>>,
+}
+
+/// `PATCH /v1/endpoints/{id}`.
+///
+/// Pending deliveries go to the new URL from their next attempt.
+#[utoipa::path(
+    patch, path = "/v1/endpoints/{id}", tag = "endpoints", operation_id = "update_endpoint",
+    summary = "Update an endpoint",
+    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
+    request_body = UpdateEndpoint,
+    responses(
+        (status = 200, description = "The updated endpoint", body = EndpointView),
+        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
+        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
+        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
+        (status = 422, description = "Invalid field, named in the message (`validation_failed`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn update(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<UpdateEndpoint>,
+) -> Result<Json<EndpointView>, ApiError> {
+    let id: EndpointId = parse_id(&id, "endpoint")?;
+    let url = body.url.as_deref().map(|u| state.check_endpoint_url(u)).transpose()?;
+    let description = body.description.as_ref().map(|d| d.as_deref());
+    let endpoint = store::endpoints::update(&state.pool, id, url.as_ref().map(|u| u.as_str()), description)
+        .await?
+        .ok_or_else(|| ApiError::not_found("endpoint"))?;
+    Ok(Json(EndpointView::new(endpoint, false)))
+}
+
+/// Query of `DELETE /v1/endpoints/{id}`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteQuery {
+    /// Dead-letter pending deliveries (reason `endpoint deleted`) instead of refusing.
+    #[serde(default)]
+    force: bool,
+}
+
+// Documentation only: `delete` builds this body with `json!` (unchanged bytes: sorted keys);
+// tests/it/openapi.rs checks real answers against the schema.
+/// A deleted endpoint.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct EndpointDeleted {
+    /// Pending deliveries dead-lettered by `force` (reason `endpoint deleted`).
+    dead_lettered: u64,
+    /// Always true.
+    deleted: bool,
+    id: EndpointId,
+}
+
+/// `DELETE /v1/endpoints/{id}`.
+///
+/// 409 while deliveries are pending, unless `?force=true`. The endpoint's history
+/// (deliveries, attempts, dead letters) stays inspectable.
+#[utoipa::path(
+    delete, path = "/v1/endpoints/{id}", tag = "endpoints", operation_id = "delete_endpoint",
+    summary = "Delete an endpoint",
+    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)"), DeleteQuery),
+    responses(
+        (status = 200, description = "Deleted (unlike sources and subscriptions, with a body)", body = EndpointDeleted),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
+        (status = 409, description = "Deliveries are pending and `force` is not set (`conflict`)", body = ErrorBody),
+        (status = 422, description = "Bad query string (`validation_failed`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<DeleteQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id: EndpointId = parse_id(&id, "endpoint")?;
+    match store::endpoints::delete(&state.pool, id, q.force).await? {
+        Deleted::NotFound => Err(ApiError::not_found("endpoint")),
+        Deleted::HasPending(n) => Err(ApiError::conflict(format!(
+            "endpoint has {n} pending deliveries: repeat with ?force=true to dead-letter them"
+        ))),
+        Deleted::Done(dead_lettered) => {
+            tracing::info!(endpoint_id = %id, dead_lettered, "endpoint deleted");
+            Ok(Json(serde_json::json!({"id": id, "deleted": true, "dead_lettered": dead_lettered})))
+        }
+    }
+}
+
+/// Body of `POST /v1/endpoints/{id}/rotate-secret` (optional: an empty body takes the defaults).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RotateSecret {
+    /// The new secret (`whsec_...`); generated when absent.
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// How long the old secret keeps signing alongside the new one (default 24 h, at most 30 days).
+    #[serde(default)]
+    #[schema(maximum = 2592000)]
+    pub grace_secs: Option<u64>,
+}
+
+/// Default grace period of a secret rotation.
+pub const ROTATION_GRACE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+// Documentation only: `rotate_secret` builds this body with `json!` (unchanged bytes: sorted keys);
+// tests/it/openapi.rs checks real answers against the schema.
+/// A rotated secret.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct RotatedSecret {
+    id: EndpointId,
+    /// Until then requests are signed with both secrets.
+    previous_secret_valid_until: DateTime<Utc>,
+    /// The new secret (`whsec_...`), shown this once.
+    secret: String,
+}
+
+/// `POST /v1/endpoints/{id}/rotate-secret`.
+///
+/// Returns the new secret. Until the grace period ends every request carries two `v1,`
+/// signatures, one per secret, so a subscriber can switch at its own pace.
+#[utoipa::path(
+    post, path = "/v1/endpoints/{id}/rotate-secret", tag = "endpoints", operation_id = "rotate_endpoint_secret",
+    summary = "Rotate an endpoint's signing secret",
+    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
+    request_body(content = RotateSecret, content_type = "application/json",
+        description = "Optional: an empty body takes the defaults. The Content-Type is not checked."),
+    responses(
+        (status = 200, description = "Rotated", body = RotatedSecret),
+        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
+        (status = 413, description = "Body over the size limit (plain text, not the JSON error body)"),
+        (status = 422, description = "Invalid field, named in the message (`validation_failed`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn rotate_secret(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id: EndpointId = parse_id(&id, "endpoint")?;
+    let body: RotateSecret = super::extract::json_or_default(&body)?;
+    let secret = match body.secret {
+        Some(secret) => {
+            validate_secret(&secret)?;
+            secret
+        }
+        None => generate_secret(),
+    };
+    let grace = body.grace_secs.map(std::time::Duration::from_secs).unwrap_or(ROTATION_GRACE);
+    if grace > std::time::Duration::from_secs(30 * 24 * 3600) {
+        return Err(ApiError::validation("grace_secs", "at most 30 days"));
+    }
+    let endpoint = store::endpoints::rotate_secret(&state.pool, id, &secret, grace)
+        .await?
+        .ok_or_else(|| ApiError::not_found("endpoint"))?;
+    tracing::info!(endpoint_id = %id, grace_secs = grace.as_secs(), "endpoint secret rotated");
+    Ok(Json(serde_json::json!({
+        "id": endpoint.id,
+        "secret": endpoint.secret,
+        "previous_secret_valid_until": chrono::Utc::now() + chrono::Duration::from_std(grace).unwrap_or_default(),
+    })))
+}
+
+// Documentation only: `test_send` builds this body with `json!` (unchanged bytes: sorted keys);
+// tests/it/openapi.rs checks real answers against the schema.
+/// A queued test send.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct TestSend {
+    delivery_id: DeliveryId,
+    /// The synthetic `webhook.test` event (never deduplicated against real events).
+    event_id: EventId,
+    /// The `webhook-id` the request carries.
+    #[schema(example = "msg_0190c7e0f4a97c3a9d5e3c1b2a4f6e8d")]
+    webhook_id: String,
+}
+
+/// `POST /v1/endpoints/{id}/test`.
+///
+/// A synthetic `webhook.test` event delivered to this endpoint only, like any other
+/// delivery (signed, retried, recorded).
+#[utoipa::path(
+    post, path = "/v1/endpoints/{id}/test", tag = "endpoints", operation_id = "test_endpoint",
+    summary = "Send a test event to an endpoint",
+    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
+    responses(
+        (status = 202, description = "Queued for delivery", body = TestSend),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn test_send(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    let id: EndpointId = parse_id(&id, "endpoint")?;
+    if store::endpoints::by_id(&state.pool, id).await?.is_none() {
+        return Err(ApiError::not_found("endpoint"));
+    }
+    let payload = serde_json::to_vec(&serde_json::json!({
+        "type": "webhook.test",
+        "endpoint_id": id,
+        "sent_at": chrono::Utc::now(),
+    }))
+    .map_err(|_| ApiError::internal())?;
+    let (event_id, delivery_id) = store::events::insert_test(&state.pool, id, &payload).await?;
+    state.wake.notify_one();
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(
+            serde_json::json!({"event_id": event_id, "delivery_id": delivery_id, "webhook_id": delivery_id.webhook_id()}),
+        ),
+    ))
+}
+
+/// Body of `POST /v1/endpoints/{id}/recover`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Recover {
+    /// Dead-lettered at or after.
+    pub since: DateTime<Utc>,
+    /// Dead-lettered before (default: now).
+    #[serde(default)]
+    pub until: Option<DateTime<Utc>>,
+}
+
+// Documentation only: `recover` builds this body with `json!` (unchanged bytes: sorted keys);
+// tests/it/openapi.rs checks real answers against the schema.
+/// The outcome of a recovery.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct Recovered {
+    /// Dead deliveries put back to pending.
+    requeued: u64,
+}
+
+/// `POST /v1/endpoints/{id}/recover`.
+///
+/// After an outage, re-queue the endpoint's dead deliveries that died in the window (fresh
+/// budget, same `webhook-id`), released at the configured rate. Safe to call twice: only
+/// dead deliveries qualify.
+#[utoipa::path(
+    post, path = "/v1/endpoints/{id}/recover", tag = "endpoints", operation_id = "recover_endpoint",
+    summary = "Re-queue an endpoint's dead deliveries",
+    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
+    request_body = Recover,
+    responses(
+        (status = 200, description = "Re-queued (0 when called again)", body = Recovered),
+        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
+        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
+        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
+        (status = 422, description = "Invalid field, e.g. `until` not after `since` (`validation_failed`)",
+            body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn recover(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<Recover>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id: EndpointId = parse_id(&id, "endpoint")?;
+    if store::endpoints::by_id(&state.pool, id).await?.is_none() {
+        return Err(ApiError::not_found("endpoint"));
+    }
+    let until = body.until.unwrap_or_else(Utc::now);
+    if until <= body.since {
+        return Err(ApiError::validation("until", "must be after since"));
+    }
+    let requeued = crate::queue::recover(&state.pool, id, body.since, until, state.release_per_sec).await?;
+    if requeued > 0 {
+        state.wake.notify_one();
+    }
+    tracing::info!(endpoint_id = %id, requeued, "dead deliveries recovered");
+    Ok(Json(serde_json::json!({"requeued": requeued})))
 }

@@ -5,32 +5,55 @@ use axum::extract::{Path, State};
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 use super::deliveries::DeliveryView;
-use super::extract::{ApiJson, parse_id};
+use super::extract::{ApiJson, ApiQuery, page_limit, parse_id};
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::ids::EventId;
 use crate::ingest::{self, Accepted, IngestResponse};
 use crate::queue;
 use crate::store;
 
 /// Body of `POST /v1/events`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PublishEvent {
     /// Source name (default `api`).
     #[serde(default)]
     pub source: Option<String>,
-    /// Event type, matched against subscriptions.
+    /// Event type, matched against subscriptions (1-200 characters).
+    #[schema(example = "order.created")]
     pub event_type: String,
-    /// The caller's id for this event: publishing it twice stores it once.
+    /// The caller's id for this event: publishing it twice stores it once (1-255 characters).
+    #[schema(example = "order-42-created")]
     pub event_id: String,
     /// The body delivered to subscribers.
     pub payload: serde_json::Value,
 }
 
-/// `POST /v1/events`: idempotent on `(source, event_id)`; answers like ingest.
+/// `POST /v1/events`.
+///
+/// Idempotent on `(source, event_id)`; answers like ingest.
+#[utoipa::path(
+    post, path = "/v1/events", tag = "events", operation_id = "publish_event",
+    summary = "Publish an event",
+    request_body = PublishEvent,
+    responses(
+        (status = 200, description = "Stored (or already stored: `duplicate`), with its deliveries, before this answer",
+            body = IngestResponse),
+        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
+        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
+        (status = 422, description = "Invalid field, or no such source, named in the message (`validation_failed`)",
+            body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn publish(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<PublishEvent>,
@@ -50,6 +73,7 @@ pub async fn publish(
         &state,
         &Accepted {
             source_id: source.id,
+            source_name: &source.name,
             dedupe_key: &body.event_id,
             event_type: &body.event_type,
             content_type: Some("application/json"),
@@ -62,25 +86,56 @@ pub async fn publish(
 }
 
 /// An event with its deliveries.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct EventView {
     id: EventId,
+    /// Source name.
     source: String,
     event_type: String,
+    /// What duplicates are recognised by (a delivery id, or `sha256:<hex of the body>`).
     dedupe_key: String,
     received_at: DateTime<Utc>,
     content_type: Option<String>,
+    /// The request headers kept with the event (lower-case names), signatures redacted.
+    #[schema(value_type = Object)]
     headers: serde_json::Value,
     /// The body as JSON when it is JSON ...
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<serde_json::Value>)]
     payload: Option<serde_json::Value>,
     /// ... else as base64.
     #[serde(skip_serializing_if = "Option::is_none")]
     payload_base64: Option<String>,
+    /// Its deliveries (at most 1,000).
     deliveries: Vec<DeliveryView>,
 }
 
+// Documentation only: `list` builds this body with `json!` (unchanged bytes: sorted keys);
+// tests/it/openapi.rs checks real answers against the schema.
+/// A page of events.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct EventPage {
+    /// Oldest first.
+    data: Vec<store::events::EventSummary>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    next_cursor: Option<EventId>,
+}
+
 /// `GET /v1/events/{id}`.
+#[utoipa::path(
+    get, path = "/v1/events/{id}", tag = "events", operation_id = "get_event",
+    summary = "Get an event with its deliveries",
+    params(("id" = EventId, Path, description = "Event id (anything else is 404)")),
+    responses(
+        (status = 200, description = "The event with its payload and deliveries", body = EventView),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such event (`not_found`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EventView>, ApiError> {
     let id: EventId = parse_id(&id, "event")?;
     let event = store::events::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("event"))?;
@@ -100,4 +155,62 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
         payload_base64,
         deliveries: deliveries.into_iter().map(Into::into).collect(),
     }))
+}
+
+/// Query of `GET /v1/events`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Source name.
+    source: Option<String>,
+    /// Exact event type.
+    event_type: Option<String>,
+    /// Received at or after (RFC 3339).
+    since: Option<DateTime<Utc>>,
+    /// Received before (RFC 3339).
+    until: Option<DateTime<Utc>>,
+    /// Page size, 1-1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<EventId>,
+}
+
+/// `GET /v1/events?source=&event_type=&since=&until=&limit=&cursor=`.
+///
+/// Oldest first.
+#[utoipa::path(
+    get, path = "/v1/events", tag = "events", operation_id = "list_events",
+    summary = "List events",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of events, oldest first", body = EventPage),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 422, description = "Bad query parameter or unknown source, named (`validation_failed`)",
+            body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn list(
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let limit = page_limit(q.limit)?;
+    let source_id = match &q.source {
+        None => None,
+        Some(name) => Some(
+            store::sources::by_name(&state.pool, name)
+                .await?
+                .ok_or_else(|| ApiError::validation("source", format!("no source named {name:?}")))?
+                .id,
+        ),
+    };
+    let filter =
+        store::events::Filter { source_id, event_type: q.event_type, since: q.since, until: q.until, after: q.cursor };
+    let rows = store::events::list(&state.pool, &filter, limit).await?;
+    let next_cursor = (rows.len() as i64 == limit).then(|| rows.last().map(|e| e.id)).flatten();
+    Ok(Json(serde_json::json!({ "data": rows, "next_cursor": next_cursor })))
 }

@@ -6,6 +6,7 @@ use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
@@ -69,4 +70,37 @@ where
 /// Parse an id from a path segment; anything that is not an id is "not found".
 pub fn parse_id<T: FromStr>(raw: &str, what: &str) -> Result<T, ApiError> {
     raw.parse().map_err(|_| ApiError::not_found(what))
+}
+
+/// For PATCH bodies: absent field -> `None`, `null` -> `Some(None)`, value -> `Some(Some(v))`.
+pub fn double_option<'de, T, D>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    T: serde::Deserialize<'de>,
+    D: serde::Deserializer<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
+/// Page size from a query (default 100, 1 to 1000).
+pub fn page_limit(limit: Option<i64>) -> Result<i64, ApiError> {
+    let limit = limit.unwrap_or(100);
+    if (1..=1000).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(ApiError::validation("limit", "must be between 1 and 1000"))
+    }
+}
+
+/// An optional JSON body: empty means `T::default()`; otherwise parsed like [`ApiJson`].
+pub fn json_or_default<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        if e.is_data() {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", e.to_string())
+        } else {
+            ApiError::bad_request("malformed_json", e.to_string())
+        }
+    })
 }

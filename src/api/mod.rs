@@ -9,6 +9,7 @@ mod endpoints;
 mod events;
 pub mod extract;
 mod health;
+pub mod openapi;
 mod sources;
 mod storage;
 mod subscriptions;
@@ -26,26 +27,60 @@ pub use endpoints::generate_secret;
 
 /// The full router for a process of the given role.
 pub fn router(state: AppState, role: Role) -> Router {
-    let mut app = Router::new().route("/healthz", get(health::healthz)).route("/readyz", get(health::readyz));
+    let mut app = Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .route("/openapi.json", get(openapi::openapi_json));
     if role != Role::Worker {
         let admin = Router::new()
             .route("/sources", post(sources::create).get(sources::list))
-            .route("/sources/{id}", get(sources::get))
+            .route("/sources/{id}", get(sources::get).patch(sources::update).delete(sources::delete))
             .route("/endpoints", post(endpoints::create).get(endpoints::list))
-            .route("/endpoints/{id}", get(endpoints::get))
+            .route("/endpoints/{id}", get(endpoints::get).patch(endpoints::update).delete(endpoints::delete))
             .route("/endpoints/{id}/pause", post(endpoints::pause))
             .route("/endpoints/{id}/resume", post(endpoints::resume))
-            .route("/subscriptions", post(subscriptions::create))
-            .route("/events", post(events::publish))
+            .route("/endpoints/{id}/rotate-secret", post(endpoints::rotate_secret))
+            .route("/endpoints/{id}/test", post(endpoints::test_send))
+            .route("/endpoints/{id}/recover", post(endpoints::recover))
+            .route("/subscriptions", post(subscriptions::create).get(subscriptions::list))
+            .route(
+                "/subscriptions/{id}",
+                get(subscriptions::get).patch(subscriptions::update).delete(subscriptions::delete),
+            )
+            .route("/events", post(events::publish).get(events::list))
             .route("/events/{id}", get(events::get))
             .route("/deliveries", get(deliveries::list))
             .route("/deliveries/{id}", get(deliveries::get))
             .route("/deliveries/{id}/attempts", get(deliveries::attempts))
+            .route("/deliveries/{id}/redeliver", post(deliveries::redeliver))
             .route("/admin/storage", get(storage::get))
             .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
         app = app.nest("/v1", admin).route("/ingest/{source}", post(crate::ingest::ingest));
     }
-    app.fallback(not_found).layer(DefaultBodyLimit::max(state.max_body_bytes)).with_state(state)
+    let app = app.fallback(not_found).layer(DefaultBodyLimit::max(state.max_body_bytes)).with_state(state);
+    with_request_ids(app)
+}
+
+/// Every request gets an `x-request-id` (the caller's, or a fresh UUID), echoed on the
+/// response and carried by a span, so every log line a request causes names it.
+/// Requests are logged at debug (a busy gateway would otherwise log every webhook);
+/// server errors at warn.
+fn with_request_ids(app: Router) -> Router {
+    use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+    use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
+    let header = axum::http::HeaderName::from_static("x-request-id");
+    let trace = TraceLayer::new_for_http()
+        .make_span_with(|req: &axum::http::Request<axum::body::Body>| {
+            let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
+            tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
+        })
+        .on_request(())
+        .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
+        .on_failure(DefaultOnFailure::new().level(tracing::Level::WARN));
+    app.layer(PropagateRequestIdLayer::new(header.clone()))
+        .layer(trace)
+        .layer(SetRequestIdLayer::new(header, MakeRequestUuid))
 }
 
 async fn not_found() -> ApiError {

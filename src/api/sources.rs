@@ -5,21 +5,24 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
-use super::extract::{ApiJson, parse_id};
+use super::extract::{ApiJson, ApiQuery, parse_id};
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::ids::SourceId;
 use crate::store::{self, sources::Source};
 use crate::verify::{HmacScheme, Kind, Locator, SourceSpec};
 
 /// Body of `POST /v1/sources`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSource {
-    /// Unique name; webhooks arrive at `/ingest/{name}`.
+    /// Unique name; webhooks arrive at `/ingest/{name}`. 1-100 characters of `A-Z a-z 0-9 . _ -`,
+    /// starting with a letter or digit.
+    #[schema(example = "shop")]
     pub name: String,
-    /// Verifier kind.
+    /// Verifier kind (`internal` is reserved for the built-in `api` source: 422).
     pub kind: Kind,
     /// Signing secrets (several during a rotation).
     #[serde(default)]
@@ -39,20 +42,38 @@ pub struct CreateSource {
 }
 
 /// A source as the API shows it: secrets appear only as fingerprints.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct SourceView {
     id: SourceId,
     name: String,
     kind: Kind,
+    /// Where its webhooks arrive: `/ingest/{name}`.
+    #[schema(example = "/ingest/shop")]
     ingest_path: String,
+    /// Where the dedupe key is read (empty: the kind's default).
     dedupe: Locator,
+    /// Where the event type is read (empty: the kind's default).
     event_type: Locator,
+    /// Timestamp tolerance in seconds; absent means the kind's default.
     #[serde(skip_serializing_if = "Option::is_none")]
     tolerance_secs: Option<u64>,
+    /// Settings of the `hmac` kind; absent for other kinds.
     #[serde(skip_serializing_if = "Option::is_none")]
     hmac: Option<HmacScheme>,
+    /// `sha256:` + the first 8 hex digits of each secret's SHA-256.
+    #[schema(example = json!(["sha256:1a2b3c4d"]))]
     secret_fingerprints: Vec<String>,
     created_at: DateTime<Utc>,
+}
+
+// Documentation only: `list` builds this body with `json!` (unchanged bytes: sorted keys);
+// tests/it/openapi.rs checks real answers against the schema.
+/// All sources.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct SourceList {
+    /// Every source, by name.
+    data: Vec<SourceView>,
 }
 
 impl From<Source> for SourceView {
@@ -86,6 +107,23 @@ fn validate_name(name: &str) -> Result<(), ApiError> {
 }
 
 /// `POST /v1/sources`.
+#[utoipa::path(
+    post, path = "/v1/sources", tag = "sources", operation_id = "create_source",
+    summary = "Create a source",
+    request_body = CreateSource,
+    responses(
+        (status = 201, description = "Created", body = SourceView),
+        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 409, description = "A source with this name exists (`conflict`)", body = ErrorBody),
+        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
+        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
+        (status = 422, description = "Invalid field, named in the message (`validation_failed`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn create(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CreateSource>,
@@ -108,7 +146,10 @@ pub async fn create(
         tracing::warn!(source = %body.name, "source of kind `none` created: its webhooks are not verified");
     }
     match store::sources::insert(&state.pool, &body.name, &spec).await {
-        Ok(source) => Ok((StatusCode::CREATED, Json(source.into()))),
+        Ok(source) => {
+            state.sources.invalidate();
+            Ok((StatusCode::CREATED, Json(source.into())))
+        }
         Err(e) if store::is_unique_violation(&e, store::sources::NAME_UNIQUE) => {
             Err(ApiError::conflict(format!("a source named {:?} already exists", body.name)))
         }
@@ -117,6 +158,17 @@ pub async fn create(
 }
 
 /// `GET /v1/sources`.
+#[utoipa::path(
+    get, path = "/v1/sources", tag = "sources", operation_id = "list_sources",
+    summary = "List sources",
+    responses(
+        (status = 200, description = "All sources (not paginated)", body = SourceList),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn list(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
     let sources = store::sources::list(&state.pool).await?;
     let data: Vec<SourceView> = sources.into_iter().map(Into::into).collect();
@@ -124,8 +176,150 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<serde_json::Valu
 }
 
 /// `GET /v1/sources/{id}`.
+#[utoipa::path(
+    get, path = "/v1/sources/{id}", tag = "sources", operation_id = "get_source",
+    summary = "Get a source",
+    params(("id" = SourceId, Path, description = "Source id (anything else is 404)")),
+    responses(
+        (status = 200, description = "The source", body = SourceView),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such source (`not_found`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<SourceView>, ApiError> {
     let id: SourceId = parse_id(&id, "source")?;
     let source = store::sources::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("source"))?;
     Ok(Json(source.into()))
+}
+
+/// Body of `PATCH /v1/sources/{id}`: any subset; the name and kind are fixed.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSource {
+    /// Replace the secret list (rotation: send old and new, later only new).
+    #[serde(default)]
+    pub secrets: Option<Vec<String>>,
+    /// Timestamp tolerance in seconds.
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    pub tolerance_secs: Option<Option<u64>>,
+    /// Where the dedupe key lives.
+    #[serde(default)]
+    pub dedupe: Option<Locator>,
+    /// Where the event type lives.
+    #[serde(default)]
+    pub event_type: Option<Locator>,
+    /// Settings of the `hmac` kind.
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    pub hmac: Option<Option<HmacScheme>>,
+}
+
+/// `PATCH /v1/sources/{id}`.
+#[utoipa::path(
+    patch, path = "/v1/sources/{id}", tag = "sources", operation_id = "update_source",
+    summary = "Update a source",
+    params(("id" = SourceId, Path, description = "Source id (anything else is 404)")),
+    request_body = UpdateSource,
+    responses(
+        (status = 200, description = "The updated source", body = SourceView),
+        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such source (`not_found`)", body = ErrorBody),
+        (status = 409, description = "The built-in `api` source cannot be changed (`conflict`)", body = ErrorBody),
+        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
+        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
+        (status = 422, description = "Invalid field, named in the message (`validation_failed`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn update(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<UpdateSource>,
+) -> Result<Json<SourceView>, ApiError> {
+    let id: SourceId = parse_id(&id, "source")?;
+    let source = store::sources::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("source"))?;
+    let mut spec = source.spec.0;
+    if spec.kind == Kind::Internal {
+        return Err(ApiError::conflict("built-in sources cannot be changed"));
+    }
+    if let Some(secrets) = body.secrets {
+        spec.secrets = secrets;
+    }
+    if let Some(tolerance) = body.tolerance_secs {
+        spec.tolerance_secs = tolerance;
+    }
+    if let Some(dedupe) = body.dedupe {
+        spec.dedupe = dedupe;
+    }
+    if let Some(event_type) = body.event_type {
+        spec.event_type = event_type;
+    }
+    if let Some(hmac) = body.hmac {
+        spec.hmac = hmac;
+    }
+    crate::verify::validate_spec(&spec)
+        .map_err(|m| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", m))?;
+    let updated =
+        store::sources::update_spec(&state.pool, id, &spec).await?.ok_or_else(|| ApiError::not_found("source"))?;
+    state.sources.invalidate();
+    tracing::info!(source = %updated.name, "source updated");
+    Ok(Json(updated.into()))
+}
+
+/// Query of `DELETE /v1/sources/{id}`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteQuery {
+    /// Also delete the source's events, deliveries and attempts.
+    #[serde(default)]
+    force: bool,
+}
+
+/// `DELETE /v1/sources/{id}`.
+///
+/// Refused (409) while the source has events, unless `?force=true`, which deletes them with
+/// it.
+#[utoipa::path(
+    delete, path = "/v1/sources/{id}", tag = "sources", operation_id = "delete_source",
+    summary = "Delete a source",
+    params(("id" = SourceId, Path, description = "Source id (anything else is 404)"), DeleteQuery),
+    responses(
+        (status = 204, description = "Deleted (with its events, deliveries and attempts when forced)"),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such source (`not_found`)", body = ErrorBody),
+        (status = 409, description = "The source has events and `force` is not set, or it is the built-in `api` \
+            source (`conflict`)", body = ErrorBody),
+        (status = 422, description = "Bad query string (`validation_failed`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing deleted (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<DeleteQuery>,
+) -> Result<StatusCode, ApiError> {
+    let id: SourceId = parse_id(&id, "source")?;
+    let source = store::sources::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("source"))?;
+    if source.spec.0.kind == Kind::Internal {
+        return Err(ApiError::conflict("built-in sources cannot be deleted"));
+    }
+    let events = store::sources::event_count(&state.pool, id).await?;
+    if events > 0 && !q.force {
+        return Err(ApiError::conflict(format!(
+            "source {:?} has {events} events; deleting it deletes them and their deliveries: repeat with ?force=true",
+            source.name
+        )));
+    }
+    store::sources::delete(&state.pool, id).await?;
+    state.sources.invalidate();
+    tracing::info!(source = %source.name, events, "source deleted");
+    Ok(StatusCode::NO_CONTENT)
 }

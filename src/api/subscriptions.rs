@@ -5,16 +5,19 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
-use super::extract::ApiJson;
+use axum::extract::Path;
+
+use super::extract::{ApiJson, ApiQuery, parse_id};
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::fanout;
 use crate::ids::{EndpointId, SubscriptionId};
 use crate::store::{self, subscriptions::Subscription};
 
 /// Body of `POST /v1/subscriptions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSubscription {
     /// Target endpoint.
@@ -22,19 +25,32 @@ pub struct CreateSubscription {
     /// Source name; absent means every source.
     #[serde(default)]
     pub source: Option<String>,
-    /// Event-type patterns (`*` wildcard); absent means every type.
+    /// Event-type patterns (`*` wildcard); absent means every type; must not be empty.
     #[serde(default)]
+    #[schema(example = json!(["order.*"]))]
     pub event_types: Option<Vec<String>>,
 }
 
 /// A subscription as the API shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct SubscriptionView {
     id: SubscriptionId,
     endpoint_id: EndpointId,
+    /// Source name; `null`: every source.
     source: Option<String>,
+    /// Event-type patterns; `null`: every type.
     event_types: Option<Vec<String>>,
     created_at: DateTime<Utc>,
+}
+
+// Documentation only: `list` builds this body with `json!` (unchanged bytes: sorted keys);
+// tests/it/openapi.rs checks real answers against the schema.
+/// Subscriptions.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct SubscriptionList {
+    /// The subscriptions (not paginated).
+    data: Vec<SubscriptionView>,
 }
 
 impl From<Subscription> for SubscriptionView {
@@ -49,30 +65,54 @@ impl From<Subscription> for SubscriptionView {
     }
 }
 
+fn validate_patterns(types: &[String]) -> Result<(), ApiError> {
+    if types.is_empty() {
+        return Err(ApiError::validation("event_types", "must not be empty (omit it to match every type)"));
+    }
+    for t in types {
+        fanout::validate_pattern(t).map_err(|e| ApiError::validation("event_types", e))?;
+    }
+    Ok(())
+}
+
+async fn source_id_by_name(state: &AppState, name: &str) -> Result<crate::ids::SourceId, ApiError> {
+    Ok(store::sources::by_name(&state.pool, name)
+        .await?
+        .ok_or_else(|| ApiError::validation("source", format!("no source named {name:?}")))?
+        .id)
+}
+
 /// `POST /v1/subscriptions`.
+#[utoipa::path(
+    post, path = "/v1/subscriptions", tag = "subscriptions", operation_id = "create_subscription",
+    summary = "Create a subscription",
+    request_body = CreateSubscription,
+    responses(
+        (status = 201, description = "Created", body = SubscriptionView),
+        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
+        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
+        (status = 422, description = "Invalid field, or unknown endpoint or source, named (`validation_failed`)",
+            body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
 pub async fn create(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CreateSubscription>,
 ) -> Result<(StatusCode, Json<SubscriptionView>), ApiError> {
     if let Some(types) = &body.event_types {
-        if types.is_empty() {
-            return Err(ApiError::validation("event_types", "must not be empty (omit it to match every type)"));
-        }
-        for t in types {
-            fanout::validate_pattern(t).map_err(|e| ApiError::validation("event_types", e))?;
-        }
+        validate_patterns(types)?;
     }
     if store::endpoints::by_id(&state.pool, body.endpoint_id).await?.is_none() {
         return Err(ApiError::validation("endpoint_id", "no such endpoint"));
     }
     let source_id = match &body.source {
         None => None,
-        Some(name) => Some(
-            store::sources::by_name(&state.pool, name)
-                .await?
-                .ok_or_else(|| ApiError::validation("source", format!("no source named {name:?}")))?
-                .id,
-        ),
+        Some(name) => Some(source_id_by_name(&state, name).await?),
     };
     let created = store::subscriptions::insert(&state.pool, body.endpoint_id, source_id, body.event_types.as_deref())
         .await
@@ -85,4 +125,136 @@ pub async fn create(
             }
         })?;
     Ok((StatusCode::CREATED, Json(created.into())))
+}
+
+/// Query of `GET /v1/subscriptions`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only this endpoint's subscriptions.
+    endpoint_id: Option<EndpointId>,
+}
+
+/// `GET /v1/subscriptions?endpoint_id=`.
+#[utoipa::path(
+    get, path = "/v1/subscriptions", tag = "subscriptions", operation_id = "list_subscriptions",
+    summary = "List subscriptions",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "The subscriptions (not paginated)", body = SubscriptionList),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 422, description = "Bad query string (`validation_failed`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn list(
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let data: Vec<SubscriptionView> =
+        store::subscriptions::list(&state.pool, q.endpoint_id).await?.into_iter().map(Into::into).collect();
+    Ok(Json(serde_json::json!({ "data": data })))
+}
+
+/// `GET /v1/subscriptions/{id}`.
+#[utoipa::path(
+    get, path = "/v1/subscriptions/{id}", tag = "subscriptions", operation_id = "get_subscription",
+    summary = "Get a subscription",
+    params(("id" = SubscriptionId, Path, description = "Subscription id (anything else is 404)")),
+    responses(
+        (status = 200, description = "The subscription", body = SubscriptionView),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such subscription (`not_found`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<SubscriptionView>, ApiError> {
+    let id: SubscriptionId = parse_id(&id, "subscription")?;
+    let sub = store::subscriptions::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("subscription"))?;
+    Ok(Json(sub.into()))
+}
+
+/// Body of `PATCH /v1/subscriptions/{id}`; `null` clears a filter (match everything).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSubscription {
+    /// Source name, or `null` for every source.
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    pub source: Option<Option<String>>,
+    /// Patterns, or `null` for every type.
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    pub event_types: Option<Option<Vec<String>>>,
+}
+
+/// `PATCH /v1/subscriptions/{id}`.
+///
+/// Applies to events stored from now on.
+#[utoipa::path(
+    patch, path = "/v1/subscriptions/{id}", tag = "subscriptions", operation_id = "update_subscription",
+    summary = "Update a subscription",
+    params(("id" = SubscriptionId, Path, description = "Subscription id (anything else is 404)")),
+    request_body = UpdateSubscription,
+    responses(
+        (status = 200, description = "The updated subscription", body = SubscriptionView),
+        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such subscription (`not_found`)", body = ErrorBody),
+        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
+        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
+        (status = 422, description = "Invalid field, or no such source, named in the message (`validation_failed`)",
+            body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn update(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<UpdateSubscription>,
+) -> Result<Json<SubscriptionView>, ApiError> {
+    let id: SubscriptionId = parse_id(&id, "subscription")?;
+    if let Some(Some(types)) = &body.event_types {
+        validate_patterns(types)?;
+    }
+    let source_id = match &body.source {
+        None => None,
+        Some(None) => Some(None),
+        Some(Some(name)) => Some(Some(source_id_by_name(&state, name).await?)),
+    };
+    let types = body.event_types.as_ref().map(|t| t.as_deref());
+    let sub = store::subscriptions::update(&state.pool, id, source_id, types)
+        .await?
+        .ok_or_else(|| ApiError::not_found("subscription"))?;
+    Ok(Json(sub.into()))
+}
+
+/// `DELETE /v1/subscriptions/{id}`.
+///
+/// No new deliveries; existing ones are unaffected.
+#[utoipa::path(
+    delete, path = "/v1/subscriptions/{id}", tag = "subscriptions", operation_id = "delete_subscription",
+    summary = "Delete a subscription",
+    params(("id" = SubscriptionId, Path, description = "Subscription id (anything else is 404)")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
+        (status = 404, description = "No such subscription (`not_found`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn delete(State(state): State<AppState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    let id: SubscriptionId = parse_id(&id, "subscription")?;
+    if store::subscriptions::delete(&state.pool, id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found("subscription"))
+    }
 }

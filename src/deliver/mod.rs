@@ -188,7 +188,9 @@ async fn sleep_or_stop(pause: Duration, stop: &mut watch::Receiver<bool>) -> boo
 /// and is freed once the outcome is written.
 async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit) {
     let settings = &ctx.settings;
-    if job.attempt > settings.max_attempts as i32 {
+    // The budget counts attempts since the last manual redelivery.
+    let budget_attempt = job.attempt - job.attempts_base;
+    if budget_attempt > settings.max_attempts as i32 {
         // Every budgeted attempt was claimed, and the last one's worker died holding the
         // lease: its outcome is unknown and the budget is spent.
         let reason = format!(
@@ -213,7 +215,7 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit) {
         backoff_cap: settings.backoff_cap,
         retry_after_cap: settings.retry_after_cap,
     };
-    let verdict = policy::decide(&policy, &observed, job.attempt as u32, SystemTime::now(), &mut rand::rng());
+    let verdict = policy::decide(&policy, &observed, budget_attempt as u32, SystemTime::now(), &mut rand::rng());
     let (outcome, next_attempt_at, next_reason) = match verdict.decision {
         Decision::Delivered => (Outcome::Delivered, None, None),
         Decision::Dead => (Outcome::Dead, None, None),
@@ -233,6 +235,12 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit) {
         Observed::Refused { message } => message.split(':').next().map(str::to_owned),
         Observed::Response { .. } => None,
     };
+    let class = match (&observed, &error_kind) {
+        (Observed::Response { status, .. }, _) => format!("{}xx", status / 100),
+        (_, Some(kind)) => kind.clone(),
+        (_, None) => "other".to_owned(),
+    };
+    crate::metrics::attempt(outcome.as_str(), class, clock.elapsed());
     let record = AttemptRecord {
         delivery_id: job.id,
         claim_token: job.claim_token,
@@ -261,7 +269,8 @@ async fn send(ctx: &Context, job: &Claimed, timestamp: i64) -> (Observed, Option
         Ok(url) => url,
         Err(e) => return (Observed::Refused { message: format!("invalid_url: {e}") }, None, None),
     };
-    let headers = request::headers(job, &[job.secret.as_str()], timestamp);
+    let secrets: Vec<&str> = std::iter::once(job.secret.as_str()).chain(job.previous_secret.as_deref()).collect();
+    let headers = request::headers(job, &secrets, timestamp);
     match ctx.egress.post(&url, headers, Bytes::copy_from_slice(&job.payload)).await {
         Ok(response) => {
             let status = response.status().as_u16();

@@ -76,6 +76,7 @@ async fn write(pool: &PgPool, batch: &[AttemptRecord], cfg: &CircuitConfig) {
                     });
                 }
                 if recorded.len() < batch.len() {
+                    metrics::counter!(crate::metrics::FENCED).increment((batch.len() - recorded.len()) as u64);
                     for fenced in batch.iter().filter(|r| !recorded.contains(&r.delivery_id)) {
                         tracing::warn!(
                             delivery_id = %fenced.delivery_id,

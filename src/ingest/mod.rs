@@ -1,6 +1,7 @@
 //! `POST /ingest/{source}`: verify, then store the event and its fan-out in one
 //! transaction, then answer. Nothing is acknowledged before it is committed.
 
+mod cache;
 mod headers;
 pub mod rejections;
 
@@ -13,16 +14,17 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::ids::{EventId, SourceId};
 use crate::store;
 use crate::store::events::{NewEvent, Stored};
 use crate::verify::{self, Kind};
 
+pub use cache::SourceCache;
 pub use headers::redacted_headers;
 
 /// The answer to an accepted webhook (new or duplicate).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct IngestResponse {
     /// The stored event (the original one for a duplicate).
     pub event_id: EventId,
@@ -36,7 +38,49 @@ impl From<Stored> for IngestResponse {
     }
 }
 
+// Documentation only: `ingest` answers with `IngestResponse`, or builds the challenge with `json!`.
+/// An accepted webhook, or the answer to Slack's `url_verification`.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum IngestAnswer {
+    /// A webhook stored (or recognised as a duplicate).
+    Stored(IngestResponse),
+    /// Slack's `url_verification`, answered with its challenge and not stored.
+    Challenge(SlackChallenge),
+}
+
+/// The answer to Slack's `url_verification` handshake.
+#[derive(Serialize, utoipa::ToSchema)]
+#[allow(dead_code)] // documentation only
+pub struct SlackChallenge {
+    /// The request's `challenge`, echoed.
+    challenge: String,
+}
+
 /// `POST /ingest/{source}`.
+#[utoipa::path(
+    post, path = "/ingest/{source}", tag = "ingest", operation_id = "ingest",
+    summary = "Receive a webhook",
+    description = "A webhook from a provider. It is verified on its raw body by the source's `kind` (signature \
+        headers differ per kind), then stored with its deliveries in one transaction; the answer comes only after \
+        the commit. Any content type is accepted.",
+    params(("source" = String, Path, description = "The source's name")),
+    request_body(content = inline(serde_json::Value), content_type = "*/*", description = "The raw webhook body"),
+    responses(
+        (status = 200, description = "Stored, or already stored (`duplicate`); or Slack's challenge",
+            body = IngestAnswer),
+        (status = 400, description = "The body lacks what the kind requires (`malformed_body`)", body = ErrorBody),
+        (status = 401, description = "Refused: `missing_signature`, `invalid_signature` or \
+            `timestamp_out_of_tolerance`; nothing stored", body = ErrorBody),
+        (status = 403, description = "The built-in `api` source takes events only through `POST /v1/events` \
+            (`not_ingestible`)", body = ErrorBody),
+        (status = 404, description = "No such source (`not_found`)", body = ErrorBody),
+        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
+        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+)]
 pub async fn ingest(
     State(state): State<AppState>,
     Path(source_name): Path<String>,
@@ -50,7 +94,9 @@ pub async fn ingest(
             ApiError::bad_request("bad_request", rejection.body_text())
         }
     })?;
-    let source = store::sources::by_name(&state.pool, &source_name)
+    let source = state
+        .sources
+        .get(&state.pool, &source_name)
         .await?
         .ok_or_else(|| ApiError::not_found(&format!("source {source_name:?}")))?;
     let spec = &source.spec.0;
@@ -77,6 +123,7 @@ pub async fn ingest(
         &state,
         &Accepted {
             source_id: source.id,
+            source_name: &source.name,
             dedupe_key: &verified.dedupe_key,
             event_type: &verified.event_type,
             content_type,
@@ -92,6 +139,8 @@ pub async fn ingest(
 pub struct Accepted<'a> {
     /// Source.
     pub source_id: SourceId,
+    /// Its name (metrics label).
+    pub source_name: &'a str,
     /// Dedupe key.
     pub dedupe_key: &'a str,
     /// Event type.
@@ -122,5 +171,6 @@ pub async fn accept(state: &AppState, event: &Accepted<'_>) -> Result<Stored, Ap
     if stored.deliveries > 0 {
         state.wake.notify_one();
     }
+    crate::metrics::ingest(event.source_name, if stored.duplicate { "duplicate" } else { "accepted" });
     Ok(stored)
 }

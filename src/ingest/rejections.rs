@@ -158,6 +158,7 @@ pub fn record(source: &str, error: &VerifyError) {
     // A panic elsewhere while holding the lock leaves plain counters, still usable.
     let recorded =
         REGISTRY.lock().unwrap_or_else(PoisonError::into_inner).record(source, reason, Instant::now(), LOG_INTERVAL);
+    crate::metrics::rejected(if recorded.overflow { "_overflow" } else { source }, reason);
     // Logged after the lock is released. The message is the verifier's, which by its
     // contract never contains a secret or a signature.
     if let Some(suppressed) = recorded.log {

@@ -28,12 +28,16 @@ pub struct Claimed {
     pub endpoint_id: EndpointId,
     /// This attempt's number (1-based), already counted.
     pub attempt: i32,
+    /// Attempts spent before the last manual redelivery (the budget counts from here).
+    pub attempts_base: i32,
     /// Fencing token of this claim.
     pub claim_token: i64,
     /// Endpoint URL.
     pub url: String,
     /// Endpoint signing secret.
     pub secret: String,
+    /// The secret it replaced, while the rotation's grace period lasts.
+    pub previous_secret: Option<String>,
     /// Event type.
     pub event_type: String,
     /// Source name.
@@ -48,8 +52,10 @@ pub struct Claimed {
 
 /// Columns a worker needs, from the claimed delivery `d`, its event `e`, endpoint `ep`
 /// and source `s`.
-const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.claim_token, \
-     ep.url, ep.secret, e.event_type, s.name AS source_name, e.content_type, e.payload";
+const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.attempts_base, \
+     d.claim_token, ep.url, ep.secret, \
+     CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END AS previous_secret, \
+     e.event_type, s.name AS source_name, e.content_type, e.payload";
 
 /// Claim up to `limit` due deliveries for `lease`.
 ///
@@ -120,9 +126,11 @@ struct ClaimRow {
     event_id: Option<EventId>,
     endpoint_id: Option<EndpointId>,
     attempt: Option<i32>,
+    attempts_base: Option<i32>,
     claim_token: Option<i64>,
     url: Option<String>,
     secret: Option<String>,
+    previous_secret: Option<String>,
     event_type: Option<String>,
     source_name: Option<String>,
     content_type: Option<String>,
@@ -137,9 +145,11 @@ impl ClaimRow {
             event_id: self.event_id?,
             endpoint_id: self.endpoint_id?,
             attempt: self.attempt?,
+            attempts_base: self.attempts_base?,
             claim_token: self.claim_token?,
             url: self.url?,
             secret: self.secret?,
+            previous_secret: self.previous_secret,
             event_type: self.event_type?,
             source_name: self.source_name?,
             content_type: self.content_type,
@@ -374,4 +384,71 @@ pub async fn bury_unsent(
     .execute(db)
     .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// Manual redelivery: a dead (or delivered) delivery goes back to pending, due now, with
+/// a fresh attempt budget and the same `webhook-id`. A pending one is left as it is, so
+/// calling twice changes nothing. Returns whether it changed.
+pub async fn redeliver(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE deliveries
+         SET status = 'pending', attempts_base = attempt_count, next_attempt_at = now(), parked = false,
+             dead_reason = NULL, finished_at = NULL, leased_until = NULL, updated_at = now()
+         WHERE id = $1 AND status IN ('dead', 'delivered')",
+    )
+    .bind(id)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Rows re-queued per statement by [`recover`].
+pub const RECOVER_BATCH: i64 = 1_000;
+
+/// Re-queue an endpoint's dead deliveries that died in `[since, until)`, in batches of
+/// [`RECOVER_BATCH`], spaced `1/per_sec` apart so the recovered subscriber is not hit
+/// by the whole backlog at once. Each gets a fresh budget and keeps its `webhook-id`.
+/// Only dead rows qualify, so a second call re-queues nothing new.
+pub async fn recover(
+    pool: &sqlx::PgPool,
+    endpoint_id: EndpointId,
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
+    per_sec: u32,
+) -> Result<u64, sqlx::Error> {
+    let step = 1.0 / f64::from(per_sec.max(1));
+    let start = Utc::now();
+    let mut requeued: u64 = 0;
+    loop {
+        let done = sqlx::query(
+            "WITH locked AS (
+                 SELECT id FROM deliveries
+                 WHERE endpoint_id = $1 AND status = 'dead' AND finished_at >= $2 AND finished_at < $3
+                 ORDER BY id
+                 LIMIT $4
+                 FOR UPDATE SKIP LOCKED
+             ), n AS (
+                 SELECT id, row_number() OVER (ORDER BY id) AS rn FROM locked
+             )
+             UPDATE deliveries d
+             SET status = 'pending', attempts_base = d.attempt_count, parked = false,
+                 next_attempt_at = $5 + (n.rn - 1 + $6) * make_interval(secs => $7),
+                 dead_reason = NULL, finished_at = NULL, leased_until = NULL, updated_at = now()
+             FROM n WHERE d.id = n.id",
+        )
+        .bind(endpoint_id)
+        .bind(since)
+        .bind(until)
+        .bind(RECOVER_BATCH)
+        .bind(start)
+        .bind(requeued as i64)
+        .bind(step)
+        .execute(pool)
+        .await?
+        .rows_affected();
+        requeued += done;
+        if done < RECOVER_BATCH as u64 {
+            return Ok(requeued);
+        }
+    }
 }

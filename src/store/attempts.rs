@@ -6,7 +6,7 @@ use sqlx::PgExecutor;
 use crate::ids::DeliveryId;
 
 /// One recorded attempt.
-#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, utoipa::ToSchema)]
 pub struct Attempt {
     /// Attempt number, 1-based (the `webhook-attempt` header sent).
     pub attempt_number: i32,

@@ -46,12 +46,15 @@ pub async fn insert(
 
 /// An endpoint by id.
 pub async fn by_id(db: impl PgExecutor<'_>, id: EndpointId) -> Result<Option<Endpoint>, sqlx::Error> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM endpoints WHERE id = $1")).bind(id).fetch_optional(db).await
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM endpoints WHERE id = $1 AND deleted_at IS NULL"))
+        .bind(id)
+        .fetch_optional(db)
+        .await
 }
 
 /// All endpoints, oldest first.
 pub async fn list(db: impl PgExecutor<'_>) -> Result<Vec<Endpoint>, sqlx::Error> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM endpoints ORDER BY id")).fetch_all(db).await
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM endpoints WHERE deleted_at IS NULL ORDER BY id")).fetch_all(db).await
 }
 
 /// Pause or resume an endpoint; `None` if it does not exist.
@@ -60,9 +63,107 @@ pub async fn set_paused(
     id: EndpointId,
     paused: bool,
 ) -> Result<Option<Endpoint>, sqlx::Error> {
-    sqlx::query_as(&format!("UPDATE endpoints SET paused = $2, updated_at = now() WHERE id = $1 RETURNING {COLUMNS}"))
+    sqlx::query_as(&format!(
+        "UPDATE endpoints SET paused = $2, updated_at = now() WHERE id = $1 AND deleted_at IS NULL RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(paused)
+    .fetch_optional(db)
+    .await
+}
+
+/// Change an endpoint's URL and/or description (`None` leaves a field as it is).
+pub async fn update(
+    db: impl PgExecutor<'_>,
+    id: EndpointId,
+    url: Option<&str>,
+    description: Option<Option<&str>>,
+) -> Result<Option<Endpoint>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "UPDATE endpoints
+         SET url = COALESCE($2, url),
+             description = CASE WHEN $3 THEN $4 ELSE description END,
+             updated_at = now()
+         WHERE id = $1 AND deleted_at IS NULL
+         RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(url)
+    .bind(description.is_some())
+    .bind(description.flatten())
+    .fetch_optional(db)
+    .await
+}
+
+/// Make `secret` current; the old one keeps signing (alongside) until `grace` ends.
+pub async fn rotate_secret(
+    db: impl PgExecutor<'_>,
+    id: EndpointId,
+    secret: &str,
+    grace: std::time::Duration,
+) -> Result<Option<Endpoint>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "UPDATE endpoints
+         SET previous_secret = secret, previous_secret_expires_at = now() + make_interval(secs => $3),
+             secret = $2, updated_at = now()
+         WHERE id = $1 AND deleted_at IS NULL
+         RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(secret)
+    .bind(grace.as_secs_f64())
+    .fetch_optional(db)
+    .await
+}
+
+/// The outcome of [`delete`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleted {
+    /// No such endpoint.
+    NotFound,
+    /// Refused: it still has this many pending deliveries (and `force` was not given).
+    HasPending(i64),
+    /// Deleted; this many pending deliveries were dead-lettered.
+    Done(i64),
+}
+
+/// Soft-delete an endpoint, in one transaction: its subscriptions go (no new deliveries),
+/// its history stays inspectable. With pending deliveries it refuses unless `force`,
+/// which dead-letters them with a reason.
+pub async fn delete(pool: &sqlx::PgPool, id: EndpointId, force: bool) -> Result<Deleted, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let exists: Option<EndpointId> =
+        sqlx::query_scalar("SELECT id FROM endpoints WHERE id = $1 AND deleted_at IS NULL FOR UPDATE")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if exists.is_none() {
+        return Ok(Deleted::NotFound);
+    }
+    let pending: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = $1 AND status = 'pending'")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+    if pending > 0 && !force {
+        return Ok(Deleted::HasPending(pending));
+    }
+    // A worker holding a lease on one of these records nothing afterwards: the claim
+    // token moves on.
+    sqlx::query(
+        "UPDATE deliveries
+         SET status = 'dead', dead_reason = 'endpoint deleted', parked = false, leased_until = NULL,
+             claim_token = claim_token + 1, finished_at = now(), updated_at = now()
+         WHERE endpoint_id = $1 AND status = 'pending'",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM subscriptions WHERE endpoint_id = $1").bind(id).execute(&mut *tx).await?;
+    sqlx::query("UPDATE endpoints SET deleted_at = now(), updated_at = now() WHERE id = $1")
         .bind(id)
-        .bind(paused)
-        .fetch_optional(db)
-        .await
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Deleted::Done(pending))
 }

@@ -2,10 +2,10 @@
 //! fan-out together.
 
 use chrono::{DateTime, Utc};
-use sqlx::PgExecutor;
 use sqlx::types::Json;
+use sqlx::{PgExecutor, Postgres, QueryBuilder};
 
-use crate::ids::{EventId, SourceId};
+use crate::ids::{DeliveryId, EndpointId, EventId, SourceId};
 
 /// An event about to be stored.
 #[derive(Debug)]
@@ -125,5 +125,85 @@ pub async fn by_id(db: impl PgExecutor<'_>, id: EventId) -> Result<Option<Event>
     )
     .bind(id)
     .fetch_optional(db)
+    .await
+}
+
+/// An event without its body, for listings.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, utoipa::ToSchema)]
+pub struct EventSummary {
+    /// Id.
+    pub id: EventId,
+    /// Source name.
+    pub source: String,
+    /// Event type.
+    pub event_type: String,
+    /// Dedupe key.
+    pub dedupe_key: String,
+    /// Arrival time.
+    pub received_at: DateTime<Utc>,
+    /// Body size in bytes.
+    pub payload_bytes: i32,
+}
+
+/// Filters for [`list`]; all optional.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Source id.
+    pub source_id: Option<SourceId>,
+    /// Exact event type.
+    pub event_type: Option<String>,
+    /// Received at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Received before.
+    pub until: Option<DateTime<Utc>>,
+    /// Keyset cursor: ids after this one (ids are time-ordered).
+    pub after: Option<EventId>,
+}
+
+/// Events matching `filter`, oldest first, at most `limit`.
+pub async fn list(db: impl PgExecutor<'_>, filter: &Filter, limit: i64) -> Result<Vec<EventSummary>, sqlx::Error> {
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(
+        "SELECT e.id, s.name AS source, e.event_type, e.dedupe_key, e.received_at, length(e.payload) AS payload_bytes
+         FROM events e JOIN sources s ON s.id = e.source_id WHERE true",
+    );
+    if let Some(id) = filter.source_id {
+        q.push(" AND e.source_id = ").push_bind(id);
+    }
+    if let Some(t) = &filter.event_type {
+        q.push(" AND e.event_type = ").push_bind(t.clone());
+    }
+    if let Some(t) = filter.since {
+        q.push(" AND e.received_at >= ").push_bind(t);
+    }
+    if let Some(t) = filter.until {
+        q.push(" AND e.received_at < ").push_bind(t);
+    }
+    if let Some(after) = filter.after {
+        q.push(" AND e.id > ").push_bind(after);
+    }
+    q.push(" ORDER BY e.id LIMIT ").push_bind(limit);
+    q.build_query_as().fetch_all(db).await
+}
+
+/// Store a synthetic test event in the `_test` source with one delivery, to `endpoint_id`
+/// only. Its dedupe key is fresh every time, so two test sends are two deliveries and a
+/// test is never deduplicated against a real event.
+pub async fn insert_test(
+    db: impl PgExecutor<'_>,
+    endpoint_id: EndpointId,
+    payload: &[u8],
+) -> Result<(EventId, DeliveryId), sqlx::Error> {
+    sqlx::query_as(
+        "WITH ev AS (
+             INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload)
+             SELECT id, 'test:' || gen_random_uuid(), 'webhook.test', 'application/json', '{}'::jsonb, $2
+             FROM sources WHERE name = '_test'
+             RETURNING id
+         )
+         INSERT INTO deliveries (event_id, endpoint_id) SELECT ev.id, $1 FROM ev RETURNING event_id, id",
+    )
+    .bind(endpoint_id)
+    .bind(payload)
+    .fetch_one(db)
     .await
 }

@@ -49,3 +49,29 @@ pub async fn by_id(db: impl PgExecutor<'_>, id: SourceId) -> Result<Option<Sourc
 pub async fn list(db: impl PgExecutor<'_>) -> Result<Vec<Source>, sqlx::Error> {
     sqlx::query_as(&format!("SELECT {COLUMNS} FROM sources ORDER BY name")).fetch_all(db).await
 }
+
+/// Replace a source's spec (kind included, name unchanged).
+pub async fn update_spec(
+    db: impl PgExecutor<'_>,
+    id: SourceId,
+    spec: &SourceSpec,
+) -> Result<Option<Source>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "UPDATE sources SET kind = $2, spec = $3, updated_at = now() WHERE id = $1 RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(spec.kind.as_str())
+    .bind(Json(spec))
+    .fetch_optional(db)
+    .await
+}
+
+/// How many events a source holds.
+pub async fn event_count(db: impl PgExecutor<'_>, id: SourceId) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM events WHERE source_id = $1").bind(id).fetch_one(db).await
+}
+
+/// Delete a source; its events, deliveries and attempts go with it (ON DELETE CASCADE).
+pub async fn delete(db: impl PgExecutor<'_>, id: SourceId) -> Result<bool, sqlx::Error> {
+    Ok(sqlx::query("DELETE FROM sources WHERE id = $1").bind(id).execute(db).await?.rows_affected() == 1)
+}

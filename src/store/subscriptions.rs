@@ -46,14 +46,52 @@ pub async fn insert(
     .await
 }
 
-/// Subscriptions of one endpoint.
-pub async fn for_endpoint(db: impl PgExecutor<'_>, endpoint_id: EndpointId) -> Result<Vec<Subscription>, sqlx::Error> {
+const SELECT: &str = "SELECT s.id, s.endpoint_id, s.source_id, s.event_types, s.created_at, src.name AS source_name
+                      FROM subscriptions s LEFT JOIN sources src ON src.id = s.source_id";
+
+/// Subscriptions, optionally of one endpoint, in creation order.
+pub async fn list(db: impl PgExecutor<'_>, endpoint_id: Option<EndpointId>) -> Result<Vec<Subscription>, sqlx::Error> {
+    sqlx::query_as(&format!("{SELECT} WHERE $1::uuid IS NULL OR s.endpoint_id = $1 ORDER BY s.id"))
+        .bind(endpoint_id)
+        .fetch_all(db)
+        .await
+}
+
+/// One subscription.
+pub async fn by_id(db: impl PgExecutor<'_>, id: SubscriptionId) -> Result<Option<Subscription>, sqlx::Error> {
+    sqlx::query_as(&format!("{SELECT} WHERE s.id = $1")).bind(id).fetch_optional(db).await
+}
+
+/// Change a subscription's source filter and/or patterns; `Some(None)` clears a filter.
+pub async fn update(
+    db: impl PgExecutor<'_>,
+    id: SubscriptionId,
+    source_id: Option<Option<SourceId>>,
+    event_types: Option<Option<&[String]>>,
+) -> Result<Option<Subscription>, sqlx::Error> {
+    let types: Option<Vec<String>> = event_types.flatten().map(<[String]>::to_vec);
+    let likes: Option<Vec<String>> = types.as_ref().map(|ts| ts.iter().map(|t| fanout::to_like(t)).collect());
     sqlx::query_as(
-        "SELECT s.id, s.endpoint_id, s.source_id, s.event_types, s.created_at, src.name AS source_name
-         FROM subscriptions s LEFT JOIN sources src ON src.id = s.source_id
-         WHERE s.endpoint_id = $1 ORDER BY s.id",
+        "WITH s AS (
+             UPDATE subscriptions
+             SET source_id = CASE WHEN $2 THEN $3 ELSE source_id END,
+                 event_types = CASE WHEN $4 THEN $5 ELSE event_types END,
+                 event_type_likes = CASE WHEN $4 THEN $6 ELSE event_type_likes END
+             WHERE id = $1
+             RETURNING id, endpoint_id, source_id, event_types, created_at)
+         SELECT s.*, src.name AS source_name FROM s LEFT JOIN sources src ON src.id = s.source_id",
     )
-    .bind(endpoint_id)
-    .fetch_all(db)
+    .bind(id)
+    .bind(source_id.is_some())
+    .bind(source_id.flatten())
+    .bind(event_types.is_some())
+    .bind(types)
+    .bind(likes)
+    .fetch_optional(db)
     .await
+}
+
+/// Delete a subscription (existing deliveries are not affected).
+pub async fn delete(db: impl PgExecutor<'_>, id: SubscriptionId) -> Result<bool, sqlx::Error> {
+    Ok(sqlx::query("DELETE FROM subscriptions WHERE id = $1").bind(id).execute(db).await?.rows_affected() == 1)
 }

@@ -34,7 +34,7 @@ pub use standard::decode_secret as decode_standard_secret;
 pub use validate::{secret_fingerprint, validate_spec};
 
 /// The verifier kinds a source can use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
     /// No verification at all (explicit opt-in, logged at start-up).
@@ -77,7 +77,7 @@ impl Kind {
 }
 
 /// Where a value (dedupe key, event type) is read from.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Locator {
     /// A request header name (case-insensitive).
@@ -96,7 +96,7 @@ impl Locator {
 }
 
 /// Hash algorithm of the generic `hmac` kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HmacAlgorithm {
     /// HMAC-SHA256.
@@ -107,7 +107,7 @@ pub enum HmacAlgorithm {
 }
 
 /// Signature encoding of the generic `hmac` kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SignatureEncoding {
     /// Lower- or upper-case hexadecimal.
@@ -118,7 +118,7 @@ pub enum SignatureEncoding {
 }
 
 /// Settings of the generic `hmac` kind.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HmacScheme {
     /// Header that carries the signature, e.g. `X-Signature`.

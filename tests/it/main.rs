@@ -10,5 +10,8 @@ mod db_outage;
 mod delivery;
 mod ingest;
 mod janitor;
+mod metrics;
+mod openapi;
+mod operator;
 mod replicas;
 mod sources;

@@ -207,3 +207,33 @@ async fn concurrent_claims_are_disjoint() {
     assert_eq!(all.len(), 2000, "no row claimed twice");
     assert!(workers_that_claimed > 1, "the claimers really raced");
 }
+
+/// Ingest and delivery in separate processes: the ingest process NOTIFYs after commit
+/// and the worker process LISTENs. With the worker's poll interval at 60 s, only the
+/// notification can deliver within the 30 s this test waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_roles_wake_workers_by_notification() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::ok().await;
+    app.source_none("shop").await;
+    app.endpoint_for(&sink.url("/"), Some("shop")).await;
+    let _worker = GatewayProcess::start(&app.db.url, &["--role", "worker", "--poll-interval-ms", "60000"]);
+    // Let the worker finish its start-up claim and go idle.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut latencies = Vec::new();
+    for i in 0..5 {
+        let start = std::time::Instant::now();
+        let (status, _) = app.ingest("shop", &format!("n-{i}"), "order.created", "{}").await;
+        assert_eq!(status, 200);
+        let at = eventually(Duration::from_secs(30), "woken worker delivers", || async {
+            (sink.count() > i).then(|| sink.received()[i].at)
+        })
+        .await;
+        latencies.push(at.duration_since(start));
+    }
+    println!("split roles, ingest-to-first-attempt via NOTIFY: {latencies:?}");
+    eventually(Duration::from_secs(10), "all recorded", || async {
+        (count_status(&app.db.pool, "delivered").await == 5).then_some(())
+    })
+    .await;
+}

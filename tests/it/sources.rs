@@ -627,7 +627,11 @@ async fn secrets_are_never_returned_by_the_api() {
         assert_eq!(leaks(&fetched.to_string()), Vec::<String>::new(), "GET answer: {fetched}");
     }
     let listed = app.admin_get("/v1/sources").await;
-    assert_eq!(listed["data"].as_array().expect("data").len(), specs.len() + 1, "plus the built-in api source");
+    assert_eq!(
+        listed["data"].as_array().expect("data").len(),
+        specs.len() + 2,
+        "plus the built-in api and _test sources"
+    );
     assert_eq!(leaks(&listed.to_string()), Vec::<String>::new(), "list: {listed}");
     // A fixed value, so the test does not merely agree with itself:
     //   printf %s 'it-secret-github-CCCC' | sha256sum | cut -c1-8

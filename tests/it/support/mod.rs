@@ -133,6 +133,7 @@ pub fn test_settings() -> Settings {
         },
         janitor: JanitorSettings::default(),
         resolver: None,
+        metrics: None,
     }
 }
 
@@ -266,6 +267,8 @@ pub struct GatewayProcess {
     pub child: std::process::Child,
     /// Its HTTP address.
     pub addr: SocketAddr,
+    /// Its stderr (the logs).
+    pub log: std::path::PathBuf,
 }
 
 impl GatewayProcess {
@@ -274,8 +277,8 @@ impl GatewayProcess {
     pub fn start(db_url: &str, extra: &[&str]) -> GatewayProcess {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let log = std::env::temp_dir().join(format!("wg-proc-{port}.log"));
-        let log = std::fs::File::create(log).expect("log file");
+        let log_path = std::env::temp_dir().join(format!("wg-proc-{port}.log"));
+        let log = std::fs::File::create(&log_path).expect("log file");
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_webhook-gateway"))
             .args(["serve", "--database-url", db_url, "--listen", &addr.to_string(), "--admin-token", ADMIN_TOKEN])
             .args(["--egress-allow", "127.0.0.1/32", "--poll-interval-ms", "50", "--db-pool-size", "8"])
@@ -285,7 +288,7 @@ impl GatewayProcess {
             .stderr(log)
             .spawn()
             .expect("start gateway process");
-        GatewayProcess { child, addr }
+        GatewayProcess { child, addr, log: log_path }
     }
 
     /// SIGKILL: no shutdown, no cleanup, leases left behind.

@@ -1,0 +1,112 @@
+//! Prometheus metrics: names, the exporter, and a sampler for database-derived gauges.
+//!
+//! Counters and histograms are recorded where things happen (ingest, workers, recorder);
+//! queue depth, lag, circuit states and pool usage are sampled from PostgreSQL every
+//! [`SAMPLE_INTERVAL`] by each process. Labels are bounded: source names and endpoint
+//! ids are operator-created, never per event.
+
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use sqlx::PgPool;
+use tokio::sync::watch;
+
+/// Webhooks received, by source and outcome (`accepted`, `duplicate`, `rejected`).
+pub const INGEST_REQUESTS: &str = "webhook_gateway_ingest_requests_total";
+/// Refused webhooks, by source and reason (`invalid_signature`, ...).
+pub const INGEST_REJECTED: &str = "webhook_gateway_ingest_rejected_total";
+/// Delivery attempts, by outcome (`delivered`, `retry`, `dead`) and class (`2xx`, `5xx`,
+/// `timeout`, `forbidden_address`, ...).
+pub const ATTEMPTS: &str = "webhook_gateway_attempts_total";
+/// Attempt duration, seconds.
+pub const ATTEMPT_DURATION: &str = "webhook_gateway_attempt_duration_seconds";
+/// Outcomes dropped because a newer claim took the lease over.
+pub const FENCED: &str = "webhook_gateway_outcomes_fenced_total";
+/// Deliveries by state: `pending` (claimable), `parked`, `dead`.
+pub const QUEUE_DELIVERIES: &str = "webhook_gateway_queue_deliveries";
+/// Pending deliveries due now.
+pub const QUEUE_DUE: &str = "webhook_gateway_queue_due";
+/// Age of the oldest due delivery, seconds: the lag that pages someone.
+pub const QUEUE_LAG: &str = "webhook_gateway_queue_oldest_due_age_seconds";
+/// Circuit per endpoint: 0 closed, 1 open, 2 half-open.
+pub const CIRCUIT_STATE: &str = "webhook_gateway_circuit_state";
+/// Database pool connections by state (`in_use`, `idle`).
+pub const DB_POOL: &str = "webhook_gateway_db_pool_connections";
+
+/// How often the sampler refreshes the database-derived gauges.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Install the process-wide Prometheus recorder. Call once, in the binary.
+pub fn install() -> anyhow::Result<PrometheusHandle> {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(ATTEMPT_DURATION.to_owned()),
+            &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0],
+        )?
+        .install_recorder()
+        .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))
+}
+
+/// Count one ingest outcome.
+pub fn ingest(source: &str, outcome: &'static str) {
+    counter!(INGEST_REQUESTS, "source" => source.to_owned(), "outcome" => outcome).increment(1);
+}
+
+/// Count one refused webhook.
+pub fn rejected(source: &str, reason: &'static str) {
+    ingest(source, "rejected");
+    counter!(INGEST_REJECTED, "source" => source.to_owned(), "reason" => reason).increment(1);
+}
+
+/// Count and time one attempt.
+pub fn attempt(outcome: &'static str, class: String, duration: Duration) {
+    counter!(ATTEMPTS, "outcome" => outcome, "class" => class).increment(1);
+    histogram!(ATTEMPT_DURATION).record(duration.as_secs_f64());
+}
+
+/// Refresh the sampled gauges until `stop`.
+pub async fn sample(pool: PgPool, mut stop: watch::Receiver<bool>) {
+    loop {
+        if let Err(e) = sample_once(&pool).await {
+            tracing::debug!(error = %e, "metrics sampling failed");
+        }
+        tokio::select! {
+            () = tokio::time::sleep(SAMPLE_INTERVAL) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+async fn sample_once(pool: &PgPool) -> Result<(), sqlx::Error> {
+    let idle = pool.num_idle() as f64;
+    gauge!(DB_POOL, "state" => "idle").set(idle);
+    gauge!(DB_POOL, "state" => "in_use").set(f64::from(pool.size()) - idle);
+
+    let (pending, parked, due, lag): (i64, i64, i64, Option<f64>) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE NOT parked),
+                count(*) FILTER (WHERE parked),
+                count(*) FILTER (WHERE NOT parked AND next_attempt_at <= now() AND leased_until IS NULL),
+                extract(epoch FROM now() - min(next_attempt_at) FILTER (WHERE NOT parked AND leased_until IS NULL))::float8
+         FROM deliveries WHERE status = 'pending'",
+    )
+    .fetch_one(pool)
+    .await?;
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'dead'").fetch_one(pool).await?;
+    gauge!(QUEUE_DELIVERIES, "state" => "pending").set(pending as f64);
+    gauge!(QUEUE_DELIVERIES, "state" => "parked").set(parked as f64);
+    gauge!(QUEUE_DELIVERIES, "state" => "dead").set(dead as f64);
+    gauge!(QUEUE_DUE).set(due as f64);
+    gauge!(QUEUE_LAG).set(lag.unwrap_or(0.0).max(0.0));
+
+    let circuits: Vec<(String, i32)> = sqlx::query_as(
+        "SELECT id::text, CASE WHEN circuit_state = 'closed' THEN 0 WHEN reopen_at > now() THEN 1 ELSE 2 END
+         FROM endpoints WHERE deleted_at IS NULL",
+    )
+    .fetch_all(pool)
+    .await?;
+    for (endpoint, state) in circuits {
+        gauge!(CIRCUIT_STATE, "endpoint_id" => endpoint).set(f64::from(state));
+    }
+    Ok(())
+}

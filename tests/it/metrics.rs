@@ -1,0 +1,145 @@
+//! Prometheus metrics, scraped from a real gateway process (the recorder is per process,
+//! so the counts are exactly this test's).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::sink::{Reply, Sink};
+use crate::support::{ADMIN_TOKEN, GatewayProcess, TestDb, count_status, eventually};
+
+/// `name{labels} value` lines, keyed by name plus sorted labels.
+fn parse(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        let key = match series.split_once('{') {
+            Some((name, labels)) => {
+                let mut labels: Vec<&str> = labels.trim_end_matches('}').split(',').collect();
+                labels.sort();
+                format!("{name}{{{}}}", labels.join(","))
+            }
+            None => series.to_owned(),
+        };
+        out.insert(key, value.parse().unwrap_or(f64::NAN));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scraped_counters_match_a_scripted_sequence() {
+    let db = TestDb::new().await;
+    let sink = Sink::start(|r, _| if r.path == "/bad" { Reply::status(400) } else { Reply::status(200) }).await;
+    let gw = GatewayProcess::start(&db.url, &[]);
+    let base = format!("http://{}", gw.addr);
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(30), "gateway ready", || async {
+        let r = http.get(format!("{base}/readyz")).send().await.ok()?;
+        r.status().is_success().then_some(())
+    })
+    .await;
+    let admin = |path: &str, body: serde_json::Value| {
+        http.post(format!("{base}{path}")).bearer_auth(ADMIN_TOKEN).json(&body).send()
+    };
+    let src = json!({"name": "shop", "kind": "none", "dedupe": {"header": "x-id"}, "event_type": {"header": "x-type"}});
+    assert_eq!(admin("/v1/sources", src).await.unwrap().status(), 201);
+    let gh = json!({"name": "gh", "kind": "github", "secrets": ["s3cret-value"]});
+    assert_eq!(admin("/v1/sources", gh).await.unwrap().status(), 201);
+    for (path, pattern) in [("/ok", "ok.*"), ("/bad", "bad.*")] {
+        let ep: serde_json::Value =
+            admin("/v1/endpoints", json!({"url": sink.url(path)})).await.unwrap().json().await.unwrap();
+        let sub = json!({"endpoint_id": ep["id"], "source": "shop", "event_types": [pattern]});
+        assert_eq!(admin("/v1/subscriptions", sub).await.unwrap().status(), 201);
+    }
+    let ingest = |id: &'static str, t: &'static str| {
+        http.post(format!("{base}/ingest/shop")).header("x-id", id).header("x-type", t).body("{}").send()
+    };
+    assert_eq!(ingest("d1", "ok.created").await.unwrap().status(), 200);
+    assert_eq!(ingest("d1", "ok.created").await.unwrap().status(), 200);
+    let forged = http
+        .post(format!("{base}/ingest/gh"))
+        .header("x-hub-signature-256", format!("sha256={}", "0".repeat(64)))
+        .header("x-github-event", "push")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 401);
+    assert_eq!(ingest("d2", "bad.created").await.unwrap().status(), 200);
+    eventually(Duration::from_secs(30), "one delivered, one dead", || async {
+        (count_status(&db.pool, "delivered").await == 1 && count_status(&db.pool, "dead").await == 1).then_some(())
+    })
+    .await;
+
+    // Counters are recorded as things happen; the queue gauges are sampled every 5 s.
+    let scraped = eventually(Duration::from_secs(15), "sampled gauges caught up", || async {
+        let text = http.get(format!("{base}/metrics")).send().await.ok()?.text().await.ok()?;
+        let m = parse(&text);
+        (m.get(r#"webhook_gateway_queue_deliveries{state="dead"}"#) == Some(&1.0)).then_some(m)
+    })
+    .await;
+    let get = |k: &str| scraped.get(k).copied().unwrap_or_else(|| panic!("{k} missing from {scraped:#?}"));
+    assert_eq!(get(r#"webhook_gateway_ingest_requests_total{outcome="accepted",source="shop"}"#), 2.0);
+    assert_eq!(get(r#"webhook_gateway_ingest_requests_total{outcome="duplicate",source="shop"}"#), 1.0);
+    assert_eq!(get(r#"webhook_gateway_ingest_requests_total{outcome="rejected",source="gh"}"#), 1.0);
+    assert_eq!(get(r#"webhook_gateway_ingest_rejected_total{reason="invalid_signature",source="gh"}"#), 1.0);
+    assert_eq!(get(r#"webhook_gateway_attempts_total{class="2xx",outcome="delivered"}"#), 1.0);
+    assert_eq!(get(r#"webhook_gateway_attempts_total{class="4xx",outcome="dead"}"#), 1.0);
+    assert_eq!(get("webhook_gateway_attempt_duration_seconds_count"), 2.0);
+    assert_eq!(get(r#"webhook_gateway_queue_deliveries{state="dead"}"#), 1.0);
+    assert_eq!(get(r#"webhook_gateway_queue_deliveries{state="pending"}"#), 0.0);
+    assert!(scraped.keys().any(|k| k.starts_with("webhook_gateway_circuit_state{")));
+    assert!(scraped.contains_key(r#"webhook_gateway_db_pool_connections{state="idle"}"#));
+    let accepted_series = scraped.keys().filter(|k| k.starts_with("webhook_gateway_ingest_requests_total")).count();
+    assert_eq!(accepted_series, 3, "no other label values (bounded cardinality)");
+}
+
+/// `--log-format json`: one JSON object per line, and a log line caused by a request
+/// carries that request's id (which the response echoes).
+#[tokio::test]
+async fn json_logs_carry_the_request_id() {
+    let db = TestDb::new().await;
+    let gw = GatewayProcess::start(&db.url, &["--log-format", "json", "--role", "ingest"]);
+    let base = format!("http://{}", gw.addr);
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(30), "gateway ready", || async {
+        let r = http.get(format!("{base}/readyz")).send().await.ok()?;
+        r.status().is_success().then_some(())
+    })
+    .await;
+    let ep: serde_json::Value = http
+        .post(format!("{base}/v1/endpoints"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"url": "https://example.com/hook"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let resp = http
+        .post(format!("{base}/v1/endpoints/{}/pause", ep["id"].as_str().unwrap()))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("x-request-id", "req-from-caller-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-request-id"], "req-from-caller-42");
+    let generated = http.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(generated.headers()["x-request-id"].len(), 36, "a UUID when the caller sends none");
+
+    let line = eventually(Duration::from_secs(10), "the pause log line", || async {
+        let text = std::fs::read_to_string(&gw.log).ok()?;
+        text.lines().find(|l| l.contains("endpoint paused")).map(str::to_owned)
+    })
+    .await;
+    let parsed: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
+    assert_eq!(parsed["span"]["request_id"], "req-from-caller-42", "{parsed}");
+    let text = std::fs::read_to_string(&gw.log).unwrap();
+    for l in text.lines().filter(|l| !l.trim().is_empty()) {
+        serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+    }
+    assert!(!text.contains(ADMIN_TOKEN), "the admin token is never logged");
+    assert!(!text.contains(ep["secret"].as_str().unwrap()), "secrets are never logged");
+}

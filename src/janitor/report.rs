@@ -7,7 +7,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 /// Sizes and tuple counts of the gateway's tables, and the janitor's latest pass.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct StorageReport {
     /// Every table of the gateway's schema, largest first.
     pub tables: Vec<TableStorage>,
@@ -16,7 +16,7 @@ pub struct StorageReport {
 }
 
 /// One table.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct TableStorage {
     /// Table name.
     pub table: String,
@@ -44,7 +44,7 @@ pub struct TableStorage {
 }
 
 /// One index.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct IndexStorage {
     /// Index name.
     pub index: String,
@@ -57,7 +57,7 @@ pub struct IndexStorage {
 }
 
 /// A row of `janitor_runs`.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct JanitorRun {
     /// Run id.
     pub id: i64,

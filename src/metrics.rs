@@ -93,18 +93,18 @@ async fn sample_once(pool: &PgPool) -> Result<(), sqlx::Error> {
     .fetch_one(pool)
     .await?;
     let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'dead'").fetch_one(pool).await?;
-    gauge!(QUEUE_DELIVERIES, "state" => "pending").set(pending as f64);
-    gauge!(QUEUE_DELIVERIES, "state" => "parked").set(parked as f64);
-    gauge!(QUEUE_DELIVERIES, "state" => "dead").set(dead as f64);
-    gauge!(QUEUE_DUE).set(due as f64);
-    gauge!(QUEUE_LAG).set(lag.unwrap_or(0.0).max(0.0));
-
     let circuits: Vec<(String, i32)> = sqlx::query_as(
         "SELECT id::text, CASE WHEN circuit_state = 'closed' THEN 0 WHEN reopen_at > now() THEN 1 ELSE 2 END
          FROM endpoints WHERE deleted_at IS NULL",
     )
     .fetch_all(pool)
     .await?;
+    // Set together, after every query: a scrape never sees half a sample.
+    gauge!(QUEUE_DELIVERIES, "state" => "pending").set(pending as f64);
+    gauge!(QUEUE_DELIVERIES, "state" => "parked").set(parked as f64);
+    gauge!(QUEUE_DELIVERIES, "state" => "dead").set(dead as f64);
+    gauge!(QUEUE_DUE).set(due as f64);
+    gauge!(QUEUE_LAG).set(lag.unwrap_or(0.0).max(0.0));
     for (endpoint, state) in circuits {
         gauge!(CIRCUIT_STATE, "endpoint_id" => endpoint).set(f64::from(state));
     }

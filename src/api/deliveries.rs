@@ -219,6 +219,7 @@ pub async fn attempts(
             body = DeliveryView),
         (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such delivery (`not_found`)", body = ErrorBody),
+        (status = 409, description = "Its endpoint was deleted (`conflict`)", body = ErrorBody),
         (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
             headers(("Retry-After" = u32, description = "Seconds to wait"))),
     ),
@@ -231,6 +232,8 @@ pub async fn redeliver(State(state): State<AppState>, Path(id): Path<String>) ->
     if changed {
         state.wake.notify_one();
         tracing::info!(delivery_id = %id, "manual redelivery");
+    } else if delivery.status != "pending" {
+        return Err(ApiError::conflict("its endpoint was deleted: there is nowhere to redeliver it"));
     }
     Ok(Json(delivery.into()))
 }

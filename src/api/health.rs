@@ -53,16 +53,20 @@ pub async fn healthz() -> Json<Value> {
         (status = 503, description = "Not ready (`reason` says why); no `Retry-After`", body = Readiness),
     ),
 )]
-pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+pub async fn readyz(State(state): State<AppState>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let not_ready = |reason: &str| {
+        let retry = [(axum::http::header::RETRY_AFTER, "5")];
+        (StatusCode::SERVICE_UNAVAILABLE, retry, Json(json!({"status": "not_ready", "reason": reason}))).into_response()
+    };
     match db::migrations_applied(&state.pool).await {
-        Ok(true) => (StatusCode::OK, Json(json!({"status": "ready"}))),
-        Ok(false) => {
-            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "not_ready", "reason": "migrations not applied"})))
+        Ok(true) => (StatusCode::OK, Json(json!({"status": "ready"}))).into_response(),
+        Ok(false) => not_ready("migrations not applied"),
+        Err(e) => {
+            // The details (host, port, error) go to the log, not to a public endpoint.
+            tracing::warn!(error = %e, "readiness check: database unreachable");
+            not_ready("database unreachable")
         }
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "not_ready", "reason": format!("database unreachable: {e}")})),
-        ),
     }
 }
 

@@ -58,7 +58,11 @@ pub fn router(state: AppState, role: Role) -> Router {
             .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
         app = app.nest("/v1", admin).route("/ingest/{source}", post(crate::ingest::ingest));
     }
-    let app = app.fallback(not_found).layer(DefaultBodyLimit::max(state.max_body_bytes)).with_state(state);
+    let app = app
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .with_state(state);
     with_request_ids(app)
 }
 
@@ -85,4 +89,12 @@ fn with_request_ids(app: Router) -> Router {
 
 async fn not_found() -> ApiError {
     ApiError::not_found("route")
+}
+
+async fn method_not_allowed(method: axum::http::Method) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not allowed on this route"),
+    )
 }

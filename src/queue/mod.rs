@@ -76,7 +76,8 @@ pub async fn claim(db: impl PgExecutor<'_>, limit: i64, lease: Duration) -> Resu
 pub fn claim_sql() -> String {
     format!(
         "WITH due AS (
-             SELECT d.id, d.next_attempt_at, (ep.circuit_state = 'closed' AND NOT ep.paused) AS runnable
+             SELECT d.id, d.next_attempt_at,
+                    (ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL) AS runnable
              FROM deliveries d JOIN endpoints ep ON ep.id = d.endpoint_id
              WHERE d.status = 'pending' AND NOT d.parked AND d.next_attempt_at <= now()
              ORDER BY d.next_attempt_at
@@ -388,13 +389,15 @@ pub async fn bury_unsent(
 
 /// Manual redelivery: a dead (or delivered) delivery goes back to pending, due now, with
 /// a fresh attempt budget and the same `webhook-id`. A pending one is left as it is, so
-/// calling twice changes nothing. Returns whether it changed.
+/// calling twice changes nothing; a deleted endpoint's deliveries stay where they are.
+/// Returns whether it changed.
 pub async fn redeliver(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
-        "UPDATE deliveries
+        "UPDATE deliveries d
          SET status = 'pending', attempts_base = attempt_count, next_attempt_at = now(), parked = false,
              dead_reason = NULL, finished_at = NULL, leased_until = NULL, updated_at = now()
-         WHERE id = $1 AND status IN ('dead', 'delivered')",
+         FROM endpoints ep
+         WHERE d.id = $1 AND d.status IN ('dead', 'delivered') AND ep.id = d.endpoint_id AND ep.deleted_at IS NULL",
     )
     .bind(id)
     .execute(db)

@@ -117,6 +117,14 @@ async fn endpoints_and_subscriptions_crud() {
     assert_eq!(dead["data"][0]["dead_reason"], "endpoint deleted");
     let (status, _) = app.admin(Method::GET, &format!("/v1/endpoints/{id}"), None).await;
     assert_eq!(status, 404);
+    // A deleted endpoint's dead letters can't be redelivered: there is nowhere to send them.
+    let (status, body) = app
+        .admin(Method::POST, &format!("/v1/deliveries/{}/redeliver", dead["data"][0]["id"].as_str().unwrap()), None)
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(count_status(&app.db.pool, "dead").await, 1);
+    let (status, body) = app.admin(Method::PUT, "/v1/endpoints", None).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (405, Some("method_not_allowed")));
     let (status, _) = app.admin(Method::GET, &format!("/v1/subscriptions/{sub_id}"), None).await;
     assert_eq!(status, 404, "subscriptions go with their endpoint");
     let (status, _) = app.admin(Method::DELETE, &format!("/v1/subscriptions/{sub_id}"), None).await;

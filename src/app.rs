@@ -15,6 +15,7 @@ use crate::config::{DeliverySettings, Role};
 use crate::deliver::Dispatcher;
 use crate::egress::{self, EgressClient, EgressConfig, HostResolver};
 use crate::error::ApiError;
+use crate::janitor::{Janitor, JanitorSettings};
 
 /// State shared by every handler. Cheap to clone.
 #[derive(Clone)]
@@ -66,6 +67,8 @@ pub struct Settings {
     pub delivery: DeliverySettings,
     /// Outbound client settings (allow-list, timeouts, extra CAs).
     pub egress: EgressConfig,
+    /// Retention: what the janitor deletes, and how often it tries.
+    pub janitor: JanitorSettings,
     /// Name resolver for outbound requests; `None` is the system resolver. (Tests inject
     /// one to point test host names at local subscribers.)
     pub resolver: Option<Arc<dyn HostResolver>>,
@@ -81,6 +84,7 @@ pub struct Running {
     server: JoinHandle<std::io::Result<()>>,
     dispatcher: Option<Dispatcher>,
     background: Vec<JoinHandle<()>>,
+    janitor: Janitor,
 }
 
 impl Running {
@@ -95,6 +99,7 @@ impl Running {
         for task in self.background {
             let _ = task.await;
         }
+        self.janitor.shutdown().await;
         server.context("server task panicked")??;
         Ok(())
     }
@@ -126,6 +131,8 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let addr = listener.local_addr()?;
+    // Every role runs one: the advisory lock makes one replica at a time do a pass.
+    let janitor = Janitor::spawn(state.pool.clone(), settings.janitor.clone());
     let (shutdown, mut stop) = watch::channel(false);
     let mut background = Vec::new();
     if settings.metrics.is_some() {
@@ -148,5 +155,5 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
             .await
     });
     tracing::info!(%addr, role = ?settings.role, "gateway listening");
-    Ok(Running { addr, shutdown, server, dispatcher, background })
+    Ok(Running { addr, shutdown, server, dispatcher, background, janitor })
 }

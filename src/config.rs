@@ -12,6 +12,8 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
+use crate::janitor::{self, JanitorSettings};
+
 /// The `webhook-gateway` command line.
 #[derive(Debug, Parser)]
 #[command(
@@ -175,6 +177,26 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "WEBHOOK_GATEWAY_LOG_FORMAT", value_enum, default_value = "pretty")]
     pub log_format: LogFormat,
+
+    /// Days an event is kept, with its deliveries and attempts; never while a delivery is pending.
+    #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_EVENTS_DAYS", default_value_t = janitor::DEFAULT_RETENTION_EVENTS_DAYS)]
+    pub retention_events_days: u32,
+
+    /// Days an attempt record is kept.
+    #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_ATTEMPTS_DAYS", default_value_t = janitor::DEFAULT_RETENTION_ATTEMPTS_DAYS)]
+    pub retention_attempts_days: u32,
+
+    /// Days a delivered delivery is kept (a dead one stays until its event expires).
+    #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_DELIVERED_DAYS", default_value_t = janitor::DEFAULT_RETENTION_DELIVERED_DAYS)]
+    pub retention_delivered_days: u32,
+
+    /// How often each replica tries a retention pass (one replica at a time does it), in seconds.
+    #[arg(long, env = "WEBHOOK_GATEWAY_JANITOR_INTERVAL_SECS", default_value_t = janitor::DEFAULT_INTERVAL_SECS)]
+    pub janitor_interval_secs: u64,
+
+    /// Rows per retention delete statement (each its own short transaction).
+    #[arg(long, env = "WEBHOOK_GATEWAY_JANITOR_BATCH_SIZE", default_value_t = janitor::DEFAULT_BATCH_SIZE)]
+    pub janitor_batch_size: u32,
 }
 
 /// The TOML file: every key optional, unknown keys are an error (typos must not pass).
@@ -205,6 +227,11 @@ struct FileConfig {
     circuit_cooldown_ms: Option<u64>,
     circuit_cooldown_cap_secs: Option<u64>,
     circuit_release_per_sec: Option<u32>,
+    retention_events_days: Option<u32>,
+    retention_attempts_days: Option<u32>,
+    retention_delivered_days: Option<u32>,
+    janitor_interval_secs: Option<u64>,
+    janitor_batch_size: Option<u32>,
 }
 
 /// A configuration problem, reported as one line and a non-zero exit.
@@ -267,6 +294,11 @@ impl ServeArgs {
         take!(circuit_cooldown_ms);
         take!(circuit_cooldown_cap_secs);
         take!(circuit_release_per_sec);
+        take!(retention_events_days);
+        take!(retention_attempts_days);
+        take!(retention_delivered_days);
+        take!(janitor_interval_secs);
+        take!(janitor_batch_size);
         Ok(())
     }
 
@@ -313,6 +345,42 @@ impl ServeArgs {
         {
             return fail("admin-token must be at least 16 characters".into());
         }
+        self.validate_retention()
+    }
+
+    fn validate_retention(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError(m));
+        for (name, days) in [
+            ("retention-events-days", self.retention_events_days),
+            ("retention-attempts-days", self.retention_attempts_days),
+            ("retention-delivered-days", self.retention_delivered_days),
+        ] {
+            if !(1..=MAX_RETENTION_DAYS).contains(&days) {
+                return fail(format!("{name} must be between 1 and {MAX_RETENTION_DAYS}"));
+            }
+        }
+        // Deleting an event deletes its deliveries and attempts: a longer window for them
+        // would silently not hold.
+        for (name, days) in [
+            ("retention-attempts-days", self.retention_attempts_days),
+            ("retention-delivered-days", self.retention_delivered_days),
+        ] {
+            if days > self.retention_events_days {
+                return fail(format!(
+                    "{name} ({days}) must not exceed retention-events-days ({}): deleting an event deletes its \
+                     deliveries and attempts",
+                    self.retention_events_days
+                ));
+            }
+        }
+        // At most daily: a larger value would look like retention while barely running.
+        if !(1..=86_400).contains(&self.janitor_interval_secs) {
+            return fail("janitor-interval-secs must be between 1 and 86400".into());
+        }
+        // Larger batches mean longer transactions and more rows locked at once.
+        if !(1..=MAX_JANITOR_BATCH).contains(&self.janitor_batch_size) {
+            return fail(format!("janitor-batch-size must be between 1 and {MAX_JANITOR_BATCH}"));
+        }
         Ok(())
     }
 
@@ -329,6 +397,19 @@ impl ServeArgs {
             connect_timeout: Duration::from_secs(self.connect_timeout_secs),
             request_timeout: Duration::from_secs(self.request_timeout_secs),
             ..Default::default()
+        }
+    }
+
+    /// The janitor (retention) settings derived from the flags.
+    pub fn janitor(&self) -> JanitorSettings {
+        let days = |d: u32| Duration::from_secs(u64::from(d) * 24 * 3600);
+        JanitorSettings {
+            events_retention: days(self.retention_events_days),
+            attempts_retention: days(self.retention_attempts_days),
+            delivered_retention: days(self.retention_delivered_days),
+            interval: Duration::from_secs(self.janitor_interval_secs),
+            batch_size: self.janitor_batch_size,
+            ..JanitorSettings::default()
         }
     }
 
@@ -352,6 +433,12 @@ impl ServeArgs {
         }
     }
 }
+
+/// Longest accepted retention, in days (a century: a typo guard, not a policy).
+pub const MAX_RETENTION_DAYS: u32 = 36_500;
+
+/// Largest accepted `--janitor-batch-size`.
+pub const MAX_JANITOR_BATCH: u32 = 100_000;
 
 /// Margin between the request timeout and the lease, for recording the outcome.
 pub const LEASE_MARGIN_SECS: u64 = 10;
@@ -426,6 +513,45 @@ mod tests {
         std::fs::write(&path, "lisen = \"127.0.0.1:1\"\n").unwrap();
         let err = parse(&["webhook-gateway", "serve", "--config", path.to_str().unwrap()]).unwrap_err();
         assert!(err.contains("unknown field `lisen`"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn retention_flags_default_validate_and_come_from_the_file() {
+        let serve = parse(&["webhook-gateway", "serve"]).unwrap();
+        let janitor = serve.janitor();
+        assert_eq!(janitor.events_retention, Duration::from_secs(30 * 86_400));
+        assert_eq!(janitor.attempts_retention, Duration::from_secs(30 * 86_400));
+        assert_eq!(janitor.delivered_retention, Duration::from_secs(7 * 86_400));
+        assert_eq!(janitor.interval, Duration::from_secs(300));
+        assert_eq!(janitor.batch_size, 5000);
+
+        let err = parse(&["webhook-gateway", "serve", "--retention-delivered-days", "31"]).unwrap_err();
+        assert!(err.contains("retention-delivered-days (31) must not exceed retention-events-days (30)"), "{err}");
+        let err = parse(&["webhook-gateway", "serve", "--retention-attempts-days", "0"]).unwrap_err();
+        assert!(err.contains("retention-attempts-days must be between 1 and"), "{err}");
+        let err = parse(&["webhook-gateway", "serve", "--janitor-batch-size", "0"]).unwrap_err();
+        assert!(err.contains("janitor-batch-size must be between 1 and"), "{err}");
+        let err = parse(&["webhook-gateway", "serve", "--janitor-interval-secs", "0"]).unwrap_err();
+        assert!(err.contains("janitor-interval-secs must be between 1 and 86400"), "{err}");
+
+        let dir = std::env::temp_dir().join(format!("wg-config-retention-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gw.toml");
+        std::fs::write(
+            &path,
+            "retention_events_days = 90\nretention_attempts_days = 14\nretention_delivered_days = 3\n\
+             janitor_interval_secs = 60\njanitor_batch_size = 1000\n",
+        )
+        .unwrap();
+        let serve =
+            parse(&["webhook-gateway", "serve", "--config", path.to_str().unwrap(), "--retention-delivered-days", "2"])
+                .unwrap();
+        assert_eq!(
+            (serve.retention_events_days, serve.retention_attempts_days, serve.retention_delivered_days),
+            (90, 14, 2)
+        );
+        assert_eq!((serve.janitor_interval_secs, serve.janitor_batch_size), (60, 1000));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

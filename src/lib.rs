@@ -13,6 +13,7 @@ pub mod error;
 pub mod fanout;
 pub mod ids;
 pub mod ingest;
+pub mod janitor;
 pub mod metrics;
 pub mod queue;
 pub mod store;

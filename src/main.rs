@@ -114,6 +114,7 @@ async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
         role: args.role,
         delivery: args.delivery(),
         egress: args.egress(),
+        janitor: args.janitor(),
         resolver: None,
         metrics: Some(webhook_gateway::metrics::install()?),
     };

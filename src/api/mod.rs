@@ -11,6 +11,7 @@ pub mod extract;
 mod health;
 pub mod openapi;
 mod sources;
+mod storage;
 mod subscriptions;
 
 use axum::Router;
@@ -53,6 +54,7 @@ pub fn router(state: AppState, role: Role) -> Router {
             .route("/deliveries/{id}", get(deliveries::get))
             .route("/deliveries/{id}/attempts", get(deliveries::attempts))
             .route("/deliveries/{id}/redeliver", post(deliveries::redeliver))
+            .route("/admin/storage", get(storage::get))
             .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
         app = app.nest("/v1", admin).route("/ingest/{source}", post(crate::ingest::ingest));
     }

@@ -12,7 +12,7 @@ use axum::response::IntoResponse;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 
-use super::{deliveries, endpoints, events, health, sources, subscriptions};
+use super::{deliveries, endpoints, events, health, sources, storage, subscriptions};
 
 /// The document's root: info, tags, the bearer scheme and every documented handler.
 #[derive(OpenApi)]
@@ -52,6 +52,7 @@ use super::{deliveries, endpoints, events, health, sources, subscriptions};
         deliveries::get,
         deliveries::attempts,
         deliveries::redeliver,
+        storage::get,
         health::healthz,
         health::readyz,
         health::metrics,
@@ -66,6 +67,7 @@ use super::{deliveries, endpoints, events, health, sources, subscriptions};
         (name = "events", description = "Publishing from internal producers; stored events"),
         (name = "deliveries", description = "Delivery state, attempts, redelivery"),
         (name = "operations", description = "Health, readiness, metrics, this document (public)"),
+        (name = "storage", description = "Table sizes and retention (the janitor)"),
     )
 )]
 pub struct ApiDoc;

@@ -65,7 +65,16 @@ const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count 
 /// attempt spent; up to [`PARK_BATCH`] beyond `limit` per call): parked rows leave the
 /// claim index, so a dead endpoint's backlog costs later claims nothing.
 pub async fn claim(db: impl PgExecutor<'_>, limit: i64, lease: Duration) -> Result<Claim, sqlx::Error> {
-    let rows: Vec<ClaimRow> = sqlx::query_as(&format!(
+    let rows: Vec<ClaimRow> = sqlx::query_as(&claim_sql()).bind(limit).bind(lease.as_secs_f64()).fetch_all(db).await?;
+    let parked = rows.first().map_or(0, |r| r.parked);
+    let claimed = rows.into_iter().filter_map(ClaimRow::into_claimed).collect();
+    Ok(Claim { claimed, parked: parked as usize })
+}
+
+/// The text of [`claim`]'s statement (`$1` limit, `$2` lease in seconds), public so tests
+/// can `EXPLAIN` exactly what workers run.
+pub fn claim_sql() -> String {
+    format!(
         "WITH due AS (
              SELECT d.id, d.next_attempt_at,
                     (ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL) AS runnable
@@ -95,14 +104,7 @@ pub async fn claim(db: impl PgExecutor<'_>, limit: i64, lease: Duration) -> Resu
              SELECT count(*) AS parked FROM parked
          )
          SELECT claimed.*, tally.parked FROM tally LEFT JOIN claimed ON true"
-    ))
-    .bind(limit)
-    .bind(lease.as_secs_f64())
-    .fetch_all(db)
-    .await?;
-    let parked = rows.first().map_or(0, |r| r.parked);
-    let claimed = rows.into_iter().filter_map(ClaimRow::into_claimed).collect();
-    Ok(Claim { claimed, parked: parked as usize })
+    )
 }
 
 /// Blocked deliveries one claim may park beyond its limit.

@@ -749,6 +749,7 @@ async fn real_answers_match_the_document() {
     assert_eq!(timeline["data"].as_array().unwrap().len(), 2, "{timeline}");
     w.call(Call::admin(M::POST, format!("/v1/deliveries/{delivery_id}/redeliver")), 200).await;
     w.call(Call::admin(M::POST, format!("/v1/deliveries/{}/redeliver", uuid::Uuid::new_v4())), 404).await;
+    w.call(Call::admin(M::GET, "/v1/admin/storage"), 200).await;
 
     // Endpoint operations.
     w.call(Call::admin(M::POST, format!("/v1/endpoints/{live_id}/rotate-secret")), 200).await;

@@ -22,6 +22,7 @@ use webhook_gateway::circuit::CircuitConfig;
 use webhook_gateway::config::{DeliverySettings, Role};
 use webhook_gateway::db::{self, embedded};
 use webhook_gateway::egress::EgressConfig;
+use webhook_gateway::janitor::JanitorSettings;
 
 /// Admin token used by every test gateway.
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
@@ -130,6 +131,7 @@ pub fn test_settings() -> Settings {
             request_timeout: Duration::from_secs(5),
             ..Default::default()
         },
+        janitor: JanitorSettings::default(),
         resolver: None,
         metrics: None,
     }

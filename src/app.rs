@@ -74,6 +74,8 @@ pub struct Settings {
     pub resolver: Option<Arc<dyn HostResolver>>,
     /// The Prometheus exporter (`GET /metrics`); `None` disables metrics.
     pub metrics: Option<PrometheusHandle>,
+    /// How often database-derived gauges are sampled.
+    pub metrics_sample: std::time::Duration,
 }
 
 /// A running gateway: its address, and a handle to stop it.
@@ -136,7 +138,11 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
     let (shutdown, mut stop) = watch::channel(false);
     let mut background = Vec::new();
     if settings.metrics.is_some() {
-        background.push(tokio::spawn(crate::metrics::sample(state.pool.clone(), stop.clone())));
+        background.push(tokio::spawn(crate::metrics::sample(
+            state.pool.clone(),
+            settings.metrics_sample,
+            stop.clone(),
+        )));
     }
     let wake_task = match settings.role {
         Role::Ingest => {

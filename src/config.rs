@@ -170,6 +170,10 @@ pub struct ServeArgs {
     #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_RELEASE_PER_SEC", default_value_t = 200)]
     pub circuit_release_per_sec: u32,
 
+    /// How often queue depth, lag and circuit gauges are sampled from the database, seconds.
+    #[arg(long, env = "WEBHOOK_GATEWAY_METRICS_SAMPLE_SECS", default_value_t = 15)]
+    pub metrics_sample_secs: u64,
+
     /// PostgreSQL connections per process.
     #[arg(long, env = "WEBHOOK_GATEWAY_DB_POOL_SIZE", default_value_t = 16)]
     pub db_pool_size: u32,
@@ -232,6 +236,7 @@ struct FileConfig {
     retention_delivered_days: Option<u32>,
     janitor_interval_secs: Option<u64>,
     janitor_batch_size: Option<u32>,
+    metrics_sample_secs: Option<u64>,
 }
 
 /// A configuration problem, reported as one line and a non-zero exit.
@@ -294,6 +299,7 @@ impl ServeArgs {
         take!(circuit_cooldown_ms);
         take!(circuit_cooldown_cap_secs);
         take!(circuit_release_per_sec);
+        take!(metrics_sample_secs);
         take!(retention_events_days);
         take!(retention_attempts_days);
         take!(retention_delivered_days);
@@ -336,6 +342,9 @@ impl ServeArgs {
             return fail(
                 "circuit-failure-threshold, circuit-cooldown-ms and circuit-release-per-sec must be at least 1".into(),
             );
+        }
+        if self.metrics_sample_secs == 0 {
+            return fail("metrics-sample-secs must be at least 1".into());
         }
         if self.db_pool_size < 2 {
             return fail("db-pool-size must be at least 2".into());

@@ -117,6 +117,7 @@ async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
         janitor: args.janitor(),
         resolver: None,
         metrics: Some(webhook_gateway::metrics::install()?),
+        metrics_sample: std::time::Duration::from_secs(args.metrics_sample_secs),
     };
     let running = app::start(pool.clone(), settings).await?;
     shutdown_signal().await;

@@ -361,16 +361,15 @@ async fn work(pool: PgPool, endpoint: EndpointId, shared: Arc<Shared>) -> anyhow
         let t = Instant::now();
         let claim = queue::claim(&pool, CLAIM_LIMIT, Duration::from_secs(60)).await?;
         let took = t.elapsed().as_micros() as u64;
-        if !claim.claimed.is_empty() {
+        if !claim.is_empty() {
             shared.claims.lock().await.push(took);
         }
-        if claim.claimed.is_empty() {
+        if claim.is_empty() {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         }
         let now = Utc::now();
         let batch: Vec<AttemptRecord> = claim
-            .claimed
             .iter()
             .map(|c| {
                 n += 1;

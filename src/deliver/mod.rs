@@ -91,10 +91,10 @@ async fn run(
         };
         while in_flight.try_join_next().is_some() {}
         let want = (1 + slots.available_permits()).min(MAX_CLAIM_BATCH);
-        let (claimed, parked) = match claim(&pool, want, &settings, &mut last_probe_check).await {
-            Ok(claim) => {
+        let claimed = match claim(&pool, want, &settings, &mut last_probe_check).await {
+            Ok(claimed) => {
                 claim_failures = 0;
-                (claim.claimed, claim.parked)
+                claimed
             }
             Err(e) => {
                 claim_failures += 1;
@@ -107,8 +107,8 @@ async fn run(
                 continue;
             }
         };
-        // Fewer than asked, with nothing parked: no more due work right now.
-        let drained = claimed.len() < want && parked == 0;
+        // Fewer than asked: no more due work right now.
+        let drained = claimed.len() < want;
         let mut permits = std::iter::once(first).chain(std::iter::from_fn(|| slots.clone().try_acquire_owned().ok()));
         for job in claimed {
             // Only this loop acquires slots, and it counted them: a permit is there.
@@ -150,30 +150,35 @@ async fn run(
     tracing::info!("delivery workers stopped");
 }
 
-/// How often a dispatcher looks for half-open endpoints to probe.
+/// How often a dispatcher parks blocked endpoints' due deliveries and looks for
+/// half-open endpoints to probe.
 const PROBE_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Half-open probes first (at most every [`PROBE_CHECK_INTERVAL`]), then due deliveries,
-/// `want` in all.
+/// Circuit housekeeping (at most every [`PROBE_CHECK_INTERVAL`]): park what blocked
+/// endpoints have due, admit half-open probes. Then due deliveries, `want` in all.
 async fn claim(
     pool: &PgPool,
     want: usize,
     settings: &DeliverySettings,
     last_probe_check: &mut tokio::time::Instant,
-) -> Result<queue::Claim, sqlx::Error> {
-    let mut probes = Vec::new();
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    let mut claimed = Vec::new();
     if last_probe_check.elapsed() >= PROBE_CHECK_INTERVAL {
         *last_probe_check = tokio::time::Instant::now();
-        probes = queue::claim_probes(pool, want.min(16) as i64, settings.lease).await?;
-        for probe in &probes {
+        let parked = queue::park_blocked(pool).await?;
+        if parked > 0 {
+            tracing::debug!(parked, "parked due deliveries of blocked endpoints");
+        }
+        claimed = queue::claim_probes(pool, want.min(16) as i64, settings.lease).await?;
+        for probe in &claimed {
             tracing::info!(endpoint_id = %probe.endpoint_id, delivery_id = %probe.id, "half-open probe admitted");
         }
     }
-    let rest = want - probes.len();
-    let mut claim =
-        if rest > 0 { queue::claim(pool, rest as i64, settings.lease).await? } else { queue::Claim::default() };
-    claim.claimed.splice(0..0, probes);
-    Ok(claim)
+    let rest = want - claimed.len();
+    if rest > 0 {
+        claimed.extend(queue::claim(pool, rest as i64, settings.lease).await?);
+    }
+    Ok(claimed)
 }
 
 /// Sleep, unless stop arrives first; returns true on stop.

@@ -60,104 +60,66 @@ const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count 
 /// Claim up to `limit` due deliveries for `lease`.
 ///
 /// Ordered by due time so the oldest work goes first; `SKIP LOCKED` lets any number of
-/// workers in any number of processes claim at once without waiting on each other.
-/// Due deliveries whose endpoint is open or paused are parked by the same statement (no
-/// attempt spent; up to [`PARK_BATCH`] beyond `limit` per call): parked rows leave the
-/// claim index, so a dead endpoint's backlog costs later claims nothing.
-pub async fn claim(db: impl PgExecutor<'_>, limit: i64, lease: Duration) -> Result<Claim, sqlx::Error> {
-    let rows: Vec<ClaimRow> = sqlx::query_as(&claim_sql()).bind(limit).bind(lease.as_secs_f64()).fetch_all(db).await?;
-    let parked = rows.first().map_or(0, |r| r.parked);
-    let claimed = rows.into_iter().filter_map(ClaimRow::into_claimed).collect();
-    Ok(Claim { claimed, parked: parked as usize })
+/// workers in any number of processes claim at once without waiting on each other. Only
+/// deliveries whose endpoint is runnable (circuit closed, not paused, not deleted) are
+/// locked and claimed; due rows of blocked endpoints are skipped here and moved out of the
+/// claim index by [`park_blocked`].
+pub async fn claim(db: impl PgExecutor<'_>, limit: i64, lease: Duration) -> Result<Vec<Claimed>, sqlx::Error> {
+    sqlx::query_as(&claim_sql()).bind(limit).bind(lease.as_secs_f64()).fetch_all(db).await
 }
 
 /// The text of [`claim`]'s statement (`$1` limit, `$2` lease in seconds), public so tests
-/// can `EXPLAIN` exactly what workers run.
+/// and the benchmark run exactly what workers run.
 pub fn claim_sql() -> String {
     format!(
         "WITH due AS (
-             SELECT d.id, d.next_attempt_at,
-                    (ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL) AS runnable
+             SELECT d.id
              FROM deliveries d JOIN endpoints ep ON ep.id = d.endpoint_id
              WHERE d.status = 'pending' AND NOT d.parked AND d.next_attempt_at <= now()
+               AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
              ORDER BY d.next_attempt_at
-             LIMIT $1 + {PARK_BATCH}
+             LIMIT $1
              FOR UPDATE OF d SKIP LOCKED
-         ), ranked AS (
-             SELECT id, runnable, row_number() OVER (PARTITION BY runnable ORDER BY next_attempt_at) AS n FROM due
-         ), parked AS (
-             UPDATE deliveries d SET parked = true, updated_at = now()
-             FROM ranked WHERE d.id = ranked.id AND NOT ranked.runnable
-             RETURNING 1
-         ), claimed AS (
-             UPDATE deliveries d
-             SET next_attempt_at = now() + make_interval(secs => $2),
-                 leased_until = now() + make_interval(secs => $2),
-                 claim_token = d.claim_token + 1,
-                 attempt_count = d.attempt_count + 1,
-                 updated_at = now()
-             FROM ranked, events e, endpoints ep, sources s
-             WHERE d.id = ranked.id AND ranked.runnable AND ranked.n <= $1
-               AND e.id = d.event_id AND ep.id = d.endpoint_id AND s.id = e.source_id
-             RETURNING {CLAIMED_COLUMNS}, NULL::int8 AS probe_token
-         ), tally AS (
-             SELECT count(*) AS parked FROM parked
          )
-         SELECT claimed.*, tally.parked FROM tally LEFT JOIN claimed ON true"
+         UPDATE deliveries d
+         SET next_attempt_at = now() + make_interval(secs => $2),
+             leased_until = now() + make_interval(secs => $2),
+             claim_token = d.claim_token + 1,
+             attempt_count = d.attempt_count + 1,
+             updated_at = now()
+         FROM due, events e, endpoints ep, sources s
+         WHERE d.id = due.id AND e.id = d.event_id AND ep.id = d.endpoint_id AND s.id = e.source_id
+         RETURNING {CLAIMED_COLUMNS}, NULL::int8 AS probe_token"
     )
 }
 
-/// Blocked deliveries one claim may park beyond its limit.
-pub const PARK_BATCH: i64 = 256;
+/// Rows one [`park_blocked`] call parks at most.
+pub const PARK_BATCH: i64 = 1_000;
 
-/// The result of [`claim`].
-#[derive(Debug, Default)]
-pub struct Claim {
-    /// Deliveries now leased to the caller.
-    pub claimed: Vec<Claimed>,
-    /// Due deliveries parked because their endpoint is open or paused.
-    pub parked: usize,
-}
-
-/// One row of the claim statement: a claimed delivery, or (when none was claimed) only
-/// the tally.
-#[derive(sqlx::FromRow)]
-struct ClaimRow {
-    id: Option<DeliveryId>,
-    event_id: Option<EventId>,
-    endpoint_id: Option<EndpointId>,
-    attempt: Option<i32>,
-    attempts_base: Option<i32>,
-    claim_token: Option<i64>,
-    url: Option<String>,
-    secret: Option<String>,
-    previous_secret: Option<String>,
-    event_type: Option<String>,
-    source_name: Option<String>,
-    content_type: Option<String>,
-    payload: Option<Vec<u8>>,
-    parked: i64,
-}
-
-impl ClaimRow {
-    fn into_claimed(self) -> Option<Claimed> {
-        Some(Claimed {
-            id: self.id?,
-            event_id: self.event_id?,
-            endpoint_id: self.endpoint_id?,
-            attempt: self.attempt?,
-            attempts_base: self.attempts_base?,
-            claim_token: self.claim_token?,
-            url: self.url?,
-            secret: self.secret?,
-            previous_secret: self.previous_secret,
-            event_type: self.event_type?,
-            source_name: self.source_name?,
-            content_type: self.content_type,
-            payload: self.payload?,
-            probe_token: None,
-        })
-    }
+/// Park due deliveries of blocked endpoints (open circuit, paused): they leave the claim
+/// index without spending an attempt, so a dead endpoint's backlog costs claims nothing.
+/// Walks each blocked endpoint's own unparked rows (a per-endpoint partial index), so the
+/// cost is the rows parked, not the queue's size. Returns how many were parked.
+pub async fn park_blocked(db: impl PgExecutor<'_>) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "WITH blocked AS (
+             SELECT id FROM endpoints WHERE (circuit_state = 'open' OR paused) AND deleted_at IS NULL
+         ), due AS (
+             SELECT p.id FROM blocked CROSS JOIN LATERAL (
+                 SELECT id FROM deliveries
+                 WHERE endpoint_id = blocked.id AND status = 'pending' AND NOT parked AND next_attempt_at <= now()
+                 ORDER BY next_attempt_at
+                 LIMIT $1
+                 FOR UPDATE SKIP LOCKED
+             ) p
+             LIMIT $1
+         )
+         UPDATE deliveries d SET parked = true, updated_at = now() FROM due WHERE d.id = due.id",
+    )
+    .bind(PARK_BATCH)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// Admit one probe for each of up to `limit` half-open endpoints: claim the endpoint row
@@ -178,13 +140,16 @@ pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) 
          ), pick AS (
              SELECT p.id AS delivery_id, ready.id AS endpoint_id
              FROM ready CROSS JOIN LATERAL (
-                 SELECT id FROM deliveries
-                 WHERE endpoint_id = ready.id AND status = 'pending'
-                   AND (leased_until IS NULL OR leased_until <= now())
-                 ORDER BY id
-                 LIMIT 1
-                 FOR UPDATE SKIP LOCKED
+                 SELECT COALESCE(
+                     (SELECT id FROM deliveries
+                      WHERE endpoint_id = ready.id AND status = 'pending' AND parked
+                      ORDER BY id LIMIT 1),
+                     (SELECT id FROM deliveries
+                      WHERE endpoint_id = ready.id AND status = 'pending' AND NOT parked
+                        AND (leased_until IS NULL OR leased_until <= now())
+                      ORDER BY next_attempt_at LIMIT 1)) AS id
              ) p
+             WHERE p.id IS NOT NULL
          ), probe AS (
              UPDATE endpoints ep
              SET probe_until = now() + make_interval(secs => $2), probe_token = ep.probe_token + 1
@@ -199,7 +164,7 @@ pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) 
              attempt_count = d.attempt_count + 1,
              updated_at = now()
          FROM pick, probe, events e, endpoints ep, sources s
-         WHERE d.id = pick.delivery_id AND probe.id = pick.endpoint_id
+         WHERE d.id = pick.delivery_id AND probe.id = pick.endpoint_id AND d.status = 'pending'
            AND e.id = d.event_id AND ep.id = d.endpoint_id AND s.id = e.source_id
          RETURNING {CLAIMED_COLUMNS}, probe.probe_token"
     ))

@@ -45,8 +45,10 @@ async fn database_outage_answers_503_then_the_retry_is_stored_once() {
     // Same directory, same port: the gateway's pool reconnects by itself.
     let restart = ClusterOptions { throwaway: true, port: Some(port), ..options };
     let mut cluster = tokio::task::spawn_blocking(move || Cluster::start(&restart).unwrap()).await.unwrap();
+    // The producer retries as it would in life: a pooled connection that died with the
+    // old server fails its first statement (another 503, nothing stored) and is dropped.
     let mut statuses = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..10 {
         let resp = app
             .http
             .post(app.url("/ingest/shop"))
@@ -55,9 +57,19 @@ async fn database_outage_answers_503_then_the_retry_is_stored_once() {
             .send()
             .await
             .unwrap();
-        statuses.push((resp.status().as_u16(), resp.json::<serde_json::Value>().await.unwrap()["duplicate"].clone()));
+        let status = resp.status().as_u16();
+        let body = resp.json::<serde_json::Value>().await.unwrap();
+        if status == 503 && statuses.is_empty() {
+            continue;
+        }
+        statuses.push((status, body["duplicate"].clone()));
+        if statuses.len() == 2 {
+            break;
+        }
     }
     assert_eq!(statuses, vec![(200, json!(false)), (200, json!(true))]);
-    assert_eq!(app.db.count("events").await, 1);
+    // A fresh connection: the test's own pooled ones died with the old server.
+    let fresh = TestDb { url: app.db.url.clone(), pool: webhook_gateway::db::connect(&app.db.url, 1).await.unwrap() };
+    assert_eq!(fresh.count("events").await, 1);
     tokio::task::spawn_blocking(move || cluster.stop()).await.unwrap();
 }

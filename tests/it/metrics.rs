@@ -31,7 +31,7 @@ fn parse(text: &str) -> BTreeMap<String, f64> {
 async fn scraped_counters_match_a_scripted_sequence() {
     let db = TestDb::new().await;
     let sink = Sink::start(|r, _| if r.path == "/bad" { Reply::status(400) } else { Reply::status(200) }).await;
-    let gw = GatewayProcess::start(&db.url, &[]);
+    let gw = GatewayProcess::start(&db.url, &["--metrics-sample-secs", "1"]);
     let base = format!("http://{}", gw.addr);
     let http = reqwest::Client::new();
     eventually(Duration::from_secs(30), "gateway ready", || async {
@@ -72,7 +72,7 @@ async fn scraped_counters_match_a_scripted_sequence() {
     })
     .await;
 
-    // Counters are recorded as things happen; the queue gauges are sampled every 5 s.
+    // Counters are recorded as things happen; the queue gauges are sampled (every second here).
     let scraped = eventually(Duration::from_secs(15), "sampled gauges caught up", || async {
         let text = http.get(format!("{base}/metrics")).send().await.ok()?.text().await.ok()?;
         let m = parse(&text);

@@ -140,9 +140,9 @@ async fn a_stale_worker_is_fenced() {
     seed_deliveries(&db.pool, &endpoint.0, 1).await;
 
     // Worker A claims with a lease that is already over; worker B takes the row over.
-    let a = queue::claim(&db.pool, 10, Duration::ZERO).await.unwrap().claimed;
+    let a = queue::claim(&db.pool, 10, Duration::ZERO).await.unwrap();
     assert_eq!(a.len(), 1);
-    let b = queue::claim(&db.pool, 10, Duration::from_secs(60)).await.unwrap().claimed;
+    let b = queue::claim(&db.pool, 10, Duration::from_secs(60)).await.unwrap();
     assert_eq!(b.len(), 1);
     assert_eq!(b[0].claim_token, a[0].claim_token + 1);
     assert_eq!((a[0].attempt, b[0].attempt), (1, 2));
@@ -184,7 +184,7 @@ async fn concurrent_claims_are_disjoint() {
             barrier.wait().await;
             let mut mine = Vec::new();
             loop {
-                let got = queue::claim(&pool, 7, Duration::from_secs(60)).await.unwrap().claimed;
+                let got = queue::claim(&pool, 7, Duration::from_secs(60)).await.unwrap();
                 if got.is_empty() {
                     break;
                 }

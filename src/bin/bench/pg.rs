@@ -320,11 +320,10 @@ pub fn ingest_statement() -> anyhow::Result<String> {
     Ok(sql)
 }
 
-/// The gateway's claim statement (`$1` = how many, `$2` = lease in seconds), read from
-/// `src/queue/mod.rs` at build time.
+/// The gateway's claim statement (`$1` = how many, `$2` = lease in seconds), exactly as
+/// the workers run it.
 pub fn claim_statement() -> Option<String> {
-    const SOURCE: &str = include_str!("../../queue/mod.rs");
-    let sql = literal_after(SOURCE, "pub async fn claim(")?;
+    let sql = webhook_gateway::queue::claim_sql();
     (is_claim(&sql) && sql.contains("$2") && !sql.contains("$3")).then_some(sql)
 }
 

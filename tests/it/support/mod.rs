@@ -134,6 +134,7 @@ pub fn test_settings() -> Settings {
         janitor: JanitorSettings::default(),
         resolver: None,
         metrics: None,
+        metrics_sample: Duration::from_secs(15),
     }
 }
 

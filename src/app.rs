@@ -38,6 +38,8 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// Sources by name for ingest (short TTL; admin changes invalidate it).
     pub sources: Arc<crate::ingest::SourceCache>,
+    /// Group-commit writer for ingested events.
+    pub ingest: crate::ingest::batcher::Batcher,
 }
 
 impl AppState {
@@ -76,6 +78,8 @@ pub struct Settings {
     pub metrics: Option<PrometheusHandle>,
     /// How often database-derived gauges are sampled.
     pub metrics_sample: std::time::Duration,
+    /// Concurrent ingest statements (each carries a batch of events under load).
+    pub ingest_writers: usize,
 }
 
 /// A running gateway: its address, and a handle to stop it.
@@ -110,7 +114,7 @@ impl Running {
 /// Bind, and start the HTTP server (and the workers, for roles that run them).
 pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> {
     let state = AppState {
-        pool,
+        pool: pool.clone(),
         admin_token: settings.admin_token.clone().into(),
         max_body_bytes: settings.max_body_bytes,
         wake: Arc::new(Notify::new()),
@@ -119,6 +123,7 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         release_per_sec: settings.delivery.circuit.release_per_sec,
         metrics: settings.metrics.clone(),
         sources: Arc::default(),
+        ingest: crate::ingest::batcher::Batcher::start(pool.clone(), settings.ingest_writers),
     };
     let dispatcher = if settings.role.runs_workers() {
         let egress = match &settings.resolver {

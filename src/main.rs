@@ -118,6 +118,8 @@ async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
         resolver: None,
         metrics: Some(webhook_gateway::metrics::install()?),
         metrics_sample: std::time::Duration::from_secs(args.metrics_sample_secs),
+        // Half the pool: workers, the admin API and the janitor keep the rest.
+        ingest_writers: (args.db_pool_size as usize / 2).max(1),
     };
     let running = app::start(pool.clone(), settings).await?;
     shutdown_signal().await;

@@ -12,9 +12,10 @@ use super::extract::{ApiJson, ApiQuery, page_limit, parse_id};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::EventId;
-use crate::ingest::{self, Accepted, IngestResponse};
+use crate::ingest::{self, IngestResponse};
 use crate::queue;
 use crate::store;
+use crate::store::events::OwnedEvent;
 
 /// Body of `POST /v1/events`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -71,14 +72,14 @@ pub async fn publish(
     let payload = serde_json::to_vec(&body.payload).map_err(|_| ApiError::internal())?;
     let stored = ingest::accept(
         &state,
-        &Accepted {
+        &source.name,
+        OwnedEvent {
             source_id: source.id,
-            source_name: &source.name,
-            dedupe_key: &body.event_id,
-            event_type: &body.event_type,
-            content_type: Some("application/json"),
-            headers: &serde_json::json!({}),
-            payload: &payload,
+            dedupe_key: body.event_id,
+            event_type: body.event_type,
+            content_type: Some("application/json".to_owned()),
+            headers: serde_json::json!({}),
+            payload: payload.into(),
         },
     )
     .await?;

@@ -1,6 +1,7 @@
 //! `POST /ingest/{source}`: verify, then store the event and its fan-out in one
 //! transaction, then answer. Nothing is acknowledged before it is committed.
 
+pub mod batcher;
 mod cache;
 mod headers;
 pub mod rejections;
@@ -15,9 +16,8 @@ use serde::Serialize;
 
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
-use crate::ids::{EventId, SourceId};
-use crate::store;
-use crate::store::events::{NewEvent, Stored};
+use crate::ids::EventId;
+use crate::store::events::{OwnedEvent, Stored};
 use crate::verify::{self, Kind};
 
 pub use cache::SourceCache;
@@ -118,59 +118,31 @@ pub async fn ingest(
     if let Some(challenge) = verified.challenge {
         return Ok(Json(serde_json::json!({ "challenge": challenge })).into_response());
     }
-    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
-    let stored = accept(
-        &state,
-        &Accepted {
-            source_id: source.id,
-            source_name: &source.name,
-            dedupe_key: &verified.dedupe_key,
-            event_type: &verified.event_type,
-            content_type,
-            headers: &redacted_headers(&headers, spec.hmac.as_ref().map(|h| h.header.as_str())),
-            payload: &body,
-        },
-    )
-    .await?;
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let event = OwnedEvent {
+        source_id: source.id,
+        dedupe_key: verified.dedupe_key,
+        event_type: verified.event_type,
+        content_type,
+        headers: redacted_headers(&headers, spec.hmac.as_ref().map(|h| h.header.as_str())),
+        payload: body,
+    };
+    let stored = accept(&state, &source.name, event).await?;
     Ok(Json(IngestResponse::from(stored)).into_response())
-}
-
-/// An event that passed verification (or came from an authenticated producer).
-pub struct Accepted<'a> {
-    /// Source.
-    pub source_id: SourceId,
-    /// Its name (metrics label).
-    pub source_name: &'a str,
-    /// Dedupe key.
-    pub dedupe_key: &'a str,
-    /// Event type.
-    pub event_type: &'a str,
-    /// Body content type.
-    pub content_type: Option<&'a str>,
-    /// Headers to keep (already redacted).
-    pub headers: &'a serde_json::Value,
-    /// Raw body.
-    pub payload: &'a [u8],
 }
 
 /// Store an accepted event with its fan-out, and wake this process's workers when it
 /// created deliveries. Shared by webhook ingest and `POST /v1/events`.
-pub async fn accept(state: &AppState, event: &Accepted<'_>) -> Result<Stored, ApiError> {
-    let stored = store::events::insert_with_fanout(
-        &state.pool,
-        &NewEvent {
-            source_id: event.source_id,
-            dedupe_key: event.dedupe_key,
-            event_type: event.event_type,
-            content_type: event.content_type,
-            headers: event.headers,
-            payload: event.payload,
-        },
-    )
-    .await?;
+pub async fn accept(state: &AppState, source_name: &str, event: OwnedEvent) -> Result<Stored, ApiError> {
+    let stored = state.ingest.store(event).await.map_err(|e| match e {
+        batcher::StoreError::Unavailable => {
+            ApiError::unavailable("the database is unreachable; nothing was stored, retry later")
+        }
+        batcher::StoreError::Failed => ApiError::internal(),
+    })?;
     if stored.deliveries > 0 {
         state.wake.notify_one();
     }
-    crate::metrics::ingest(event.source_name, if stored.duplicate { "duplicate" } else { "accepted" });
+    crate::metrics::ingest(source_name, if stored.duplicate { "duplicate" } else { "accepted" });
     Ok(stored)
 }

@@ -35,6 +35,40 @@ pub struct Stored {
     pub deliveries: i64,
 }
 
+/// The fan-out: one delivery per endpoint subscribed to the source and event type of
+/// each row of `ev` (the events just inserted), shared by the single and batch statements.
+const FANOUT: &str = "
+        fan AS (
+            INSERT INTO deliveries (event_id, endpoint_id)
+            SELECT DISTINCT ev.id, s.endpoint_id
+            FROM ev JOIN subscriptions s ON s.source_id IS NULL OR s.source_id = ev.source_id
+            WHERE s.event_type_likes IS NULL
+               OR EXISTS (SELECT 1 FROM unnest(s.event_type_likes) AS p(pattern) WHERE ev.event_type LIKE p.pattern)
+            ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING
+            RETURNING event_id
+        )";
+
+/// The single-event ingest statement (`$1` source id, `$2` dedupe key, `$3` event type,
+/// `$4` content type, `$5` headers, `$6` payload): public so the benchmark's pgbench runs
+/// exactly this.
+pub fn insert_sql() -> String {
+    // The duplicate branch usually answers in the same round trip. It reads the
+    // statement's snapshot, so a twin committed after our statement began is invisible
+    // there (ON CONFLICT still saw it): then zero rows come back and we look again.
+    format!(
+        "WITH ev AS (
+            INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload)
+            VALUES ($1, $2, $3, $4, $5, $6)
+            ON CONFLICT ON CONSTRAINT events_dedupe DO NOTHING
+            RETURNING id, source_id, event_type
+        ), {FANOUT}
+        SELECT id, false AS duplicate, (SELECT count(*) FROM fan) AS deliveries FROM ev
+        UNION ALL
+        SELECT id, true, 0 FROM events
+        WHERE source_id = $1 AND dedupe_key = $2 AND NOT EXISTS (SELECT 1 FROM ev)"
+    )
+}
+
 /// Store an event and one delivery per matching subscription's endpoint, atomically.
 ///
 /// One statement, so one transaction: there is no state with the event but not its
@@ -45,34 +79,12 @@ pub async fn insert_with_fanout<'c, E>(db: E, event: &NewEvent<'_>) -> Result<St
 where
     E: PgExecutor<'c> + Copy,
 {
-    // The duplicate branch usually answers in the same round trip. It reads the
-    // statement's snapshot, so a twin committed after our statement began is invisible
-    // there (ON CONFLICT still saw it): then zero rows come back and we look again.
-    const INSERT: &str = "
-        WITH ev AS (
-            INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload)
-            VALUES ($1, $2, $3, $4, $5, $6)
-            ON CONFLICT ON CONSTRAINT events_dedupe DO NOTHING
-            RETURNING id, source_id, event_type
-        ), fan AS (
-            INSERT INTO deliveries (event_id, endpoint_id)
-            SELECT DISTINCT ev.id, s.endpoint_id
-            FROM ev JOIN subscriptions s ON s.source_id IS NULL OR s.source_id = ev.source_id
-            WHERE s.event_type_likes IS NULL
-               OR EXISTS (SELECT 1 FROM unnest(s.event_type_likes) AS p(pattern) WHERE ev.event_type LIKE p.pattern)
-            ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING
-            RETURNING 1
-        )
-        SELECT id, false AS duplicate, (SELECT count(*) FROM fan) AS deliveries FROM ev
-        UNION ALL
-        SELECT id, true, 0 FROM events
-        WHERE source_id = $1 AND dedupe_key = $2 AND NOT EXISTS (SELECT 1 FROM ev)";
     const FIND: &str = "SELECT id FROM events WHERE source_id = $1 AND dedupe_key = $2";
-
+    let insert = insert_sql();
     // Bounded: the only way round again is a twin that committed and was then deleted
     // (retention) between our two statements.
     for _ in 0..3 {
-        let row: Option<(EventId, bool, i64)> = sqlx::query_as(INSERT)
+        let row: Option<(EventId, bool, i64)> = sqlx::query_as(&insert)
             .bind(event.source_id)
             .bind(event.dedupe_key)
             .bind(event.event_type)
@@ -91,6 +103,123 @@ where
         }
     }
     Err(sqlx::Error::Protocol("event neither inserted nor found after 3 tries (concurrent deletion)".into()))
+}
+
+/// An event to store, owned: it travels to the batch writer.
+#[derive(Debug, Clone)]
+pub struct OwnedEvent {
+    /// Source it arrived on.
+    pub source_id: SourceId,
+    /// Dedupe key.
+    pub dedupe_key: String,
+    /// Event type.
+    pub event_type: String,
+    /// Content type of the body.
+    pub content_type: Option<String>,
+    /// Headers (signatures redacted).
+    pub headers: serde_json::Value,
+    /// Raw body.
+    pub payload: bytes::Bytes,
+}
+
+impl OwnedEvent {
+    /// Borrowed view for [`insert_with_fanout`].
+    pub fn as_new(&self) -> NewEvent<'_> {
+        NewEvent {
+            source_id: self.source_id,
+            dedupe_key: &self.dedupe_key,
+            event_type: &self.event_type,
+            content_type: self.content_type.as_deref(),
+            headers: &self.headers,
+            payload: &self.payload,
+        }
+    }
+}
+
+/// Store many events, each with its fan-out, in one statement (one transaction, one
+/// commit): the ingest batcher's path under load. Same guarantees as
+/// [`insert_with_fanout`] for every event; copies of one key within the batch are sent
+/// once and the others answered as duplicates. Rows go in (source, key) order so two
+/// concurrent batches wait on the unique index in the same order and cannot deadlock.
+/// Results come back in input order.
+pub async fn insert_batch_with_fanout(pool: &sqlx::PgPool, events: &[OwnedEvent]) -> Result<Vec<Stored>, sqlx::Error> {
+    let mut order: Vec<usize> = (0..events.len()).collect();
+    order.sort_by(|&a, &b| {
+        (events[a].source_id, &events[a].dedupe_key).cmp(&(events[b].source_id, &events[b].dedupe_key))
+    });
+    // The first input of each distinct key is sent; the rest copy its answer.
+    let mut representative = vec![0usize; events.len()];
+    let mut unique: Vec<usize> = Vec::with_capacity(events.len());
+    for &i in &order {
+        match unique.last() {
+            Some(&u) if events[u].source_id == events[i].source_id && events[u].dedupe_key == events[i].dedupe_key => {
+                representative[i] = u;
+            }
+            _ => {
+                representative[i] = i;
+                unique.push(i);
+            }
+        }
+    }
+    let column = |f: &dyn Fn(&OwnedEvent) -> String| unique.iter().map(|&i| f(&events[i])).collect::<Vec<String>>();
+    let source_ids: Vec<SourceId> = unique.iter().map(|&i| events[i].source_id).collect();
+    let keys = column(&|e| e.dedupe_key.clone());
+    let types = column(&|e| e.event_type.clone());
+    let content_types: Vec<Option<String>> = unique.iter().map(|&i| events[i].content_type.clone()).collect();
+    let headers = column(&|e| e.headers.to_string());
+    let payloads: Vec<&[u8]> = unique.iter().map(|&i| &events[i].payload[..]).collect();
+    let ords: Vec<i32> = (0..unique.len() as i32).collect();
+
+    let rows: Vec<(i32, Option<EventId>, bool, i64)> = sqlx::query_as(&format!(
+        "WITH input AS (
+            SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::int4[])
+                AS i(source_id, dedupe_key, event_type, content_type, headers, payload, ord)
+        ), ev AS (
+            INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload)
+            SELECT source_id, dedupe_key, event_type, content_type, headers::jsonb, payload FROM input ORDER BY ord
+            ON CONFLICT ON CONSTRAINT events_dedupe DO NOTHING
+            RETURNING id, source_id, dedupe_key, event_type
+        ), {FANOUT}, fanned AS (
+            SELECT event_id, count(*) AS n FROM fan GROUP BY event_id
+        )
+        SELECT i.ord, COALESCE(ev.id, old.id), ev.id IS NULL, COALESCE(fanned.n, 0)
+        FROM input i
+        LEFT JOIN ev ON ev.source_id = i.source_id AND ev.dedupe_key = i.dedupe_key
+        LEFT JOIN fanned ON fanned.event_id = ev.id
+        LEFT JOIN events old ON ev.id IS NULL AND old.source_id = i.source_id AND old.dedupe_key = i.dedupe_key"
+    ))
+    .bind(&source_ids)
+    .bind(&keys)
+    .bind(&types)
+    .bind(&content_types)
+    .bind(&headers)
+    .bind(&payloads)
+    .bind(&ords)
+    .fetch_all(pool)
+    .await?;
+
+    let mut stored: Vec<Option<Stored>> = vec![None; events.len()];
+    for (ord, id, duplicate, deliveries) in rows {
+        let Some(&i) = unique.get(ord as usize) else { continue };
+        if let Some(event_id) = id {
+            stored[i] = Some(Stored { event_id, duplicate, deliveries });
+        }
+    }
+    // A twin committed after our statement's snapshot: invisible to the statement's
+    // duplicate lookup. Rare; settle each one on its own.
+    for &i in &unique {
+        if stored[i].is_none() {
+            stored[i] = Some(insert_with_fanout(pool, &events[i].as_new()).await?);
+        }
+    }
+    let mut out = Vec::with_capacity(events.len());
+    for (i, &rep) in representative.iter().enumerate() {
+        let Some(first) = stored[rep] else {
+            return Err(sqlx::Error::Protocol("batch insert left an event without an answer".into()));
+        };
+        out.push(if rep == i { first } else { Stored { event_id: first.event_id, duplicate: true, deliveries: 0 } });
+    }
+    Ok(out)
 }
 
 /// A stored event.

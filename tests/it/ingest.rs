@@ -5,6 +5,9 @@ use std::sync::Arc;
 use serde_json::json;
 use tokio::sync::Barrier;
 
+use webhook_gateway::store;
+use webhook_gateway::store::events::OwnedEvent;
+
 use crate::support::TestApp;
 
 /// The centrepiece: 24 identical webhooks, each on its own HTTP connection (so its own
@@ -202,4 +205,103 @@ async fn events_published_through_the_api_are_idempotent() {
     // The built-in `api` source is not a webhook inbox.
     let resp = app.http.post(app.url("/ingest/api")).body("{}").send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 403);
+}
+
+fn owned(source: webhook_gateway::ids::SourceId, key: &str, event_type: &str) -> OwnedEvent {
+    OwnedEvent {
+        source_id: source,
+        dedupe_key: key.to_owned(),
+        event_type: event_type.to_owned(),
+        content_type: Some("application/json".to_owned()),
+        headers: json!({"x": key}),
+        payload: format!("{{\"k\":\"{key}\"}}").into_bytes().into(),
+    }
+}
+
+/// The group-commit statement: new keys, keys already stored, and copies of one key in
+/// the same batch each get the right answer, in input order, with one event per key and
+/// the fan-out of each new one.
+#[tokio::test]
+async fn a_batch_stores_each_key_once_and_answers_each_event() {
+    let app = TestApp::ingest_only().await;
+    app.source_none("shop").await;
+    app.source_none("crm").await;
+    app.endpoint_for("http://127.0.0.1:9/all", None).await;
+    let id = |name: &'static str| {
+        let pool = app.db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, webhook_gateway::ids::SourceId>("SELECT id FROM sources WHERE name = $1")
+                .bind(name)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let (shop, crm) = (id("shop").await, id("crm").await);
+    let (_, existing) = app.ingest("shop", "old", "t", "{}").await;
+
+    let batch = vec![
+        owned(shop, "b", "t"),
+        owned(shop, "old", "t"),
+        owned(crm, "b", "t"),
+        owned(shop, "a", "t"),
+        owned(shop, "b", "t"),
+    ];
+    let stored = store::events::insert_batch_with_fanout(&app.db.pool, &batch).await.unwrap();
+    let flags: Vec<bool> = stored.iter().map(|s| s.duplicate).collect();
+    assert_eq!(flags, [false, true, false, false, true]);
+    assert_eq!(stored[1].event_id.to_string(), existing["event_id"].as_str().unwrap());
+    assert_eq!(stored[4].event_id, stored[0].event_id, "the in-batch copy names the stored event");
+    assert_ne!(stored[2].event_id, stored[0].event_id, "same key, other source: another event");
+    let deliveries: Vec<i64> = stored.iter().map(|s| s.deliveries).collect();
+    assert_eq!(deliveries, [1, 0, 1, 1, 0]);
+    assert_eq!(app.db.count("events").await, 4);
+    assert_eq!(app.db.count("deliveries").await, 4);
+    let payload: Vec<u8> = sqlx::query_scalar("SELECT payload FROM events WHERE id = $1")
+        .bind(stored[3].event_id)
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(payload, br#"{"k":"a"}"#);
+}
+
+/// Many webhooks at once are batched by the writers; one that the database refuses
+/// does not take the others down: each is answered on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_event_in_a_batch_fails_alone() {
+    let app = TestApp::ingest_only().await;
+    app.source_none("shop").await;
+    app.endpoint_for("http://127.0.0.1:9/x", None).await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_poison() RETURNS trigger AS $$
+         BEGIN IF (SELECT event_type FROM events WHERE id = NEW.event_id) = 'poison' THEN
+             RAISE EXCEPTION 'refused by test'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql;
+         CREATE TRIGGER refuse_poison BEFORE INSERT ON deliveries FOR EACH ROW EXECUTE FUNCTION refuse_poison();",
+    )
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let client = app.http.clone();
+        let url = app.url("/ingest/shop");
+        let event_type = if i == 17 { "poison" } else { "fine" };
+        tasks.push(tokio::spawn(async move {
+            let resp = client
+                .post(url)
+                .header("x-delivery-id", format!("k-{i}"))
+                .header("x-event-type", event_type)
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            (i, resp.status().as_u16())
+        }));
+    }
+    for task in tasks {
+        let (i, status) = task.await.unwrap();
+        assert_eq!(status, if i == 17 { 500 } else { 200 }, "webhook {i}");
+    }
+    assert_eq!(app.db.count("events").await, 63);
+    assert_eq!(app.db.count("deliveries").await, 63);
 }

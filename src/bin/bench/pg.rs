@@ -256,66 +256,12 @@ pub fn parse_claim_durations(text: &str) -> Vec<u64> {
     out
 }
 
-/// The first string literal after `marker` in a source file (SQL in this crate has no
-/// `"`), with `format!` placeholders `{CONST}` replaced by the file's constants of those
-/// names and Rust's `\`-newline continuations removed.
-fn literal_after(source: &str, marker: &str) -> Option<String> {
-    let from = source.find(marker)? + marker.len();
-    let open = from + source[from..].find('"')? + 1;
-    let close = open + source[open..].find('"')?;
-    let raw = &source[open..close];
-    let formatted = source[from..open].contains("format!(");
-    let mut sql = unescape(raw);
-    if formatted {
-        let placeholder = |sql: &str| {
-            sql.match_indices('{').map(|(i, _)| i).find(|&i| sql[i + 1..].starts_with(|c: char| c.is_ascii_uppercase()))
-        };
-        while let Some(start) = placeholder(&sql) {
-            let end = start + sql[start..].find('}')?;
-            let name = &sql[start + 1..end];
-            let value = const_value(source, name)?;
-            sql.replace_range(start..=end, &value);
-        }
-        sql = sql.replace("{{", "{").replace("}}", "}");
-    }
-    Some(sql)
-}
-
-/// The value of `const NAME: T = value;` in a source file: a string literal's text, or
-/// the literal as written (numbers).
-fn const_value(source: &str, name: &str) -> Option<String> {
-    let at = source.find(&format!("const {name}:"))?;
-    let rest = &source[at..];
-    let value = rest[rest.find('=')? + 1..].trim_start();
-    if let Some(stripped) = value.strip_prefix('"') {
-        Some(unescape(&stripped[..stripped.find('"')?]))
-    } else {
-        Some(value[..value.find(';')?].trim().to_owned())
-    }
-}
-
-/// Rust string continuations (`\` at the end of a line eats the newline and the next
-/// line's leading whitespace).
-fn unescape(raw: &str) -> String {
-    let mut out = String::with_capacity(raw.len());
-    let mut rest = raw;
-    while let Some(i) = rest.find("\\\n") {
-        out.push_str(&rest[..i]);
-        rest = rest[i + 2..].trim_start();
-    }
-    out.push_str(rest);
-    out
-}
-
-/// The gateway's ingest statement, read from `src/store/events.rs` at build time so
-/// pgbench always runs exactly what the gateway runs.
+/// The gateway's single-event ingest statement, taken from the library so pgbench
+/// always runs exactly what the gateway runs for one event.
 pub fn ingest_statement() -> anyhow::Result<String> {
-    const SOURCE: &str = include_str!("../../store/events.rs");
-    let sql = literal_after(SOURCE, "const INSERT: &str =").context("src/store/events.rs has no `const INSERT`")?;
+    let sql = webhook_gateway::store::events::insert_sql();
     if !sql.contains("INSERT INTO events") || !sql.contains("INSERT INTO deliveries") || sql.contains("$7") {
-        bail!(
-            "`const INSERT` in src/store/events.rs no longer looks like the event + fan-out statement with 6 parameters"
-        );
+        bail!("store::events::insert_sql() no longer looks like the event + fan-out statement with 6 parameters");
     }
     Ok(sql)
 }

@@ -135,6 +135,7 @@ pub fn test_settings() -> Settings {
         resolver: None,
         metrics: None,
         metrics_sample: Duration::from_secs(15),
+        ingest_writers: 8,
     }
 }
 

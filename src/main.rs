@@ -118,8 +118,9 @@ async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
         resolver: None,
         metrics: Some(webhook_gateway::metrics::install()?),
         metrics_sample: std::time::Duration::from_secs(args.metrics_sample_secs),
-        // Half the pool: workers, the admin API and the janitor keep the rest.
-        ingest_writers: (args.db_pool_size as usize / 2).max(1),
+        // A quarter of the pool: fewer writers make bigger batches (fewer commits, less
+        // PostgreSQL CPU per event); workers, the admin API and the janitor keep the rest.
+        ingest_writers: (args.db_pool_size as usize / 4).max(1),
     };
     let running = app::start(pool.clone(), settings).await?;
     shutdown_signal().await;

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::extract::{ApiQuery, page_limit, parse_id};
+use super::openapi::AdminErrors;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::{DeliveryId, EndpointId, EventId};
@@ -132,11 +133,9 @@ impl Status {
     params(ListQuery),
     responses(
         (status = 200, description = "A page of deliveries, oldest first", body = DeliveryPage),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 422, description = "Bad query parameter, named in the message (`validation_failed`)",
             body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -164,10 +163,8 @@ pub async fn list(
     params(("id" = DeliveryId, Path, description = "Delivery id (anything else is 404)")),
     responses(
         (status = 200, description = "The delivery", body = DeliveryView),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such delivery (`not_found`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -184,10 +181,8 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
     params(("id" = DeliveryId, Path, description = "Delivery id (anything else is 404)")),
     responses(
         (status = 200, description = "The delivery and its attempts", body = AttemptTimeline),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such delivery (`not_found`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -217,11 +212,9 @@ pub async fn attempts(
     responses(
         (status = 200, description = "Pending again, due now (idempotent: a pending delivery is returned unchanged)",
             body = DeliveryView),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such delivery (`not_found`)", body = ErrorBody),
         (status = 409, description = "Its endpoint was deleted (`conflict`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::extract::{ApiJson, ApiQuery, parse_id};
+use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::{DeliveryId, EndpointId, EventId};
@@ -114,13 +115,8 @@ pub struct EndpointList {
     request_body = CreateEndpoint,
     responses(
         (status = 201, description = "Created; the answer shows the secret, this once", body = EndpointView),
-        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
-        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
-        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
-        (status = 422, description = "Invalid field, named in the message (`validation_failed`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        JsonBodyErrors,
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -146,9 +142,7 @@ pub async fn create(
     summary = "List endpoints",
     responses(
         (status = 200, description = "All endpoints (not paginated)", body = EndpointList),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -165,10 +159,8 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<serde_json::Valu
     params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
     responses(
         (status = 200, description = "The endpoint (without its secret)", body = EndpointView),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -188,10 +180,8 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
     params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
     responses(
         (status = 200, description = "Paused (idempotent)", body = EndpointView),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -212,10 +202,8 @@ pub async fn pause(State(state): State<AppState>, Path(id): Path<String>) -> Res
     params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
     responses(
         (status = 200, description = "Resumed (idempotent)", body = EndpointView),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -250,14 +238,9 @@ pub struct UpdateEndpoint {
     request_body = UpdateEndpoint,
     responses(
         (status = 200, description = "The updated endpoint", body = EndpointView),
-        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
-        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
-        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
-        (status = 422, description = "Invalid field, named in the message (`validation_failed`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        JsonBodyErrors,
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -308,12 +291,10 @@ pub struct EndpointDeleted {
     params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)"), DeleteQuery),
     responses(
         (status = 200, description = "Deleted (unlike sources and subscriptions, with a body)", body = EndpointDeleted),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
         (status = 409, description = "Deliveries are pending and `force` is not set (`conflict`)", body = ErrorBody),
         (status = 422, description = "Bad query string (`validation_failed`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -377,12 +358,10 @@ pub struct RotatedSecret {
     responses(
         (status = 200, description = "Rotated", body = RotatedSecret),
         (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
         (status = 413, description = "Body over the size limit (plain text, not the JSON error body)"),
         (status = 422, description = "Invalid field, named in the message (`validation_failed`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -439,10 +418,8 @@ pub struct TestSend {
     params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
     responses(
         (status = 202, description = "Queued for delivery", body = TestSend),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -504,14 +481,12 @@ pub struct Recovered {
     responses(
         (status = 200, description = "Re-queued (0 when called again)", body = Recovered),
         (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
         (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
         (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
         (status = 422, description = "Invalid field, e.g. `until` not after `since` (`validation_failed`)",
             body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]

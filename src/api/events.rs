@@ -9,6 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::deliveries::DeliveryView;
 use super::extract::{ApiJson, ApiQuery, page_limit, parse_id};
+use super::openapi::AdminErrors;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::EventId;
@@ -45,13 +46,11 @@ pub struct PublishEvent {
         (status = 200, description = "Stored (or already stored: `duplicate`), with its deliveries, before this answer",
             body = IngestResponse),
         (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
         (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
         (status = 422, description = "Invalid field, or no such source, named in the message (`validation_failed`)",
             body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -130,10 +129,8 @@ pub struct EventPage {
     params(("id" = EventId, Path, description = "Event id (anything else is 404)")),
     responses(
         (status = 200, description = "The event with its payload and deliveries", body = EventView),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such event (`not_found`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -187,11 +184,9 @@ pub struct ListQuery {
     params(ListQuery),
     responses(
         (status = 200, description = "A page of events, oldest first", body = EventPage),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 422, description = "Bad query parameter or unknown source, named (`validation_failed`)",
             body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]

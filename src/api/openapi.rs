@@ -123,3 +123,38 @@ pub fn document() -> &'static str {
 pub async fn openapi_json() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], document())
 }
+
+/// The answers every admin call can give besides its own: 401 and 503. Listed in a
+/// handler's `responses(...)` instead of repeating them.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // documentation only
+pub enum AdminErrors {
+    /// Missing or wrong admin token.
+    #[response(status = 401, description = "Missing or wrong admin token (`unauthorized`)")]
+    Unauthorized(crate::error::ErrorBody),
+    /// The database is unreachable.
+    #[response(
+        status = 503,
+        description = "Database unreachable; nothing stored (`database_unavailable`)",
+        headers(("Retry-After" = u32, description = "Seconds to wait"))
+    )]
+    Unavailable(crate::error::ErrorBody),
+}
+
+/// The answers of a call with a JSON body: 400, 413, 415, 422.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // documentation only
+pub enum JsonBodyErrors {
+    /// Broken JSON.
+    #[response(status = 400, description = "Malformed JSON (`malformed_json`)")]
+    Malformed(crate::error::ErrorBody),
+    /// Over the body limit.
+    #[response(status = 413, description = "Body over the size limit (`payload_too_large`)")]
+    TooLarge(crate::error::ErrorBody),
+    /// Not JSON.
+    #[response(status = 415, description = "Content-Type is not `application/json`")]
+    NotJson(crate::error::ErrorBody),
+    /// A field failed validation.
+    #[response(status = 422, description = "Invalid field, named in the message (`validation_failed`)")]
+    Invalid(crate::error::ErrorBody),
+}

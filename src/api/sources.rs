@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::extract::{ApiJson, ApiQuery, parse_id};
+use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::SourceId;
@@ -113,14 +114,9 @@ fn validate_name(name: &str) -> Result<(), ApiError> {
     request_body = CreateSource,
     responses(
         (status = 201, description = "Created", body = SourceView),
-        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 409, description = "A source with this name exists (`conflict`)", body = ErrorBody),
-        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
-        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
-        (status = 422, description = "Invalid field, named in the message (`validation_failed`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        JsonBodyErrors,
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -163,9 +159,7 @@ pub async fn create(
     summary = "List sources",
     responses(
         (status = 200, description = "All sources (not paginated)", body = SourceList),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -182,10 +176,8 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<serde_json::Valu
     params(("id" = SourceId, Path, description = "Source id (anything else is 404)")),
     responses(
         (status = 200, description = "The source", body = SourceView),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such source (`not_found`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -224,15 +216,10 @@ pub struct UpdateSource {
     request_body = UpdateSource,
     responses(
         (status = 200, description = "The updated source", body = SourceView),
-        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such source (`not_found`)", body = ErrorBody),
         (status = 409, description = "The built-in `api` source cannot be changed (`conflict`)", body = ErrorBody),
-        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
-        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
-        (status = 422, description = "Invalid field, named in the message (`validation_failed`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        JsonBodyErrors,
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]

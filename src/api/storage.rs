@@ -4,8 +4,9 @@
 use axum::Json;
 use axum::extract::State;
 
+use super::openapi::AdminErrors;
 use crate::app::AppState;
-use crate::error::{ApiError, ErrorBody};
+use crate::error::ApiError;
 use crate::janitor::{self, StorageReport};
 
 /// `GET /v1/admin/storage`.
@@ -15,9 +16,7 @@ use crate::janitor::{self, StorageReport};
     responses(
         (status = 200, description = "Every table of the gateway's schema (largest first) and the janitor's \
             latest pass (null before the first)", body = StorageReport),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]

@@ -10,6 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 use axum::extract::Path;
 
 use super::extract::{ApiJson, ApiQuery, parse_id};
+use super::openapi::AdminErrors;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::fanout;
@@ -90,13 +91,11 @@ async fn source_id_by_name(state: &AppState, name: &str) -> Result<crate::ids::S
     responses(
         (status = 201, description = "Created", body = SubscriptionView),
         (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
         (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
         (status = 422, description = "Invalid field, or unknown endpoint or source, named (`validation_failed`)",
             body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -143,10 +142,8 @@ pub struct ListQuery {
     params(ListQuery),
     responses(
         (status = 200, description = "The subscriptions (not paginated)", body = SubscriptionList),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 422, description = "Bad query string (`validation_failed`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -166,10 +163,8 @@ pub async fn list(
     params(("id" = SubscriptionId, Path, description = "Subscription id (anything else is 404)")),
     responses(
         (status = 200, description = "The subscription", body = SubscriptionView),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such subscription (`not_found`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -202,14 +197,12 @@ pub struct UpdateSubscription {
     responses(
         (status = 200, description = "The updated subscription", body = SubscriptionView),
         (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such subscription (`not_found`)", body = ErrorBody),
         (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
         (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
         (status = 422, description = "Invalid field, or no such source, named in the message (`validation_failed`)",
             body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -243,10 +236,8 @@ pub async fn update(
     params(("id" = SubscriptionId, Path, description = "Subscription id (anything else is 404)")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such subscription (`not_found`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]

@@ -503,7 +503,13 @@ pub async fn recover(
     if until <= body.since {
         return Err(ApiError::validation("until", "must be after since"));
     }
-    let requeued = crate::queue::recover(&state.pool, id, body.since, until, state.release_per_sec).await?;
+    let requeued = crate::queue::requeue_spread(
+        &state.pool,
+        id,
+        crate::queue::Requeue::DeadBetween(body.since, until),
+        state.release_per_sec,
+    )
+    .await?;
     if requeued > 0 {
         state.wake.notify_one();
     }

@@ -1,11 +1,9 @@
 //! The circuit's statements: fold a batch of outcomes into the endpoints' circuits, and
 //! release a parked backlog at a bounded rate.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
-
 use chrono::Utc;
 use sqlx::{PgConnection, PgPool};
+use std::collections::BTreeMap;
 
 use super::{Change, Circuit, CircuitConfig, Observation, apply};
 use crate::ids::EndpointId;
@@ -85,46 +83,11 @@ struct CircuitRow {
     circuit: Circuit,
 }
 
-/// Rows released per statement: short transactions even for a huge backlog.
-const RELEASE_BATCH: i64 = 2_000;
-
-/// Un-park an endpoint's parked deliveries, oldest first, spread `1/per_sec` apart from
+/// Un-park an endpoint's parked deliveries, oldest first, spaced `1/per_sec` apart from
 /// now: a recovering subscriber sees its backlog at a bounded rate, not all at once.
 /// Returns how many were released.
 pub async fn release_backlog(pool: &PgPool, endpoint_id: EndpointId, per_sec: u32) -> Result<u64, sqlx::Error> {
-    let step = Duration::from_secs_f64(1.0 / f64::from(per_sec.max(1)));
-    let start = Utc::now();
-    let mut released: u64 = 0;
-    loop {
-        let done = sqlx::query(
-            "WITH locked AS (
-                 SELECT id FROM deliveries
-                 WHERE endpoint_id = $1 AND status = 'pending' AND parked
-                 ORDER BY id
-                 LIMIT $2
-                 FOR UPDATE SKIP LOCKED
-             ), p AS (
-                 SELECT id, row_number() OVER (ORDER BY id) AS rn FROM locked
-             )
-             UPDATE deliveries d
-             SET parked = false,
-                 next_attempt_at = $3 + (p.rn - 1 + $4) * make_interval(secs => $5),
-                 updated_at = now()
-             FROM p WHERE d.id = p.id",
-        )
-        .bind(endpoint_id)
-        .bind(RELEASE_BATCH)
-        .bind(start)
-        .bind(released as i64)
-        .bind(step.as_secs_f64())
-        .execute(pool)
-        .await?
-        .rows_affected();
-        released += done;
-        if done < RELEASE_BATCH as u64 {
-            break;
-        }
-    }
+    let released = crate::queue::requeue_spread(pool, endpoint_id, crate::queue::Requeue::Parked, per_sec).await?;
     if released > 0 {
         tracing::info!(endpoint_id = %endpoint_id, released, per_sec, "parked deliveries released");
     }

@@ -370,52 +370,67 @@ pub async fn redeliver(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<bool, 
     Ok(done.rows_affected() == 1)
 }
 
-/// Rows re-queued per statement by [`recover`].
-pub const RECOVER_BATCH: i64 = 1_000;
+/// Rows re-queued per statement by [`requeue_spread`]: short transactions even for a
+/// huge backlog.
+pub const REQUEUE_BATCH: i64 = 1_000;
 
-/// Re-queue an endpoint's dead deliveries that died in `[since, until)`, in batches of
-/// [`RECOVER_BATCH`], spaced `1/per_sec` apart so the recovered subscriber is not hit
-/// by the whole backlog at once. Each gets a fresh budget and keeps its `webhook-id`.
-/// Only dead rows qualify, so a second call re-queues nothing new.
-pub async fn recover(
+/// Which of an endpoint's deliveries [`requeue_spread`] puts back in line.
+#[derive(Debug, Clone, Copy)]
+pub enum Requeue {
+    /// Its parked deliveries (circuit closed, endpoint resumed).
+    Parked,
+    /// Its dead deliveries that died in `[since, until)` (operator recovery): they get a
+    /// fresh budget and keep their `webhook-id`.
+    DeadBetween(DateTime<Utc>, DateTime<Utc>),
+}
+
+/// Put an endpoint's parked or dead deliveries back in line, oldest first, due
+/// `1/per_sec` apart from now, in batches of [`REQUEUE_BATCH`]: a recovering subscriber
+/// sees its backlog at a bounded rate, not all at once. Only rows still parked (or dead)
+/// qualify, so calling again re-queues nothing new. Returns how many were re-queued.
+pub async fn requeue_spread(
     pool: &sqlx::PgPool,
     endpoint_id: EndpointId,
-    since: DateTime<Utc>,
-    until: DateTime<Utc>,
+    which: Requeue,
     per_sec: u32,
 ) -> Result<u64, sqlx::Error> {
+    let (filter, revive, window) = match which {
+        Requeue::Parked => ("status = 'pending' AND parked", "", None),
+        Requeue::DeadBetween(since, until) => (
+            "status = 'dead' AND finished_at >= $6 AND finished_at < $7",
+            "status = 'pending', attempts_base = d.attempt_count, dead_reason = NULL, finished_at = NULL,
+             leased_until = NULL,",
+            Some((since, until)),
+        ),
+    };
+    let sql = format!(
+        "WITH locked AS (
+             SELECT id FROM deliveries
+             WHERE endpoint_id = $1 AND {filter}
+             ORDER BY id
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED
+         ), n AS (
+             SELECT id, row_number() OVER (ORDER BY id) AS rn FROM locked
+         )
+         UPDATE deliveries d
+         SET {revive} parked = false,
+             next_attempt_at = $3 + (n.rn - 1 + $4) * make_interval(secs => $5),
+             updated_at = now()
+         FROM n WHERE d.id = n.id"
+    );
     let step = 1.0 / f64::from(per_sec.max(1));
     let start = Utc::now();
     let mut requeued: u64 = 0;
     loop {
-        let done = sqlx::query(
-            "WITH locked AS (
-                 SELECT id FROM deliveries
-                 WHERE endpoint_id = $1 AND status = 'dead' AND finished_at >= $2 AND finished_at < $3
-                 ORDER BY id
-                 LIMIT $4
-                 FOR UPDATE SKIP LOCKED
-             ), n AS (
-                 SELECT id, row_number() OVER (ORDER BY id) AS rn FROM locked
-             )
-             UPDATE deliveries d
-             SET status = 'pending', attempts_base = d.attempt_count, parked = false,
-                 next_attempt_at = $5 + (n.rn - 1 + $6) * make_interval(secs => $7),
-                 dead_reason = NULL, finished_at = NULL, leased_until = NULL, updated_at = now()
-             FROM n WHERE d.id = n.id",
-        )
-        .bind(endpoint_id)
-        .bind(since)
-        .bind(until)
-        .bind(RECOVER_BATCH)
-        .bind(start)
-        .bind(requeued as i64)
-        .bind(step)
-        .execute(pool)
-        .await?
-        .rows_affected();
+        let mut query =
+            sqlx::query(&sql).bind(endpoint_id).bind(REQUEUE_BATCH).bind(start).bind(requeued as i64).bind(step);
+        if let Some((since, until)) = window {
+            query = query.bind(since).bind(until);
+        }
+        let done = query.execute(pool).await?.rows_affected();
         requeued += done;
-        if done < RECOVER_BATCH as u64 {
+        if done < REQUEUE_BATCH as u64 {
             return Ok(requeued);
         }
     }

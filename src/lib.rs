@@ -16,6 +16,7 @@ pub mod ingest;
 pub mod janitor;
 pub mod metrics;
 pub mod queue;
+pub mod sanitize;
 pub mod store;
 pub mod verify;
 pub mod wake;

@@ -15,8 +15,12 @@ use crate::error::{ApiError, ErrorBody};
 use crate::ids::EventId;
 use crate::ingest::{self, IngestResponse};
 use crate::queue;
+use crate::sanitize;
 use crate::store;
 use crate::store::events::OwnedEvent;
+
+/// Longest caller event id (`POST /v1/events`).
+const MAX_EVENT_ID_BYTES: usize = 255;
 
 /// Body of `POST /v1/events`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -25,10 +29,11 @@ pub struct PublishEvent {
     /// Source name (default `api`).
     #[serde(default)]
     pub source: Option<String>,
-    /// Event type, matched against subscriptions (1-200 characters).
+    /// Event type, matched against subscriptions (1-200 bytes, no control characters).
     #[schema(example = "order.created")]
     pub event_type: String,
-    /// The caller's id for this event: publishing it twice stores it once (1-255 characters).
+    /// The caller's id for this event: publishing it twice stores it once (1-255 bytes, no control
+    /// characters).
     #[schema(example = "order-42-created")]
     pub event_id: String,
     /// The body delivered to subscribers.
@@ -58,12 +63,12 @@ pub async fn publish(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<PublishEvent>,
 ) -> Result<Json<IngestResponse>, ApiError> {
-    if body.event_id.is_empty() || body.event_id.len() > 255 {
-        return Err(ApiError::validation("event_id", "must be 1-255 characters"));
+    if body.event_id.len() > MAX_EVENT_ID_BYTES {
+        return Err(ApiError::validation("event_id", format!("must be 1-{MAX_EVENT_ID_BYTES} bytes")));
     }
-    if body.event_type.is_empty() || body.event_type.len() > 200 {
-        return Err(ApiError::validation("event_type", "must be 1-200 characters"));
-    }
+    // The same rules as a webhook's key and type: no control characters, never altered.
+    let event_id = sanitize::dedupe_key(body.event_id).map_err(|why| ApiError::validation("event_id", why))?;
+    let event_type = sanitize::event_type(body.event_type).map_err(|why| ApiError::validation("event_type", why))?;
     let source_name = body.source.as_deref().unwrap_or("api");
     let source = store::sources::by_name(&state.pool, source_name)
         .await?
@@ -74,8 +79,8 @@ pub async fn publish(
         &source.name,
         OwnedEvent {
             source_id: source.id,
-            dedupe_key: body.event_id,
-            event_type: body.event_type,
+            dedupe_key: event_id,
+            event_type,
             content_type: Some("application/json".to_owned()),
             headers: serde_json::json!({}),
             payload: payload.into(),

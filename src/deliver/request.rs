@@ -9,7 +9,7 @@ use crate::queue::Claimed;
 /// us this much and no more.
 pub const MAX_RESPONSE_READ: usize = 64 * 1024;
 /// How much of it is stored with the attempt.
-pub const MAX_RESPONSE_STORED: usize = 4 * 1024;
+pub const MAX_RESPONSE_STORED: usize = crate::sanitize::MAX_EXCERPT_BYTES;
 
 /// The headers of one attempt. `secrets` are the endpoint's current signing secrets.
 pub fn headers(job: &Claimed, secrets: &[&str], timestamp: i64) -> HeaderMap {
@@ -39,7 +39,8 @@ fn value(text: &str) -> HeaderValue {
 }
 
 /// Read up to [`MAX_RESPONSE_READ`] bytes of the body and keep the first
-/// [`MAX_RESPONSE_STORED`] as text. A body error ends the read: the status is what counts.
+/// [`MAX_RESPONSE_STORED`] as storable text ([`crate::sanitize::stored_text`]: NUL and
+/// invalid UTF-8 repaired). A body error ends the read: the status is what counts.
 pub async fn read_excerpt(mut response: reqwest::Response) -> String {
     let mut kept: Vec<u8> = Vec::new();
     let mut read = 0usize;
@@ -53,5 +54,5 @@ pub async fn read_excerpt(mut response: reqwest::Response) -> String {
             Ok(None) | Err(_) => break,
         }
     }
-    String::from_utf8_lossy(&kept).into_owned()
+    crate::sanitize::stored_text(&kept, MAX_RESPONSE_STORED)
 }

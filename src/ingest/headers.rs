@@ -3,6 +3,8 @@
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
+use crate::sanitize;
+
 /// Replacement for a redacted header value.
 pub const REDACTED: &str = "[redacted]";
 
@@ -15,7 +17,8 @@ fn is_sensitive(name: &str) -> bool {
         || name.contains("secret")
 }
 
-/// Headers as a JSON object (lower-case names; repeated headers joined with ", "), with
+/// Headers as a JSON object (lower-case names; repeated headers joined with ", "; each
+/// value repaired and bounded by [`sanitize::MAX_HEADER_VALUE_BYTES`]), with
 /// signatures and credentials redacted: once verified they are no longer needed, and
 /// stored they would be a secret at rest.
 ///
@@ -29,12 +32,13 @@ pub fn redacted_headers(headers: &HeaderMap, signature_header: Option<&str>) -> 
         let value = if is_sensitive(key) || signature_header.is_some_and(|h| h.trim().eq_ignore_ascii_case(key)) {
             REDACTED.to_owned()
         } else {
-            headers
+            let joined = headers
                 .get_all(name)
                 .iter()
-                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .map(|v| String::from_utf8_lossy(v.as_bytes()))
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(", ");
+            sanitize::bounded(&joined, sanitize::MAX_HEADER_VALUE_BYTES)
         };
         out.insert(key.to_owned(), Value::String(value));
     }
@@ -62,6 +66,17 @@ mod tests {
         assert_eq!(v["authorization"], REDACTED);
         assert_eq!(v["x-github-event"], "push");
         assert_eq!(v["accept"], "a, b");
+    }
+
+    #[test]
+    fn values_are_repaired_and_bounded() {
+        let mut h = HeaderMap::new();
+        h.insert("x-binary", axum::http::HeaderValue::from_bytes(b"a\xFFb").unwrap());
+        let huge = "v".repeat(3 * sanitize::MAX_HEADER_VALUE_BYTES);
+        h.insert("x-huge", huge.parse().unwrap());
+        let v = redacted_headers(&h, None);
+        assert_eq!(v["x-binary"], "a\u{FFFD}b");
+        assert_eq!(v["x-huge"].as_str().map(str::len), Some(sanitize::MAX_HEADER_VALUE_BYTES));
     }
 
     #[test]

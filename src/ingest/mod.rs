@@ -118,7 +118,9 @@ pub async fn ingest(
     if let Some(challenge) = verified.challenge {
         return Ok(Json(serde_json::json!({ "challenge": challenge })).into_response());
     }
-    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| crate::sanitize::stored_text(v.as_bytes(), crate::sanitize::MAX_CONTENT_TYPE_BYTES));
     let event = OwnedEvent {
         source_id: source.id,
         dedupe_key: verified.dedupe_key,

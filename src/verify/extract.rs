@@ -4,7 +4,7 @@ use http::HeaderMap;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::Locator;
+use super::{Locator, VerifyError};
 
 /// Hex SHA-256 of the body, prefixed `sha256:` so a hash can never collide with a
 /// provider's own delivery id. The dedupe key of last resort.
@@ -12,10 +12,10 @@ pub fn body_sha256_hex(body: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(body)))
 }
 
-/// A header's value as text, if present and valid visible ASCII.
-pub(crate) fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
-}
+/// What a key or event type lookup found: `Ok(None)` when the value is absent (the
+/// caller may fall back), an error when it is present but cannot be used as sent (the
+/// request is refused: a present key is never silently replaced by a fallback).
+pub(crate) type Found = Result<Option<String>, VerifyError>;
 
 /// The body parsed as JSON, computed at most once per request.
 pub(crate) struct LazyJson<'a> {
@@ -34,24 +34,57 @@ impl<'a> LazyJson<'a> {
         self.parsed.get_or_insert_with(|| serde_json::from_slice(body).ok()).as_ref()
     }
 
-    /// A string (or number) at an RFC 6901 pointer.
-    pub(crate) fn pointer(&mut self, pointer: &str) -> Option<String> {
-        scalar_to_string(self.get()?.pointer(pointer)?)
+    /// A string (or number) at an RFC 6901 pointer. Absent when the body is not JSON or
+    /// the pointer finds nothing or `null`; refused when it finds anything else that is
+    /// not a non-empty string or a number.
+    pub(crate) fn pointer(&mut self, pointer: &str) -> Found {
+        match self.get().and_then(|v| v.pointer(pointer)) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
+            Some(Value::Number(n)) => Ok(Some(n.to_string())),
+            Some(other) => Err(VerifyError::MalformedBody(format!(
+                "the value at {pointer} is {}, not a non-empty string or a number",
+                json_kind(other)
+            ))),
+        }
     }
 }
 
-/// Non-empty string or number as text; other JSON values are not keys.
-pub(crate) fn scalar_to_string(value: &Value) -> Option<String> {
+/// A JSON value's kind, for error messages (never the value: it may be large or secret).
+fn json_kind(value: &Value) -> &'static str {
     match value {
-        Value::String(s) if !s.is_empty() => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        _ => None,
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(s) if s.is_empty() => "an empty string",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
 }
 
-/// A header's trimmed value as an owned key, if present and non-empty.
-pub(crate) fn header_string(headers: &HeaderMap, name: &str) -> Option<String> {
-    header_str(headers, name).filter(|v| !v.is_empty()).map(str::to_owned)
+/// A header's trimmed value as a key: absent when the header is; refused when it is
+/// empty, not UTF-8, or repeated with different values (which one would be the key?).
+pub(crate) fn header_string(headers: &HeaderMap, name: &str) -> Found {
+    let mut found: Option<String> = None;
+    for value in headers.get_all(name) {
+        let text = std::str::from_utf8(value.as_bytes())
+            .map_err(|_| VerifyError::MalformedBody(format!("header {name} is not valid UTF-8")))?
+            .trim();
+        if text.is_empty() {
+            return Err(VerifyError::MalformedBody(format!("header {name} is empty")));
+        }
+        match &found {
+            Some(first) if first != text => {
+                return Err(VerifyError::MalformedBody(format!(
+                    "header {name} appears more than once, with different values"
+                )));
+            }
+            Some(_) => {}
+            None => found = Some(text.to_owned()),
+        }
+    }
+    Ok(found)
 }
 
 /// The source's override when it configures one, else the kind's default. An override
@@ -61,8 +94,8 @@ pub(crate) fn resolve<'a>(
     locator: &Locator,
     headers: &HeaderMap,
     json: &mut LazyJson<'a>,
-    default: impl FnOnce(&mut LazyJson<'a>) -> Option<String>,
-) -> Option<String> {
+    default: impl FnOnce(&mut LazyJson<'a>) -> Found,
+) -> Found {
     if locator.is_empty() { default(json) } else { locate(locator, headers, json) }
 }
 
@@ -71,17 +104,17 @@ pub(crate) fn unknown_event_type() -> String {
     "unknown".to_owned()
 }
 
-/// Resolve a locator: header first, then JSON pointer.
-pub(crate) fn locate(locator: &Locator, headers: &HeaderMap, json: &mut LazyJson) -> Option<String> {
+/// Resolve a locator: the header when it is present, else the JSON pointer.
+pub(crate) fn locate(locator: &Locator, headers: &HeaderMap, json: &mut LazyJson) -> Found {
     if let Some(name) = &locator.header
-        && let Some(v) = header_str(headers, name).filter(|v| !v.is_empty())
+        && let Some(v) = header_string(headers, name)?
     {
-        return Some(v.to_owned());
+        return Ok(Some(v));
     }
-    if let Some(pointer) = &locator.json_pointer {
-        return json.pointer(pointer);
+    match &locator.json_pointer {
+        Some(pointer) => json.pointer(pointer),
+        None => Ok(None),
     }
-    None
 }
 
 #[cfg(test)]
@@ -98,13 +131,44 @@ mod tests {
     fn locator_prefers_header_then_pointer() {
         let mut headers = HeaderMap::new();
         headers.insert("x-id", "from-header".parse().unwrap());
-        let body = br#"{"data": {"id": "from-body", "n": 7}}"#;
+        let body = br#"{"data": {"id": "from-body", "n": 7, "none": null}}"#;
         let both = Locator { header: Some("X-Id".into()), json_pointer: Some("/data/id".into()) };
-        assert_eq!(locate(&both, &headers, &mut LazyJson::new(body)).as_deref(), Some("from-header"));
+        assert_eq!(locate(&both, &headers, &mut LazyJson::new(body)), Ok(Some("from-header".into())));
         let pointer_only = Locator { header: Some("x-missing".into()), json_pointer: Some("/data/n".into()) };
-        assert_eq!(locate(&pointer_only, &headers, &mut LazyJson::new(body)).as_deref(), Some("7"));
-        let nothing = Locator { header: None, json_pointer: Some("/data".into()) };
-        assert_eq!(locate(&nothing, &headers, &mut LazyJson::new(body)), None);
-        assert_eq!(locate(&both, &HeaderMap::new(), &mut LazyJson::new(b"not json")), None);
+        assert_eq!(locate(&pointer_only, &headers, &mut LazyJson::new(body)), Ok(Some("7".into())));
+        let absent = Locator { header: None, json_pointer: Some("/data/missing".into()) };
+        assert_eq!(locate(&absent, &headers, &mut LazyJson::new(body)), Ok(None));
+        let null = Locator { header: None, json_pointer: Some("/data/none".into()) };
+        assert_eq!(locate(&null, &headers, &mut LazyJson::new(body)), Ok(None));
+        assert_eq!(locate(&both, &HeaderMap::new(), &mut LazyJson::new(b"not json")), Ok(None));
+    }
+
+    #[test]
+    fn a_present_value_that_cannot_be_used_is_refused_not_replaced() {
+        let body = br#"{"data": {"id": "", "obj": {"a": 1}, "list": [1], "flag": true}}"#;
+        for pointer in ["/data/id", "/data/obj", "/data/list", "/data/flag", "/data"] {
+            let locator = Locator { header: None, json_pointer: Some(pointer.into()) };
+            let found = locate(&locator, &HeaderMap::new(), &mut LazyJson::new(body));
+            assert!(matches!(found, Err(VerifyError::MalformedBody(_))), "{pointer}: {found:?}");
+        }
+        let header = Locator { header: Some("X-Id".into()), json_pointer: Some("/data/flag".into()) };
+        let mut empty = HeaderMap::new();
+        empty.insert("x-id", "  ".parse().unwrap());
+        let mut binary = HeaderMap::new();
+        binary.insert("x-id", http::HeaderValue::from_bytes(b"ab\xFFcd").unwrap());
+        let mut twice = HeaderMap::new();
+        twice.append("x-id", "a".parse().unwrap());
+        twice.append("x-id", "b".parse().unwrap());
+        for (what, headers) in [("empty", empty), ("not UTF-8", binary), ("repeated", twice)] {
+            let found = locate(&header, &headers, &mut LazyJson::new(b"{}"));
+            assert!(matches!(found, Err(VerifyError::MalformedBody(_))), "{what}: {found:?}");
+        }
+        let mut same_twice = HeaderMap::new();
+        same_twice.append("x-id", "a".parse().unwrap());
+        same_twice.append("x-id", "a".parse().unwrap());
+        assert_eq!(locate(&header, &same_twice, &mut LazyJson::new(b"{}")), Ok(Some("a".into())));
+        let mut utf8 = HeaderMap::new();
+        utf8.insert("x-id", http::HeaderValue::from_bytes("clé-1".as_bytes()).unwrap());
+        assert_eq!(locate(&header, &utf8, &mut LazyJson::new(b"{}")), Ok(Some("clé-1".into())));
     }
 }

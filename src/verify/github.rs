@@ -35,16 +35,16 @@ impl Verifier for Github {
         check_any(HmacAlgorithm::Sha256, &verbatim_keys(spec), &[body], &[signature])?;
 
         let mut json = LazyJson::new(body);
-        let dedupe_key = resolve(&spec.dedupe, headers, &mut json, |_| header_string(headers, DELIVERY_HEADER))
+        let dedupe_key = resolve(&spec.dedupe, headers, &mut json, |_| header_string(headers, DELIVERY_HEADER))?
             .unwrap_or_else(|| body_sha256_hex(body));
         let event_type = resolve(&spec.event_type, headers, &mut json, |json| {
-            let event = header_string(headers, EVENT_HEADER)?;
+            let Some(event) = header_string(headers, EVENT_HEADER)? else { return Ok(None) };
             let action = json.get().and_then(|v| v.get("action")).and_then(Value::as_str).filter(|a| !a.is_empty());
-            Some(match action {
+            Ok(Some(match action {
                 Some(action) => format!("{event}.{action}"),
                 None => event,
-            })
-        })
+            }))
+        })?
         .unwrap_or_else(unknown_event_type);
         Ok(Verified { dedupe_key, event_type, challenge: None })
     }

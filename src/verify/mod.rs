@@ -235,8 +235,18 @@ fn verifier(kind: Kind) -> &'static dyn Verifier {
 /// are [`body_sha256_hex`] and `"unknown"`.
 ///
 /// `now_unix` is the current time in unix seconds (a parameter so tests can pin it).
+///
+/// The key and the event type are then made storable ([`crate::sanitize::dedupe_key`],
+/// [`crate::sanitize::event_type`]): one that is present but empty, not UTF-8, or holds a
+/// control character is refused as [`VerifyError::MalformedBody`], never replaced by a
+/// fallback; a key over [`crate::sanitize::MAX_DEDUPE_KEY_BYTES`] is stored as its digest.
 pub fn verify(spec: &SourceSpec, headers: &HeaderMap, body: &[u8], now_unix: i64) -> Result<Verified, VerifyError> {
-    verifier(spec.kind).verify(spec, headers, body, now_unix)
+    let verified = verifier(spec.kind).verify(spec, headers, body, now_unix)?;
+    let dedupe_key = crate::sanitize::dedupe_key(verified.dedupe_key)
+        .map_err(|why| VerifyError::MalformedBody(format!("the dedupe key {why}")))?;
+    let event_type = crate::sanitize::event_type(verified.event_type)
+        .map_err(|why| VerifyError::MalformedBody(format!("the event type {why}")))?;
+    Ok(Verified { dedupe_key, event_type, ..verified })
 }
 
 #[cfg(test)]

@@ -33,9 +33,9 @@ impl Verifier for Shopify {
         check_any(HmacAlgorithm::Sha256, &verbatim_keys(spec), &[body], &[signature])?;
 
         let mut json = LazyJson::new(body);
-        let dedupe_key = resolve(&spec.dedupe, headers, &mut json, |_| header_string(headers, WEBHOOK_ID_HEADER))
+        let dedupe_key = resolve(&spec.dedupe, headers, &mut json, |_| header_string(headers, WEBHOOK_ID_HEADER))?
             .unwrap_or_else(|| body_sha256_hex(body));
-        let event_type = resolve(&spec.event_type, headers, &mut json, |_| header_string(headers, TOPIC_HEADER))
+        let event_type = resolve(&spec.event_type, headers, &mut json, |_| header_string(headers, TOPIC_HEADER))?
             .unwrap_or_else(unknown_event_type);
         Ok(Verified { dedupe_key, event_type, challenge: None })
     }

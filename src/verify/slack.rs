@@ -48,10 +48,10 @@ impl Verifier for Slack {
         check_tolerance(spec, timestamp, now_unix)?;
 
         let mut json = LazyJson::new(body);
-        let body_type = json.pointer("/type");
+        let body_type = json.pointer("/type")?;
         if body_type.as_deref() == Some("url_verification") {
             let challenge = json
-                .pointer("/challenge")
+                .pointer("/challenge")?
                 .ok_or_else(|| VerifyError::MalformedBody("url_verification has no challenge".to_owned()))?;
             return Ok(Verified {
                 dedupe_key: body_sha256_hex(body),
@@ -61,7 +61,7 @@ impl Verifier for Slack {
         }
 
         let dedupe_key = if spec.dedupe.is_empty() {
-            match json.pointer("/event_id") {
+            match json.pointer("/event_id")? {
                 Some(id) => id,
                 None if body_type.as_deref() == Some("event_callback") => {
                     return Err(VerifyError::MalformedBody("Slack event_callback has no event_id".to_owned()));
@@ -69,10 +69,10 @@ impl Verifier for Slack {
                 None => body_sha256_hex(body),
             }
         } else {
-            locate(&spec.dedupe, headers, &mut json).unwrap_or_else(|| body_sha256_hex(body))
+            locate(&spec.dedupe, headers, &mut json)?.unwrap_or_else(|| body_sha256_hex(body))
         };
         let event_type =
-            resolve(&spec.event_type, headers, &mut json, |json| json.pointer("/event/type").or(body_type))
+            resolve(&spec.event_type, headers, &mut json, |json| Ok(json.pointer("/event/type")?.or(body_type)))?
                 .unwrap_or_else(unknown_event_type);
         Ok(Verified { dedupe_key, event_type, challenge: None })
     }

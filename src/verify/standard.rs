@@ -64,10 +64,10 @@ impl Verifier for StandardWebhooks {
         check_tolerance(spec, timestamp, now_unix)?;
 
         let mut json = LazyJson::new(body);
-        let dedupe_key =
-            resolve(&spec.dedupe, headers, &mut json, |_| Some(id.to_owned())).unwrap_or_else(|| body_sha256_hex(body));
+        let dedupe_key = resolve(&spec.dedupe, headers, &mut json, |_| Ok(Some(id.to_owned())))?
+            .unwrap_or_else(|| body_sha256_hex(body));
         let event_type =
-            resolve(&spec.event_type, headers, &mut json, |j| j.pointer("/type")).unwrap_or_else(unknown_event_type);
+            resolve(&spec.event_type, headers, &mut json, |j| j.pointer("/type"))?.unwrap_or_else(unknown_event_type);
         Ok(Verified { dedupe_key, event_type, challenge: None })
     }
 }

@@ -35,12 +35,12 @@ impl Verifier for Stripe {
         // Stripe's event id is the documented idempotency key and is in every event, so a
         // body without one is not an event we understand: refuse it rather than guess.
         let dedupe_key = if spec.dedupe.is_empty() {
-            json.pointer("/id").ok_or_else(|| VerifyError::MalformedBody("Stripe event has no `id`".to_owned()))?
+            json.pointer("/id")?.ok_or_else(|| VerifyError::MalformedBody("Stripe event has no `id`".to_owned()))?
         } else {
-            locate(&spec.dedupe, headers, &mut json).unwrap_or_else(|| body_sha256_hex(body))
+            locate(&spec.dedupe, headers, &mut json)?.unwrap_or_else(|| body_sha256_hex(body))
         };
         let event_type =
-            resolve(&spec.event_type, headers, &mut json, |j| j.pointer("/type")).unwrap_or_else(unknown_event_type);
+            resolve(&spec.event_type, headers, &mut json, |j| j.pointer("/type"))?.unwrap_or_else(unknown_event_type);
         Ok(Verified { dedupe_key, event_type, challenge: None })
     }
 }

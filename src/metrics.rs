@@ -23,6 +23,12 @@ pub const ATTEMPTS: &str = "webhook_gateway_attempts_total";
 pub const ATTEMPT_DURATION: &str = "webhook_gateway_attempt_duration_seconds";
 /// Outcomes dropped because a newer claim took the lease over.
 pub const FENCED: &str = "webhook_gateway_outcomes_fenced_total";
+/// Outcomes recorded without their details (status and error kind only) because the
+/// database refused them: each is a bug in sanitizing outside text, worth a look.
+pub const OUTCOMES_DEGRADED: &str = "webhook_gateway_outcomes_degraded_total";
+/// Outcomes that could not be recorded at all: their deliveries were dead-lettered with
+/// the reason instead of being sent again unrecorded.
+pub const OUTCOMES_UNRECORDABLE: &str = "webhook_gateway_outcomes_unrecordable_total";
 /// Deliveries by state: `pending` (claimable), `parked`, `dead`.
 pub const QUEUE_DELIVERIES: &str = "webhook_gateway_queue_deliveries";
 /// Pending deliveries due now.

@@ -211,7 +211,10 @@ pub async fn resume(State(state): State<AppState>, Path(id): Path<String>) -> Re
     let id: EndpointId = parse_id(&id, "endpoint")?;
     let endpoint =
         store::endpoints::set_paused(&state.pool, id, false).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
-    let released = crate::circuit::sql::release_backlog(&state.pool, id, state.release_per_sec).await?;
+    // Resuming set `release_pending` (durable); the first batch goes now, the rest with
+    // the dispatchers' housekeeping.
+    let released = crate::queue::release_parked(&state.pool, state.release_per_sec, Some(id)).await?;
+    state.wake.notify_one();
     tracing::info!(endpoint_id = %id, released, "endpoint resumed");
     Ok(Json(EndpointView::new(endpoint, false)))
 }
@@ -503,13 +506,7 @@ pub async fn recover(
     if until <= body.since {
         return Err(ApiError::validation("until", "must be after since"));
     }
-    let requeued = crate::queue::requeue_spread(
-        &state.pool,
-        id,
-        crate::queue::Requeue::DeadBetween(body.since, until),
-        state.release_per_sec,
-    )
-    .await?;
+    let requeued = crate::queue::requeue_dead(&state.pool, id, body.since, until, state.release_per_sec).await?;
     if requeued > 0 {
         state.wake.notify_one();
     }

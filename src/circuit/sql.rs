@@ -1,8 +1,7 @@
-//! The circuit's statements: fold a batch of outcomes into the endpoints' circuits, and
-//! release a parked backlog at a bounded rate.
+//! The circuit's statements: fold a batch of outcomes into the endpoints' circuits.
 
 use chrono::Utc;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use std::collections::BTreeMap;
 
 use super::{Change, Circuit, CircuitConfig, Observation, apply};
@@ -16,7 +15,11 @@ const CIRCUIT_COLUMNS: &str =
 /// deadlock. Endpoints that only saw healthy attempts and have no failures on record
 /// are not touched at all: a healthy endpoint costs the breaker no writes.
 ///
-/// Returns the endpoints whose circuit closed (their parked backlog should be released).
+/// An endpoint whose circuit closes gets `release_pending` in this same transaction: its
+/// parked backlog is then released by the dispatchers' housekeeping
+/// ([`crate::queue::release_parked`]), durably, whatever happens to this process.
+///
+/// Returns the endpoints whose circuit closed.
 pub async fn observe(
     conn: &mut PgConnection,
     observations: &BTreeMap<EndpointId, Observation>,
@@ -49,7 +52,8 @@ pub async fn observe(
         }
         sqlx::query(
             "UPDATE endpoints SET circuit_state = $2, consecutive_failures = $3, open_count = $4, opened_at = $5,
-                                  reopen_at = $6, probe_until = $7, updated_at = now()
+                                  reopen_at = $6, probe_until = $7, release_pending = release_pending OR $8,
+                                  updated_at = now()
              WHERE id = $1",
         )
         .bind(id)
@@ -59,6 +63,7 @@ pub async fn observe(
         .bind(next.opened_at)
         .bind(next.reopen_at)
         .bind(next.probe_until)
+        .bind(change == Change::Closed)
         .execute(&mut *conn)
         .await?;
         match change {
@@ -81,15 +86,4 @@ struct CircuitRow {
     id: EndpointId,
     #[sqlx(flatten)]
     circuit: Circuit,
-}
-
-/// Un-park an endpoint's parked deliveries, oldest first, spaced `1/per_sec` apart from
-/// now: a recovering subscriber sees its backlog at a bounded rate, not all at once.
-/// Returns how many were released.
-pub async fn release_backlog(pool: &PgPool, endpoint_id: EndpointId, per_sec: u32) -> Result<u64, sqlx::Error> {
-    let released = crate::queue::requeue_spread(pool, endpoint_id, crate::queue::Requeue::Parked, per_sec).await?;
-    if released > 0 {
-        tracing::info!(endpoint_id = %endpoint_id, released, per_sec, "parked deliveries released");
-    }
-    Ok(released)
 }

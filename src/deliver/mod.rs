@@ -8,7 +8,7 @@
 
 pub mod backoff;
 pub mod policy;
-mod recorder;
+pub mod recorder;
 pub mod request;
 pub mod sign;
 
@@ -26,6 +26,7 @@ use crate::circuit::Signal;
 use crate::config::DeliverySettings;
 use crate::egress::{EgressClient, SendError};
 use crate::queue::{self, AttemptRecord, Claimed, Outcome};
+use crate::sanitize;
 use policy::{Decision, Observed, Policy};
 
 /// Most deliveries claimed by one statement.
@@ -155,7 +156,8 @@ async fn run(
 const PROBE_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Circuit housekeeping (at most every [`PROBE_CHECK_INTERVAL`]): park what blocked
-/// endpoints have due, admit half-open probes. Then due deliveries, `want` in all.
+/// endpoints have due, release the backlogs of endpoints that became runnable, admit
+/// half-open probes. Then due deliveries, `want` in all.
 async fn claim(
     pool: &PgPool,
     want: usize,
@@ -168,6 +170,10 @@ async fn claim(
         let parked = queue::park_blocked(pool).await?;
         if parked > 0 {
             tracing::debug!(parked, "parked due deliveries of blocked endpoints");
+        }
+        let released = queue::release_parked(pool, settings.circuit.release_per_sec, None).await?;
+        if released > 0 {
+            tracing::info!(released, "parked deliveries released (circuit closed or endpoint resumed)");
         }
         claimed = queue::claim_probes(pool, want.min(16) as i64, settings.lease).await?;
         for probe in &claimed {
@@ -202,7 +208,7 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit) {
             "attempt budget exhausted ({} attempts); the last attempt's outcome is unknown (its worker's lease expired)",
             settings.max_attempts
         );
-        match queue::bury_unsent(&ctx.pool, job.id, job.claim_token, &reason).await {
+        match queue::bury(&ctx.pool, job.id, job.claim_token, &reason, queue::Burial::Unsent).await {
             Ok(true) => tracing::warn!(delivery_id = %job.id, "dead: {reason}"),
             Ok(false) => tracing::warn!(delivery_id = %job.id, "fenced while dead-lettering"),
             Err(e) => tracing::error!(delivery_id = %job.id, error = %e, "dead-lettering failed; lease will retry"),
@@ -255,7 +261,7 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit) {
         status_code,
         error_kind,
         outcome,
-        reason: verdict.reason,
+        reason: sanitize::bounded(&verdict.reason, sanitize::MAX_REASON_BYTES),
         response_excerpt: excerpt,
         next_attempt_at,
         next_attempt_reason: next_reason,
@@ -279,9 +285,12 @@ async fn send(ctx: &Context, job: &Claimed, timestamp: i64) -> (Observed, Option
     match ctx.egress.post(&url, headers, Bytes::copy_from_slice(&job.payload)).await {
         Ok(response) => {
             let status = response.status().as_u16();
-            let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-            let retry_after = header("retry-after");
-            let location = header("location");
+            let retry_after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            // Quoted in the stored reason: repaired and bounded like any subscriber text.
+            let location = response
+                .headers()
+                .get("location")
+                .map(|v| sanitize::stored_text(v.as_bytes(), sanitize::MAX_LOCATION_BYTES));
             let excerpt = request::read_excerpt(response).await;
             let excerpt = (!excerpt.is_empty()).then_some(excerpt);
             (Observed::Response { status, retry_after, location }, Some(status as i32), excerpt)

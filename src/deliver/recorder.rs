@@ -1,6 +1,18 @@
 //! Writes attempt outcomes in batches: whatever finished while the previous write was in
 //! flight goes into the next statement, so the commit rate stays far below the delivery
 //! rate under load and an idle gateway records each outcome at once.
+//!
+//! **A bad row fails alone.** One statement records the whole batch; if it fails for any
+//! reason other than the database being unreachable, every outcome is written again on
+//! its own, so one row PostgreSQL refuses cannot drop another endpoint's outcome (which
+//! would make the lease send that delivery again). A row that still cannot be written is
+//! recorded without anything that came from outside (status and error kind only); if
+//! even that fails, its delivery is dead-lettered with the reason, so it is neither lost
+//! silently nor sent again forever. Only an unreachable database leaves outcomes
+//! unrecorded: their leases bring the deliveries back, as after a crash.
+//!
+//! Recording is idempotent per (delivery, attempt) ([`queue::record`]), so a batch retried
+//! after an ambiguous commit is neither written twice nor mistaken for fenced.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -9,12 +21,15 @@ use sqlx::PgPool;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::circuit::{self, CircuitConfig, Observation};
+use crate::db;
 use crate::ids::{DeliveryId, EndpointId};
-use crate::queue::{self, AttemptRecord};
+use crate::queue::{self, AttemptRecord, Burial, Recorded};
+use crate::sanitize;
 
 /// Most outcomes in one statement.
 pub const MAX_BATCH: usize = 256;
-/// Tries per batch before giving up on it (the lease then brings the rows back).
+/// Tries of one write while the database is unreachable (the lease then brings the rows
+/// back). Other errors are not retried as they are: the rows are isolated instead.
 const TRIES: u32 = 5;
 
 /// Drain `rx` until every sender is gone, recording each batch (and its effect on the
@@ -44,64 +59,163 @@ pub async fn run(pool: PgPool, mut rx: mpsc::Receiver<(AttemptRecord, OwnedSemap
     }
 }
 
-/// One transaction: the fenced outcomes, then the circuits of their endpoints.
-async fn write_once(
-    pool: &PgPool,
-    batch: &[AttemptRecord],
-    cfg: &CircuitConfig,
-) -> Result<(HashSet<DeliveryId>, Vec<EndpointId>), sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    let recorded: HashSet<DeliveryId> = queue::record(&mut *tx, batch).await?.into_iter().collect();
-    let mut observations: BTreeMap<EndpointId, Observation> = BTreeMap::new();
-    for r in batch.iter().filter(|r| recorded.contains(&r.delivery_id)) {
-        observations.entry(r.endpoint_id).or_default().add(r.signal, r.probe_token);
-    }
-    let closed = circuit::sql::observe(&mut tx, &observations, cfg).await?;
-    tx.commit().await?;
-    Ok((recorded, closed))
-}
-
-async fn write(pool: &PgPool, batch: &[AttemptRecord], cfg: &CircuitConfig) {
-    let mut delay = Duration::from_millis(100);
-    for attempt in 1..=TRIES {
-        match write_once(pool, batch, cfg).await {
-            Ok((recorded, closed)) => {
-                for endpoint_id in closed {
-                    let (pool, per_sec) = (pool.clone(), cfg.release_per_sec);
-                    tokio::spawn(async move {
-                        if let Err(e) = circuit::sql::release_backlog(&pool, endpoint_id, per_sec).await {
-                            tracing::error!(endpoint_id = %endpoint_id, error = %e,
-                                "releasing the parked backlog failed; an operator resume releases it");
-                        }
-                    });
-                }
-                if recorded.len() < batch.len() {
-                    metrics::counter!(crate::metrics::FENCED).increment((batch.len() - recorded.len()) as u64);
-                    for fenced in batch.iter().filter(|r| !recorded.contains(&r.delivery_id)) {
-                        tracing::warn!(
-                            delivery_id = %fenced.delivery_id,
-                            attempt = fenced.attempt,
-                            outcome = fenced.outcome.as_str(),
-                            "outcome dropped: the lease was taken over by a newer claim (fenced)"
-                        );
-                    }
-                }
-                return;
-            }
-            Err(e) if attempt < TRIES => {
-                tracing::warn!(error = %e, batch = batch.len(), attempt, "recording outcomes failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
-            Err(e) => {
-                for r in batch {
-                    tracing::error!(
-                        delivery_id = %r.delivery_id,
-                        error = %e,
-                        "outcome not recorded; the delivery will be attempted again when its lease ends"
-                    );
+/// Record `batch` (fenced, idempotent, with the circuits' observations) so that every
+/// outcome ends written, written without its details, dead-lettered with a reason, or,
+/// only while the database is unreachable, left to its lease. Public so tests can
+/// drive it with batches they build.
+pub async fn write(pool: &PgPool, batch: &[AttemptRecord], cfg: &CircuitConfig) {
+    match write_retrying(pool, batch, cfg).await {
+        Ok(recorded) => report(batch, &recorded),
+        Err(e) if transient(&e) => unrecorded(batch, &e),
+        Err(e) if batch.len() == 1 => salvage(pool, &batch[0], cfg, &e).await,
+        Err(e) => {
+            tracing::warn!(error = %e, batch = batch.len(), "recording a batch of outcomes failed; recording each alone");
+            for row in batch {
+                let one = std::slice::from_ref(row);
+                match write_retrying(pool, one, cfg).await {
+                    Ok(recorded) => report(one, &recorded),
+                    Err(e) if transient(&e) => unrecorded(one, &e),
+                    Err(e) => salvage(pool, row, cfg, &e).await,
                 }
             }
         }
+    }
+}
+
+/// Errors worth trying the same write again for: the database unreachable, or a
+/// serialization failure or deadlock (which a retry resolves).
+fn transient(err: &sqlx::Error) -> bool {
+    db::is_unavailable(err)
+        || matches!(err, sqlx::Error::Database(e) if e.code().is_some_and(|c| c == "40001" || c == "40P01"))
+}
+
+/// [`write_once`], tried again with a doubling pause while the error is [`transient`].
+async fn write_retrying(pool: &PgPool, batch: &[AttemptRecord], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
+    let mut delay = Duration::from_millis(100);
+    let mut tries = 1;
+    loop {
+        match write_once(pool, batch, cfg).await {
+            Err(e) if transient(&e) && tries < TRIES => {
+                tracing::warn!(error = %e, batch = batch.len(), tries, "recording outcomes failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+                tries += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// One transaction: the fenced outcomes, then the circuits of their endpoints (only for
+/// outcomes this call wrote: an already-recorded one was observed by the write that
+/// recorded it).
+async fn write_once(pool: &PgPool, batch: &[AttemptRecord], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let recorded = queue::record(&mut *tx, batch).await?;
+    let fresh: HashSet<DeliveryId> = recorded.fresh.iter().copied().collect();
+    let mut observations: BTreeMap<EndpointId, Observation> = BTreeMap::new();
+    for r in batch.iter().filter(|r| fresh.contains(&r.delivery_id)) {
+        observations.entry(r.endpoint_id).or_default().add(r.signal, r.probe_token);
+    }
+    circuit::sql::observe(&mut tx, &observations, cfg).await?;
+    tx.commit().await?;
+    Ok(recorded)
+}
+
+/// Log (and count) what a successful write did not record because it was fenced.
+fn report(batch: &[AttemptRecord], recorded: &Recorded) {
+    for already in &recorded.already {
+        tracing::info!(delivery_id = %already, "outcome was already recorded (an earlier write committed unconfirmed)");
+    }
+    let done: HashSet<&DeliveryId> = recorded.fresh.iter().chain(&recorded.already).collect();
+    let fenced: Vec<&AttemptRecord> = batch.iter().filter(|r| !done.contains(&r.delivery_id)).collect();
+    if fenced.is_empty() {
+        return;
+    }
+    metrics::counter!(crate::metrics::FENCED).increment(fenced.len() as u64);
+    for r in fenced {
+        tracing::warn!(
+            delivery_id = %r.delivery_id,
+            attempt = r.attempt,
+            outcome = r.outcome.as_str(),
+            "outcome dropped: the lease was taken over by a newer claim (fenced)"
+        );
+    }
+}
+
+/// The database stayed unreachable: the leases bring these deliveries back.
+fn unrecorded(batch: &[AttemptRecord], err: &sqlx::Error) {
+    for r in batch {
+        tracing::error!(
+            delivery_id = %r.delivery_id,
+            attempt = r.attempt,
+            error = %err,
+            "outcome not recorded (database unreachable); the delivery will be attempted again when its lease ends"
+        );
+    }
+}
+
+/// Most of a database error quoted in a stored reason.
+const ERROR_IN_REASON_BYTES: usize = 300;
+
+/// A row PostgreSQL refused on its own: record the outcome without anything that came
+/// from outside; failing that, dead-letter the delivery with the reason.
+async fn salvage(pool: &PgPool, row: &AttemptRecord, cfg: &CircuitConfig, refused: &sqlx::Error) {
+    let error = sanitize::bounded(&refused.to_string(), ERROR_IN_REASON_BYTES);
+    let plain = without_details(row, &error);
+    let one = std::slice::from_ref(&plain);
+    let second = match write_retrying(pool, one, cfg).await {
+        Ok(recorded) => {
+            metrics::counter!(crate::metrics::OUTCOMES_DEGRADED).increment(1);
+            tracing::warn!(delivery_id = %row.delivery_id, attempt = row.attempt, error,
+                "outcome recorded without its details: the database refused them");
+            report(one, &recorded);
+            return;
+        }
+        Err(e) if transient(&e) => return unrecorded(one, &e),
+        Err(e) => e,
+    };
+    let reason = sanitize::bounded(
+        &format!(
+            "the outcome of attempt {} ({}, {}) could not be recorded: {error}; dead-lettered so it is not sent \
+             again unrecorded (redeliver once the cause is fixed)",
+            row.attempt,
+            summary(row),
+            row.outcome.as_str(),
+        ),
+        sanitize::MAX_REASON_BYTES,
+    );
+    match queue::bury(pool, row.delivery_id, row.claim_token, &reason, Burial::Unrecordable).await {
+        Ok(true) => {
+            metrics::counter!(crate::metrics::OUTCOMES_UNRECORDABLE).increment(1);
+            tracing::error!(delivery_id = %row.delivery_id, attempt = row.attempt, error = %second, "dead: {reason}");
+        }
+        Ok(false) => {
+            tracing::warn!(delivery_id = %row.delivery_id, "fenced while dead-lettering an unrecordable outcome")
+        }
+        Err(e) => tracing::error!(delivery_id = %row.delivery_id, error = %e,
+            "an unrecordable outcome could not be dead-lettered either; the lease will bring the delivery back"),
+    }
+}
+
+/// The status or error kind: what the gateway itself observed, never the peer's text.
+fn summary(row: &AttemptRecord) -> String {
+    match (row.status_code, row.error_kind.as_deref()) {
+        (Some(status), _) => format!("HTTP {status}"),
+        (None, Some(kind)) => kind.to_owned(),
+        (None, None) => "no response".to_owned(),
+    }
+}
+
+/// `row` with every field that came from outside replaced: no excerpt, and a reason
+/// built from the status or error kind and the database's complaint.
+fn without_details(row: &AttemptRecord, error: &str) -> AttemptRecord {
+    AttemptRecord {
+        response_excerpt: None,
+        reason: sanitize::bounded(
+            &format!("{} (the attempt's details could not be stored: {error})", summary(row)),
+            sanitize::MAX_REASON_BYTES,
+        ),
+        ..row.clone()
     }
 }

@@ -100,10 +100,15 @@ pub const PARK_BATCH: i64 = 1_000;
 /// index without spending an attempt, so a dead endpoint's backlog costs claims nothing.
 /// Walks each blocked endpoint's own unparked rows (a per-endpoint partial index), so the
 /// cost is the rows parked, not the queue's size. Returns how many were parked.
+///
+/// The blocked endpoints are read `FOR SHARE`: a circuit that closes (or an endpoint
+/// resumed) while this statement runs waits for it, or is seen closed by it, so no row
+/// is parked after its endpoint's backlog release has looked for parked rows.
 pub async fn park_blocked(db: impl PgExecutor<'_>) -> Result<u64, sqlx::Error> {
     let done = sqlx::query(
         "WITH blocked AS (
              SELECT id FROM endpoints WHERE (circuit_state = 'open' OR paused) AND deleted_at IS NULL
+             FOR SHARE
          ), due AS (
              SELECT p.id FROM blocked CROSS JOIN LATERAL (
                  SELECT id FROM deliveries
@@ -239,15 +244,29 @@ pub struct AttemptRecord {
     pub probe_token: Option<i64>,
 }
 
+/// What [`record`] did with a batch.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// Outcomes written by this call.
+    pub fresh: Vec<DeliveryId>,
+    /// Outcomes whose attempt was already on record: an earlier write of the same batch
+    /// committed although its caller saw an error (an ambiguous commit). Nothing was
+    /// written again.
+    pub already: Vec<DeliveryId>,
+}
+
 /// Record a batch of outcomes, each fenced by its claim token, in one statement.
 ///
-/// Returns the ids that were recorded; any other id in the batch was fenced (its lease
-/// was taken over by a newer claim) and nothing about it was written.
-pub async fn record(db: impl PgExecutor<'_>, batch: &[AttemptRecord]) -> Result<Vec<DeliveryId>, sqlx::Error> {
+/// Idempotent per (delivery, attempt): an outcome whose attempt row exists is reported
+/// in [`Recorded::already`] and not written again, so retrying a batch after an
+/// ambiguous commit neither records an attempt twice nor calls it fenced. Any other id
+/// of the batch that is in neither list was fenced (its lease was taken over by a newer
+/// claim) and nothing about it was written.
+pub async fn record(db: impl PgExecutor<'_>, batch: &[AttemptRecord]) -> Result<Recorded, sqlx::Error> {
     if batch.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Recorded::default());
     }
-    fn col<T>(batch: &[AttemptRecord], f: impl Fn(&AttemptRecord) -> T) -> Vec<T> {
+    fn col<'a, T>(batch: &'a [AttemptRecord], f: impl Fn(&'a AttemptRecord) -> T) -> Vec<T> {
         batch.iter().map(f).collect()
     }
     let ids: Vec<DeliveryId> = col(batch, |r| r.delivery_id);
@@ -256,21 +275,28 @@ pub async fn record(db: impl PgExecutor<'_>, batch: &[AttemptRecord]) -> Result<
     let started: Vec<DateTime<Utc>> = col(batch, |r| r.started_at);
     let durations: Vec<i32> = col(batch, |r| r.duration_ms);
     let codes: Vec<Option<i32>> = col(batch, |r| r.status_code);
-    let kinds: Vec<Option<String>> = batch.iter().map(|r| r.error_kind.clone()).collect();
-    let outcomes: Vec<&str> = batch.iter().map(|r| r.outcome.as_str()).collect();
-    let statuses: Vec<&str> = batch.iter().map(|r| r.outcome.status()).collect();
-    let reasons: Vec<&str> = batch.iter().map(|r| r.reason.as_str()).collect();
-    let excerpts: Vec<Option<&str>> = batch.iter().map(|r| r.response_excerpt.as_deref()).collect();
+    let kinds: Vec<Option<&str>> = col(batch, |r| r.error_kind.as_deref());
+    let outcomes: Vec<&str> = col(batch, |r| r.outcome.as_str());
+    let statuses: Vec<&str> = col(batch, |r| r.outcome.status());
+    let reasons: Vec<&str> = col(batch, |r| r.reason.as_str());
+    let excerpts: Vec<Option<&str>> = col(batch, |r| r.response_excerpt.as_deref());
     let next_at: Vec<Option<DateTime<Utc>>> = col(batch, |r| r.next_attempt_at);
-    let next_why: Vec<Option<&str>> = batch.iter().map(|r| r.next_attempt_reason.as_deref()).collect();
+    let next_why: Vec<Option<&str>> = col(batch, |r| r.next_attempt_reason.as_deref());
 
-    sqlx::query_scalar(
+    // `prior` and the NOT EXISTS read the statement's snapshot. A concurrent write of the
+    // same attempt (a retry racing a first write still running on the server) that
+    // commits after it is caught by `attempts_once` instead: a unique violation, and the
+    // recorder's next try finds the row in `prior`.
+    let rows: Vec<(DeliveryId, bool)> = sqlx::query_as(
         "WITH o AS (
              SELECT * FROM unnest($1::uuid[], $2::int8[], $3::int4[], $4::timestamptz[], $5::int4[],
                                   $6::int4[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
                                   $12::timestamptz[], $13::text[])
                  AS o(id, token, attempt, started_at, duration_ms, status_code, error_kind, outcome,
                       status, reason, excerpt, next_at, next_why)
+         ), prior AS (
+             SELECT o.id FROM o
+             WHERE EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = o.id AND a.attempt_number = o.attempt)
          ), upd AS (
              UPDATE deliveries d
              SET status = o.status,
@@ -281,14 +307,19 @@ pub async fn record(db: impl PgExecutor<'_>, batch: &[AttemptRecord]) -> Result<
                  updated_at = now()
              FROM o
              WHERE d.id = o.id AND d.claim_token = o.token AND d.status = 'pending'
+               AND o.id NOT IN (SELECT id FROM prior)
              RETURNING d.id
+         ), ins AS (
+             INSERT INTO attempts (delivery_id, attempt_number, started_at, duration_ms, status_code, error_kind,
+                                   outcome, reason, response_excerpt, next_attempt_at, next_attempt_reason)
+             SELECT o.id, o.attempt, o.started_at, o.duration_ms, o.status_code, o.error_kind, o.outcome,
+                    o.reason, o.excerpt, o.next_at, o.next_why
+             FROM o JOIN upd ON upd.id = o.id
+             RETURNING delivery_id
          )
-         INSERT INTO attempts (delivery_id, attempt_number, started_at, duration_ms, status_code, error_kind,
-                               outcome, reason, response_excerpt, next_attempt_at, next_attempt_reason)
-         SELECT o.id, o.attempt, o.started_at, o.duration_ms, o.status_code, o.error_kind, o.outcome,
-                o.reason, o.excerpt, o.next_at, o.next_why
-         FROM o JOIN upd ON upd.id = o.id
-         RETURNING delivery_id",
+         SELECT delivery_id, true FROM ins
+         UNION ALL
+         SELECT id, false FROM prior",
     )
     .bind(ids)
     .bind(tokens)
@@ -304,7 +335,12 @@ pub async fn record(db: impl PgExecutor<'_>, batch: &[AttemptRecord]) -> Result<
     .bind(next_at)
     .bind(next_why)
     .fetch_all(db)
-    .await
+    .await?;
+    let mut recorded = Recorded::default();
+    for (id, fresh) in rows {
+        if fresh { recorded.fresh.push(id) } else { recorded.already.push(id) }
+    }
+    Ok(recorded)
 }
 
 /// Give a claim back without spending its attempt (e.g. the circuit opened between the
@@ -329,24 +365,37 @@ pub async fn release(
     Ok(done.rows_affected() == 1)
 }
 
-/// Dead-letter a claimed delivery whose budget was spent by attempts whose outcome is
-/// unknown (their workers died holding the lease). Nothing is sent, so the claim's
-/// attempt is given back. Fenced like [`record`].
-pub async fn bury_unsent(
+/// Whether the claim being buried sent its attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Burial {
+    /// Nothing was sent under this claim (the budget was spent by attempts whose
+    /// workers died holding the lease): the claim's attempt is given back.
+    Unsent,
+    /// The attempt was sent but its outcome cannot be written at all (the recorder's
+    /// last resort): without the burial the lease would bring the delivery back, it
+    /// would be sent again and fail to record again, forever. An operator can redeliver.
+    Unrecordable,
+}
+
+/// Dead-letter a claimed delivery with `reason`, fenced like [`record`]. Returns whether
+/// it applied.
+pub async fn bury(
     db: impl PgExecutor<'_>,
     id: DeliveryId,
     claim_token: i64,
     reason: &str,
+    burial: Burial,
 ) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
         "UPDATE deliveries
-         SET status = 'dead', attempt_count = attempt_count - 1, dead_reason = $3, leased_until = NULL,
+         SET status = 'dead', attempt_count = attempt_count - $4, dead_reason = $3, leased_until = NULL,
              finished_at = now(), updated_at = now()
          WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
     )
     .bind(id)
     .bind(claim_token)
     .bind(reason)
+    .bind(i32::from(burial == Burial::Unsent))
     .execute(db)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -370,43 +419,91 @@ pub async fn redeliver(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<bool, 
     Ok(done.rows_affected() == 1)
 }
 
-/// Rows re-queued per statement by [`requeue_spread`]: short transactions even for a
-/// huge backlog.
+/// Rows un-parked or re-queued per statement: short transactions even for a huge backlog.
 pub const REQUEUE_BATCH: i64 = 1_000;
+/// Endpoints one [`release_parked`] call serves at most.
+pub const RELEASE_ENDPOINTS: i64 = 16;
 
-/// Which of an endpoint's deliveries [`requeue_spread`] puts back in line.
-#[derive(Debug, Clone, Copy)]
-pub enum Requeue {
-    /// Its parked deliveries (circuit closed, endpoint resumed).
-    Parked,
-    /// Its dead deliveries that died in `[since, until)` (operator recovery): they get a
-    /// fresh budget and keep their `webhook-id`.
-    DeadBetween(DateTime<Utc>, DateTime<Utc>),
+/// One step of every pending backlog release (see migration 0007): for up to
+/// [`RELEASE_ENDPOINTS`] endpoints whose circuit closed or that were resumed
+/// (`release_pending`) and that are runnable now, un-park up to [`REQUEUE_BATCH`] parked
+/// deliveries each, oldest first, due `1/per_sec` apart continuing the endpoint's ramp
+/// (`release_next_at`), and clear the flag once an endpoint has nothing parked left.
+///
+/// One statement: the flag is cleared in the transaction that un-parks the last rows, so
+/// a crash at any instant leaves either the flag or nothing parked, and any replica's
+/// next call carries on. `SKIP LOCKED` on the endpoint row keeps two replicas from
+/// spacing the same backlog twice; the parked rows are locked without it, so a row
+/// another statement holds for a moment (the janitor's check) is waited for rather than
+/// skipped and left behind by a cleared flag. `only` limits the step to one endpoint (an operator's
+/// resume). Returns how many deliveries were un-parked.
+pub async fn release_parked(
+    db: impl PgExecutor<'_>,
+    per_sec: u32,
+    only: Option<EndpointId>,
+) -> Result<u64, sqlx::Error> {
+    let step = 1.0 / f64::from(per_sec.max(1));
+    let released: i64 = sqlx::query_scalar(
+        "WITH ep AS (
+             SELECT id, GREATEST(now(), COALESCE(release_next_at, now())) AS start
+             FROM endpoints
+             WHERE release_pending AND circuit_state = 'closed' AND NOT paused AND deleted_at IS NULL
+               AND ($4::uuid IS NULL OR id = $4)
+             ORDER BY id
+             LIMIT $1
+             FOR UPDATE SKIP LOCKED
+         ), picked AS (
+             SELECT p.id, ep.id AS endpoint_id, ep.start,
+                    row_number() OVER (PARTITION BY ep.id ORDER BY p.id) AS rn
+             FROM ep CROSS JOIN LATERAL (
+                 SELECT id FROM deliveries
+                 WHERE endpoint_id = ep.id AND status = 'pending' AND parked
+                 ORDER BY id
+                 LIMIT $2
+                 FOR UPDATE
+             ) p
+         ), unparked AS (
+             UPDATE deliveries d
+             SET parked = false, next_attempt_at = picked.start + (picked.rn - 1) * make_interval(secs => $3),
+                 updated_at = now()
+             FROM picked WHERE d.id = picked.id
+             RETURNING d.id
+         ), per_endpoint AS (
+             SELECT ep.id, ep.start, count(picked.id) AS n
+             FROM ep LEFT JOIN picked ON picked.endpoint_id = ep.id
+             GROUP BY ep.id, ep.start
+         ), cursor AS (
+             UPDATE endpoints e
+             SET release_next_at = pe.start + pe.n * make_interval(secs => $3),
+                 release_pending = pe.n >= $2
+             FROM per_endpoint pe WHERE e.id = pe.id
+         )
+         SELECT count(*) FROM unparked",
+    )
+    .bind(RELEASE_ENDPOINTS)
+    .bind(REQUEUE_BATCH)
+    .bind(step)
+    .bind(only)
+    .fetch_one(db)
+    .await?;
+    Ok(released as u64)
 }
 
-/// Put an endpoint's parked or dead deliveries back in line, oldest first, due
-/// `1/per_sec` apart from now, in batches of [`REQUEUE_BATCH`]: a recovering subscriber
-/// sees its backlog at a bounded rate, not all at once. Only rows still parked (or dead)
-/// qualify, so calling again re-queues nothing new. Returns how many were re-queued.
-pub async fn requeue_spread(
+/// Operator recovery: put an endpoint's deliveries that died in `[since, until)` back in
+/// line with a fresh budget and their `webhook-id`, oldest first, due `1/per_sec` apart
+/// from now, in batches of [`REQUEUE_BATCH`]: a recovering subscriber sees them at a
+/// bounded rate, not all at once. Only rows still dead qualify, so calling again
+/// re-queues nothing new. Returns how many were re-queued.
+pub async fn requeue_dead(
     pool: &sqlx::PgPool,
     endpoint_id: EndpointId,
-    which: Requeue,
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
     per_sec: u32,
 ) -> Result<u64, sqlx::Error> {
-    let (filter, revive, window) = match which {
-        Requeue::Parked => ("status = 'pending' AND parked", "", None),
-        Requeue::DeadBetween(since, until) => (
-            "status = 'dead' AND finished_at >= $6 AND finished_at < $7",
-            "status = 'pending', attempts_base = d.attempt_count, dead_reason = NULL, finished_at = NULL,
-             leased_until = NULL,",
-            Some((since, until)),
-        ),
-    };
-    let sql = format!(
-        "WITH locked AS (
+    let sql = "WITH locked AS (
              SELECT id FROM deliveries
-             WHERE endpoint_id = $1 AND {filter}
+             WHERE endpoint_id = $1 AND status = 'dead' AND finished_at >= $6 AND finished_at < $7
              ORDER BY id
              LIMIT $2
              FOR UPDATE SKIP LOCKED
@@ -414,21 +511,26 @@ pub async fn requeue_spread(
              SELECT id, row_number() OVER (ORDER BY id) AS rn FROM locked
          )
          UPDATE deliveries d
-         SET {revive} parked = false,
+         SET status = 'pending', attempts_base = d.attempt_count, dead_reason = NULL, finished_at = NULL,
+             leased_until = NULL, parked = false,
              next_attempt_at = $3 + (n.rn - 1 + $4) * make_interval(secs => $5),
              updated_at = now()
-         FROM n WHERE d.id = n.id"
-    );
+         FROM n WHERE d.id = n.id";
     let step = 1.0 / f64::from(per_sec.max(1));
     let start = Utc::now();
     let mut requeued: u64 = 0;
     loop {
-        let mut query =
-            sqlx::query(&sql).bind(endpoint_id).bind(REQUEUE_BATCH).bind(start).bind(requeued as i64).bind(step);
-        if let Some((since, until)) = window {
-            query = query.bind(since).bind(until);
-        }
-        let done = query.execute(pool).await?.rows_affected();
+        let done = sqlx::query(sql)
+            .bind(endpoint_id)
+            .bind(REQUEUE_BATCH)
+            .bind(start)
+            .bind(requeued as i64)
+            .bind(step)
+            .bind(since)
+            .bind(until)
+            .execute(pool)
+            .await?
+            .rows_affected();
         requeued += done;
         if done < REQUEUE_BATCH as u64 {
             return Ok(requeued);

@@ -64,7 +64,8 @@ pub async fn set_paused(
     paused: bool,
 ) -> Result<Option<Endpoint>, sqlx::Error> {
     sqlx::query_as(&format!(
-        "UPDATE endpoints SET paused = $2, updated_at = now() WHERE id = $1 AND deleted_at IS NULL RETURNING {COLUMNS}"
+        "UPDATE endpoints SET paused = $2, release_pending = release_pending OR NOT $2, updated_at = now()
+         WHERE id = $1 AND deleted_at IS NULL RETURNING {COLUMNS}"
     ))
     .bind(id)
     .bind(paused)
@@ -160,7 +161,7 @@ pub async fn delete(pool: &sqlx::PgPool, id: EndpointId, force: bool) -> Result<
     .execute(&mut *tx)
     .await?;
     sqlx::query("DELETE FROM subscriptions WHERE endpoint_id = $1").bind(id).execute(&mut *tx).await?;
-    sqlx::query("UPDATE endpoints SET deleted_at = now(), updated_at = now() WHERE id = $1")
+    sqlx::query("UPDATE endpoints SET deleted_at = now(), release_pending = false, updated_at = now() WHERE id = $1")
         .bind(id)
         .execute(&mut *tx)
         .await?;

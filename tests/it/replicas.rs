@@ -148,7 +148,7 @@ async fn a_stale_worker_is_fenced() {
     assert_eq!((a[0].attempt, b[0].attempt), (1, 2));
 
     let stale = queue::record(&db.pool, &[record(&a[0], Outcome::Delivered)]).await.unwrap();
-    assert!(stale.is_empty(), "A is fenced");
+    assert_eq!(stale, queue::Recorded::default(), "A is fenced");
     let (status, attempts): (String, i32) =
         sqlx::query_as("SELECT status, attempt_count FROM deliveries").fetch_one(&db.pool).await.unwrap();
     assert_eq!((status.as_str(), attempts), ("pending", 2), "A changed nothing");
@@ -156,11 +156,54 @@ async fn a_stale_worker_is_fenced() {
     assert!(!queue::release(&db.pool, a[0].id, a[0].claim_token, chrono::Utc::now()).await.unwrap());
 
     let fresh = queue::record(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
-    assert_eq!(fresh, [b[0].id]);
-    // Recording twice (a retried write) does not apply twice.
+    assert_eq!(fresh, queue::Recorded { fresh: vec![b[0].id], already: vec![] });
+    // Recording twice (a retried write) does not apply twice, and says so: it is not
+    // mistaken for a fenced outcome.
     let again = queue::record(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
-    assert!(again.is_empty());
+    assert_eq!(again, queue::Recorded { fresh: vec![], already: vec![b[0].id] });
     assert_eq!(db.count("attempts").await, 1);
+}
+
+/// A `retry` outcome written twice (the batch retried after an ambiguous commit: the
+/// row is still pending under the same claim token) is recorded once, with the first
+/// write's schedule.
+#[tokio::test]
+async fn recording_a_retry_twice_records_one_attempt() {
+    let db = TestDb::new().await;
+    let endpoint: (String,) = sqlx::query_as(
+        "INSERT INTO endpoints (url, secret) VALUES ('http://127.0.0.1:9/', 'whsec_x') RETURNING id::text",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    seed_deliveries(&db.pool, &endpoint.0, 2).await;
+    let claimed = queue::claim(&db.pool, 10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    let first_at = chrono::Utc::now() + chrono::Duration::seconds(30);
+    let mut retry = record(&claimed[0], Outcome::Retry);
+    retry.status_code = Some(503);
+    retry.next_attempt_at = Some(first_at);
+    retry.next_attempt_reason = Some("backoff".into());
+    let delivered = record(&claimed[1], Outcome::Delivered);
+    let first = queue::record(&db.pool, &[retry.clone(), delivered.clone()]).await.unwrap();
+    assert_eq!(first.fresh.len(), 2);
+    // The same batch again, with a later schedule for the retry (a fresh draw).
+    retry.next_attempt_at = Some(first_at + chrono::Duration::seconds(60));
+    let second = queue::record(&db.pool, &[retry, delivered]).await.unwrap();
+    assert!(second.fresh.is_empty(), "{second:?}");
+    assert_eq!(second.already.len(), 2);
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE delivery_id = $1")
+        .bind(claimed[0].id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 1);
+    let due: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT next_attempt_at FROM deliveries WHERE id = $1")
+        .bind(claimed[0].id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!((due - first_at).num_milliseconds().abs() < 5, "the first write's schedule stands: {due} vs {first_at}");
 }
 
 /// Claimers on separate connections racing for the same queue get disjoint rows, and

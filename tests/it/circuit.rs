@@ -207,3 +207,72 @@ async fn pause_and_resume() {
         app.admin(reqwest::Method::POST, &format!("/v1/endpoints/{}/pause", uuid::Uuid::new_v4()), None).await;
     assert_eq!(status, 404);
 }
+
+/// The state a crash leaves right after the transaction that closed a circuit committed
+/// (circuit closed, `release_pending` set, the whole backlog still parked) and before
+/// anything released it. A fresh process releases it at the configured rate and delivers
+/// every delivery once; nothing stays parked on the closed endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_left_parked_by_a_crash_after_the_circuit_closed_is_released_by_a_fresh_process() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::ok().await;
+    let ep = app.endpoint_for(&sink.url("/"), Some("api")).await;
+    seed_deliveries(&app.db.pool, &ep, 300).await;
+    sqlx::query("UPDATE deliveries SET parked = true").execute(&app.db.pool).await.unwrap();
+    sqlx::query("UPDATE endpoints SET circuit_state = 'closed', release_pending = true")
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+
+    let _fresh = GatewayProcess::start(&app.db.url, &["--role", "worker", "--circuit-release-per-sec", "100"]);
+    eventually(Duration::from_secs(60), "the parked backlog delivered", || async {
+        (count_status(&app.db.pool, "delivered").await == 300).then_some(())
+    })
+    .await;
+    let got = sink.received();
+    let ids: std::collections::HashSet<String> = got.iter().map(|r| r.header("webhook-id")).collect();
+    assert_eq!((got.len(), ids.len()), (300, 300), "each delivered exactly once");
+    // 300 rows at 100/s are due over 3 s: they cannot arrive faster than that.
+    let span = got.last().unwrap().at.duration_since(got[0].at);
+    assert!(span >= Duration::from_millis(2500), "released at the configured rate, not at once: {span:?}");
+    let (parked, flagged): (i64, bool) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM deliveries WHERE parked), (SELECT release_pending FROM endpoints WHERE id = $1::uuid)",
+    )
+    .bind(&ep)
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!((parked, flagged), (0, false));
+}
+
+/// A release step never un-parks an endpoint that is still blocked (open or paused), and
+/// keeps the flag so the release happens once it is runnable.
+#[tokio::test]
+async fn a_pending_release_waits_for_its_endpoint_to_be_runnable() {
+    let db = TestDb::new().await;
+    let ep = crate::support::insert_endpoint(&db.pool, "http://127.0.0.1:9/").await;
+    seed_deliveries(&db.pool, &ep, 5).await;
+    sqlx::query("UPDATE deliveries SET parked = true").execute(&db.pool).await.unwrap();
+    for blocked in ["circuit_state = 'open', paused = false", "circuit_state = 'closed', paused = true"] {
+        sqlx::query(&format!(
+            "UPDATE endpoints SET release_pending = true, reopen_at = now() + interval '1 hour', {blocked}"
+        ))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        let released = webhook_gateway::queue::release_parked(&db.pool, 100, None).await.unwrap();
+        assert_eq!(released, 0, "{blocked}");
+        let flagged: bool =
+            sqlx::query_scalar("SELECT release_pending FROM endpoints").fetch_one(&db.pool).await.unwrap();
+        assert!(flagged, "{blocked}: the flag stays until the release is done");
+    }
+    sqlx::query("UPDATE endpoints SET circuit_state = 'closed', paused = false").execute(&db.pool).await.unwrap();
+    assert_eq!(webhook_gateway::queue::release_parked(&db.pool, 100, None).await.unwrap(), 5);
+    let (parked, flagged): (i64, bool) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM deliveries WHERE parked), (SELECT release_pending FROM endpoints)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((parked, flagged), (0, false));
+}

@@ -9,6 +9,7 @@ mod circuit;
 mod db_outage;
 mod delivery;
 mod ingest;
+mod isolation;
 mod janitor;
 mod metrics;
 mod openapi;

@@ -5,10 +5,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use webhook_gateway::queue::{self, AttemptRecord, Outcome};
+use webhook_gateway::queue::{self, Outcome};
 
 use crate::support::sink::{Reply, Sink};
-use crate::support::{GatewayProcess, TestApp, TestDb, count_status, eventually, seed_deliveries};
+use crate::support::{
+    GatewayProcess, TestApp, TestDb, attempt_record as record, count_status, eventually, seed_deliveries,
+};
 
 /// Two gateway processes (separate pools, separate workers), 1,000 due deliveries: the
 /// sink receives each webhook-id exactly once and every delivery ends delivered after
@@ -105,26 +107,6 @@ async fn a_killed_worker_s_delivery_comes_back_after_the_lease() {
     let recorded: Vec<i32> =
         sqlx::query_scalar("SELECT attempt_number FROM attempts").fetch_all(&app.db.pool).await.unwrap();
     assert_eq!(recorded, [2], "attempt 1's outcome is unknown, only attempt 2 is recorded");
-}
-
-fn record(claim: &queue::Claimed, outcome: Outcome) -> AttemptRecord {
-    AttemptRecord {
-        delivery_id: claim.id,
-        claim_token: claim.claim_token,
-        attempt: claim.attempt,
-        endpoint_id: claim.endpoint_id,
-        signal: webhook_gateway::circuit::Signal::Healthy,
-        probe_token: None,
-        started_at: chrono::Utc::now(),
-        duration_ms: 5,
-        status_code: Some(200),
-        error_kind: None,
-        outcome,
-        reason: "HTTP 200".into(),
-        response_excerpt: None,
-        next_attempt_at: None,
-        next_attempt_reason: None,
-    }
 }
 
 /// A worker whose lease was taken over records nothing; the new holder records once.

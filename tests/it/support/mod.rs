@@ -341,3 +341,36 @@ pub async fn count_status(pool: &PgPool, status: &str) -> i64 {
         .await
         .expect("count by status")
 }
+
+/// The outcome a worker would record for `claim`: `HTTP 200`, healthy, no excerpt.
+pub fn attempt_record(
+    claim: &webhook_gateway::queue::Claimed,
+    outcome: webhook_gateway::queue::Outcome,
+) -> webhook_gateway::queue::AttemptRecord {
+    webhook_gateway::queue::AttemptRecord {
+        delivery_id: claim.id,
+        claim_token: claim.claim_token,
+        attempt: claim.attempt,
+        endpoint_id: claim.endpoint_id,
+        signal: webhook_gateway::circuit::Signal::Healthy,
+        probe_token: None,
+        started_at: chrono::Utc::now(),
+        duration_ms: 5,
+        status_code: Some(200),
+        error_kind: None,
+        outcome,
+        reason: "HTTP 200".into(),
+        response_excerpt: None,
+        next_attempt_at: None,
+        next_attempt_reason: None,
+    }
+}
+
+/// Insert an endpoint row directly (no API, no validation); returns its id.
+pub async fn insert_endpoint(pool: &PgPool, url: &str) -> String {
+    sqlx::query_scalar("INSERT INTO endpoints (url, secret) VALUES ($1, 'whsec_c2VjcmV0') RETURNING id::text")
+        .bind(url)
+        .fetch_one(pool)
+        .await
+        .expect("insert endpoint")
+}

@@ -1,72 +1,19 @@
 //! Verified sources through HTTP: each provider kind created with `POST /v1/sources`, then
 //! real signed webhooks posted to `/ingest/{name}`.
 //!
-//! Signatures are computed here for "now" with the `hmac`, `sha2` and `base64` crates used
-//! directly, following each provider's documented scheme: an implementation independent
-//! of `src/verify` (whose unit tests cover the providers' published fixed vectors).
-
-use std::time::{SystemTime, UNIX_EPOCH};
+//! Signatures are computed for "now" by `support::signing`, an implementation independent
+//! of `src/verify`.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256, Sha512};
+use sha2::{Digest, Sha256};
 use webhook_gateway::ingest::rejections;
 
 use crate::support::TestApp;
-
-// ---------------------------------------------------------------------------------------
-// An independent signer per provider scheme.
-
-fn hmac_sha256(key: &[u8], message: &[u8]) -> Vec<u8> {
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes any key length");
-    mac.update(message);
-    mac.finalize().into_bytes().to_vec()
-}
-
-fn hmac_sha512(key: &[u8], message: &[u8]) -> Vec<u8> {
-    let mut mac = <Hmac<Sha512> as Mac>::new_from_slice(key).expect("HMAC takes any key length");
-    mac.update(message);
-    mac.finalize().into_bytes().to_vec()
-}
-
-/// Unix seconds now: the timestamped kinds must be signed for the present.
-fn now() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_secs() as i64
-}
-
-/// `Stripe-Signature`: `t=<ts>,v1=<hex HMAC-SHA256 of "{ts}.{body}">`, key = secret as written.
-fn stripe_header(secret: &str, ts: i64, body: &str) -> String {
-    format!("t={ts},v1={}", hex::encode(hmac_sha256(secret.as_bytes(), format!("{ts}.{body}").as_bytes())))
-}
-
-/// `X-Hub-Signature-256`: `sha256=<hex HMAC-SHA256 of the body>`.
-fn github_header(secret: &str, body: &str) -> String {
-    format!("sha256={}", hex::encode(hmac_sha256(secret.as_bytes(), body.as_bytes())))
-}
-
-/// `X-Shopify-Hmac-Sha256`: base64 HMAC-SHA256 of the body.
-fn shopify_header(secret: &str, body: &str) -> String {
-    BASE64.encode(hmac_sha256(secret.as_bytes(), body.as_bytes()))
-}
-
-/// `X-Slack-Signature`: `v0=<hex HMAC-SHA256 of "v0:{ts}:{body}">`.
-fn slack_header(secret: &str, ts: i64, body: &str) -> String {
-    format!("v0={}", hex::encode(hmac_sha256(secret.as_bytes(), format!("v0:{ts}:{body}").as_bytes())))
-}
-
-/// One `webhook-signature` entry: `v1,<base64 HMAC-SHA256 of "{id}.{ts}.{body}">`, keyed
-/// with the base64-decoded part of `whsec_<base64>`.
-fn standard_entry(secret: &str, id: &str, ts: i64, body: &str) -> String {
-    let key = BASE64.decode(secret.trim_start_matches("whsec_")).expect("test secret is base64");
-    format!("v1,{}", BASE64.encode(hmac_sha256(&key, format!("{id}.{ts}.{body}").as_bytes())))
-}
-
-/// A `whsec_` secret from raw key bytes.
-fn whsec(key: &[u8]) -> String {
-    format!("whsec_{}", BASE64.encode(key))
-}
+use crate::support::signing::{
+    github_header, hmac_sha256, hmac_sha512, now, shopify_header, slack_header, standard_entry, stripe_header, whsec,
+};
 
 /// `sha256:` and the first 8 hex digits of the secret's SHA-256, as the README documents
 /// (`printf %s "$SECRET" | sha256sum | cut -c1-8`).

@@ -68,6 +68,24 @@ pub fn bounded(text: &str, max: usize) -> String {
     out
 }
 
+/// Whether a JSON text holds a NUL character in a string (the escape `\u0000`; raw NUL
+/// bytes are not JSON). An escaped backslash before `u0000` (`\\u0000`, the six
+/// characters `\u0000`) is not one.
+pub fn json_has_nul(json: &[u8]) -> bool {
+    let mut backslashes = 0usize;
+    for (i, &b) in json.iter().enumerate() {
+        if b == b'\\' {
+            backslashes += 1;
+            continue;
+        }
+        if b == b'u' && backslashes % 2 == 1 && json[i + 1..].starts_with(b"0000") {
+            return true;
+        }
+        backslashes = 0;
+    }
+    false
+}
+
 /// Why a key or an event type cannot be used as sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unusable {
@@ -174,6 +192,28 @@ mod tests {
         );
         assert_eq!(event_type("invoice.paid".into()), Ok("invoice.paid".into()));
         assert_eq!(dedupe_key("évt_1 ünïcode".into()), Ok("évt_1 ünïcode".into()));
+    }
+
+    #[test]
+    fn nul_escapes_in_json_are_found_and_escaped_backslashes_are_not() {
+        assert!(json_has_nul(br#"{"a": "x\u0000y"}"#));
+        assert!(json_has_nul(br#"{"a\u0000": 1}"#));
+        assert!(json_has_nul(br#"["\\\u0000"]"#), "an escaped backslash, then a NUL");
+        assert!(!json_has_nul(br#"{"a": "x\\u0000y"}"#), "the text \\u0000, no NUL");
+        assert!(!json_has_nul(br#"{"a": "\u00001"}"#[..9].as_ref()), "cut short");
+        assert!(!json_has_nul(br#"{"a": "\u0001"}"#));
+        for text in ["x\0y", "\0", "plain", "\\u0000", "back\\slash\0"] {
+            let json = serde_json::to_vec(&serde_json::json!({ "k": text })).unwrap();
+            assert_eq!(json_has_nul(&json), text.contains('\0'), "{text:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn json_has_nul_agrees_with_the_parsed_strings(text in any::<String>()) {
+            let json = serde_json::to_vec(&serde_json::json!({ "k": [text.clone()] })).unwrap();
+            prop_assert_eq!(json_has_nul(&json), text.contains('\0'));
+        }
     }
 
     proptest! {

@@ -61,7 +61,9 @@ pub struct PublishEvent {
 )]
 pub async fn publish(
     State(state): State<AppState>,
-    ApiJson(body): ApiJson<PublishEvent>,
+    // The payload is data, stored as bytes: NUL inside it is fine. The text fields are
+    // checked here.
+    ApiJson(body): ApiJson<PublishEvent, true>,
 ) -> Result<Json<IngestResponse>, ApiError> {
     if body.event_id.len() > MAX_EVENT_ID_BYTES {
         return Err(ApiError::validation("event_id", format!("must be 1-{MAX_EVENT_ID_BYTES} bytes")));
@@ -70,9 +72,13 @@ pub async fn publish(
     let event_id = sanitize::dedupe_key(body.event_id).map_err(|why| ApiError::validation("event_id", why))?;
     let event_type = sanitize::event_type(body.event_type).map_err(|why| ApiError::validation("event_type", why))?;
     let source_name = body.source.as_deref().unwrap_or("api");
-    let source = store::sources::by_name(&state.pool, source_name)
-        .await?
-        .ok_or_else(|| ApiError::validation("source", format!("no source named {source_name:?}")))?;
+    let no_such_source = || ApiError::validation("source", format!("no source named {source_name:?}"));
+    // No source name holds a control character (the names' CHECK), and PostgreSQL
+    // could not even compare one with NUL.
+    if source_name.chars().any(char::is_control) {
+        return Err(no_such_source());
+    }
+    let source = store::sources::by_name(&state.pool, source_name).await?.ok_or_else(no_such_source)?;
     let payload = serde_json::to_vec(&body.payload).map_err(|_| ApiError::internal())?;
     let stored = ingest::accept(
         &state,

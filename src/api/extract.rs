@@ -13,9 +13,22 @@ use crate::error::ApiError;
 
 /// `Json<T>` with JSON errors: 400 for broken JSON, 422 for a wrong shape (the message
 /// names the field), 415 without a JSON content type, 413 over the body limit.
-pub struct ApiJson<T>(pub T);
+///
+/// A NUL character in any string of the body is a 400 too (PostgreSQL stores none in
+/// `text` or `jsonb`, and no name, URL, secret or description needs one), unless
+/// `NUL_OK`: a body whose strings are data stored as bytes (`POST /v1/events`'s
+/// payload), whose handler checks its text fields itself.
+pub struct ApiJson<T, const NUL_OK: bool = false>(pub T);
 
-impl<S, T> FromRequest<S> for ApiJson<T>
+/// The 400 for a body with a NUL character.
+fn nul_in_body() -> ApiError {
+    ApiError::bad_request(
+        "malformed_json",
+        "a string in the body contains a NUL character (\\u0000), which no field accepts",
+    )
+}
+
+impl<S, T, const NUL_OK: bool> FromRequest<S> for ApiJson<T, NUL_OK>
 where
     T: DeserializeOwned,
     S: Send + Sync,
@@ -23,7 +36,15 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        // Buffer the body once so it can be checked for NUL after axum has judged the
+        // content type and the JSON (their rejections keep their own answers).
+        let (parts, body) = req.into_parts();
+        let bytes = axum::body::Bytes::from_request(Request::from_parts(parts.clone(), body), state)
+            .await
+            .map_err(body_rejection)?;
+        let req = Request::from_parts(parts, axum::body::Body::from(bytes.clone()));
         match axum::Json::<T>::from_request(req, state).await {
+            Ok(_) if !NUL_OK && crate::sanitize::json_has_nul(&bytes) => Err(nul_in_body()),
             Ok(axum::Json(value)) => Ok(ApiJson(value)),
             Err(JsonRejection::JsonDataError(e)) => Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -41,6 +62,15 @@ where
             }
             Err(other) => Err(ApiError::bad_request("bad_request", other.body_text())),
         }
+    }
+}
+
+/// A body that could not be read (too large, cut off) as a JSON error.
+fn body_rejection(rejection: axum::extract::rejection::BytesRejection) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", rejection.body_text())
+    } else {
+        ApiError::bad_request("bad_request", rejection.body_text())
     }
 }
 
@@ -95,6 +125,9 @@ pub fn page_limit(limit: Option<i64>) -> Result<i64, ApiError> {
 pub fn json_or_default<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
+    }
+    if crate::sanitize::json_has_nul(body) {
+        return Err(nul_in_body());
     }
     serde_json::from_slice(body).map_err(|e| {
         if e.is_data() {

@@ -62,6 +62,7 @@ pub fn router(state: AppState, role: Role) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(middleware::from_fn(refuse_nul_in_url))
         .with_state(state);
     with_request_ids(app)
 }
@@ -85,6 +86,16 @@ fn with_request_ids(app: Router) -> Router {
     app.layer(PropagateRequestIdLayer::new(header.clone()))
         .layer(trace)
         .layer(SetRequestIdLayer::new(header, MakeRequestUuid))
+}
+
+/// A URL whose path or query holds an encoded NUL (`%00`) is a 400: no source name, id or
+/// filter can hold one, and PostgreSQL could not even compare one.
+async fn refuse_nul_in_url(req: axum::extract::Request, next: middleware::Next) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if req.uri().path_and_query().is_some_and(|pq| pq.as_str().contains("%00")) {
+        return ApiError::bad_request("bad_request", "the URL contains an encoded NUL character (%00)").into_response();
+    }
+    next.run(req).await
 }
 
 async fn not_found() -> ApiError {

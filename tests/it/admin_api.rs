@@ -119,3 +119,51 @@ async fn health_and_readiness() {
     let ready = app.http.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status().as_u16(), 503);
 }
+
+/// NUL in any text the API takes (path, query, a JSON string of any route's body) is a
+/// 4xx with a JSON reason, never a 500, and stores nothing. A NUL inside a published
+/// event's payload is data, and is stored.
+#[tokio::test]
+async fn nul_characters_anywhere_are_refused_with_a_reason() {
+    use reqwest::Method as M;
+    let app = TestApp::ingest_only().await;
+    let ep = app.endpoint_for("http://127.0.0.1:9/", None).await;
+    let tables = ["sources", "endpoints", "subscriptions", "events", "deliveries"];
+    let mut counts = Vec::new();
+    for t in tables {
+        counts.push(app.db.count(t).await);
+    }
+    let bodies: Vec<(M, String, serde_json::Value)> = vec![
+        (M::POST, "/v1/sources".into(), json!({"name": "s", "kind": "none", "dedupe": {"json_pointer": "/a\u{0}"}})),
+        (M::POST, "/v1/sources".into(), json!({"name": "s", "kind": "github", "secrets": ["a\u{0}b"]})),
+        (M::POST, "/v1/endpoints".into(), json!({"url": "http://127.0.0.1:9/", "description": "a\u{0}b"})),
+        (M::PATCH, format!("/v1/endpoints/{ep}"), json!({"description": "a\u{0}b"})),
+        (M::POST, "/v1/subscriptions".into(), json!({"endpoint_id": ep, "event_types": ["a\u{0}"]})),
+        (M::POST, "/v1/events".into(), json!({"source": "a\u{0}", "event_id": "x", "event_type": "t", "payload": {}})),
+        (M::POST, format!("/v1/endpoints/{ep}/rotate-secret"), json!({"secret": "whsec_\u{0}"})),
+    ];
+    for (method, path, body) in bodies {
+        let (status, answer) = app.admin(method.clone(), &path, Some(body)).await;
+        assert!((400..500).contains(&status), "{method} {path}: {status} {answer}");
+        assert!(answer["error"]["message"].is_string(), "{method} {path}: {answer}");
+    }
+    for path in [
+        "/v1/events?event_type=a%00",
+        "/v1/events?source=a%00",
+        "/v1/sources/a%00",
+        "/v1/endpoints/%00",
+        "/v1/deliveries?endpoint_id=%00",
+    ] {
+        let (status, answer) = app.admin(M::GET, path, None).await;
+        assert!((400..500).contains(&status), "GET {path}: {status} {answer}");
+        assert!(answer["error"]["message"].is_string(), "GET {path}: {answer}");
+    }
+    let ingest = app.http.post(app.url("/ingest/a%00b")).body("{}").send().await.unwrap();
+    assert_eq!(ingest.status().as_u16(), 400);
+    for (t, before) in tables.iter().zip(counts) {
+        assert_eq!(app.db.count(t).await, before, "{t}: something was stored");
+    }
+    let payload = json!({"event_id": "x", "event_type": "t", "payload": {"text": "a\u{0}b"}});
+    let (status, answer) = app.admin(M::POST, "/v1/events", Some(payload)).await;
+    assert_eq!(status, 200, "{answer}");
+}

@@ -57,6 +57,10 @@ pub fn stored_text(bytes: &[u8], max: usize) -> String {
 /// Text as storable text of at most `max` bytes: NUL becomes U+FFFD and the text is cut
 /// at the last character boundary within `max`.
 pub fn bounded(text: &str, max: usize) -> String {
+    // The common case (every header of every webhook): already fine, one copy.
+    if text.len() <= max && !text.contains('\0') {
+        return text.to_owned();
+    }
     let mut out = String::with_capacity(text.len().min(max));
     for c in text.chars() {
         let c = if c == '\0' { REPLACEMENT } else { c };

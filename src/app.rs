@@ -48,6 +48,15 @@ impl AppState {
     /// because DNS changes.
     pub fn check_endpoint_url(&self, raw: &str) -> Result<Url, ApiError> {
         let url = Url::parse(raw).map_err(|e| ApiError::validation("url", format!("not a valid URL: {e}")))?;
+        // Credentials in a URL would be stored, shown by every GET and list, logged with
+        // transport errors, and sent as Basic auth: refused.
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(ApiError::validation(
+                "url",
+                "must not carry credentials (user:password@host); subscribers authenticate the gateway by its \
+                 signature",
+            ));
+        }
         egress::check_url_static(&url, &self.egress_allow, self.egress_https_only)
             .map_err(|refusal| ApiError::validation("url", refusal))?;
         Ok(url)

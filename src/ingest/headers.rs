@@ -8,13 +8,16 @@ use crate::sanitize;
 /// Replacement for a redacted header value.
 pub const REDACTED: &str = "[redacted]";
 
+/// Parts of a header name that mark a credential or a signature: any header whose
+/// (lower-case) name contains one is stored redacted. A pattern list rather than a list
+/// of names, because senders invent names (`x-api-key`, `api-key`, `x-auth-token`,
+/// `x-session-id`, `x-client-password`, ...).
+pub const SENSITIVE_NAME_PARTS: &[&str] =
+    &["auth", "key", "token", "secret", "password", "passwd", "cookie", "session", "signature", "hmac", "credential"];
+
 /// Whether a header carries a credential or a signature that must not be stored as-is.
 fn is_sensitive(name: &str) -> bool {
-    matches!(name, "authorization" | "cookie" | "proxy-authorization" | "x-api-key")
-        || name.contains("signature")
-        || name.contains("hmac")
-        || name.contains("token")
-        || name.contains("secret")
+    SENSITIVE_NAME_PARTS.iter().any(|part| name.contains(part))
 }
 
 /// Headers as a JSON object (lower-case names; repeated headers joined with ", "; each
@@ -66,6 +69,34 @@ mod tests {
         assert_eq!(v["authorization"], REDACTED);
         assert_eq!(v["x-github-event"], "push");
         assert_eq!(v["accept"], "a, b");
+    }
+
+    #[test]
+    fn credential_like_names_are_redacted_whatever_the_sender_calls_them() {
+        let mut h = HeaderMap::new();
+        for name in [
+            "api-key",
+            "x-api-key",
+            "x-apikey",
+            "x-auth-token",
+            "x-client-password",
+            "x-session-id",
+            "set-cookie",
+            "cookie",
+            "proxy-authorization",
+            "x-credentials",
+            "x-webhook-secret",
+        ] {
+            h.insert(axum::http::HeaderName::from_static(name), "sensitive-value".parse().unwrap());
+        }
+        h.insert("x-github-delivery", "d-1".parse().unwrap());
+        h.insert("content-type", "application/json".parse().unwrap());
+        h.insert("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse().unwrap());
+        let v = redacted_headers(&h, None);
+        for (name, value) in v.as_object().unwrap() {
+            let kept = ["x-github-delivery", "content-type", "traceparent"].contains(&name.as_str());
+            assert_eq!(value != REDACTED, kept, "{name}: {value}");
+        }
     }
 
     #[test]

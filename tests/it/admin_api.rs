@@ -21,7 +21,15 @@ async fn admin_api_needs_the_bearer_token() {
 #[tokio::test]
 async fn invalid_endpoint_urls_are_422_with_a_reason() {
     let app = TestApp::ingest_only().await;
-    for url in ["not a url", "ftp://example.com/x", "file:///etc/passwd", "http://"] {
+    for url in [
+        "not a url",
+        "ftp://example.com/x",
+        "file:///etc/passwd",
+        "http://",
+        "https://user:secret@example.com/hook",
+        "https://user@example.com/hook",
+        "https://:secret@example.com/hook",
+    ] {
         let (status, body) = app.admin(reqwest::Method::POST, "/v1/endpoints", Some(json!({"url": url}))).await;
         assert_eq!(status, 422, "{url}: {body}");
         assert_eq!(body["error"]["code"], "validation_failed");
@@ -33,6 +41,13 @@ async fn invalid_endpoint_urls_are_422_with_a_reason() {
     assert_eq!(status, 422, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().starts_with("secret:"));
     assert_eq!(app.db.count("endpoints").await, 0);
+    // The same check on update.
+    let created = app.admin_post("/v1/endpoints", json!({"url": "https://example.com/hook"}), 201).await;
+    let path = format!("/v1/endpoints/{}", created["id"].as_str().unwrap());
+    let (status, body) =
+        app.admin(reqwest::Method::PATCH, &path, Some(json!({"url": "https://u:p@example.com/hook"}))).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(app.admin_get(&path).await["url"], "https://example.com/hook");
 }
 
 #[tokio::test]

@@ -71,7 +71,7 @@ pub enum LogFormat {
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
     /// PostgreSQL connection URL.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
 }
 
@@ -87,7 +87,7 @@ pub struct ServeArgs {
     pub listen: SocketAddr,
 
     /// PostgreSQL connection URL. Unset: start a private PostgreSQL cluster in --data-dir.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
     /// Where the embedded PostgreSQL cluster lives (used only without a database URL).

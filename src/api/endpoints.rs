@@ -342,7 +342,7 @@ pub const ROTATION_GRACE: std::time::Duration = std::time::Duration::from_secs(2
 #[allow(dead_code)]
 pub struct RotatedSecret {
     id: EndpointId,
-    /// Until then requests are signed with both secrets.
+    /// Until then requests are also signed with the secret this rotation replaced.
     previous_secret_valid_until: DateTime<Utc>,
     /// The new secret (`whsec_...`), shown this once.
     secret: String,
@@ -350,8 +350,9 @@ pub struct RotatedSecret {
 
 /// `POST /v1/endpoints/{id}/rotate-secret`.
 ///
-/// Returns the new secret. Until the grace period ends every request carries two `v1,`
-/// signatures, one per secret, so a subscriber can switch at its own pace.
+/// Returns the new secret. Until the grace period ends every request carries a `v1,`
+/// signature per secret still in its grace period (earlier rotations' included), so a
+/// subscriber can switch at its own pace.
 #[utoipa::path(
     post, path = "/v1/endpoints/{id}/rotate-secret", tag = "endpoints", operation_id = "rotate_endpoint_secret",
     summary = "Rotate an endpoint's signing secret",

@@ -280,7 +280,8 @@ async fn send(ctx: &Context, job: &Claimed, timestamp: i64) -> (Observed, Option
         Ok(url) => url,
         Err(e) => return (Observed::Refused { message: format!("invalid_url: {e}") }, None, None),
     };
-    let secrets: Vec<&str> = std::iter::once(job.secret.as_str()).chain(job.previous_secret.as_deref()).collect();
+    let secrets: Vec<&str> =
+        std::iter::once(job.secret.as_str()).chain(job.previous_secrets.iter().map(String::as_str)).collect();
     let headers = request::headers(job, &secrets, timestamp);
     match ctx.egress.post(&url, headers, Bytes::copy_from_slice(&job.payload)).await {
         Ok(response) => {

@@ -36,8 +36,8 @@ pub struct Claimed {
     pub url: String,
     /// Endpoint signing secret.
     pub secret: String,
-    /// The secret it replaced, while the rotation's grace period lasts.
-    pub previous_secret: Option<String>,
+    /// The secrets it replaced whose rotation grace periods still last (newest first).
+    pub previous_secrets: Vec<String>,
     /// Event type.
     pub event_type: String,
     /// Source name.
@@ -54,7 +54,8 @@ pub struct Claimed {
 /// and source `s`.
 const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.attempts_base, \
      d.claim_token, ep.url, ep.secret, \
-     CASE WHEN ep.previous_secret_expires_at > now() THEN ep.previous_secret END AS previous_secret, \
+     ARRAY(SELECT p.s FROM unnest(ep.previous_secrets, ep.previous_secrets_until) AS p(s, u) \
+           WHERE p.u > now() ORDER BY p.u DESC) AS previous_secrets, \
      e.event_type, s.name AS source_name, e.content_type, e.payload";
 
 /// Claim up to `limit` due deliveries for `lease`.

@@ -96,7 +96,12 @@ pub async fn update(
     .await
 }
 
-/// Make `secret` current; the old one keeps signing (alongside) until `grace` ends.
+/// Most previous secrets an endpoint keeps signing with at once.
+pub const MAX_PREVIOUS_SECRETS: i64 = 10;
+
+/// Make `secret` current; the old one keeps signing (alongside) until `grace` ends, and
+/// so does every earlier one still inside its own grace period (up to
+/// [`MAX_PREVIOUS_SECRETS`], the longest-lasting kept).
 pub async fn rotate_secret(
     db: impl PgExecutor<'_>,
     id: EndpointId,
@@ -104,15 +109,35 @@ pub async fn rotate_secret(
     grace: std::time::Duration,
 ) -> Result<Option<Endpoint>, sqlx::Error> {
     sqlx::query_as(&format!(
-        "UPDATE endpoints
-         SET previous_secret = secret, previous_secret_expires_at = now() + make_interval(secs => $3),
-             secret = $2, updated_at = now()
-         WHERE id = $1 AND deleted_at IS NULL
-         RETURNING {COLUMNS}"
+        "WITH cur AS (
+             SELECT id, secret, previous_secrets, previous_secrets_until FROM endpoints
+             WHERE id = $1 AND deleted_at IS NULL
+             FOR UPDATE
+         ), kept AS (
+             SELECT COALESCE(array_agg(s ORDER BY u DESC), '{{}}') AS secrets,
+                    COALESCE(array_agg(u ORDER BY u DESC), '{{}}') AS untils
+             FROM (
+                 SELECT s, u FROM (
+                     SELECT cur.secret AS s, now() + make_interval(secs => $3) AS u FROM cur
+                     UNION ALL
+                     SELECT p.s, p.u FROM cur, unnest(cur.previous_secrets, cur.previous_secrets_until) AS p(s, u)
+                 ) all_secrets
+                 WHERE u > now()
+                 ORDER BY u DESC
+                 LIMIT $4
+             ) live
+         )
+         UPDATE endpoints e
+         SET secret = $2, previous_secrets = kept.secrets, previous_secrets_until = kept.untils, updated_at = now()
+         FROM cur, kept
+         WHERE e.id = cur.id
+         RETURNING {}",
+        COLUMNS.split(", ").map(|c| format!("e.{c}")).collect::<Vec<_>>().join(", ")
     ))
     .bind(id)
     .bind(secret)
     .bind(grace.as_secs_f64())
+    .bind(MAX_PREVIOUS_SECRETS)
     .fetch_optional(db)
     .await
 }

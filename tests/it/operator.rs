@@ -271,13 +271,39 @@ async fn secret_rotation_signs_with_both_secrets_during_the_grace_period() {
             &sig
         ));
     }
-    // After the grace period only the new secret signs.
-    app.admin_post(&format!("/v1/endpoints/{id}/rotate-secret"), json!({"grace_secs": 0}), 200).await;
-    let newest = app.db.pool.clone();
-    let current: String = sqlx::query_scalar("SELECT secret FROM endpoints").fetch_one(&newest).await.unwrap();
+    // A second rotation within the first one's grace period: all three sign (rotating
+    // twice must not drop the first old secret while subscribers may still use it).
+    let third = app.admin_post(&format!("/v1/endpoints/{id}/rotate-secret"), json!({}), 200).await;
+    let third = third["secret"].as_str().unwrap().to_owned();
     app.admin_post(&format!("/v1/endpoints/{id}/test"), json!({}), 202).await;
     eventually(WAIT, "delivered", || async { (sink.count() == 2).then_some(()) }).await;
     let req = &sink.received()[1];
+    let sig = req.header("webhook-signature");
+    assert_eq!(sig.split(' ').count(), 3, "{sig}");
+    for secret in [&old, &new, &third] {
+        let verified = standard_webhooks::verify(
+            secret,
+            &req.header("webhook-id"),
+            &req.header("webhook-timestamp"),
+            &req.body,
+            &sig,
+        );
+        assert!(verified, "{secret} no longer signs");
+    }
+    // A rotation with no grace retires the current secret at once; the others keep their
+    // own grace. Once every grace period is over only the current secret signs.
+    app.admin_post(&format!("/v1/endpoints/{id}/rotate-secret"), json!({"grace_secs": 0}), 200).await;
+    let current: String = sqlx::query_scalar("SELECT secret FROM endpoints").fetch_one(&app.db.pool).await.unwrap();
+    let kept: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(previous_secrets) FROM endpoints").fetch_all(&app.db.pool).await.unwrap();
+    assert_eq!(kept, [new.clone(), old.clone()], "newest expiry first; the secret retired with no grace is gone");
+    sqlx::query("UPDATE endpoints SET previous_secrets_until = array_fill(now() - interval '1 s', ARRAY[cardinality(previous_secrets)])")
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    app.admin_post(&format!("/v1/endpoints/{id}/test"), json!({}), 202).await;
+    eventually(WAIT, "delivered", || async { (sink.count() == 3).then_some(()) }).await;
+    let req = &sink.received()[2];
     let sig = req.header("webhook-signature");
     assert_eq!(sig.split(' ').count(), 1, "{sig}");
     assert!(standard_webhooks::verify(

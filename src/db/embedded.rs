@@ -3,8 +3,15 @@
 //! Used by `serve` when no database URL is configured, by the test suite when
 //! `DATABASE_URL` is unset, and by the benchmark harness. The cluster listens on
 //! 127.0.0.1 on a free port with Unix sockets disabled (so nothing collides with a
-//! system cluster), trusts local connections, and is stopped when [`Cluster::stop`] is
-//! called or, if this process dies first, by a small watchdog process.
+//! system cluster), and is stopped when [`Cluster::stop`] is called or, if this process
+//! dies first, by a small watchdog process.
+//!
+//! It is as private as a production install: the only login is `postgres` over TCP with
+//! `scram-sha-256` and a generated password kept in [`PASSWORD_FILE`] (0600) inside the
+//! cluster directory (0700). Any other local process that finds the port cannot log in.
+//! A cluster made by an earlier version (trust authentication) is upgraded on start:
+//! the password is set in single-user mode, with no network open, before the managed
+//! `pg_hba.conf` replaces the trusting one.
 //!
 //! PostgreSQL refuses to run as root; when we are root the cluster's processes run as
 //! the `postgres` system user (which then owns the cluster directory).
@@ -17,6 +24,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
+
+/// The file in the cluster directory that holds the `postgres` user's password.
+pub const PASSWORD_FILE: &str = "gateway-password";
+/// First line of the `pg_hba.conf` this module writes: a cluster whose file starts with
+/// it has its password set.
+const MANAGED_HBA: &str = "# managed by webhook-gateway: password logins over TCP only";
 
 /// How the cluster is set up.
 #[derive(Debug, Clone)]
@@ -38,6 +51,7 @@ pub struct ClusterOptions {
 pub struct Cluster {
     child: Child,
     port: u16,
+    password: String,
     data_dir: PathBuf,
     throwaway: bool,
 }
@@ -80,6 +94,8 @@ impl Cluster {
             }
         }
 
+        let password = secure(&bin, &data_dir, run_as.as_ref())?;
+
         let port = match options.port {
             Some(port) => port,
             None => free_port()?,
@@ -110,7 +126,7 @@ impl Cluster {
         let child = run_as_cmd(&mut cmd, run_as.as_ref(), &data_dir)
             .spawn()
             .with_context(|| format!("starting {}", bin.join("postgres").display()))?;
-        let mut cluster = Cluster { child, port, data_dir: data_dir.clone(), throwaway: options.throwaway };
+        let mut cluster = Cluster { child, port, password, data_dir: data_dir.clone(), throwaway: options.throwaway };
         spawn_watchdog(cluster.child.id(), &data_dir, options.throwaway);
         if let Err(e) = cluster.wait_ready(&log_path, log_start) {
             cluster.stop();
@@ -119,9 +135,10 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Connection URL for a database on this cluster.
+    /// Connection URL for a database on this cluster (it carries the password: do not
+    /// log it).
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+        format!("postgres://postgres:{}@127.0.0.1:{}/{database}", self.password, self.port)
     }
 
     /// TCP port the cluster listens on.
@@ -179,6 +196,65 @@ impl Cluster {
             let _ = std::fs::remove_dir_all(&self.data_dir);
         }
     }
+}
+
+/// Make sure the cluster only takes password logins, and return the password: read it
+/// from [`PASSWORD_FILE`] (creating it, 0600, on first use); unless `pg_hba.conf` is
+/// already the managed one, set the password in single-user mode and then write the
+/// managed `pg_hba.conf`. Every step is idempotent and in an order that survives a crash
+/// at any point: the file first, the password next, the open door closed last.
+fn secure(bin: &Path, data_dir: &Path, run_as: Option<&RunAs>) -> anyhow::Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join(PASSWORD_FILE);
+    let password = match std::fs::read_to_string(&path) {
+        Ok(text) if !text.trim().is_empty() => text.trim().to_owned(),
+        _ => {
+            let mut bytes = [0u8; 24];
+            rand::Rng::fill(&mut rand::rng(), &mut bytes[..]);
+            let password = hex::encode(bytes);
+            let tmp = data_dir.join(format!("{PASSWORD_FILE}.tmp"));
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .with_context(|| format!("creating {}", tmp.display()))?;
+            file.write_all(password.as_bytes())?;
+            file.sync_all()?;
+            std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+            password
+        }
+    };
+    let hba = data_dir.join("pg_hba.conf");
+    let managed = std::fs::read_to_string(&hba).is_ok_and(|text| text.starts_with(MANAGED_HBA));
+    if !managed {
+        // Single-user mode reads commands from stdin and opens no socket.
+        let mut cmd = Command::new(bin.join("postgres"));
+        cmd.args(["--single", "-D"]).arg(data_dir).args(["-c", "password_encryption=scram-sha-256", "postgres"]);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = run_as_cmd(&mut cmd, run_as, data_dir)
+            .spawn()
+            .with_context(|| format!("starting {} in single-user mode", bin.join("postgres").display()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            writeln!(stdin, "ALTER USER postgres PASSWORD '{password}';")?;
+        }
+        let out = child.wait_with_output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() || stderr.contains("ERROR") {
+            bail!("setting the embedded PostgreSQL's password failed: {}", stderr.trim());
+        }
+        let text = format!("{MANAGED_HBA}\nhost all all 127.0.0.1/32 scram-sha-256\n");
+        std::fs::write(&hba, text).with_context(|| format!("writing {}", hba.display()))?;
+        if let Some(user) = run_as {
+            chown(&hba, user)?;
+        }
+    }
+    if let Some(user) = run_as {
+        chown(&path, user)?;
+    }
+    Ok(password)
 }
 
 /// Locate the directory holding `initdb` and `postgres`.

@@ -8,6 +8,7 @@ mod binary;
 mod circuit;
 mod db_outage;
 mod delivery;
+mod embedded;
 mod hostile_ingest;
 mod ingest;
 mod isolation;

@@ -55,9 +55,11 @@ impl Server {
         let libs: String = sqlx::query_scalar("SHOW shared_preload_libraries").fetch_one(&mut conn).await?;
         server.stat_statements = libs.contains("pg_stat_statements");
         if server.embedded.is_some() {
-            // Statement sampling for the worker role only (PostgreSQL 13+).
+            // Statement sampling for the worker role only (PostgreSQL 13+). The embedded
+            // cluster takes password logins only: the role gets the server user's.
+            let password = server.base.password().unwrap_or_default().to_owned();
             let setup = format!(
-                "CREATE ROLE {WORKER_ROLE} LOGIN SUPERUSER;
+                "CREATE ROLE {WORKER_ROLE} LOGIN SUPERUSER PASSWORD '{password}';
                  ALTER ROLE {WORKER_ROLE} SET log_min_duration_sample = 0;
                  ALTER ROLE {WORKER_ROLE} SET log_statement_sample_rate = {LOG_SAMPLE_RATE};
                  ALTER ROLE {WORKER_ROLE} SET log_parameter_max_length = 0;"
@@ -83,7 +85,6 @@ impl Server {
         let mut u = self.base.clone();
         u.set_path(name);
         let _ = u.set_username(WORKER_ROLE);
-        let _ = u.set_password(None);
         u.to_string()
     }
 

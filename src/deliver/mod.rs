@@ -11,6 +11,8 @@ pub mod policy;
 mod recorder;
 pub mod request;
 pub mod sign;
+#[cfg(test)]
+mod tests_props;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -8,6 +8,7 @@ mod binary;
 mod circuit;
 mod db_outage;
 mod delivery;
+mod hostile_subscriber;
 mod ingest;
 mod janitor;
 mod metrics;

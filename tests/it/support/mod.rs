@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod raw_sink;
 pub mod sink;
 pub mod standard_webhooks;
 

@@ -23,7 +23,7 @@ use crate::support::{TestApp, TestDb, test_settings};
 /// Attempt budget in these tests: enough to see retries, few enough to finish quickly.
 const MAX_ATTEMPTS: u32 = 3;
 /// Per-request timeout of the gateway in these tests.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long everything may take to settle (every delivery delivered or dead), for the
 /// default number of webhooks; longer runs get a tenth of a second more per webhook.
 const SETTLE: Duration = Duration::from_secs(45);

@@ -15,6 +15,8 @@ pub mod ids;
 pub mod ingest;
 pub mod janitor;
 pub mod metrics;
+#[cfg(test)]
+mod props;
 pub mod queue;
 pub mod sanitize;
 pub mod store;

@@ -8,11 +8,21 @@ use std::time::Duration;
 
 use rand::Rng;
 
-/// The upper bound of the window after `attempt` failed attempts.
+/// The upper bound of the window after `attempt` failed attempts: `min(cap, base * 2^attempt)`,
+/// exactly, for any attempt number and any durations.
 pub fn ceiling(attempt: u32, base: Duration, cap: Duration) -> Duration {
-    // 2^attempt overflows quickly; past 2^32 the cap has long been reached.
-    let factor = 1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX);
-    base.saturating_mul(factor).min(cap)
+    if base.is_zero() {
+        return Duration::ZERO;
+    }
+    // In nanoseconds: base < 2^94 ns, so the product saturates only where the cap
+    // (< 2^94 ns) has long been reached; past 2^127 the factor saturates too.
+    let factor = 1u128.checked_shl(attempt).unwrap_or(u128::MAX);
+    let nanos = base.as_nanos().saturating_mul(factor);
+    if nanos >= cap.as_nanos() {
+        return cap;
+    }
+    // Below the cap, so the seconds fit a u64.
+    Duration::new((nanos / 1_000_000_000) as u64, (nanos % 1_000_000_000) as u32)
 }
 
 /// A delay drawn uniformly from `[0, ceiling(attempt)]`.
@@ -37,6 +47,14 @@ mod tests {
         assert_eq!(ceiling(7, BASE, CAP), Duration::from_secs(640));
         assert_eq!(ceiling(20, BASE, CAP), CAP);
         assert_eq!(ceiling(u32::MAX, BASE, CAP), CAP);
+        // The doubling goes on past 2^31 while the cap is above it (found by
+        // deliver::tests_props: it used to stop at base * 2^31).
+        let ms = Duration::from_millis(1);
+        let year = Duration::from_secs(365 * 86_400);
+        assert_eq!(ceiling(31, ms, year), Duration::from_millis(1 << 31));
+        assert_eq!(ceiling(33, ms, year), Duration::from_millis(1 << 33));
+        assert_eq!(ceiling(35, ms, year), year);
+        assert_eq!(ceiling(7, Duration::ZERO, year), Duration::ZERO);
     }
 
     /// Over many draws the delays stay inside `[0, ceiling]` and cover the window

@@ -11,12 +11,14 @@ pub mod policy;
 pub mod recorder;
 pub mod request;
 pub mod sign;
+#[cfg(test)]
+mod tests_props;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
@@ -231,7 +233,11 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit) {
         Decision::Delivered => (Outcome::Delivered, None, None),
         Decision::Dead => (Outcome::Dead, None, None),
         Decision::Retry { delay, why } => {
-            let at = Utc::now() + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+            // Bounded by the configured caps; checked anyway, so an absurd cap cannot panic
+            // the worker and lose the outcome (a century is "never" for a retry).
+            let century = chrono::Duration::days(36_500);
+            let delay = chrono::Duration::from_std(delay).unwrap_or(century).min(century);
+            let at = Utc::now().checked_add_signed(delay).unwrap_or(DateTime::<Utc>::MAX_UTC);
             (Outcome::Retry, Some(at), Some(why.as_str().to_owned()))
         }
     };

@@ -9,6 +9,11 @@
 //! | 429 or 503 with `Retry-After` | retry at the time asked for (capped) |
 //! | 3xx | not followed; retried like a 5xx, Location in the reason |
 //! | forbidden address (egress refusal) | dead at once; not a circuit failure |
+//! | anything else (1xx as a final answer, 600-999) | retried like a 5xx |
+//!
+//! Every retryable row counts as a failure of the endpoint for the circuit, and ends dead
+//! once the attempt budget is spent. The property tests in `tests_props.rs` check this
+//! table for every status code 100..=999.
 
 use std::time::{Duration, SystemTime};
 
@@ -157,10 +162,15 @@ pub fn decide(policy: &Policy, observed: &Observed, attempt: u32, now: SystemTim
 
 /// `Retry-After` as delta-seconds or an HTTP date (RFC 9110 §10.2.3), relative to `now`.
 /// A date in the past means "now".
+///
+/// Delta-seconds are digits only (`1*DIGIT`: no sign). More seconds than a `u64` holds
+/// saturate, so the caller's cap applies: a subscriber asking for a very long pause gets
+/// the longest one we honour, not an immediate backoff retry.
 pub fn parse_retry_after(raw: &str, now: SystemTime) -> Option<Duration> {
     let raw = raw.trim();
-    if let Ok(secs) = raw.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+    if !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit()) {
+        // All digits, so parsing fails only on overflow.
+        return Some(Duration::from_secs(raw.parse::<u64>().unwrap_or(u64::MAX)));
     }
     let at = httpdate::parse_http_date(raw).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
@@ -263,6 +273,12 @@ mod tests {
         );
         let capped = verdict(&with(503, "9999999"), 1).decision;
         assert_eq!(capped, Decision::Retry { delay: POLICY.retry_after_cap, why: NextReason::RetryAfter });
+        // More seconds than a u64 holds is still a (very long) Retry-After, capped; found
+        // by deliver::tests_props (it used to fall back to the backoff curve).
+        let huge = verdict(&with(429, "123456789012345678901234567890"), 1).decision;
+        assert_eq!(huge, Decision::Retry { delay: POLICY.retry_after_cap, why: NextReason::RetryAfter });
+        // Delta-seconds are digits only.
+        assert!(matches!(verdict(&with(503, "+120"), 1).decision, Decision::Retry { why: NextReason::Backoff, .. }));
         assert!(matches!(verdict(&with(500, "120"), 1).decision, Decision::Retry { why: NextReason::Backoff, .. }));
         assert!(matches!(verdict(&with(503, "soon"), 1).decision, Decision::Retry { why: NextReason::Backoff, .. }));
     }

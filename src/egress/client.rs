@@ -40,6 +40,9 @@ impl EgressClient {
         Self::with_resolver(cfg, Arc::new(SystemResolver))
     }
 
+    /// How long an idle outbound connection is kept for reuse.
+    pub const POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
     /// A client resolving names through `resolver` (tests, custom DNS).
     pub fn with_resolver(cfg: EgressConfig, resolver: Arc<dyn HostResolver>) -> anyhow::Result<Self> {
         let allow: Arc<[IpNet]> = cfg.allow.into();
@@ -52,6 +55,11 @@ impl EgressClient {
             .https_only(cfg.https_only)
             .connect_timeout(cfg.connect_timeout)
             .timeout(cfg.request_timeout)
+            // A subscriber that closes an idle keep-alive connection without saying so
+            // (Node closes after 5 s, gunicorn after 2 s) makes the next request on it fail
+            // before the subscriber reads it: an attempt spent and a circuit failure for
+            // nothing. Reuse a connection only within a second of its last use.
+            .pool_idle_timeout(Self::POOL_IDLE_TIMEOUT)
             .user_agent(cfg.user_agent)
             .referer(false);
         for cert in cfg.extra_root_certs {

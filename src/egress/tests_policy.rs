@@ -181,7 +181,7 @@ fn pick(net: IpNet, r: u128) -> IpAddr {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(crate::props::config(2000))]
 
     #[test]
     fn nothing_inside_a_forbidden_range_is_public(idx in any::<prop::sample::Index>(), r in any::<u128>()) {

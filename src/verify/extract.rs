@@ -41,7 +41,13 @@ impl<'a> LazyJson<'a> {
         match self.get().and_then(|v| v.pointer(pointer)) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
-            Some(Value::Number(n)) => Ok(Some(n.to_string())),
+            // Integers only: without arbitrary precision, serde_json parses an integer
+            // past 64 bits as a float, so two different big ids would print as the same
+            // `1.2345678901234568e22` and the second event would be a false duplicate.
+            Some(Value::Number(n)) if !n.is_f64() => Ok(Some(n.to_string())),
+            Some(Value::Number(_)) => Err(VerifyError::MalformedBody(format!(
+                "the value at {pointer} is a number that is not an integer within 64 bits; send it as a string"
+            ))),
             Some(other) => Err(VerifyError::MalformedBody(format!(
                 "the value at {pointer} is {}, not a non-empty string or a number",
                 json_kind(other)
@@ -145,8 +151,8 @@ mod tests {
 
     #[test]
     fn a_present_value_that_cannot_be_used_is_refused_not_replaced() {
-        let body = br#"{"data": {"id": "", "obj": {"a": 1}, "list": [1], "flag": true}}"#;
-        for pointer in ["/data/id", "/data/obj", "/data/list", "/data/flag", "/data"] {
+        let body = br#"{"data": {"id": "", "obj": {"a": 1}, "list": [1], "flag": true, "big": 12345678901234567890123, "float": 1.5}}"#;
+        for pointer in ["/data/id", "/data/obj", "/data/list", "/data/flag", "/data", "/data/big", "/data/float"] {
             let locator = Locator { header: None, json_pointer: Some(pointer.into()) };
             let found = locate(&locator, &HeaderMap::new(), &mut LazyJson::new(body));
             assert!(matches!(found, Err(VerifyError::MalformedBody(_))), "{pointer}: {found:?}");

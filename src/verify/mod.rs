@@ -24,6 +24,8 @@ mod standard;
 mod stripe;
 #[cfg(test)]
 mod test_util;
+#[cfg(test)]
+mod tests_props;
 mod validate;
 
 use http::HeaderMap;
@@ -129,7 +131,8 @@ pub struct HmacScheme {
     /// How the MAC is encoded in the header.
     #[serde(default)]
     pub encoding: SignatureEncoding,
-    /// A prefix before the encoded MAC, e.g. `sha256=`.
+    /// A prefix before the encoded MAC, e.g. `sha256=` (visible ASCII, compared without
+    /// regard to case; it may not start with whitespace, which no header value keeps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
 }

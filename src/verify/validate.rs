@@ -38,6 +38,13 @@ pub fn validate_spec(spec: &SourceSpec) -> Result<(), String> {
             if !valid_header_name(&scheme.header) {
                 return Err("hmac.header: not a valid HTTP header name".to_owned());
             }
+            if let Some(prefix) = &scheme.prefix
+                && !valid_prefix(prefix)
+            {
+                return Err("hmac.prefix: must be visible ASCII (spaces allowed inside) and not start with \
+                     whitespace: no signature header could carry it"
+                    .to_owned());
+            }
         }
         (Some(_), _) => {
             // Settings that would be silently ignored hide a wrong `kind`.
@@ -66,6 +73,14 @@ fn check_locator(field: &str, locator: &Locator) -> Result<(), String> {
         return Err(format!("{field}.json_pointer: must be empty or start with \"/\" (RFC 6901)"));
     }
     Ok(())
+}
+
+/// A prefix a header value can carry: verification reads the value as visible ASCII (tab
+/// allowed) with the surrounding whitespace trimmed, so a prefix with any other byte, or
+/// one that starts with whitespace, could never match and the source would refuse every
+/// webhook.
+fn valid_prefix(prefix: &str) -> bool {
+    prefix.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) && !prefix.starts_with([' ', '\t'])
 }
 
 fn valid_header_name(name: &str) -> bool {
@@ -145,6 +160,18 @@ mod tests {
         let mut bad_header = spec(Kind::Hmac, &["s"]);
         bad_header.hmac = Some(HmacScheme { header: "X Signature".to_owned(), ..scheme() });
         assert!(err(&bad_header).starts_with("hmac.header: "));
+        // A prefix no header value could start with: non-ASCII, or leading whitespace
+        // (trimmed from every header value). Found by verify::tests_props.
+        for prefix in ["\u{ab09}", "sha256=\u{e9}", " sha256=", "\tv1="] {
+            let mut unsendable = spec(Kind::Hmac, &["s"]);
+            unsendable.hmac = Some(HmacScheme { prefix: Some(prefix.to_owned()), ..scheme() });
+            assert!(err(&unsendable).starts_with("hmac.prefix: "), "{prefix:?}");
+        }
+        for prefix in ["", "sha256=", "SHA512 ", "v1, sig="] {
+            let mut fine = spec(Kind::Hmac, &["s"]);
+            fine.hmac = Some(HmacScheme { prefix: Some(prefix.to_owned()), ..scheme() });
+            assert_eq!(validate_spec(&fine), Ok(()), "{prefix:?}");
+        }
         let mut stray = spec(Kind::Github, &["s"]);
         stray.hmac = Some(scheme());
         assert!(err(&stray).starts_with("hmac: "));

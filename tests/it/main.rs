@@ -10,6 +10,7 @@ mod db_outage;
 mod delivery;
 mod embedded;
 mod hostile_ingest;
+mod hostile_subscriber;
 mod ingest;
 mod isolation;
 mod janitor;

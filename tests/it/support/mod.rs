@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod raw_sink;
 pub mod signing;
 pub mod sink;
 pub mod standard_webhooks;

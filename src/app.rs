@@ -134,6 +134,14 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         sources: Arc::default(),
         ingest: crate::ingest::batcher::Batcher::start(pool.clone(), settings.ingest_writers),
     };
+    if settings.role.runs_workers() {
+        let allow: Vec<String> = settings.egress.allow.iter().map(ToString::to_string).collect();
+        if allow.is_empty() {
+            tracing::info!("egress: public addresses only (no --egress-allow)");
+        } else {
+            tracing::warn!(allow = %allow.join(", "), "egress: these ranges are open besides public addresses");
+        }
+    }
     let dispatcher = if settings.role.runs_workers() {
         let egress = match &settings.resolver {
             Some(resolver) => EgressClient::with_resolver(settings.egress.clone(), resolver.clone()),

@@ -147,8 +147,13 @@ pub struct ServeArgs {
     pub shutdown_grace_secs: u64,
 
     /// Open an outbound address range (CIDR), e.g. 127.0.0.1/32. Repeatable; env is comma-separated.
+    /// Host bits must be zero; ranges wider than /8 need --egress-allow-wide.
     #[arg(long = "egress-allow", env = "WEBHOOK_GATEWAY_EGRESS_ALLOW", value_delimiter = ',')]
     pub egress_allow: Vec<ipnet::IpNet>,
+
+    /// Confirm --egress-allow ranges wider than /8 (e.g. 0.0.0.0/0 opens every address).
+    #[arg(long, env = "WEBHOOK_GATEWAY_EGRESS_ALLOW_WIDE")]
+    pub egress_allow_wide: bool,
 
     /// Refuse plain-http endpoints.
     #[arg(long, env = "WEBHOOK_GATEWAY_EGRESS_HTTPS_ONLY")]
@@ -203,6 +208,36 @@ pub struct ServeArgs {
     pub janitor_batch_size: u32,
 }
 
+/// Widest `--egress-allow` prefix accepted without `--egress-allow-wide` (either family):
+/// a /8 is a whole private network (`10.0.0.0/8`, `fd00::/8`); anything wider is most
+/// likely a mistake that opens the metadata service and every internal host.
+pub const EGRESS_ALLOW_WIDEST_PREFIX: u8 = 8;
+
+/// An allow-list entry with host bits set (`127.0.0.1/0`) silently means its whole
+/// network: refused, with the two readings spelled out. A range wider than
+/// [`EGRESS_ALLOW_WIDEST_PREFIX`] needs `wide` (`--egress-allow-wide`).
+fn validate_egress_allow(allow: &[ipnet::IpNet], wide: bool) -> Result<(), ConfigError> {
+    for net in allow {
+        if net.addr() != net.network() {
+            return Err(ConfigError(format!(
+                "egress-allow {net} has host bits set, so it would open all of {}: write {} for that network, or {}/{} \
+                 for the one address",
+                net.trunc(),
+                net.trunc(),
+                net.addr(),
+                net.max_prefix_len()
+            )));
+        }
+        if net.prefix_len() < EGRESS_ALLOW_WIDEST_PREFIX && !wide {
+            return Err(ConfigError(format!(
+                "egress-allow {net} is wider than /{EGRESS_ALLOW_WIDEST_PREFIX} and would open far more than one private \
+                 network (cloud metadata included); narrow it, or confirm with --egress-allow-wide"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The TOML file: every key optional, unknown keys are an error (typos must not pass).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -225,6 +260,7 @@ struct FileConfig {
     shutdown_grace_secs: Option<u64>,
     egress_allow: Option<Vec<ipnet::IpNet>>,
     egress_https_only: Option<bool>,
+    egress_allow_wide: Option<bool>,
     db_pool_size: Option<u32>,
     log_format: Option<LogFormat>,
     circuit_failure_threshold: Option<u32>,
@@ -293,6 +329,7 @@ impl ServeArgs {
         take!(shutdown_grace_secs);
         take!(egress_allow);
         take!(egress_https_only);
+        take!(egress_allow_wide);
         take!(db_pool_size);
         take!(log_format);
         take!(circuit_failure_threshold);
@@ -354,6 +391,7 @@ impl ServeArgs {
         {
             return fail("admin-token must be at least 16 characters".into());
         }
+        validate_egress_allow(&self.egress_allow, self.egress_allow_wide)?;
         self.validate_retention()
     }
 
@@ -497,6 +535,28 @@ mod tests {
         assert_eq!(serve.max_body_bytes, 1024 * 1024);
         assert_eq!(serve.lease_secs, 60);
         assert!(serve.egress_allow.is_empty());
+    }
+
+    #[test]
+    fn egress_allow_refuses_host_bits_and_unconfirmed_wide_ranges() {
+        let allow = |args: &[&str]| {
+            let mut all = vec!["webhook-gateway", "serve"];
+            all.extend_from_slice(args);
+            parse(&all)
+        };
+        let err = allow(&["--egress-allow", "127.0.0.1/0"]).unwrap_err();
+        assert!(err.contains("host bits") && err.contains("0.0.0.0/0") && err.contains("127.0.0.1/32"), "{err}");
+        let err = allow(&["--egress-allow", "10.1.2.3/24"]).unwrap_err();
+        assert!(err.contains("10.1.2.0/24") && err.contains("10.1.2.3/32"), "{err}");
+        assert!(allow(&["--egress-allow", "fd00::1/8"]).unwrap_err().contains("fd00::/8"));
+        for wide in ["0.0.0.0/0", "::/0", "8.0.0.0/7", "fc00::/7"] {
+            let err = allow(&["--egress-allow", wide]).unwrap_err();
+            assert!(err.contains("--egress-allow-wide"), "{wide}: {err}");
+            allow(&["--egress-allow", wide, "--egress-allow-wide"]).unwrap();
+        }
+        for fine in ["10.0.0.0/8", "192.168.1.0/24", "127.0.0.1/32", "fd00::/8", "::1/128"] {
+            allow(&["--egress-allow", fine]).unwrap();
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod proxy;
 pub mod sink;
 pub mod standard_webhooks;
 
@@ -136,6 +137,7 @@ pub fn test_settings() -> Settings {
         metrics: None,
         metrics_sample: Duration::from_secs(15),
         ingest_writers: 8,
+        db_timeout: db::DEFAULT_REQUEST_TIMEOUT,
     }
 }
 

@@ -12,6 +12,10 @@
 //! kernel acknowledges data and probes at once, however long a statement runs, so neither
 //! can end a slow but healthy call.
 //!
+//! Measured in a private network namespace with its loopback taken down under an open
+//! connection: a `SELECT` on a pooled connection failed after 20.4 s ("Connection timed
+//! out"); the same on a connection without these options was still waiting after 90 s.
+//!
 //! sqlx opens its sockets itself and exposes none of them, so after it opens a
 //! connection, [`harden`] looks through this process's open descriptors
 //! (`/proc/self/fd`) for TCP sockets connected to the database's address and port and
@@ -35,7 +39,7 @@ pub const KEEPALIVE_PROBES: u32 = 3;
 /// Longest that sent data may stay unacknowledged.
 pub const USER_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Where the pool's connections go: what [`harden`] looks for.
+/// Where the database connections go: what [`harden`] looks for.
 #[derive(Debug, Clone)]
 pub struct Target {
     port: u16,

@@ -40,6 +40,8 @@ pub struct AppState {
     pub sources: Arc<crate::ingest::SourceCache>,
     /// Group-commit writer for ingested events.
     pub ingest: crate::ingest::batcher::Batcher,
+    /// How long an HTTP request waits for the database before answering 503.
+    pub db_timeout: std::time::Duration,
 }
 
 impl AppState {
@@ -89,6 +91,9 @@ pub struct Settings {
     pub metrics_sample: std::time::Duration,
     /// Concurrent ingest statements (each carries a batch of events under load).
     pub ingest_writers: usize,
+    /// How long an HTTP request (ingest, admin) waits for the database before answering
+    /// 503 (`--db-timeout-secs`; see `db` for every bound on database calls).
+    pub db_timeout: std::time::Duration,
 }
 
 /// A running gateway: its address, and a handle to stop it.
@@ -133,6 +138,7 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         metrics: settings.metrics.clone(),
         sources: Arc::default(),
         ingest: crate::ingest::batcher::Batcher::start(pool.clone(), settings.ingest_writers),
+        db_timeout: settings.db_timeout,
     };
     if settings.role.runs_workers() {
         let allow: Vec<String> = settings.egress.allow.iter().map(ToString::to_string).collect();

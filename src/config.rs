@@ -183,6 +183,11 @@ pub struct ServeArgs {
     #[arg(long, env = "WEBHOOK_GATEWAY_DB_POOL_SIZE", default_value_t = 16)]
     pub db_pool_size: u32,
 
+    /// How long an HTTP request (ingest, admin API) waits for the database before it is
+    /// answered 503 with Retry-After, in seconds.
+    #[arg(long, env = "WEBHOOK_GATEWAY_DB_TIMEOUT_SECS", default_value_t = crate::db::DEFAULT_REQUEST_TIMEOUT.as_secs())]
+    pub db_timeout_secs: u64,
+
     /// Log format.
     #[arg(long, env = "WEBHOOK_GATEWAY_LOG_FORMAT", value_enum, default_value = "pretty")]
     pub log_format: LogFormat,
@@ -262,6 +267,7 @@ struct FileConfig {
     egress_https_only: Option<bool>,
     egress_allow_wide: Option<bool>,
     db_pool_size: Option<u32>,
+    db_timeout_secs: Option<u64>,
     log_format: Option<LogFormat>,
     circuit_failure_threshold: Option<u32>,
     circuit_cooldown_ms: Option<u64>,
@@ -331,6 +337,7 @@ impl ServeArgs {
         take!(egress_https_only);
         take!(egress_allow_wide);
         take!(db_pool_size);
+        take!(db_timeout_secs);
         take!(log_format);
         take!(circuit_failure_threshold);
         take!(circuit_cooldown_ms);
@@ -385,6 +392,16 @@ impl ServeArgs {
         }
         if self.db_pool_size < 2 {
             return fail("db-pool-size must be at least 2".into());
+        }
+        // Above the pool's acquire timeout: an answer "nothing was stored" (no connection
+        // could be had) must be able to come before the request's own deadline.
+        let min_db_timeout = crate::db::ACQUIRE_TIMEOUT.as_secs() + 1;
+        if !(min_db_timeout..=MAX_DB_TIMEOUT_SECS).contains(&self.db_timeout_secs) {
+            return fail(format!(
+                "db-timeout-secs must be between {min_db_timeout} (above the {} s pool acquire timeout) and \
+                 {MAX_DB_TIMEOUT_SECS}",
+                crate::db::ACQUIRE_TIMEOUT.as_secs()
+            ));
         }
         if let Some(token) = &self.admin_token
             && token.len() < 16
@@ -484,6 +501,9 @@ impl ServeArgs {
 /// Longest accepted retention, in days (a century: a typo guard, not a policy).
 pub const MAX_RETENTION_DAYS: u32 = 36_500;
 
+/// Largest accepted `--db-timeout-secs`.
+pub const MAX_DB_TIMEOUT_SECS: u64 = 300;
+
 /// Largest accepted `--janitor-batch-size`.
 pub const MAX_JANITOR_BATCH: u32 = 100_000;
 
@@ -582,6 +602,27 @@ mod tests {
         std::fs::write(&path, "lisen = \"127.0.0.1:1\"\n").unwrap();
         let err = parse(&["webhook-gateway", "serve", "--config", path.to_str().unwrap()]).unwrap_err();
         assert!(err.contains("unknown field `lisen`"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn db_timeout_defaults_validates_and_comes_from_the_file() {
+        let serve = parse(&["webhook-gateway", "serve"]).unwrap();
+        assert_eq!(serve.db_timeout_secs, 5);
+        let err = parse(&["webhook-gateway", "serve", "--db-timeout-secs", "3"]).unwrap_err();
+        assert!(
+            err.contains("db-timeout-secs must be between 4 (above the 3 s pool acquire timeout) and 300"),
+            "{err}"
+        );
+        let err = parse(&["webhook-gateway", "serve", "--db-timeout-secs", "301"]).unwrap_err();
+        assert!(err.contains("db-timeout-secs must be between"), "{err}");
+
+        let dir = std::env::temp_dir().join(format!("wg-config-db-timeout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gw.toml");
+        std::fs::write(&path, "db_timeout_secs = 10\n").unwrap();
+        let serve = parse(&["webhook-gateway", "serve", "--config", path.to_str().unwrap()]).unwrap();
+        assert_eq!(serve.db_timeout_secs, 10);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -59,9 +59,24 @@ impl ApiError {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", format!("{field}: {reason}"))
     }
 
-    /// 503 with `Retry-After`: the database is unreachable and nothing was committed.
+    /// 503 with `Retry-After`: the database is unreachable or did not answer; the message
+    /// says what may have been committed.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self { retry_after: Some(5), ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", message) }
+    }
+
+    /// 503 for a request that got no answer from the database within `timeout` and was
+    /// abandoned; `changes` says whether the request could have changed anything.
+    pub fn no_answer(timeout: std::time::Duration, changes: bool) -> Self {
+        let secs = timeout.as_secs_f64();
+        Self::unavailable(if changes {
+            format!(
+                "the database did not answer within {secs} s; a change the request made may have been applied: \
+                 check before retrying"
+            )
+        } else {
+            format!("the database did not answer within {secs} s; nothing was changed, retry later")
+        })
     }
 
     /// 500: a bug or an unexpected database error; details go to the log, not the client.
@@ -72,12 +87,22 @@ impl ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(err: sqlx::Error) -> Self {
-        if crate::db::is_unavailable(&err) {
-            tracing::warn!(error = %err, "database unavailable");
-            ApiError::unavailable("the database is unreachable; nothing was stored, retry later")
-        } else {
-            tracing::error!(error = %err, "database error");
-            ApiError::internal()
+        match crate::db::unavailable(&err) {
+            Some(crate::db::Unavailable::NotCommitted) => {
+                tracing::warn!(error = %err, "database unavailable");
+                ApiError::unavailable("the database is unreachable; nothing was stored, retry later")
+            }
+            Some(crate::db::Unavailable::Unconfirmed) => {
+                tracing::warn!(error = %err, "database connection failed before an answer");
+                ApiError::unavailable(
+                    "the database connection failed before the database answered; if the request changes \
+                     something, the change may have been applied: check before retrying",
+                )
+            }
+            None => {
+                tracing::error!(error = %err, "database error");
+                ApiError::internal()
+            }
         }
     }
 }

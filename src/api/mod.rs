@@ -14,9 +14,12 @@ mod sources;
 mod storage;
 mod subscriptions;
 
+use std::time::Duration;
+
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
-use axum::middleware;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::app::AppState;
@@ -55,6 +58,7 @@ pub fn router(state: AppState, role: Role) -> Router {
             .route("/deliveries/{id}/attempts", get(deliveries::attempts))
             .route("/deliveries/{id}/redeliver", post(deliveries::redeliver))
             .route("/admin/storage", get(storage::get))
+            .route_layer(middleware::from_fn_with_state(state.clone(), db_deadline))
             .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
         app = app.nest("/v1", admin).route("/ingest/{source}", post(crate::ingest::ingest));
     }
@@ -96,6 +100,35 @@ async fn refuse_nul_in_url(req: axum::extract::Request, next: middleware::Next) 
         return ApiError::bad_request("bad_request", "the URL contains an encoded NUL character (%00)").into_response();
     }
     next.run(req).await
+}
+
+/// Extra time an admin request gets beyond `--db-timeout-secs`, so that the bounds
+/// inside it (pool acquire, the ingest deadline of `POST /v1/events`) answer first, with
+/// what they know about the write.
+const ADMIN_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long a recovery may run: it re-queues in statements of 1,000 rows; one cut short
+/// is answered 503 and, repeated, goes on where it stopped.
+const RECOVER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Middleware: an admin request (its JSON body included) is answered within
+/// `--db-timeout-secs` + [`ADMIN_MARGIN`] (a recovery: [`RECOVER_TIMEOUT`]); past that,
+/// it is abandoned and answered 503 with `Retry-After`. Without it, a statement sent into
+/// a network partition would hold the request until the kernel gives up on the connection.
+async fn db_deadline(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let changes = !matches!(*request.method(), axum::http::Method::GET | axum::http::Method::HEAD);
+    let limit = if request.uri().path().ends_with("/recover") {
+        RECOVER_TIMEOUT.max(state.db_timeout + ADMIN_MARGIN)
+    } else {
+        state.db_timeout + ADMIN_MARGIN
+    };
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::warn!(timeout = ?limit, "admin request abandoned: the database did not answer in time");
+            ApiError::no_answer(limit, changes).into_response()
+        }
+    }
 }
 
 async fn not_found() -> ApiError {

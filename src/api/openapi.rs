@@ -132,10 +132,13 @@ pub enum AdminErrors {
     /// Missing or wrong admin token.
     #[response(status = 401, description = "Missing or wrong admin token (`unauthorized`)")]
     Unauthorized(crate::error::ErrorBody),
-    /// The database is unreachable.
+    /// The database is unreachable, or did not answer in time.
     #[response(
         status = 503,
-        description = "Database unreachable; nothing stored (`database_unavailable`)",
+        description = "The database is unreachable, or did not answer within `--db-timeout-secs` + 1 s \
+            (`database_unavailable`). The message says what is known: \"nothing was stored\" or \"nothing was \
+            changed\" when no change can have been applied; \"may have been applied\" when the connection failed or \
+            went silent after a write may have reached the database (check before retrying a non-idempotent call).",
         headers(("Retry-After" = u32, description = "Seconds to wait"))
     )]
     Unavailable(crate::error::ErrorBody),

@@ -283,7 +283,8 @@ pub struct DeleteQuery {
         (status = 409, description = "The source has events and `force` is not set, or it is the built-in `api` \
             source (`conflict`)", body = ErrorBody),
         (status = 422, description = "Bad query string (`validation_failed`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing deleted (`database_unavailable`)", body = ErrorBody,
+        (status = 503, description = "The database is unreachable or did not answer in time \
+            (`database_unavailable`); the message says whether the deletion may have been applied", body = ErrorBody,
             headers(("Retry-After" = u32, description = "Seconds to wait"))),
     ),
     security(("admin_token" = [])),

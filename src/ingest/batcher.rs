@@ -10,11 +10,17 @@
 //! If a batch fails for a reason other than the database being unreachable (say one
 //! event trips a trigger), its events are retried one by one so each gets its own
 //! verdict.
+//!
+//! Every event has a deadline (`--db-timeout-secs` after its request started): its
+//! requester stops waiting then, and a writer stops waiting for a write once the last
+//! deadline of its batch has passed. A writer does not write events whose requesters
+//! have already gone.
 
 use std::sync::Arc;
 
 use sqlx::PgPool;
 use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::time::Instant;
 
 use crate::db;
 use crate::store::events::{self, OwnedEvent, Stored};
@@ -22,28 +28,44 @@ use crate::store::events::{self, OwnedEvent, Stored};
 /// Most events in one statement.
 pub const MAX_BATCH: usize = 128;
 
-/// Why an event was not stored (the detail has been logged).
+/// Why an event was not stored, or not known to be (the detail has been logged).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreError {
-    /// The database is unreachable: answer 503, the producer retries.
+    /// The database is unreachable and nothing was written: answer 503, the producer
+    /// retries.
     Unavailable,
+    /// The write may have reached the database, which did not confirm it (connection
+    /// lost, or no answer before the deadline): the event may be stored. Answer 503; the
+    /// producer's retry is stored, or answered as a duplicate.
+    Unconfirmed,
     /// Anything else: answer 500.
     Failed,
 }
 
 impl From<&sqlx::Error> for StoreError {
     fn from(err: &sqlx::Error) -> Self {
-        if db::is_unavailable(err) {
-            tracing::warn!(error = %err, "database unavailable");
-            StoreError::Unavailable
-        } else {
-            tracing::error!(error = %err, "storing an event failed");
-            StoreError::Failed
+        match db::unavailable(err) {
+            Some(db::Unavailable::NotCommitted) => {
+                tracing::warn!(error = %err, "database unavailable; nothing was stored");
+                StoreError::Unavailable
+            }
+            Some(db::Unavailable::Unconfirmed) => {
+                tracing::warn!(error = %err, "database connection failed before the write was confirmed");
+                StoreError::Unconfirmed
+            }
+            None => {
+                tracing::error!(error = %err, "storing an event failed");
+                StoreError::Failed
+            }
         }
     }
 }
 
-type Job = (OwnedEvent, oneshot::Sender<Result<Stored, StoreError>>);
+struct Job {
+    event: OwnedEvent,
+    deadline: Instant,
+    reply: oneshot::Sender<Result<Stored, StoreError>>,
+}
 
 /// The handle ingest uses. Cheap to clone.
 #[derive(Clone)]
@@ -62,14 +84,28 @@ impl Batcher {
         Batcher { jobs }
     }
 
-    /// Store one event (with its fan-out); returns once it is committed.
-    pub async fn store(&self, event: OwnedEvent) -> Result<Stored, StoreError> {
+    /// Store one event (with its fan-out); returns once it is committed, or at `deadline`
+    /// with [`StoreError::Unconfirmed`] (or [`StoreError::Unavailable`] if it never got
+    /// to a writer).
+    pub async fn store(&self, event: OwnedEvent, deadline: Instant) -> Result<Stored, StoreError> {
         let (reply, answer) = oneshot::channel();
-        if self.jobs.send((event, reply)).await.is_err() {
-            tracing::error!("ingest writers are gone");
-            return Err(StoreError::Failed);
+        match tokio::time::timeout_at(deadline, self.jobs.send(Job { event, deadline, reply })).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => {
+                tracing::error!("ingest writers are gone");
+                return Err(StoreError::Failed);
+            }
+            // Every writer busy until the deadline: never queued, nothing written.
+            Err(_) => {
+                tracing::warn!("no ingest writer free before the deadline; nothing was stored");
+                return Err(StoreError::Unavailable);
+            }
         }
-        answer.await.unwrap_or(Err(StoreError::Failed))
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(result) => result.unwrap_or(Err(StoreError::Failed)),
+            // Queued or being written: it may still be (or have been) committed.
+            Err(_) => Err(StoreError::Unconfirmed),
+        }
     }
 }
 
@@ -89,11 +125,24 @@ async fn write_loop(pool: PgPool, queue: Arc<Mutex<mpsc::Receiver<Job>>>) {
                 }
             }
         }
-        let (events, replies): (Vec<OwnedEvent>, Vec<_>) = batch.drain(..).unzip();
-        let results = write(&pool, &events).await;
+        // Nobody waits for these any more (deadline passed, client gone): the requester
+        // was not told they are stored, and the producer retries.
+        batch.retain(|job| !job.reply.is_closed());
+        let Some(deadline) = batch.iter().map(|job| job.deadline).max() else { continue };
+        let (events, replies): (Vec<OwnedEvent>, Vec<_>) = batch.drain(..).map(|job| (job.event, job.reply)).unzip();
+        let results = match tokio::time::timeout_at(deadline, write(&pool, &events)).await {
+            Ok(results) => results,
+            Err(_) => {
+                // The statement may have reached the server. The connection goes back
+                // through sqlx's drain, out of the pool until the path answers or the
+                // kernel gives up on it (db::tcp).
+                tracing::warn!(events = events.len(), "no answer from the database before the ingest deadline");
+                events.iter().map(|_| Err(StoreError::Unconfirmed)).collect()
+            }
+        };
         for (reply, result) in replies.into_iter().zip(results) {
-            // The requester may have gone (client disconnected): the event is stored
-            // either way, and a retry will be answered as a duplicate.
+            // The requester may have gone meanwhile: the event is stored either way,
+            // and a retry will be answered as a duplicate.
             let _ = reply.send(result);
         }
     }
@@ -117,5 +166,19 @@ async fn write(pool: &PgPool, events: &[OwnedEvent]) -> Vec<Result<Stored, Store
             }
             out
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_says_whether_the_event_may_be_stored() {
+        assert_eq!(StoreError::from(&sqlx::Error::PoolTimedOut), StoreError::Unavailable);
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert_eq!(StoreError::from(&sqlx::Error::Io(reset)), StoreError::Unconfirmed);
+        assert_eq!(StoreError::from(&db::no_answer("a test")), StoreError::Unconfirmed);
+        assert_eq!(StoreError::from(&sqlx::Error::RowNotFound), StoreError::Failed);
     }
 }

@@ -77,7 +77,10 @@ pub struct SlackChallenge {
             (`not_ingestible`)", body = ErrorBody),
         (status = 404, description = "No such source (`not_found`)", body = ErrorBody),
         (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
-        (status = 503, description = "Database unreachable; nothing stored (`database_unavailable`)", body = ErrorBody,
+        (status = 503, description = "The database is unreachable or did not answer within `--db-timeout-secs` \
+            (`database_unavailable`). The message says which: \"nothing was stored\" when nothing reached the \
+            database; \"may have been stored\" when the write may have reached it unconfirmed. Retrying is safe \
+            either way (a stored webhook is answered as a duplicate).", body = ErrorBody,
             headers(("Retry-After" = u32, description = "Seconds to wait"))),
     ),
 )]
@@ -87,6 +90,8 @@ pub async fn ingest(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    // The database gets `--db-timeout-secs` from here: the source lookup and the commit.
+    let deadline = tokio::time::Instant::now() + state.db_timeout;
     let body = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::payload_too_large(state.max_body_bytes)
@@ -94,11 +99,17 @@ pub async fn ingest(
             ApiError::bad_request("bad_request", rejection.body_text())
         }
     })?;
-    let source = state
-        .sources
-        .get(&state.pool, &source_name)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("source {source_name:?}")))?;
+    // A read: whatever happens to it, nothing was stored.
+    let source = match tokio::time::timeout_at(deadline, state.sources.get(&state.pool, &source_name)).await {
+        Ok(Ok(source)) => source,
+        Ok(Err(e)) if crate::db::is_unavailable(&e) => {
+            tracing::warn!(error = %e, "database unavailable (source lookup)");
+            return Err(ApiError::unavailable(NOTHING_STORED));
+        }
+        Ok(Err(e)) => return Err(e.into()),
+        Err(_) => return Err(ApiError::unavailable(LOOKUP_NO_ANSWER)),
+    }
+    .ok_or_else(|| ApiError::not_found(&format!("source {source_name:?}")))?;
     let spec = &source.spec.0;
     if spec.kind == Kind::Internal {
         return Err(ApiError::new(
@@ -129,17 +140,35 @@ pub async fn ingest(
         headers: redacted_headers(&headers, spec.hmac.as_ref().map(|h| h.header.as_str())),
         payload: body,
     };
-    let stored = accept(&state, &source.name, event).await?;
+    let stored = accept_by(&state, &source.name, event, deadline).await?;
     Ok(Json(IngestResponse::from(stored)).into_response())
 }
 
+/// 503 message: nothing reached the database.
+pub const NOTHING_STORED: &str = "the database is unreachable; nothing was stored, retry later";
+/// 503 message: the write may have reached the database, which did not confirm it.
+pub const MAY_BE_STORED: &str = "the database did not confirm the write; the webhook may have been stored; \
+    retrying is safe (a stored one is answered as a duplicate)";
+/// 503 message: the source lookup (a read) got no answer in time.
+const LOOKUP_NO_ANSWER: &str = "the database did not answer in time; nothing was stored, retry later";
+
 /// Store an accepted event with its fan-out, and wake this process's workers when it
-/// created deliveries. Shared by webhook ingest and `POST /v1/events`.
+/// created deliveries. Shared by webhook ingest and `POST /v1/events`. Waits at most
+/// `--db-timeout-secs`.
 pub async fn accept(state: &AppState, source_name: &str, event: OwnedEvent) -> Result<Stored, ApiError> {
-    let stored = state.ingest.store(event).await.map_err(|e| match e {
-        batcher::StoreError::Unavailable => {
-            ApiError::unavailable("the database is unreachable; nothing was stored, retry later")
-        }
+    accept_by(state, source_name, event, tokio::time::Instant::now() + state.db_timeout).await
+}
+
+/// [`accept`], answering by `deadline`.
+async fn accept_by(
+    state: &AppState,
+    source_name: &str,
+    event: OwnedEvent,
+    deadline: tokio::time::Instant,
+) -> Result<Stored, ApiError> {
+    let stored = state.ingest.store(event, deadline).await.map_err(|e| match e {
+        batcher::StoreError::Unavailable => ApiError::unavailable(NOTHING_STORED),
+        batcher::StoreError::Unconfirmed => ApiError::unavailable(MAY_BE_STORED),
         batcher::StoreError::Failed => ApiError::internal(),
     })?;
     if stored.deliveries > 0 {

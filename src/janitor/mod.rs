@@ -271,6 +271,8 @@ async fn pass(
     let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
         .await
         .map_err(|_| sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "janitor connection")))??;
+    // Not a pooled connection: give its socket the pool's keepalive and user timeout.
+    crate::db::tcp::harden(&crate::db::tcp::Target::of(&options));
     let result = locked_pass(&mut conn, settings, instance, stop).await;
     // Closing the session releases the advisory lock whatever happened above; if the
     // close itself fails, the server drops the session (and the lock) with the socket.

@@ -7,6 +7,7 @@ mod admin_api;
 mod binary;
 mod circuit;
 mod db_outage;
+mod db_partition;
 mod delivery;
 mod embedded;
 mod hostile_ingest;

@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod proxy;
 pub mod raw_sink;
 pub mod signing;
 pub mod sink;
@@ -138,6 +139,7 @@ pub fn test_settings() -> Settings {
         metrics: None,
         metrics_sample: Duration::from_secs(15),
         ingest_writers: 8,
+        db_timeout: db::DEFAULT_REQUEST_TIMEOUT,
     }
 }
 

@@ -1,0 +1,301 @@
+//! A partition between the gateway and PostgreSQL (connections open, no byte flowing)
+//! must not hang requests: ingest and the admin API answer 503 with Retry-After, and when
+//! the path heals the gateway recovers by itself with nothing lost.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use webhook_gateway::app::Settings;
+use webhook_gateway::config::Role;
+use webhook_gateway::janitor::JanitorSettings;
+
+use crate::support::proxy::Proxy;
+use crate::support::sink::Sink;
+use crate::support::{TestApp, TestDb, eventually, test_settings};
+
+/// Generous: the point is "it answered", not how fast (a shared 2-core machine).
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+const WAIT: Duration = Duration::from_secs(60);
+
+/// What the gateway answers when it knows nothing reached the database.
+const NOTHING_STORED: &str = "nothing was stored";
+/// What it answers when the write may have reached the database.
+const MAY_BE_STORED: &str = "may have been stored";
+
+struct Answer {
+    status: u16,
+    retry_after: Option<String>,
+    body: Value,
+    took: Duration,
+}
+
+async fn ingest(app: &TestApp, key: &str) -> Answer {
+    let started = Instant::now();
+    let resp = app
+        .http
+        .post(app.url("/ingest/shop"))
+        .timeout(CLIENT_TIMEOUT)
+        .header("content-type", "application/json")
+        .header("x-delivery-id", key)
+        .header("x-event-type", "order.created")
+        .body(format!(r#"{{"key":"{key}"}}"#))
+        .send()
+        .await
+        .expect("ingest answered (did not hang)");
+    answer(resp, started).await
+}
+
+async fn admin_get(app: &TestApp, path: &str) -> Answer {
+    let started = Instant::now();
+    let resp = app
+        .http
+        .get(app.url(path))
+        .timeout(CLIENT_TIMEOUT)
+        .bearer_auth(crate::support::ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("admin call answered (did not hang)");
+    answer(resp, started).await
+}
+
+async fn answer(resp: reqwest::Response, started: Instant) -> Answer {
+    let status = resp.status().as_u16();
+    let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let body = resp.json().await.unwrap_or(Value::Null);
+    Answer { status, retry_after, body, took: started.elapsed() }
+}
+
+fn assert_unavailable(a: &Answer, what: &str) {
+    assert_eq!(a.status, 503, "{what}: {}", a.body);
+    assert!(a.retry_after.is_some(), "{what}: 503 carries Retry-After");
+    assert_eq!(a.body["error"]["code"], "database_unavailable", "{what}: {}", a.body);
+}
+
+fn message(a: &Answer) -> String {
+    a.body["error"]["message"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The address of the test PostgreSQL server behind `url`.
+fn server_addr(url: &str) -> SocketAddr {
+    let url = url::Url::parse(url).expect("database URL");
+    let host = url.host_str().expect("host");
+    let port = url.port().unwrap_or(5432);
+    std::net::ToSocketAddrs::to_socket_addrs(&(host, port)).expect("resolve").next().expect("an address")
+}
+
+/// A gateway of `role` whose pool (4 connections) goes through `proxy`; the test's own
+/// pool (`app.db.pool`) does not.
+async fn gateway_behind(proxy: &Proxy, db: TestDb, role: Role) -> TestApp {
+    let db = TestDb { url: proxy.url_for(&db.url), pool: db.pool };
+    // No retention pass during the test: its own connection would go through the proxy too.
+    let janitor = JanitorSettings { interval: Duration::from_secs(86_400), ..JanitorSettings::default() };
+    let settings = Settings { role, janitor, ..test_settings() };
+    TestApp::spawn_with(db, settings, 4).await
+}
+
+/// Open the pool's connections, so that calls find some idle; with `proxy`, wait until
+/// none awaits an answer (sqlx pings each connection it gets back before it is idle).
+async fn warm_up(app: &TestApp, proxy: Option<&Proxy>) {
+    let calls = (0..8).map(|_| admin_get(app, "/v1/endpoints"));
+    for a in futures_util::future::join_all(calls).await {
+        assert_eq!(a.status, 200, "{}", a.body);
+    }
+    if let Some(proxy) = proxy {
+        eventually(WAIT, "the pool's connections idle", || async { proxy.quiet().then_some(()) }).await;
+    }
+}
+
+#[tokio::test]
+async fn a_partition_answers_503_and_the_gateway_recovers_with_nothing_lost() {
+    let db = TestDb::new().await;
+    let proxy = Proxy::start(server_addr(&db.url)).await;
+    let app = gateway_behind(&proxy, db, Role::All).await;
+    let sink = Sink::ok().await;
+    app.source_none("shop").await;
+    app.endpoint_for(&sink.url("/hooks"), Some("shop")).await;
+
+    // Healthy: stored (and delivered, before or after the partition). (The workers keep
+    // claiming: the proxy is never quiet for long.)
+    warm_up(&app, None).await;
+    let before = ingest(&app, "before").await;
+    assert_eq!(before.status, 200, "{}", before.body);
+
+    proxy.blackhole();
+    let partition = Instant::now();
+
+    // The source is still cached (1 s) and connections are idle in the pool: the first
+    // write goes into the partition. It may have reached the server, and the answer says so.
+    let first = ingest(&app, "during").await;
+    assert_unavailable(&first, "ingest during the partition");
+    assert!(message(&first).contains(MAY_BE_STORED), "{}", first.body);
+    eprintln!("partition: first ingest answered 503 after {:?}: {}", first.took, message(&first));
+
+    // Once the connections that went into the partition are out of the pool, a new
+    // connection cannot be opened and nothing is sent: the answer says nothing was stored.
+    let mut retries = Vec::new();
+    let certain = loop {
+        let again = ingest(&app, "during").await;
+        assert_unavailable(&again, "ingest retried during the partition");
+        let msg = message(&again);
+        assert!(msg.contains(NOTHING_STORED) || msg.contains(MAY_BE_STORED), "{}", again.body);
+        retries.push(again.took);
+        if msg.contains(NOTHING_STORED) {
+            break again;
+        }
+        assert!(retries.len() < 10, "never answered {NOTHING_STORED:?} during the partition");
+    };
+    eprintln!("partition: retries answered 503 after {retries:?}; last: {}", message(&certain));
+
+    let admin = admin_get(&app, "/v1/endpoints").await;
+    assert_unavailable(&admin, "admin GET during the partition");
+    eprintln!("partition: admin GET answered 503 after {:?}: {}", admin.took, message(&admin));
+    let partition_lasted = partition.elapsed();
+
+    proxy.heal();
+    let healed = Instant::now();
+
+    // The producer retries until it gets its 200, as producers do.
+    let stored = eventually(WAIT, "a 200 for the retried webhook", || async {
+        let a = ingest(&app, "during").await;
+        (a.status == 200).then_some(a)
+    })
+    .await;
+    eprintln!(
+        "healed after a {partition_lasted:?} partition: the retry was answered 200 (duplicate: {}) {:?} after the heal",
+        stored.body["duplicate"],
+        healed.elapsed()
+    );
+    let admin = admin_get(&app, "/v1/endpoints").await;
+    assert_eq!(admin.status, 200, "{}", admin.body);
+
+    // Exactly once at the persistence boundary: one event per key, whatever reached the
+    // server during the partition.
+    let keys: Vec<(String, i64)> =
+        sqlx::query_as("SELECT dedupe_key, count(*) FROM events GROUP BY dedupe_key ORDER BY dedupe_key")
+            .fetch_all(&app.db.pool)
+            .await
+            .expect("events by key");
+    assert_eq!(keys, vec![("before".to_owned(), 1), ("during".to_owned(), 1)]);
+
+    // And delivered, once.
+    let delivered = eventually(WAIT, "the retried webhook delivered", || async {
+        let got: Vec<_> =
+            sink.received().into_iter().filter(|r| r.body.as_ref() == br#"{"key":"during"}"#.as_slice()).collect();
+        (!got.is_empty()).then_some(got)
+    })
+    .await;
+    eventually(WAIT, "both deliveries recorded as delivered", || async {
+        (crate::support::count_status(&app.db.pool, "delivered").await == 2).then_some(())
+    })
+    .await;
+    assert_eq!(delivered.len(), 1, "delivered once");
+    assert_eq!(delivered[0].header("webhook-attempt"), "1");
+    eprintln!("healed: delivered {:?} after the heal", healed.elapsed());
+}
+
+#[tokio::test]
+async fn an_admin_call_sent_into_a_partition_is_answered_503_by_its_deadline() {
+    let db = TestDb::new().await;
+    let proxy = Proxy::start(server_addr(&db.url)).await;
+    // Ingest only: no worker takes connections during the partition.
+    let app = gateway_behind(&proxy, db, Role::Ingest).await;
+    // The calls below find a connection idle and send their statement into the
+    // partition (rather than failing to open one).
+    warm_up(&app, Some(&proxy)).await;
+
+    proxy.blackhole();
+    let read = admin_get(&app, "/v1/endpoints").await;
+    assert_unavailable(&read, "admin GET sent into the partition");
+    assert!(message(&read).contains("did not answer within 6 s; nothing was changed"), "{}", read.body);
+    eprintln!("partition: admin GET answered 503 after {:?}: {}", read.took, message(&read));
+
+    let started = Instant::now();
+    let resp = app
+        .http
+        .post(app.url("/v1/endpoints"))
+        .timeout(CLIENT_TIMEOUT)
+        .bearer_auth(crate::support::ADMIN_TOKEN)
+        .json(&serde_json::json!({"url": "https://subscriber.example.com/hooks"}))
+        .send()
+        .await
+        .expect("admin POST answered (did not hang)");
+    let write = answer(resp, started).await;
+    assert_unavailable(&write, "admin POST during the partition");
+    let msg = message(&write);
+    assert!(msg.contains("may have been applied") || msg.contains(NOTHING_STORED), "{}", write.body);
+    eprintln!("partition: admin POST answered 503 after {:?}: {msg}", write.took);
+
+    proxy.heal();
+    let healed = Instant::now();
+    eventually(WAIT, "the admin API answering again", || async {
+        (admin_get(&app, "/v1/endpoints").await.status == 200).then_some(())
+    })
+    .await;
+    eprintln!("healed: admin API answered 200 {:?} after the heal", healed.elapsed());
+}
+
+#[tokio::test]
+async fn the_pool_s_sockets_get_tcp_keepalive_and_a_user_timeout() {
+    let db = TestDb::new().await;
+    let proxy = Proxy::start(server_addr(&db.url)).await;
+    // Ingest only, no retention pass: nothing opens a connection while the sockets are
+    // looked at (one caught between its TCP connect and `after_connect` has no options yet).
+    let app = gateway_behind(&proxy, db, Role::Ingest).await;
+    warm_up(&app, Some(&proxy)).await;
+    // The only sockets of this process that lead to the proxy are the gateway's pool's.
+    let sockets = webhook_gateway::db::tcp::inspect(&webhook_gateway::db::tcp::Target::port(proxy.addr.port()));
+    if cfg!(target_os = "linux") {
+        assert!(!sockets.is_empty(), "the pool has connections");
+        let wanted = webhook_gateway::db::tcp::Applied::wanted();
+        assert!(sockets.iter().all(|applied| *applied == wanted), "{sockets:?}");
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_database_answers_that_nothing_was_stored() {
+    let db = TestDb::new().await;
+    let proxy = Proxy::start(server_addr(&db.url)).await;
+    let app = gateway_behind(&proxy, db, Role::All).await;
+    app.source_none("shop").await;
+
+    proxy.down();
+    // Pooled connections that died with the server may first say "may have been stored"
+    // (their statement met a closed socket); once none is left, nothing can be sent.
+    let mut answers = Vec::new();
+    loop {
+        let a = ingest(&app, "while-down").await;
+        assert_unavailable(&a, "ingest with the database gone");
+        let msg = message(&a);
+        answers.push((a.took, msg.clone()));
+        if msg.contains(NOTHING_STORED) {
+            break;
+        }
+        assert!(msg.contains(MAY_BE_STORED), "{}", a.body);
+        assert!(answers.len() < 10, "never answered {NOTHING_STORED:?}: {answers:?}");
+    }
+    eprintln!("database gone: {answers:?}");
+    // Likewise the admin API: a dead pooled connection says what it cannot know.
+    let mut admin_answers = Vec::new();
+    loop {
+        let a = admin_get(&app, "/v1/endpoints").await;
+        assert_unavailable(&a, "admin GET with the database gone");
+        let msg = message(&a);
+        admin_answers.push(msg.clone());
+        if msg.contains(NOTHING_STORED) {
+            break;
+        }
+        assert!(msg.contains("may have been applied"), "{}", a.body);
+        assert!(admin_answers.len() < 10, "never answered {NOTHING_STORED:?}: {admin_answers:?}");
+    }
+    eprintln!("database gone, admin: {admin_answers:?}");
+
+    proxy.up().await;
+    let stored = eventually(WAIT, "a 200 once the database is back", || async {
+        let a = ingest(&app, "while-down").await;
+        (a.status == 200).then_some(a)
+    })
+    .await;
+    assert_eq!(stored.body["duplicate"], false, "nothing was stored while it was down");
+    assert_eq!(app.db.count("events").await, 1);
+}

@@ -1,0 +1,208 @@
+//! A TCP proxy for tests, put between the gateway and PostgreSQL to play a network
+//! partition.
+//!
+//! - **healthy**: bytes flow both ways.
+//! - **blackhole** ([`Proxy::blackhole`]): every connection stays open but no byte moves in
+//!   either direction; new connections are accepted and then left waiting, with nothing
+//!   sent upstream. Neither side sees an error: this is a partition or a failover as the
+//!   gateway sees it (the local kernel still acknowledges what the gateway sends, so only
+//!   the gateway's own timers can notice).
+//! - [`Proxy::heal`]: bytes held during the blackhole are let through in order, as TCP
+//!   retransmission delivers them after a short partition.
+//! - [`Proxy::cut`]: every open connection is closed (a partition long enough for either
+//!   side to give up on its connections).
+//! - [`Proxy::down`] / [`Proxy::up`]: connections closed and new ones refused (the server
+//!   is gone), then accepted again on the same port.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// A running proxy; stops (closing every connection) when dropped.
+pub struct Proxy {
+    /// Where the gateway connects.
+    pub addr: SocketAddr,
+    upstream: SocketAddr,
+    healthy: watch::Sender<bool>,
+    connections: Arc<std::sync::Mutex<JoinSet<()>>>,
+    accepted: Arc<AtomicU64>,
+    awaiting: Arc<AtomicI64>,
+    acceptor: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Proxy {
+    /// Listen on a free loopback port and forward to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy listener");
+        let addr = listener.local_addr().expect("proxy address");
+        let (healthy, _) = watch::channel(true);
+        let proxy = Proxy {
+            addr,
+            upstream,
+            healthy,
+            connections: Arc::default(),
+            accepted: Arc::default(),
+            awaiting: Arc::default(),
+            acceptor: std::sync::Mutex::new(None),
+        };
+        proxy.accept_on(listener);
+        proxy
+    }
+
+    fn accept_on(&self, listener: TcpListener) {
+        let (healthy, connections, accepted) = (self.healthy.clone(), self.connections.clone(), self.accepted.clone());
+        let (upstream, awaiting) = (self.upstream, self.awaiting.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((inbound, _)) = listener.accept().await else { continue };
+                accepted.fetch_add(1, Ordering::Relaxed);
+                let state = healthy.subscribe();
+                let turn = Turn { client_spoke_last: Arc::default(), awaiting: awaiting.clone() };
+                connections.lock().expect("proxy connections").spawn(relay(inbound, upstream, state, turn));
+            }
+        });
+        if let Some(old) = self.acceptor.lock().expect("proxy acceptor").replace(task) {
+            old.abort();
+        }
+    }
+
+    /// The server is gone: every connection closed, new ones refused.
+    pub fn down(&self) {
+        if let Some(task) = self.acceptor.lock().expect("proxy acceptor").take() {
+            task.abort();
+        }
+        self.cut();
+    }
+
+    /// Back after [`Proxy::down`], on the same port.
+    pub async fn up(&self) {
+        let listener = TcpListener::bind(self.addr).await.expect("proxy listener, same port");
+        self.accept_on(listener);
+    }
+
+    /// Stop forwarding, in both directions, on every connection, old and new.
+    pub fn blackhole(&self) {
+        self.healthy.send_replace(false);
+    }
+
+    /// Forward again, held bytes first.
+    pub fn heal(&self) {
+        self.healthy.send_replace(true);
+    }
+
+    /// Close every open connection (new ones are still accepted, and forwarded when healthy).
+    pub fn cut(&self) {
+        self.connections.lock().expect("proxy connections").abort_all();
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Whether the server spoke last on every open connection: nothing the client sent
+    /// awaits an answer (the gateway's connections are idle, or about to be without
+    /// needing another byte).
+    pub fn quiet(&self) -> bool {
+        self.awaiting.load(Ordering::SeqCst) == 0
+    }
+
+    /// `url` (a PostgreSQL URL) pointed at this proxy instead of its own host and port.
+    pub fn url_for(&self, url: &str) -> String {
+        let mut url = url::Url::parse(url).expect("database URL");
+        url.set_host(Some(&self.addr.ip().to_string())).expect("host");
+        url.set_port(Some(self.addr.port())).expect("port");
+        url.to_string()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+/// Who spoke last on one connection, and the proxy's count of connections where the
+/// client did (awaiting an answer).
+#[derive(Clone)]
+struct Turn {
+    client_spoke_last: Arc<AtomicBool>,
+    awaiting: Arc<AtomicI64>,
+}
+
+impl Turn {
+    fn spoke(&self, client: bool) {
+        if self.client_spoke_last.swap(client, Ordering::SeqCst) != client {
+            self.awaiting.fetch_add(if client { 1 } else { -1 }, Ordering::SeqCst);
+        }
+    }
+}
+
+/// One proxied connection: nothing is sent upstream, not even the connection attempt,
+/// while the proxy is in blackhole.
+async fn relay(inbound: TcpStream, upstream: SocketAddr, mut state: watch::Receiver<bool>, turn: Turn) {
+    // Ends the connection's turn however the task ends (aborted by `cut` included).
+    struct Closed(Turn);
+    impl Drop for Closed {
+        fn drop(&mut self) {
+            self.0.spoke(false);
+        }
+    }
+    let _closed = Closed(turn.clone());
+    if state.wait_for(|healthy| *healthy).await.is_err() {
+        return;
+    }
+    let Ok(outbound) = TcpStream::connect(upstream).await else { return };
+    let _ = inbound.set_nodelay(true);
+    let _ = outbound.set_nodelay(true);
+    let (in_read, in_write) = inbound.into_split();
+    let (out_read, out_write) = outbound.into_split();
+    tokio::join!(
+        pump(in_read, out_write, state.clone(), (turn.clone(), true)),
+        pump(out_read, in_write, state, (turn, false))
+    );
+}
+
+/// Copy one direction, holding every byte while the proxy is in blackhole.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut state: watch::Receiver<bool>,
+    (turn, from_client): (Turn, bool),
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if state.wait_for(|healthy| *healthy).await.is_err() {
+            return;
+        }
+        let read = from.read(&mut buf).await;
+        // Read just as the blackhole began: held (end of stream included) until it ends.
+        if state.wait_for(|healthy| *healthy).await.is_err() {
+            return;
+        }
+        match read {
+            Ok(n) if n > 0 => {
+                // The client's turn starts when it sends; the server's once its answer
+                // has been passed on.
+                if from_client {
+                    turn.spoke(true);
+                }
+                if to.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+                if !from_client {
+                    turn.spoke(false);
+                }
+            }
+            _ => {
+                let _ = to.shutdown().await;
+                return;
+            }
+        }
+    }
+}

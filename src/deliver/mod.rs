@@ -76,7 +76,8 @@ async fn run(
 ) {
     let slots = Arc::new(Semaphore::new(settings.workers));
     let (outcomes, records) = mpsc::channel(settings.workers.max(16));
-    let recorder = tokio::spawn(recorder::run(pool.clone(), records, settings.circuit));
+    let patience = recorder::Patience { lease: settings.lease, stopping: stop.clone() };
+    let recorder = tokio::spawn(recorder::run(pool.clone(), records, settings.circuit, patience));
     let ctx = Context { pool: pool.clone(), egress, settings: settings.clone(), outcomes };
     let mut in_flight = JoinSet::new();
     let mut claim_failures = 0u32;
@@ -94,7 +95,14 @@ async fn run(
         };
         while in_flight.try_join_next().is_some() {}
         let want = (1 + slots.available_permits()).min(MAX_CLAIM_BATCH);
-        let claimed = match claim(&pool, want, &settings, &mut last_probe_check).await {
+        // Raced against stop: a claim sent into a network partition must not hold
+        // shutdown until the connection gives up. A claim that committed unseen is a
+        // crashed claim: its lease brings the rows back.
+        let claimed = tokio::select! {
+            claimed = claim(&pool, want, &settings, &mut last_probe_check) => claimed,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let claimed = match claimed {
             Ok(claimed) => {
                 claim_failures = 0;
                 claimed

@@ -28,9 +28,30 @@ use crate::sanitize;
 
 /// Most outcomes in one statement.
 pub const MAX_BATCH: usize = 256;
-/// Tries of one write while the database is unreachable (the lease then brings the rows
-/// back). Other errors are not retried as they are: the rows are isolated instead.
-const TRIES: u32 = 5;
+/// Longest pause between tries of a write while the database is unreachable.
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
+
+/// How long the recorder keeps trying a write while the database is unreachable (or a
+/// transaction hits a serialization failure or deadlock). Other errors are not retried
+/// as they are: the rows are isolated instead.
+#[derive(Debug, Clone)]
+pub struct Patience {
+    /// Keep trying for up to a lease: recording is idempotent and fenced, so a late write
+    /// is either still right or a harmless no-op, and an outcome given up on is sent
+    /// again when its lease ends. Meanwhile the outcomes hold their worker slots, so
+    /// workers stop claiming while the database is away.
+    pub lease: Duration,
+    /// Once this says `true` (shutdown), one try per write: shutdown must not wait out a
+    /// partition; the leases bring back what could not be recorded.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Patience {
+    /// For tests and tools: a lease of patience and no shutdown signal.
+    pub fn of(lease: Duration) -> Patience {
+        Patience { lease, stopping: tokio::sync::watch::channel(false).1 }
+    }
+}
 
 /// Drain `rx` until every sender is gone, recording each batch (and its effect on the
 /// endpoints' circuits, in the same transaction).
@@ -38,7 +59,12 @@ const TRIES: u32 = 5;
 /// Each outcome arrives with its worker slot, which is released only once the outcome is
 /// written: at most `workers` attempts are ever unrecorded, so a circuit that opens sees
 /// at most that many requests it did not know about.
-pub async fn run(pool: PgPool, mut rx: mpsc::Receiver<(AttemptRecord, OwnedSemaphorePermit)>, cfg: CircuitConfig) {
+pub async fn run(
+    pool: PgPool,
+    mut rx: mpsc::Receiver<(AttemptRecord, OwnedSemaphorePermit)>,
+    cfg: CircuitConfig,
+    patience: Patience,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut slots = Vec::with_capacity(MAX_BATCH);
     while let Some((first, slot)) = rx.recv().await {
@@ -53,7 +79,7 @@ pub async fn run(pool: PgPool, mut rx: mpsc::Receiver<(AttemptRecord, OwnedSemap
                 Err(_) => break,
             }
         }
-        write(&pool, &batch, &cfg).await;
+        write(&pool, &batch, &cfg, &patience).await;
         batch.clear();
         slots.clear();
     }
@@ -63,19 +89,19 @@ pub async fn run(pool: PgPool, mut rx: mpsc::Receiver<(AttemptRecord, OwnedSemap
 /// outcome ends written, written without its details, dead-lettered with a reason, or,
 /// only while the database is unreachable, left to its lease. Public so tests can
 /// drive it with batches they build.
-pub async fn write(pool: &PgPool, batch: &[AttemptRecord], cfg: &CircuitConfig) {
-    match write_retrying(pool, batch, cfg).await {
+pub async fn write(pool: &PgPool, batch: &[AttemptRecord], cfg: &CircuitConfig, patience: &Patience) {
+    match write_retrying(pool, batch, cfg, patience).await {
         Ok(recorded) => report(batch, &recorded),
         Err(e) if transient(&e) => unrecorded(batch, &e),
-        Err(e) if batch.len() == 1 => salvage(pool, &batch[0], cfg, &e).await,
+        Err(e) if batch.len() == 1 => salvage(pool, &batch[0], cfg, &e, patience).await,
         Err(e) => {
             tracing::warn!(error = %e, batch = batch.len(), "recording a batch of outcomes failed; recording each alone");
             for row in batch {
                 let one = std::slice::from_ref(row);
-                match write_retrying(pool, one, cfg).await {
+                match write_retrying(pool, one, cfg, patience).await {
                     Ok(recorded) => report(one, &recorded),
                     Err(e) if transient(&e) => unrecorded(one, &e),
-                    Err(e) => salvage(pool, row, cfg, &e).await,
+                    Err(e) => salvage(pool, row, cfg, &e, patience).await,
                 }
             }
         }
@@ -89,16 +115,25 @@ fn transient(err: &sqlx::Error) -> bool {
         || matches!(err, sqlx::Error::Database(e) if e.code().is_some_and(|c| c == "40001" || c == "40P01"))
 }
 
-/// [`write_once`], tried again with a doubling pause while the error is [`transient`].
-async fn write_retrying(pool: &PgPool, batch: &[AttemptRecord], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
+/// [`write_once`], tried again with a doubling pause (up to [`MAX_RETRY_PAUSE`]) while
+/// the error is [`transient`], for as long as `patience` allows.
+async fn write_retrying(
+    pool: &PgPool,
+    batch: &[AttemptRecord],
+    cfg: &CircuitConfig,
+    patience: &Patience,
+) -> Result<Recorded, sqlx::Error> {
+    let give_up = tokio::time::Instant::now() + patience.lease;
     let mut delay = Duration::from_millis(100);
-    let mut tries = 1;
+    let mut tries = 1u32;
     loop {
         match write_once(pool, batch, cfg).await {
-            Err(e) if transient(&e) && tries < TRIES => {
+            Err(e)
+                if transient(&e) && !*patience.stopping.borrow() && tokio::time::Instant::now() + delay < give_up =>
+            {
                 tracing::warn!(error = %e, batch = batch.len(), tries, "recording outcomes failed; retrying");
                 tokio::time::sleep(delay).await;
-                delay *= 2;
+                delay = (delay * 2).min(MAX_RETRY_PAUSE);
                 tries += 1;
             }
             result => return result,
@@ -160,11 +195,11 @@ const ERROR_IN_REASON_BYTES: usize = 300;
 
 /// A row PostgreSQL refused on its own: record the outcome without anything that came
 /// from outside; failing that, dead-letter the delivery with the reason.
-async fn salvage(pool: &PgPool, row: &AttemptRecord, cfg: &CircuitConfig, refused: &sqlx::Error) {
+async fn salvage(pool: &PgPool, row: &AttemptRecord, cfg: &CircuitConfig, refused: &sqlx::Error, patience: &Patience) {
     let error = sanitize::bounded(&refused.to_string(), ERROR_IN_REASON_BYTES);
     let plain = without_details(row, &error);
     let one = std::slice::from_ref(&plain);
-    let second = match write_retrying(pool, one, cfg).await {
+    let second = match write_retrying(pool, one, cfg, patience).await {
         Ok(recorded) => {
             metrics::counter!(crate::metrics::OUTCOMES_DEGRADED).increment(1);
             tracing::warn!(delivery_id = %row.delivery_id, attempt = row.attempt, error,

@@ -299,3 +299,76 @@ async fn an_unreachable_database_answers_that_nothing_was_stored() {
     assert_eq!(stored.body["duplicate"], false, "nothing was stored while it was down");
     assert_eq!(app.db.count("events").await, 1);
 }
+
+/// The database goes away while a subscriber is answering, and comes back 20 s later
+/// (longer than a handful of quick retries): the outcome is recorded once it is back, the
+/// delivery ends delivered after its one attempt, and the subscriber is not sent it again
+/// when the lease ends.
+#[tokio::test]
+async fn an_outcome_is_recorded_when_the_database_comes_back_not_resent() {
+    let db = TestDb::new().await;
+    let proxy = Proxy::start(server_addr(&db.url)).await;
+    let app = gateway_behind(&proxy, db, Role::All).await;
+    let sink =
+        crate::support::sink::Sink::start(|_, _| crate::support::sink::Reply::Hold(Duration::from_secs(2))).await;
+    app.source_none("shop").await;
+    app.endpoint_for(&sink.url("/hooks"), Some("shop")).await;
+    warm_up(&app, None).await;
+    let stored = ingest(&app, "held").await;
+    assert_eq!(stored.status, 200, "{}", stored.body);
+    eventually(WAIT, "the subscriber holds the request", || async { (sink.count() == 1).then_some(()) }).await;
+
+    proxy.down();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    proxy.up().await;
+
+    eventually(WAIT, "the outcome recorded", || async {
+        (crate::support::count_status(&app.db.pool, "delivered").await == 1).then_some(())
+    })
+    .await;
+    let (attempts, recorded): (i32, Vec<i32>) = sqlx::query_as(
+        "SELECT d.attempt_count, ARRAY(SELECT attempt_number FROM attempts a WHERE a.delivery_id = d.id)
+         FROM deliveries d",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("delivery");
+    assert_eq!((attempts, recorded), (1, vec![1]), "recorded as the first attempt, not resent");
+    assert_eq!(sink.count(), 1);
+}
+
+/// SIGTERM during a partition: the process exits within its grace (and a few seconds for
+/// the rest of the shutdown), instead of waiting for a claim sent into the partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_partition_exits_in_bounded_time() {
+    let db = TestDb::new().await;
+    let proxy = Proxy::start(server_addr(&db.url)).await;
+    let mut gateway = crate::support::GatewayProcess::start(
+        &proxy.url_for(&db.url),
+        &["--role", "worker", "--shutdown-grace-secs", "2", "--poll-interval-ms", "20"],
+    );
+    eventually(WAIT, "the worker connected", || async { (proxy.accepted() > 0).then_some(()) }).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.blackhole();
+    // Let the next claims go into the partition.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let signalled = Instant::now();
+    let exited = tokio::task::spawn_blocking(move || {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(gateway.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = gateway.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    })
+    .await
+    .expect("join");
+    let took = signalled.elapsed();
+    eprintln!("SIGTERM during a partition: exited after {took:?} ({exited:?})");
+    assert!(exited.is_some(), "still running {took:?} after SIGTERM during a partition");
+    proxy.heal();
+}

@@ -86,7 +86,8 @@ async fn an_unwritable_outcome_is_dead_lettered_and_the_rest_of_its_batch_record
             r
         })
         .collect();
-    recorder::write(&db.pool, &batch, &CircuitConfig::default()).await;
+    recorder::write(&db.pool, &batch, &CircuitConfig::default(), &recorder::Patience::of(Duration::from_secs(60)))
+        .await;
 
     for c in &claimed {
         let (status, reason, attempts) = status_of(&db.pool, c.id).await;
@@ -117,7 +118,8 @@ async fn an_outcome_whose_details_are_refused_is_recorded_without_them() {
             r
         })
         .collect();
-    recorder::write(&db.pool, &batch, &CircuitConfig::default()).await;
+    recorder::write(&db.pool, &batch, &CircuitConfig::default(), &recorder::Patience::of(Duration::from_secs(60)))
+        .await;
 
     for c in &claimed {
         let (status, _, attempts) = status_of(&db.pool, c.id).await;

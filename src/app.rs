@@ -42,6 +42,8 @@ pub struct AppState {
     pub ingest: crate::ingest::batcher::Batcher,
     /// How long an HTTP request waits for the database before answering 503.
     pub db_timeout: std::time::Duration,
+    /// How long a request's body may take to arrive and the request to be answered.
+    pub request_timeout: std::time::Duration,
 }
 
 impl AppState {
@@ -94,6 +96,8 @@ pub struct Settings {
     /// How long an HTTP request (ingest, admin) waits for the database before answering
     /// 503 (`--db-timeout-secs`; see `db` for every bound on database calls).
     pub db_timeout: std::time::Duration,
+    /// What one inbound client can hold: header and request timeouts, connection cap.
+    pub http: crate::server::HttpLimits,
 }
 
 /// A running gateway: its address, and a handle to stop it.
@@ -112,10 +116,14 @@ impl Running {
     /// (up to the grace period), record them, then return.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         let _ = self.shutdown.send(true);
-        let server = self.server.await;
-        if let Some(dispatcher) = self.dispatcher {
-            dispatcher.shutdown().await;
-        }
+        // Both drain within the grace period, side by side: a slow client cannot add its
+        // wait to the deliveries' (or the other way round).
+        let deliveries = async {
+            if let Some(dispatcher) = self.dispatcher {
+                dispatcher.shutdown().await;
+            }
+        };
+        let (server, ()) = tokio::join!(self.server, deliveries);
         for task in self.background {
             let _ = task.await;
         }
@@ -139,6 +147,7 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         sources: Arc::default(),
         ingest: crate::ingest::batcher::Batcher::start(pool.clone(), settings.ingest_writers),
         db_timeout: settings.db_timeout,
+        request_timeout: settings.http.request_timeout,
     };
     if settings.role.runs_workers() {
         let allow: Vec<String> = settings.egress.allow.iter().map(ToString::to_string).collect();
@@ -163,7 +172,7 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
     let addr = listener.local_addr()?;
     // Every role runs one: the advisory lock makes one replica at a time do a pass.
     let janitor = Janitor::spawn(state.pool.clone(), settings.janitor.clone());
-    let (shutdown, mut stop) = watch::channel(false);
+    let (shutdown, stop) = watch::channel(false);
     let mut background = Vec::new();
     if settings.metrics.is_some() {
         background.push(tokio::spawn(crate::metrics::sample(
@@ -181,13 +190,13 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
     };
     background.extend(wake_task);
     let router = crate::api::router(state, settings.role);
-    let server = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await
-    });
+    let server = tokio::spawn(crate::server::serve(
+        listener,
+        router,
+        settings.http,
+        settings.delivery.shutdown_grace,
+        stop.clone(),
+    ));
     tracing::info!(%addr, role = ?settings.role, "gateway listening");
     Ok(Running { addr, shutdown, server, dispatcher, background, janitor })
 }

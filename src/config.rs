@@ -188,6 +188,19 @@ pub struct ServeArgs {
     #[arg(long, env = "WEBHOOK_GATEWAY_DB_TIMEOUT_SECS", default_value_t = crate::db::DEFAULT_REQUEST_TIMEOUT.as_secs())]
     pub db_timeout_secs: u64,
 
+    /// Seconds a client has to send a request's headers, counted from when its connection is
+    /// ready for a request (so also the keep-alive idle limit).
+    #[arg(long, env = "WEBHOOK_GATEWAY_HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10)]
+    pub http_header_timeout_secs: u64,
+
+    /// Seconds a request's body may take to arrive and the request to be answered (408 past it).
+    #[arg(long, env = "WEBHOOK_GATEWAY_HTTP_REQUEST_TIMEOUT_SECS", default_value_t = 30)]
+    pub http_request_timeout_secs: u64,
+
+    /// Inbound connections open at once; at the cap new ones wait to be accepted.
+    #[arg(long, env = "WEBHOOK_GATEWAY_HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub http_max_connections: usize,
+
     /// Log format.
     #[arg(long, env = "WEBHOOK_GATEWAY_LOG_FORMAT", value_enum, default_value = "pretty")]
     pub log_format: LogFormat,
@@ -268,6 +281,9 @@ struct FileConfig {
     egress_allow_wide: Option<bool>,
     db_pool_size: Option<u32>,
     db_timeout_secs: Option<u64>,
+    http_header_timeout_secs: Option<u64>,
+    http_request_timeout_secs: Option<u64>,
+    http_max_connections: Option<usize>,
     log_format: Option<LogFormat>,
     circuit_failure_threshold: Option<u32>,
     circuit_cooldown_ms: Option<u64>,
@@ -338,6 +354,9 @@ impl ServeArgs {
         take!(egress_allow_wide);
         take!(db_pool_size);
         take!(db_timeout_secs);
+        take!(http_header_timeout_secs);
+        take!(http_request_timeout_secs);
+        take!(http_max_connections);
         take!(log_format);
         take!(circuit_failure_threshold);
         take!(circuit_cooldown_ms);
@@ -409,6 +428,13 @@ impl ServeArgs {
             return fail("admin-token must be at least 16 characters".into());
         }
         validate_egress_allow(&self.egress_allow, self.egress_allow_wide)?;
+        if !(1..=3600).contains(&self.http_header_timeout_secs) || !(1..=3600).contains(&self.http_request_timeout_secs)
+        {
+            return fail("http-header-timeout-secs and http-request-timeout-secs must be between 1 and 3600".into());
+        }
+        if self.http_max_connections == 0 {
+            return fail("http-max-connections must be at least 1".into());
+        }
         self.validate_retention()
     }
 
@@ -461,6 +487,15 @@ impl ServeArgs {
             connect_timeout: Duration::from_secs(self.connect_timeout_secs),
             request_timeout: Duration::from_secs(self.request_timeout_secs),
             ..Default::default()
+        }
+    }
+
+    /// The inbound HTTP limits derived from the flags.
+    pub fn http(&self) -> crate::server::HttpLimits {
+        crate::server::HttpLimits {
+            header_timeout: Duration::from_secs(self.http_header_timeout_secs),
+            request_timeout: Duration::from_secs(self.http_request_timeout_secs),
+            max_connections: self.http_max_connections,
         }
     }
 

@@ -122,7 +122,11 @@ async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
         // PostgreSQL CPU per event); workers, the admin API and the janitor keep the rest.
         ingest_writers: (args.db_pool_size as usize / 4).max(1),
         db_timeout: std::time::Duration::from_secs(args.db_timeout_secs),
+        http: args.http(),
     };
+    if let Some(limit) = webhook_gateway::server::raise_open_file_limit() {
+        tracing::debug!(open_files = limit, "open-file limit");
+    }
     let running = app::start(pool.clone(), settings).await?;
     shutdown_signal().await;
     tracing::info!("shutting down: no new requests or claims; finishing in-flight work");

@@ -67,6 +67,7 @@ pub fn router(state: AppState, role: Role) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .layer(middleware::from_fn(refuse_nul_in_url))
+        .layer(middleware::from_fn_with_state(state.clone(), request_deadline))
         .with_state(state);
     with_request_ids(app)
 }
@@ -90,6 +91,31 @@ fn with_request_ids(app: Router) -> Router {
     app.layer(PropagateRequestIdLayer::new(header.clone()))
         .layer(trace)
         .layer(SetRequestIdLayer::new(header, MakeRequestUuid))
+}
+
+/// Middleware: a request's body must arrive, and the request be answered, within
+/// `--http-request-timeout-secs`, else 408 with the reason: a client trickling its body
+/// cannot hold a connection and a task for as long as it likes. (Headers are bounded by
+/// the server itself, see `crate::server`.)
+async fn request_deadline(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let limit = state.request_timeout;
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::warn!(timeout = ?limit, "request abandoned: its body did not arrive (or it was not answered) in time");
+            let mut response = ApiError::new(
+                axum::http::StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!("the request was not received and answered within {} s", limit.as_secs()),
+            )
+            .into_response();
+            // The rest of the body may still be on its way: this connection is done.
+            response
+                .headers_mut()
+                .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+            response
+        }
+    }
 }
 
 /// A URL whose path or query holds an encoded NUL (`%00`) is a 400: no source name, id or

@@ -19,4 +19,5 @@ mod metrics;
 mod openapi;
 mod operator;
 mod replicas;
+mod slow_clients;
 mod sources;

@@ -140,6 +140,7 @@ pub fn test_settings() -> Settings {
         metrics_sample: Duration::from_secs(15),
         ingest_writers: 8,
         db_timeout: db::DEFAULT_REQUEST_TIMEOUT,
+        http: webhook_gateway::server::HttpLimits::default(),
     }
 }
 

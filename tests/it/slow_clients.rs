@@ -1,0 +1,178 @@
+//! Clients that are slow on purpose (or just slow): half-sent headers, trickled bodies,
+//! too many connections. They are cut off in bounded time while good webhooks keep
+//! flowing, and they cannot hold the shutdown hostage.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use webhook_gateway::app::Settings;
+use webhook_gateway::server::HttpLimits;
+
+use crate::support::{GatewayProcess, TestApp, TestDb, eventually, test_settings};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn app_with(limits: HttpLimits) -> TestApp {
+    let settings = Settings { http: limits, role: webhook_gateway::config::Role::Ingest, ..test_settings() };
+    TestApp::spawn_with(TestDb::new().await, settings, 16).await
+}
+
+/// A connection that sent half a request header and then nothing.
+async fn stalled(addr: std::net::SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(b"POST /ingest/shop HTTP/1.1\r\nHost: gateway\r\nX-Delivery-Id: stal").await.expect("write");
+    stream
+}
+
+/// A connection that sent full headers announcing 200 bytes, then trickles the body a
+/// byte every 300 ms (in its own task) until the server closes it.
+async fn trickler(addr: std::net::SocketAddr, n: usize) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /ingest/shop HTTP/1.1\r\nHost: gateway\r\nX-Delivery-Id: trickle-{n}\r\nContent-Type: application/json\r\n\
+         Content-Length: 200\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.expect("write");
+    stream
+}
+
+/// Read until the server closes (or `within` passes); returns what was read, and whether
+/// it closed.
+async fn read_until_closed(stream: &mut TcpStream, within: Duration, trickle: bool) -> (String, bool) {
+    let deadline = Instant::now() + within;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while Instant::now() < deadline {
+        if trickle {
+            // One more byte of body; a write error means the server is gone.
+            if stream.write_all(b" ").await.is_err() {
+                return (String::from_utf8_lossy(&got).into_owned(), true);
+            }
+        }
+        match tokio::time::timeout(Duration::from_millis(300), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into_owned(), true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+    }
+    (String::from_utf8_lossy(&got).into_owned(), false)
+}
+
+/// 100 half-sent headers and 20 trickled bodies: every one is cut off (the tricklers
+/// with a 408 and its reason), nothing of theirs is stored, and 20 good webhooks sent
+/// meanwhile are all answered 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stalled_headers_and_trickled_bodies_are_cut_off_while_good_webhooks_flow() {
+    let limits = HttpLimits {
+        header_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(3),
+        ..HttpLimits::default()
+    };
+    let app = app_with(limits).await;
+    app.source_none("shop").await;
+    let mut slow = Vec::new();
+    for _ in 0..100 {
+        slow.push(tokio::spawn({
+            let addr = app.addr;
+            async move {
+                let mut s = stalled(addr).await;
+                read_until_closed(&mut s, WAIT, false).await
+            }
+        }));
+    }
+    let mut trickling = Vec::new();
+    for n in 0..20 {
+        trickling.push(tokio::spawn({
+            let addr = app.addr;
+            async move {
+                let mut s = trickler(addr, n).await;
+                read_until_closed(&mut s, WAIT, true).await
+            }
+        }));
+    }
+    for i in 0..20 {
+        let (status, body) = app.ingest("shop", &format!("good-{i}"), "t", "{}").await;
+        assert_eq!(status, 200, "{body}");
+    }
+    for task in slow {
+        let (got, closed) = task.await.expect("join");
+        assert!(closed, "a stalled header was never cut off");
+        assert!(!got.contains("200 OK"), "{got}");
+    }
+    for task in trickling {
+        let (got, closed) = task.await.expect("join");
+        assert!(closed, "a trickled body was never cut off");
+        assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+        assert!(got.contains("request_timeout"), "{got}");
+    }
+    assert_eq!(app.db.count("events").await, 20, "only the good webhooks are stored");
+}
+
+/// At the connection cap nothing more is accepted: a good request waits until the held
+/// connections go, then is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn at_the_connection_cap_new_clients_wait_for_a_free_slot() {
+    let limits = HttpLimits { header_timeout: Duration::from_secs(30), max_connections: 4, ..HttpLimits::default() };
+    let mut app = app_with(limits).await;
+    // No idle keep-alive connection may take a slot unseen: one connection per request.
+    app.http = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");
+    app.source_none("shop").await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(stalled(app.addr).await);
+    }
+    let waiting = tokio::spawn({
+        let (http, url) = (app.http.clone(), app.url("/ingest/shop"));
+        async move {
+            let started = Instant::now();
+            let answer = http.post(url).header("x-delivery-id", "waits").body("{}").send().await;
+            (answer.map(|r| r.status().as_u16()), started.elapsed())
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!waiting.is_finished(), "served beyond the cap");
+    assert_eq!(app.db.count("events").await, 0);
+    drop(held);
+    let (status, waited) = waiting.await.expect("join");
+    assert_eq!(status.expect("answered once a slot was free"), 200);
+    assert!(waited >= Duration::from_secs(2), "{waited:?}");
+    assert_eq!(app.db.count("events").await, 1);
+}
+
+/// SIGTERM with stalled and trickling clients connected: the process stops within its
+/// grace period (plus the rest of the shutdown), and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_stalled_clients_exits_within_the_grace() {
+    let db = TestDb::new().await;
+    let mut gateway = GatewayProcess::start(&db.url, &["--role", "ingest", "--shutdown-grace-secs", "2"]);
+    let addr = gateway.addr;
+    eventually(WAIT, "the gateway listens", || async { TcpStream::connect(addr).await.ok().map(|_| ()) }).await;
+    let mut clients = Vec::new();
+    for _ in 0..50 {
+        clients.push(stalled(addr).await);
+    }
+    for n in 0..10 {
+        clients.push(trickler(addr, n).await);
+    }
+    let signalled = Instant::now();
+    let status = tokio::task::spawn_blocking(move || {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(gateway.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = gateway.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    })
+    .await
+    .expect("join");
+    let took = signalled.elapsed();
+    eprintln!("SIGTERM with 60 slow clients: exited after {took:?}");
+    let status = status.unwrap_or_else(|| panic!("still running {took:?} after SIGTERM"));
+    assert!(status.success(), "{status:?}");
+    drop(clients);
+}

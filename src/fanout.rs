@@ -50,7 +50,8 @@ pub fn to_like(pattern: &str) -> String {
 }
 
 /// Whether an event type matches a pattern. The reference semantics that the SQL `LIKE`
-/// translation must agree with (tested against PostgreSQL in the integration suite).
+/// translation must agree with (checked against PostgreSQL by
+/// `tests/it/fanout.rs::glob_semantics_agree_with_postgresql_like`).
 pub fn matches(pattern: &str, event_type: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
     if parts.len() == 1 {

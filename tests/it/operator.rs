@@ -157,10 +157,20 @@ async fn redeliver_revives_a_dead_delivery_with_its_webhook_id() {
         (d["status"] == "dead").then_some(d)
     })
     .await;
-    // A duplicate webhook does not revive it.
+    // A duplicate webhook does not revive it: the ingest statement (the only writer it
+    // runs) has committed when it answers, and the delivery row was not written at all.
+    let written = |app: &TestApp| {
+        let pool = app.db.pool.clone();
+        async move {
+            let (updated, attempts): (chrono::DateTime<chrono::Utc>, i32) =
+                sqlx::query_as("SELECT updated_at, attempt_count FROM deliveries").fetch_one(&pool).await.unwrap();
+            (updated, attempts)
+        }
+    };
+    let before = written(&app).await;
     let (_, dup) = app.ingest("shop", "d1", "order.created", "{}").await;
     assert_eq!(dup["duplicate"], true);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(written(&app).await, before, "the duplicate wrote nothing to the delivery");
     assert_eq!(delivery_of(&app, &filter).await["status"], "dead");
     assert_eq!(sink.count(), 1);
 

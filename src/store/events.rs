@@ -143,24 +143,7 @@ impl OwnedEvent {
 /// concurrent batches wait on the unique index in the same order and cannot deadlock.
 /// Results come back in input order.
 pub async fn insert_batch_with_fanout(pool: &sqlx::PgPool, events: &[OwnedEvent]) -> Result<Vec<Stored>, sqlx::Error> {
-    let mut order: Vec<usize> = (0..events.len()).collect();
-    order.sort_by(|&a, &b| {
-        (events[a].source_id, &events[a].dedupe_key).cmp(&(events[b].source_id, &events[b].dedupe_key))
-    });
-    // The first input of each distinct key is sent; the rest copy its answer.
-    let mut representative = vec![0usize; events.len()];
-    let mut unique: Vec<usize> = Vec::with_capacity(events.len());
-    for &i in &order {
-        match unique.last() {
-            Some(&u) if events[u].source_id == events[i].source_id && events[u].dedupe_key == events[i].dedupe_key => {
-                representative[i] = u;
-            }
-            _ => {
-                representative[i] = i;
-                unique.push(i);
-            }
-        }
-    }
+    let BatchPlan { unique, representative } = plan_batch(events);
     let column = |f: &dyn Fn(&OwnedEvent) -> String| unique.iter().map(|&i| f(&events[i])).collect::<Vec<String>>();
     let source_ids: Vec<SourceId> = unique.iter().map(|&i| events[i].source_id).collect();
     let keys = column(&|e| e.dedupe_key.clone());
@@ -220,6 +203,41 @@ pub async fn insert_batch_with_fanout(pool: &sqlx::PgPool, events: &[OwnedEvent]
         out.push(if rep == i { first } else { Stored { event_id: first.event_id, duplicate: true, deliveries: 0 } });
     }
     Ok(out)
+}
+
+/// Which events of a batch are sent to the database, and whose answer each one takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct BatchPlan {
+    /// Indexes of the first input of each distinct (source, key), in (source, key) order:
+    /// concurrent batches then wait on the unique index in the same order and cannot
+    /// deadlock.
+    unique: Vec<usize>,
+    /// For each input, the index of the input whose answer it takes (itself when sent;
+    /// a later copy of a key is answered as a duplicate of the first).
+    representative: Vec<usize>,
+}
+
+/// Plan a batch: sort by (source, key), keep the first input of each key (the sort is
+/// stable, so the earliest arrival), point every copy at it.
+fn plan_batch(events: &[OwnedEvent]) -> BatchPlan {
+    let mut order: Vec<usize> = (0..events.len()).collect();
+    order.sort_by(|&a, &b| {
+        (events[a].source_id, &events[a].dedupe_key).cmp(&(events[b].source_id, &events[b].dedupe_key))
+    });
+    let mut representative = vec![0usize; events.len()];
+    let mut unique: Vec<usize> = Vec::with_capacity(events.len());
+    for &i in &order {
+        match unique.last() {
+            Some(&u) if events[u].source_id == events[i].source_id && events[u].dedupe_key == events[i].dedupe_key => {
+                representative[i] = u;
+            }
+            _ => {
+                representative[i] = i;
+                unique.push(i);
+            }
+        }
+    }
+    BatchPlan { unique, representative }
 }
 
 /// A stored event.
@@ -335,4 +353,31 @@ pub async fn insert_test(
     .bind(payload)
     .fetch_one(db)
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(source: SourceId, key: &str) -> OwnedEvent {
+        OwnedEvent {
+            source_id: source,
+            dedupe_key: key.to_owned(),
+            event_type: "t".to_owned(),
+            content_type: None,
+            headers: serde_json::json!({}),
+            payload: bytes::Bytes::new(),
+        }
+    }
+
+    #[test]
+    fn a_batch_sends_each_key_once_in_key_order_and_copies_take_the_first_arrival() {
+        let (a, b) = (SourceId(uuid::Uuid::from_u128(1)), SourceId(uuid::Uuid::from_u128(2)));
+        let events = [event(b, "k1"), event(a, "k2"), event(a, "k1"), event(b, "k1"), event(a, "k2")];
+        let plan = plan_batch(&events);
+        // (a, k1) = 2, (a, k2) = 1, (b, k1) = 0: sorted by source, then key.
+        assert_eq!(plan.unique, vec![2, 1, 0]);
+        assert_eq!(plan.representative, vec![0, 1, 2, 0, 1]);
+        assert_eq!(plan_batch(&[]), BatchPlan { unique: vec![], representative: vec![] });
+    }
 }

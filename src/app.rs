@@ -16,6 +16,7 @@ use crate::deliver::Dispatcher;
 use crate::egress::{self, EgressClient, EgressConfig, HostResolver};
 use crate::error::ApiError;
 use crate::janitor::{Janitor, JanitorSettings};
+use crate::secrets::Keyring;
 
 /// State shared by every handler. Cheap to clone.
 #[derive(Clone)]
@@ -40,6 +41,8 @@ pub struct AppState {
     pub sources: Arc<crate::ingest::SourceCache>,
     /// Group-commit writer for ingested events.
     pub ingest: crate::ingest::batcher::Batcher,
+    /// Seals source and endpoint secrets before they are stored, opens them when read.
+    pub secrets: Keyring,
 }
 
 impl AppState {
@@ -89,6 +92,8 @@ pub struct Settings {
     pub metrics_sample: std::time::Duration,
     /// Concurrent ingest statements (each carries a batch of events under load).
     pub ingest_writers: usize,
+    /// Secrets at rest: the operator key(s); the default stores plaintext.
+    pub secrets: Keyring,
 }
 
 /// A running gateway: its address, and a handle to stop it.
@@ -131,15 +136,22 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         egress_https_only: settings.egress.https_only,
         release_per_sec: settings.delivery.circuit.release_per_sec,
         metrics: settings.metrics.clone(),
-        sources: Arc::default(),
+        sources: Arc::new(crate::ingest::SourceCache::new(settings.secrets.clone())),
         ingest: crate::ingest::batcher::Batcher::start(pool.clone(), settings.ingest_writers),
+        secrets: settings.secrets.clone(),
     };
     let dispatcher = if settings.role.runs_workers() {
         let egress = match &settings.resolver {
             Some(resolver) => EgressClient::with_resolver(settings.egress.clone(), resolver.clone()),
             None => EgressClient::new(settings.egress.clone()),
         }?;
-        Some(Dispatcher::spawn(state.pool.clone(), egress, settings.delivery.clone(), state.wake.clone()))
+        Some(Dispatcher::spawn(
+            state.pool.clone(),
+            egress,
+            settings.delivery.clone(),
+            state.wake.clone(),
+            settings.secrets.clone(),
+        ))
     } else {
         None
     };

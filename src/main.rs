@@ -121,6 +121,7 @@ async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
         // A quarter of the pool: fewer writers make bigger batches (fewer commits, less
         // PostgreSQL CPU per event); workers, the admin API and the janitor keep the rest.
         ingest_writers: (args.db_pool_size as usize / 4).max(1),
+        secrets: webhook_gateway::secrets::Keyring::default(),
     };
     let running = app::start(pool.clone(), settings).await?;
     shutdown_signal().await;

@@ -138,6 +138,7 @@ pub fn test_settings() -> Settings {
         metrics: None,
         metrics_sample: Duration::from_secs(15),
         ingest_writers: 8,
+        secrets: webhook_gateway::secrets::Keyring::default(),
     }
 }
 

@@ -18,4 +18,5 @@ mod metrics;
 mod openapi;
 mod operator;
 mod replicas;
+mod secrets;
 mod sources;

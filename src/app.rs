@@ -16,6 +16,7 @@ use crate::deliver::Dispatcher;
 use crate::egress::{self, EgressClient, EgressConfig, HostResolver};
 use crate::error::ApiError;
 use crate::janitor::{Janitor, JanitorSettings};
+use crate::secrets::Keyring;
 
 /// State shared by every handler. Cheap to clone.
 #[derive(Clone)]
@@ -44,6 +45,8 @@ pub struct AppState {
     pub db_timeout: std::time::Duration,
     /// How long a request's body may take to arrive and the request to be answered.
     pub request_timeout: std::time::Duration,
+    /// Seals source and endpoint secrets before they are stored, opens them when read.
+    pub secrets: Keyring,
 }
 
 impl AppState {
@@ -98,6 +101,8 @@ pub struct Settings {
     pub db_timeout: std::time::Duration,
     /// What one inbound client can hold: header and request timeouts, connection cap.
     pub http: crate::server::HttpLimits,
+    /// Secrets at rest: the operator key(s); the default stores plaintext.
+    pub secrets: Keyring,
 }
 
 /// A running gateway: its address, and a handle to stop it.
@@ -144,10 +149,11 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         egress_https_only: settings.egress.https_only,
         release_per_sec: settings.delivery.circuit.release_per_sec,
         metrics: settings.metrics.clone(),
-        sources: Arc::default(),
+        sources: Arc::new(crate::ingest::SourceCache::new(settings.secrets.clone())),
         ingest: crate::ingest::batcher::Batcher::start(pool.clone(), settings.ingest_writers),
         db_timeout: settings.db_timeout,
         request_timeout: settings.http.request_timeout,
+        secrets: settings.secrets.clone(),
     };
     if settings.role.runs_workers() {
         let allow: Vec<String> = settings.egress.allow.iter().map(ToString::to_string).collect();
@@ -162,7 +168,13 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
             Some(resolver) => EgressClient::with_resolver(settings.egress.clone(), resolver.clone()),
             None => EgressClient::new(settings.egress.clone()),
         }?;
-        Some(Dispatcher::spawn(state.pool.clone(), egress, settings.delivery.clone(), state.wake.clone()))
+        Some(Dispatcher::spawn(
+            state.pool.clone(),
+            egress,
+            settings.delivery.clone(),
+            state.wake.clone(),
+            settings.secrets.clone(),
+        ))
     } else {
         None
     };

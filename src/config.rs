@@ -36,6 +36,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Apply database migrations to DATABASE_URL and exit.
     Migrate(MigrateArgs),
+    /// Secrets at rest: `secrets reencrypt` rewrites every stored secret under the current key.
+    Secrets(SecretsArgs),
 }
 
 /// Which parts of the gateway a process runs, so ingest and delivery can scale apart.
@@ -73,6 +75,89 @@ pub struct MigrateArgs {
     /// PostgreSQL connection URL.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
+}
+
+/// The operator key that encrypts source and endpoint secrets at rest (see
+/// [`crate::secrets`]). Shared by `serve` and `secrets reencrypt`; `Debug` shows no key.
+#[derive(Clone, Default, Args)]
+pub struct SecretsKeyArgs {
+    /// Key that encrypts source and endpoint secrets in the database: 32 bytes in base64
+    /// (`openssl rand -base64 32`). Unset: secrets are stored in plaintext.
+    #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY", hide_env_values = true)]
+    pub secrets_key: Option<String>,
+
+    /// File holding the secrets key (instead of --secrets-key).
+    #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY_FILE")]
+    pub secrets_key_file: Option<PathBuf>,
+
+    /// Earlier secrets key(s), decrypt only, during a rotation. Repeatable; env is comma-separated.
+    #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY_PREVIOUS", hide_env_values = true, value_delimiter = ',')]
+    pub secrets_key_previous: Vec<String>,
+
+    /// File(s) holding earlier secrets keys (instead of --secrets-key-previous). Repeatable; env is comma-separated.
+    #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY_PREVIOUS_FILE", value_delimiter = ',')]
+    pub secrets_key_previous_file: Vec<PathBuf>,
+}
+
+impl std::fmt::Debug for SecretsKeyArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretsKeyArgs")
+            .field("secrets_key", &self.secrets_key.as_ref().map(|_| "<hidden>"))
+            .field("secrets_key_file", &self.secrets_key_file)
+            .field("secrets_key_previous", &self.secrets_key_previous.len())
+            .field("secrets_key_previous_file", &self.secrets_key_previous_file)
+            .finish()
+    }
+}
+
+impl SecretsKeyArgs {
+    /// The keyring these settings describe (reads the key file).
+    pub fn keyring(&self) -> Result<crate::secrets::Keyring, ConfigError> {
+        crate::secrets::keyring_from(
+            self.secrets_key.as_deref(),
+            self.secrets_key_file.as_deref(),
+            &self.secrets_key_previous,
+            &self.secrets_key_previous_file,
+        )
+        .map_err(ConfigError)
+    }
+}
+
+/// `webhook-gateway secrets`.
+#[derive(Debug, Args)]
+pub struct SecretsArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: SecretsAction,
+}
+
+/// `webhook-gateway secrets ...` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum SecretsAction {
+    /// Rewrite every stored source and endpoint secret under the current key (plaintext ones
+    /// and those under a previous key), in short transactions; safe to repeat and to run
+    /// while the gateway serves (with the embedded database: stop the gateway first).
+    Reencrypt(ReencryptArgs),
+}
+
+/// `webhook-gateway secrets reencrypt`.
+#[derive(Debug, Args)]
+pub struct ReencryptArgs {
+    /// PostgreSQL connection URL. Unset: the embedded cluster in --data-dir (gateway stopped).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Where the embedded PostgreSQL cluster lives (used only without a database URL).
+    #[arg(long, env = "WEBHOOK_GATEWAY_DATA_DIR", default_value = ".webhook-gateway")]
+    pub data_dir: PathBuf,
+
+    /// Rows rewritten per transaction.
+    #[arg(long, default_value_t = 100)]
+    pub batch_size: u32,
+
+    /// The keys: the current one encrypts, previous ones only decrypt.
+    #[command(flatten)]
+    pub keys: SecretsKeyArgs,
 }
 
 /// `webhook-gateway serve`.
@@ -224,6 +309,10 @@ pub struct ServeArgs {
     /// Rows per retention delete statement (each its own short transaction).
     #[arg(long, env = "WEBHOOK_GATEWAY_JANITOR_BATCH_SIZE", default_value_t = janitor::DEFAULT_BATCH_SIZE)]
     pub janitor_batch_size: u32,
+
+    /// Encryption of source and endpoint secrets at rest.
+    #[command(flatten)]
+    pub secrets: SecretsKeyArgs,
 }
 
 /// Widest `--egress-allow` prefix accepted without `--egress-allow-wide` (either family):
@@ -295,6 +384,10 @@ struct FileConfig {
     janitor_interval_secs: Option<u64>,
     janitor_batch_size: Option<u32>,
     metrics_sample_secs: Option<u64>,
+    secrets_key: Option<String>,
+    secrets_key_file: Option<PathBuf>,
+    secrets_key_previous: Option<Vec<String>>,
+    secrets_key_previous_file: Option<Vec<PathBuf>>,
 }
 
 /// A configuration problem, reported as one line and a non-zero exit.
@@ -330,6 +423,20 @@ impl ServeArgs {
                     && !explicit(stringify!($field))
                 {
                     self.$field = Some(v);
+                }
+            };
+            ($group:ident . $field:ident) => {
+                if let Some(v) = file.$field
+                    && !explicit(stringify!($field))
+                {
+                    self.$group.$field = v;
+                }
+            };
+            (opt $group:ident . $field:ident) => {
+                if let Some(v) = file.$field
+                    && !explicit(stringify!($field))
+                {
+                    self.$group.$field = Some(v);
                 }
             };
         }
@@ -368,6 +475,10 @@ impl ServeArgs {
         take!(retention_delivered_days);
         take!(janitor_interval_secs);
         take!(janitor_batch_size);
+        take!(opt secrets.secrets_key);
+        take!(opt secrets.secrets_key_file);
+        take!(secrets.secrets_key_previous);
+        take!(secrets.secrets_key_previous_file);
         Ok(())
     }
 
@@ -435,6 +546,7 @@ impl ServeArgs {
         if self.http_max_connections == 0 {
             return fail("http-max-connections must be at least 1".into());
         }
+        self.secrets.keyring()?;
         self.validate_retention()
     }
 
@@ -697,6 +809,68 @@ mod tests {
             (90, 14, 2)
         );
         assert_eq!((serve.janitor_interval_secs, serve.janitor_batch_size), (60, 1000));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_secrets_key_comes_from_a_flag_a_file_or_the_config_file_and_is_checked() {
+        let key = crate::secrets::encode_key(&[3u8; crate::secrets::KEY_BYTES]);
+        let serve = parse(&["webhook-gateway", "serve"]).unwrap();
+        assert!(!serve.secrets.keyring().unwrap().encrypts(), "off by default");
+        let serve = parse(&["webhook-gateway", "serve", "--secrets-key", &key]).unwrap();
+        assert!(serve.secrets.keyring().unwrap().encrypts());
+        assert!(!format!("{serve:?}").contains(&key), "Debug hides the key");
+
+        let err = parse(&["webhook-gateway", "serve", "--secrets-key", "c2hvcnQ="]).unwrap_err();
+        assert!(err.starts_with("secrets-key: must be 32 bytes in base64"), "{err}");
+        let err = parse(&["webhook-gateway", "serve", "--secrets-key-previous", &key]).unwrap_err();
+        assert!(err.contains("needs a current secrets-key"), "{err}");
+
+        let dir = std::env::temp_dir().join(format!("wg-config-secrets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key_file = dir.join("key");
+        std::fs::write(&key_file, format!("{key}\n")).unwrap();
+        let serve = parse(&["webhook-gateway", "serve", "--secrets-key-file", key_file.to_str().unwrap()]).unwrap();
+        assert_eq!(
+            serve.secrets.keyring().unwrap().current_key_id(),
+            crate::secrets::Key::from_base64(&key).ok().as_ref().map(|k| k.id())
+        );
+        let err = parse(&[
+            "webhook-gateway",
+            "serve",
+            "--secrets-key-file",
+            key_file.to_str().unwrap(),
+            "--secrets-key",
+            &key,
+        ])
+        .unwrap_err();
+        assert!(err.contains("not both"), "{err}");
+
+        let path = dir.join("gw.toml");
+        let previous = crate::secrets::encode_key(&[4u8; crate::secrets::KEY_BYTES]);
+        std::fs::write(
+            &path,
+            format!("secrets_key_file = {:?}\nsecrets_key_previous = [{previous:?}]\n", key_file.to_str().unwrap()),
+        )
+        .unwrap();
+        let serve = parse(&["webhook-gateway", "serve", "--config", path.to_str().unwrap()]).unwrap();
+        let keyring = serve.secrets.keyring().unwrap();
+        assert!(keyring.encrypts());
+        assert_eq!(keyring.previous_key_ids().len(), 1);
+        let old_file = dir.join("old.key");
+        std::fs::write(&old_file, &previous).unwrap();
+        let serve = parse(&[
+            "webhook-gateway",
+            "serve",
+            "--secrets-key",
+            &crate::secrets::encode_key(&[5u8; crate::secrets::KEY_BYTES]),
+            "--secrets-key-previous-file",
+            old_file.to_str().unwrap(),
+            "--secrets-key-previous-file",
+            key_file.to_str().unwrap(),
+        ])
+        .unwrap();
+        assert_eq!(serve.secrets.keyring().unwrap().previous_key_ids().len(), 2);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

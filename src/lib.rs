@@ -19,6 +19,7 @@ pub mod metrics;
 mod props;
 pub mod queue;
 pub mod sanitize;
+pub mod secrets;
 pub mod server;
 pub mod store;
 pub mod verify;

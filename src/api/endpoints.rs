@@ -13,6 +13,7 @@ use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::{DeliveryId, EndpointId, EventId};
+use crate::secrets::Place;
 use crate::store::{self, endpoints::Deleted, endpoints::Endpoint};
 
 /// Body of `POST /v1/endpoints`.
@@ -88,6 +89,11 @@ pub fn generate_secret() -> String {
     format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode(bytes))
 }
 
+/// The stored form of a signing secret (encrypted when a secrets key is set).
+fn seal(state: &AppState, secret: &str) -> Result<String, ApiError> {
+    state.secrets.seal(Place::EndpointSecret, secret).map_err(|e| ApiError::validation("secret", e))
+}
+
 /// Check a caller-supplied secret: `whsec_` + base64 of 24 to 64 bytes.
 fn validate_secret(secret: &str) -> Result<(), ApiError> {
     let decoded =
@@ -132,7 +138,11 @@ pub async fn create(
         }
         None => generate_secret(),
     };
-    let endpoint = store::endpoints::insert(&state.pool, url.as_str(), &secret, body.description.as_deref()).await?;
+    let stored = seal(&state, &secret)?;
+    let mut endpoint =
+        store::endpoints::insert(&state.pool, url.as_str(), &stored, body.description.as_deref()).await?;
+    // The answer shows the secret as given or generated, never its stored form.
+    endpoint.secret = secret;
     Ok((StatusCode::CREATED, Json(EndpointView::new(endpoint, true))))
 }
 
@@ -387,13 +397,13 @@ pub async fn rotate_secret(
     if grace > std::time::Duration::from_secs(30 * 24 * 3600) {
         return Err(ApiError::validation("grace_secs", "at most 30 days"));
     }
-    let endpoint = store::endpoints::rotate_secret(&state.pool, id, &secret, grace)
+    let endpoint = store::endpoints::rotate_secret(&state.pool, id, &seal(&state, &secret)?, grace)
         .await?
         .ok_or_else(|| ApiError::not_found("endpoint"))?;
     tracing::info!(endpoint_id = %id, grace_secs = grace.as_secs(), "endpoint secret rotated");
     Ok(Json(serde_json::json!({
         "id": endpoint.id,
-        "secret": endpoint.secret,
+        "secret": secret,
         "previous_secret_valid_until": chrono::Utc::now() + chrono::Duration::from_std(grace).unwrap_or_default(),
     })))
 }

@@ -12,6 +12,7 @@ use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::SourceId;
+use crate::secrets::{Keyring, Place};
 use crate::store::{self, sources::Source};
 use crate::verify::{HmacScheme, Kind, Locator, SourceSpec};
 
@@ -61,7 +62,8 @@ pub struct SourceView {
     /// Settings of the `hmac` kind; absent for other kinds.
     #[serde(skip_serializing_if = "Option::is_none")]
     hmac: Option<HmacScheme>,
-    /// `sha256:` + the first 8 hex digits of each secret's SHA-256.
+    /// `sha256:` + the first 8 hex digits of each secret's SHA-256 (`unreadable` for a stored
+    /// secret this gateway cannot decrypt).
     #[schema(example = json!(["sha256:1a2b3c4d"]))]
     secret_fingerprints: Vec<String>,
     created_at: DateTime<Utc>,
@@ -77,9 +79,19 @@ pub struct SourceList {
     data: Vec<SourceView>,
 }
 
-impl From<Source> for SourceView {
-    fn from(s: Source) -> Self {
+impl SourceView {
+    /// The view of a stored source: fingerprints of its secrets' plaintext (a secret this
+    /// process cannot open shows as `unreadable`, logged; the rest of the source still shows).
+    fn new(s: Source, secrets: &Keyring) -> Self {
         let spec = s.spec.0;
+        let fingerprint = |stored: &String| match secrets.open(Place::SourceSecret, stored) {
+            Ok(plaintext) => crate::verify::secret_fingerprint(&plaintext),
+            Err(e) => {
+                tracing::warn!(source = %s.name, error = %e, "cannot read a secret of this source");
+                "unreadable".to_owned()
+            }
+        };
+        let secret_fingerprints = spec.secrets.iter().map(fingerprint).collect();
         SourceView {
             id: s.id,
             ingest_path: format!("/ingest/{}", s.name),
@@ -89,10 +101,21 @@ impl From<Source> for SourceView {
             event_type: spec.event_type,
             tolerance_secs: spec.tolerance_secs,
             hmac: spec.hmac,
-            secret_fingerprints: spec.secrets.iter().map(|s| crate::verify::secret_fingerprint(s)).collect(),
+            secret_fingerprints,
             created_at: s.created_at,
         }
     }
+}
+
+/// The spec as stored: each secret sealed (encrypted when a key is set). The API's `spec`
+/// keeps the plaintext.
+fn sealed(spec: &SourceSpec, secrets: &Keyring) -> Result<SourceSpec, ApiError> {
+    let mut stored = spec.clone();
+    for (i, secret) in stored.secrets.iter_mut().enumerate() {
+        *secret =
+            secrets.seal(Place::SourceSecret, secret).map_err(|e| ApiError::validation(&format!("secrets[{i}]"), e))?;
+    }
+    Ok(stored)
 }
 
 fn validate_name(name: &str) -> Result<(), ApiError> {
@@ -141,10 +164,10 @@ pub async fn create(
     if spec.kind == Kind::None {
         tracing::warn!(source = %body.name, "source of kind `none` created: its webhooks are not verified");
     }
-    match store::sources::insert(&state.pool, &body.name, &spec).await {
+    match store::sources::insert(&state.pool, &body.name, &sealed(&spec, &state.secrets)?).await {
         Ok(source) => {
             state.sources.invalidate();
-            Ok((StatusCode::CREATED, Json(source.into())))
+            Ok((StatusCode::CREATED, Json(SourceView::new(source, &state.secrets))))
         }
         Err(e) if store::is_unique_violation(&e, store::sources::NAME_UNIQUE) => {
             Err(ApiError::conflict(format!("a source named {:?} already exists", body.name)))
@@ -165,7 +188,7 @@ pub async fn create(
 )]
 pub async fn list(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
     let sources = store::sources::list(&state.pool).await?;
-    let data: Vec<SourceView> = sources.into_iter().map(Into::into).collect();
+    let data: Vec<SourceView> = sources.into_iter().map(|s| SourceView::new(s, &state.secrets)).collect();
     Ok(Json(serde_json::json!({ "data": data })))
 }
 
@@ -184,7 +207,7 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<serde_json::Valu
 pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<SourceView>, ApiError> {
     let id: SourceId = parse_id(&id, "source")?;
     let source = store::sources::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("source"))?;
-    Ok(Json(source.into()))
+    Ok(Json(SourceView::new(source, &state.secrets)))
 }
 
 /// Body of `PATCH /v1/sources/{id}`: any subset; the name and kind are fixed.
@@ -234,8 +257,19 @@ pub async fn update(
     if spec.kind == Kind::Internal {
         return Err(ApiError::conflict("built-in sources cannot be changed"));
     }
-    if let Some(secrets) = body.secrets {
-        spec.secrets = secrets;
+    match body.secrets {
+        Some(secrets) => spec.secrets = secrets,
+        // Kept: opened to be validated with the rest, sealed again below.
+        None => {
+            spec.secrets = state.secrets.open_all(Place::SourceSecret, &spec.secrets).map_err(|e| {
+                tracing::error!(source = %source.name, error = %e, "cannot read this source's secrets");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "secret_unreadable",
+                    format!("{e}; send `secrets` to replace them"),
+                )
+            })?;
+        }
     }
     if let Some(tolerance) = body.tolerance_secs {
         spec.tolerance_secs = tolerance;
@@ -251,11 +285,12 @@ pub async fn update(
     }
     crate::verify::validate_spec(&spec)
         .map_err(|m| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", m))?;
-    let updated =
-        store::sources::update_spec(&state.pool, id, &spec).await?.ok_or_else(|| ApiError::not_found("source"))?;
+    let updated = store::sources::update_spec(&state.pool, id, &sealed(&spec, &state.secrets)?)
+        .await?
+        .ok_or_else(|| ApiError::not_found("source"))?;
     state.sources.invalidate();
     tracing::info!(source = %updated.name, "source updated");
-    Ok(Json(updated.into()))
+    Ok(Json(SourceView::new(updated, &state.secrets)))
 }
 
 /// Query of `DELETE /v1/sources/{id}`.

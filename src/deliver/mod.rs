@@ -29,6 +29,7 @@ use crate::config::DeliverySettings;
 use crate::egress::{EgressClient, SendError};
 use crate::queue::{self, AttemptRecord, Claimed, Outcome};
 use crate::sanitize;
+use crate::secrets::{Keyring, Place};
 use policy::{Decision, Observed, Policy};
 
 /// Most deliveries claimed by one statement.
@@ -41,6 +42,8 @@ struct Context {
     egress: EgressClient,
     settings: DeliverySettings,
     outcomes: mpsc::Sender<(AttemptRecord, OwnedSemaphorePermit)>,
+    /// Opens the claimed endpoint secrets (encrypted at rest when a key is set).
+    secrets: Keyring,
 }
 
 /// A running dispatcher. [`Dispatcher::shutdown`] stops claiming, lets in-flight requests
@@ -51,10 +54,17 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// Start the dispatcher. `wake` is notified when new deliveries were created.
-    pub fn spawn(pool: PgPool, egress: EgressClient, settings: DeliverySettings, wake: Arc<Notify>) -> Dispatcher {
+    /// Start the dispatcher. `wake` is notified when new deliveries were created; `secrets`
+    /// opens the endpoint secrets each claim returns.
+    pub fn spawn(
+        pool: PgPool,
+        egress: EgressClient,
+        settings: DeliverySettings,
+        wake: Arc<Notify>,
+        secrets: Keyring,
+    ) -> Dispatcher {
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(run(pool, egress, settings, wake, stopped));
+        let task = tokio::spawn(run(pool, egress, settings, wake, secrets, stopped));
         Dispatcher { stop, task }
     }
 
@@ -72,13 +82,14 @@ async fn run(
     egress: EgressClient,
     settings: DeliverySettings,
     wake: Arc<Notify>,
+    secrets: Keyring,
     mut stop: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(settings.workers));
     let (outcomes, records) = mpsc::channel(settings.workers.max(16));
     let patience = recorder::Patience { lease: settings.lease, stopping: stop.clone() };
     let recorder = tokio::spawn(recorder::run(pool.clone(), records, settings.circuit, patience));
-    let ctx = Context { pool: pool.clone(), egress, settings: settings.clone(), outcomes };
+    let ctx = Context { pool: pool.clone(), egress, settings: settings.clone(), outcomes, secrets };
     let mut in_flight = JoinSet::new();
     let mut claim_failures = 0u32;
     let mut last_probe_check = tokio::time::Instant::now() - PROBE_CHECK_INTERVAL;
@@ -294,8 +305,22 @@ async fn send(ctx: &Context, job: &Claimed, timestamp: i64) -> (Observed, Option
         Ok(url) => url,
         Err(e) => return (Observed::Refused { message: format!("invalid_url: {e}") }, None, None),
     };
-    let secrets: Vec<&str> =
-        std::iter::once(job.secret.as_str()).chain(job.previous_secrets.iter().map(String::as_str)).collect();
+    // Opened here, just before signing: a lookup in the keyring's cache after the first
+    // claim of an endpoint (no allocation at all without a key).
+    let opened: Result<Vec<_>, _> = std::iter::once(&job.secret)
+        .chain(&job.previous_secrets)
+        .map(|stored| ctx.secrets.open(Place::EndpointSecret, stored))
+        .collect();
+    let opened = match opened {
+        Ok(opened) => opened,
+        // Never sent unsigned. Retried like a network failure: the likely cause is a replica
+        // started without the key a newer one wrote with (see README, Secrets at rest).
+        Err(e) => {
+            tracing::error!(delivery_id = %job.id, endpoint_id = %job.endpoint_id, error = %e, "cannot read the endpoint's signing secret; not sent");
+            return (Observed::Transport { kind: "secret", message: format!("secret_unreadable: {e}") }, None, None);
+        }
+    };
+    let secrets: Vec<&str> = opened.iter().map(AsRef::as_ref).collect();
     let headers = request::headers(job, &secrets, timestamp);
     match ctx.egress.post(&url, headers, Bytes::copy_from_slice(&job.payload)).await {
         Ok(response) => {

@@ -35,7 +35,8 @@ pub enum Observed {
     },
     /// No response: the network failed (`kind` is the egress error kind).
     Transport {
-        /// `timeout`, `connect`, `dns`, `tls`, `other`.
+        /// `timeout`, `connect`, `dns`, `tls`, `other`; `secret`: the endpoint's signing
+        /// secret could not be read (nothing was sent).
         kind: &'static str,
         /// The whole error, e.g. `timeout: operation timed out`.
         message: String,

@@ -6,6 +6,10 @@
 //! process invalidate at once. Unknown names are cached too, so a flood of requests to a
 //! made-up source does not become a flood of queries. Bounded: past [`MAX_ENTRIES`] the
 //! cache is cleared.
+//!
+//! Entries hold the source with its secrets opened (decrypted when a secrets key is set),
+//! so verification never decrypts: each refresh opens the stored values, which the
+//! keyring's own cache makes a lookup after the first time.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
+use crate::secrets::{Keyring, Place};
 use crate::store::{self, sources::Source};
 
 /// How long an entry is trusted.
@@ -20,30 +25,63 @@ pub const TTL: Duration = Duration::from_secs(1);
 /// Most names kept.
 pub const MAX_ENTRIES: usize = 10_000;
 
-type Entry = (Instant, Option<Arc<Source>>);
+/// A source, no such source, or a source whose secrets cannot be opened (cached too, so
+/// a flood of webhooks to it logs once per [`TTL`], not once per request).
+type Entry = (Instant, Result<Option<Arc<Source>>, ()>);
+
+/// Why [`SourceCache::get`] has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// The database failed the read (nothing was written either way).
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// The source exists but this process cannot open its secrets (logged).
+    #[error("this source's secrets cannot be read with the configured secrets key")]
+    Unreadable,
+}
 
 /// Sources by name, each entry trusted for [`TTL`].
 #[derive(Debug, Default)]
 pub struct SourceCache {
     entries: Mutex<HashMap<String, Entry>>,
+    secrets: Keyring,
 }
 
 impl SourceCache {
-    /// The source called `name`, from the cache or the database.
-    pub async fn get(&self, pool: &PgPool, name: &str) -> Result<Option<Arc<Source>>, sqlx::Error> {
+    /// An empty cache whose entries' secrets are opened with `secrets`.
+    pub fn new(secrets: Keyring) -> SourceCache {
+        SourceCache { entries: Mutex::default(), secrets }
+    }
+
+    /// The source called `name`, from the cache or the database, its secrets in plaintext.
+    /// A source whose secrets this process cannot open is an error (logged; the sender
+    /// gets a 500 and retries), never a source that refuses every signature.
+    pub async fn get(&self, pool: &PgPool, name: &str) -> Result<Option<Arc<Source>>, LookupError> {
         let now = Instant::now();
         if let Some((at, source)) = self.lock().get(name)
             && now.duration_since(*at) < TTL
         {
-            return Ok(source.clone());
+            return source.clone().map_err(|()| LookupError::Unreadable);
         }
-        let source = store::sources::by_name(pool, name).await?.map(Arc::new);
+        let source = match store::sources::by_name(pool, name).await? {
+            Some(mut source) => match self.secrets.open_all(Place::SourceSecret, &source.spec.0.secrets) {
+                Ok(secrets) => {
+                    source.spec.0.secrets = secrets;
+                    Ok(Some(Arc::new(source)))
+                }
+                Err(e) => {
+                    tracing::error!(source = %source.name, error = %e, "cannot read this source's secrets");
+                    Err(())
+                }
+            },
+            None => Ok(None),
+        };
         let mut entries = self.lock();
         if entries.len() >= MAX_ENTRIES {
             entries.clear();
         }
         entries.insert(name.to_owned(), (now, source.clone()));
-        Ok(source)
+        source.map_err(|()| LookupError::Unreadable)
     }
 
     /// Forget everything (after an admin change to sources).

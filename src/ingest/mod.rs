@@ -102,11 +102,12 @@ pub async fn ingest(
     // A read: whatever happens to it, nothing was stored.
     let source = match tokio::time::timeout_at(deadline, state.sources.get(&state.pool, &source_name)).await {
         Ok(Ok(source)) => source,
-        Ok(Err(e)) if crate::db::is_unavailable(&e) => {
+        Ok(Err(cache::LookupError::Database(e))) if crate::db::is_unavailable(&e) => {
             tracing::warn!(error = %e, "database unavailable (source lookup)");
             return Err(ApiError::unavailable(NOTHING_STORED));
         }
-        Ok(Err(e)) => return Err(e.into()),
+        Ok(Err(cache::LookupError::Database(e))) => return Err(e.into()),
+        Ok(Err(cache::LookupError::Unreadable)) => return Err(ApiError::internal()),
         Err(_) => return Err(ApiError::unavailable(LOOKUP_NO_ANSWER)),
     }
     .ok_or_else(|| ApiError::not_found(&format!("source {source_name:?}")))?;

@@ -20,5 +20,6 @@ mod metrics;
 mod openapi;
 mod operator;
 mod replicas;
+mod secrets;
 mod slow_clients;
 mod sources;

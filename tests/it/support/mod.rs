@@ -141,6 +141,7 @@ pub fn test_settings() -> Settings {
         ingest_writers: 8,
         db_timeout: db::DEFAULT_REQUEST_TIMEOUT,
         http: webhook_gateway::server::HttpLimits::default(),
+        secrets: webhook_gateway::secrets::Keyring::default(),
     }
 }
 

@@ -353,20 +353,8 @@ async fn sigterm_during_a_partition_exits_in_bounded_time() {
     // Let the next claims go into the partition.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let signalled = Instant::now();
-    let exited = tokio::task::spawn_blocking(move || {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(gateway.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(40);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = gateway.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
-    })
-    .await
-    .expect("join");
+    let exited =
+        tokio::task::spawn_blocking(move || gateway.terminate_within(Duration::from_secs(40))).await.expect("join");
     let took = signalled.elapsed();
     eprintln!("SIGTERM during a partition: exited after {took:?} ({exited:?})");
     assert!(exited.is_some(), "still running {took:?} after SIGTERM during a partition");

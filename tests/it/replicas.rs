@@ -9,7 +9,8 @@ use webhook_gateway::queue::{self, Outcome};
 
 use crate::support::sink::{Reply, Sink};
 use crate::support::{
-    GatewayProcess, TestApp, TestDb, attempt_record as record, count_status, eventually, seed_deliveries,
+    GatewayProcess, TestApp, TestDb, attempt_record as record, count_status, eventually, insert_endpoint,
+    seed_deliveries,
 };
 
 /// Two gateway processes (separate pools, separate workers), 1,000 due deliveries: the
@@ -113,13 +114,8 @@ async fn a_killed_worker_s_delivery_comes_back_after_the_lease() {
 #[tokio::test]
 async fn a_stale_worker_is_fenced() {
     let db = TestDb::new().await;
-    let endpoint: (String,) = sqlx::query_as(
-        "INSERT INTO endpoints (url, secret) VALUES ('http://127.0.0.1:9/', 'whsec_x') RETURNING id::text",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    seed_deliveries(&db.pool, &endpoint.0, 1).await;
+    let endpoint = insert_endpoint(&db.pool, "http://127.0.0.1:9/").await;
+    seed_deliveries(&db.pool, &endpoint, 1).await;
 
     // Worker A claims with a lease that is already over; worker B takes the row over.
     let a = queue::claim(&db.pool, 10, Duration::ZERO).await.unwrap();
@@ -152,13 +148,8 @@ async fn a_stale_worker_is_fenced() {
 #[tokio::test]
 async fn recording_a_retry_twice_records_one_attempt() {
     let db = TestDb::new().await;
-    let endpoint: (String,) = sqlx::query_as(
-        "INSERT INTO endpoints (url, secret) VALUES ('http://127.0.0.1:9/', 'whsec_x') RETURNING id::text",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    seed_deliveries(&db.pool, &endpoint.0, 2).await;
+    let endpoint = insert_endpoint(&db.pool, "http://127.0.0.1:9/").await;
+    seed_deliveries(&db.pool, &endpoint, 2).await;
     let claimed = queue::claim(&db.pool, 10, Duration::from_secs(60)).await.unwrap();
     assert_eq!(claimed.len(), 2);
     let first_at = chrono::Utc::now() + chrono::Duration::seconds(30);
@@ -193,13 +184,8 @@ async fn recording_a_retry_twice_records_one_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_claims_are_disjoint() {
     let db = TestDb::new().await;
-    let endpoint: (String,) = sqlx::query_as(
-        "INSERT INTO endpoints (url, secret) VALUES ('http://127.0.0.1:9/', 'whsec_x') RETURNING id::text",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    seed_deliveries(&db.pool, &endpoint.0, 2000).await;
+    let endpoint = insert_endpoint(&db.pool, "http://127.0.0.1:9/").await;
+    seed_deliveries(&db.pool, &endpoint, 2000).await;
     let barrier = Arc::new(tokio::sync::Barrier::new(8));
     let mut tasks = Vec::new();
     for _ in 0..8 {

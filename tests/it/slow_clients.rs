@@ -156,20 +156,8 @@ async fn sigterm_with_stalled_clients_exits_within_the_grace() {
         clients.push(trickler(addr, n).await);
     }
     let signalled = Instant::now();
-    let status = tokio::task::spawn_blocking(move || {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(gateway.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = gateway.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
-    })
-    .await
-    .expect("join");
+    let status =
+        tokio::task::spawn_blocking(move || gateway.terminate_within(Duration::from_secs(30))).await.expect("join");
     let took = signalled.elapsed();
     eprintln!("SIGTERM with 60 slow clients: exited after {took:?}");
     let status = status.unwrap_or_else(|| panic!("still running {took:?} after SIGTERM"));

@@ -305,6 +305,20 @@ impl GatewayProcess {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM, then wait up to `limit` for the exit; `None` if it is still running then.
+    pub fn terminate_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
     /// SIGTERM, then wait; returns whether it exited 0.
     pub fn terminate(&mut self) -> bool {
         // SAFETY: kill(2) on our own child.

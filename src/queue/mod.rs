@@ -54,8 +54,9 @@ pub struct Claimed {
 /// and source `s`.
 const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.attempts_base, \
      d.claim_token, ep.url, ep.secret, \
-     ARRAY(SELECT p.s FROM unnest(ep.previous_secrets, ep.previous_secrets_until) AS p(s, u) \
-           WHERE p.u > now() ORDER BY p.u DESC) AS previous_secrets, \
+     CASE WHEN cardinality(ep.previous_secrets) = 0 THEN '{}'::text[] \
+          ELSE ARRAY(SELECT p.s FROM unnest(ep.previous_secrets, ep.previous_secrets_until) AS p(s, u) \
+                     WHERE p.u > now() ORDER BY p.u DESC) END AS previous_secrets, \
      e.event_type, s.name AS source_name, e.content_type, e.payload";
 
 /// Claim up to `limit` due deliveries for `lease`.
@@ -258,9 +259,10 @@ pub struct Recorded {
 
 /// Record a batch of outcomes, each fenced by its claim token, in one statement.
 ///
-/// Idempotent per (delivery, attempt): an outcome whose attempt row exists is reported
-/// in [`Recorded::already`] and not written again, so retrying a batch after an
-/// ambiguous commit neither records an attempt twice nor calls it fenced. Any other id
+/// Idempotent per claim: an outcome whose claim token is already the delivery's
+/// `recorded_token` is reported in [`Recorded::already`] and not written again, so
+/// retrying a batch after an ambiguous commit neither records an attempt twice nor calls
+/// it fenced. Any other id
 /// of the batch that is in neither list was fenced (its lease was taken over by a newer
 /// claim) and nothing about it was written.
 pub async fn record(db: impl PgExecutor<'_>, batch: &[AttemptRecord]) -> Result<Recorded, sqlx::Error> {
@@ -284,10 +286,9 @@ pub async fn record(db: impl PgExecutor<'_>, batch: &[AttemptRecord]) -> Result<
     let next_at: Vec<Option<DateTime<Utc>>> = col(batch, |r| r.next_attempt_at);
     let next_why: Vec<Option<&str>> = col(batch, |r| r.next_attempt_reason.as_deref());
 
-    // `prior` and the NOT EXISTS read the statement's snapshot. A concurrent write of the
-    // same attempt (a retry racing a first write still running on the server) that
-    // commits after it is caught by `attempts_once` instead: a unique violation, and the
-    // recorder's next try finds the row in `prior`.
+    // `prior` reads the statement's snapshot, before `upd`: the rows an earlier write of
+    // this same claim recorded. Only `deliveries` is read, by primary key; `attempts_once`
+    // (one row per delivery and attempt number) backs it up.
     let rows: Vec<(DeliveryId, bool)> = sqlx::query_as(
         "WITH o AS (
              SELECT * FROM unnest($1::uuid[], $2::int8[], $3::int4[], $4::timestamptz[], $5::int4[],
@@ -295,20 +296,18 @@ pub async fn record(db: impl PgExecutor<'_>, batch: &[AttemptRecord]) -> Result<
                                   $12::timestamptz[], $13::text[])
                  AS o(id, token, attempt, started_at, duration_ms, status_code, error_kind, outcome,
                       status, reason, excerpt, next_at, next_why)
-         ), prior AS (
-             SELECT o.id FROM o
-             WHERE EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = o.id AND a.attempt_number = o.attempt)
          ), upd AS (
              UPDATE deliveries d
              SET status = o.status,
                  next_attempt_at = COALESCE(o.next_at, d.next_attempt_at),
                  leased_until = NULL,
+                 recorded_token = o.token,
                  dead_reason = CASE WHEN o.status = 'dead' THEN o.reason END,
                  finished_at = CASE WHEN o.status = 'pending' THEN NULL ELSE now() END,
                  updated_at = now()
              FROM o
              WHERE d.id = o.id AND d.claim_token = o.token AND d.status = 'pending'
-               AND o.id NOT IN (SELECT id FROM prior)
+               AND d.recorded_token IS DISTINCT FROM o.token
              RETURNING d.id
          ), ins AS (
              INSERT INTO attempts (delivery_id, attempt_number, started_at, duration_ms, status_code, error_kind,
@@ -317,6 +316,9 @@ pub async fn record(db: impl PgExecutor<'_>, batch: &[AttemptRecord]) -> Result<
                     o.reason, o.excerpt, o.next_at, o.next_why
              FROM o JOIN upd ON upd.id = o.id
              RETURNING delivery_id
+         ), prior AS (
+             SELECT o.id FROM o JOIN deliveries d ON d.id = o.id
+             WHERE d.claim_token = o.token AND d.recorded_token = o.token
          )
          SELECT delivery_id, true FROM ins
          UNION ALL

@@ -91,37 +91,21 @@ async fn sample_once(pool: &PgPool) -> Result<(), sqlx::Error> {
     gauge!(DB_POOL, "state" => "idle").set(idle);
     gauge!(DB_POOL, "state" => "in_use").set(f64::from(pool.size()) - idle);
 
-    let (pending, parked, due): (i64, i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE NOT parked),
-                count(*) FILTER (WHERE parked),
-                count(*) FILTER (WHERE NOT parked AND next_attempt_at <= now() AND leased_until IS NULL)
-         FROM deliveries WHERE status = 'pending'",
-    )
-    .fetch_one(pool)
-    .await?;
-    // The first entry of the claim index: leased rows sit at their lease's end, so the
-    // oldest due unleased row is first whenever anything is overdue.
-    let lag: Option<f64> = sqlx::query_scalar(
-        "SELECT extract(epoch FROM now() - next_attempt_at)::float8 FROM deliveries
-         WHERE status = 'pending' AND NOT parked ORDER BY next_attempt_at LIMIT 1",
-    )
-    .fetch_optional(pool)
-    .await?;
-    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'dead'").fetch_one(pool).await?;
-    let circuits: Vec<(String, i32)> = sqlx::query_as(
-        "SELECT id::text, CASE WHEN circuit_state = 'closed' THEN 0 WHEN reopen_at > now() THEN 1 ELSE 2 END
-         FROM endpoints WHERE deleted_at IS NULL",
-    )
-    .fetch_all(pool)
-    .await?;
+    let queue = crate::queue::read::stats(pool).await?;
+    let now = chrono::Utc::now();
+    let circuits: Vec<(String, f64)> = crate::store::endpoints::list(pool)
+        .await?
+        .into_iter()
+        .map(|e| (e.id.to_string(), e.circuit.display_state(now).gauge()))
+        .collect();
     // Set together, after every query: a scrape never sees half a sample.
-    gauge!(QUEUE_DELIVERIES, "state" => "pending").set(pending as f64);
-    gauge!(QUEUE_DELIVERIES, "state" => "parked").set(parked as f64);
-    gauge!(QUEUE_DELIVERIES, "state" => "dead").set(dead as f64);
-    gauge!(QUEUE_DUE).set(due as f64);
-    gauge!(QUEUE_LAG).set(lag.unwrap_or(0.0).max(0.0));
+    gauge!(QUEUE_DELIVERIES, "state" => "pending").set(queue.pending as f64);
+    gauge!(QUEUE_DELIVERIES, "state" => "parked").set(queue.parked as f64);
+    gauge!(QUEUE_DELIVERIES, "state" => "dead").set(queue.dead as f64);
+    gauge!(QUEUE_DUE).set(queue.due as f64);
+    gauge!(QUEUE_LAG).set(queue.oldest_due_age_secs.unwrap_or(0.0).max(0.0));
     for (endpoint, state) in circuits {
-        gauge!(CIRCUIT_STATE, "endpoint_id" => endpoint).set(f64::from(state));
+        gauge!(CIRCUIT_STATE, "endpoint_id" => endpoint).set(state);
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ use super::openapi::AdminErrors;
 use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::{DeliveryId, EndpointId, EventId};
+use crate::queue::DeliveryStatus;
 use crate::queue::read::{self, Delivery, Filter};
 use crate::store;
 
@@ -24,8 +25,7 @@ pub struct DeliveryView {
     event_id: EventId,
     endpoint_id: EndpointId,
     /// `pending`, `delivered` or `dead`.
-    #[schema(example = "pending")]
-    status: String,
+    status: DeliveryStatus,
     /// Attempts made so far (over its whole life, redeliveries included).
     attempts: i32,
     /// When the next attempt is due (pending and not parked).
@@ -70,7 +70,7 @@ pub struct AttemptTimeline {
 
 impl From<Delivery> for DeliveryView {
     fn from(d: Delivery) -> Self {
-        let pending = d.status == "pending";
+        let pending = d.status == DeliveryStatus::Pending;
         DeliveryView {
             webhook_id: d.id.webhook_id(),
             id: d.id,
@@ -100,30 +100,12 @@ pub struct ListQuery {
     endpoint_id: Option<EndpointId>,
     /// Only deliveries in this state (`dead` is the dead-letter queue).
     #[param(inline)]
-    status: Option<Status>,
+    status: Option<DeliveryStatus>,
     /// Page size, 1-1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
     /// `next_cursor` of the previous page.
     cursor: Option<DeliveryId>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-enum Status {
-    Pending,
-    Delivered,
-    Dead,
-}
-
-impl Status {
-    fn as_str(self) -> &'static str {
-        match self {
-            Status::Pending => "pending",
-            Status::Delivered => "delivered",
-            Status::Dead => "dead",
-        }
-    }
 }
 
 /// `GET /v1/deliveries?event_id=&endpoint_id=&status=&limit=&cursor=`.
@@ -144,12 +126,7 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let limit = page_limit(q.limit)?;
-    let filter = Filter {
-        event_id: q.event_id,
-        endpoint_id: q.endpoint_id,
-        status: q.status.map(|s| s.as_str().to_owned()),
-        after: q.cursor,
-    };
+    let filter = Filter { event_id: q.event_id, endpoint_id: q.endpoint_id, status: q.status, after: q.cursor };
     let rows = read::list(&state.pool, &filter, limit).await?;
     let next_cursor = (rows.len() as i64 == limit).then(|| rows.last().map(|d| d.id)).flatten();
     let data: Vec<DeliveryView> = rows.into_iter().map(Into::into).collect();
@@ -225,7 +202,7 @@ pub async fn redeliver(State(state): State<AppState>, Path(id): Path<String>) ->
     if changed {
         state.wake.notify_one();
         tracing::info!(delivery_id = %id, "manual redelivery");
-    } else if delivery.status != "pending" {
+    } else if delivery.status != DeliveryStatus::Pending {
         return Err(ApiError::conflict("its endpoint was deleted: there is nowhere to redeliver it"));
     }
     Ok(Json(delivery.into()))

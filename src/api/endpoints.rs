@@ -50,8 +50,7 @@ pub struct EndpointView {
 #[derive(Debug, Serialize, ToSchema)]
 struct CircuitView {
     /// `closed`, `open` or `half_open`.
-    #[schema(value_type = String, example = "closed")]
-    state: &'static str,
+    state: crate::circuit::CircuitDisplay,
     consecutive_failures: i32,
     /// Opens since it was last closed (the cool-down doubles with each).
     open_count: i32,
@@ -63,7 +62,7 @@ struct CircuitView {
 impl EndpointView {
     fn new(e: Endpoint, show_secret: bool) -> Self {
         let c = &e.circuit;
-        let open = c.circuit_state == "open";
+        let open = c.circuit_state == crate::circuit::CircuitState::Open;
         let circuit = CircuitView {
             state: c.display_state(Utc::now()),
             consecutive_failures: c.consecutive_failures,

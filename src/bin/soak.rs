@@ -32,7 +32,6 @@ use chrono::Utc;
 use clap::Parser;
 use sqlx::PgPool;
 use tokio::sync::Mutex;
-use webhook_gateway::circuit::Signal;
 use webhook_gateway::db::{self, embedded};
 use webhook_gateway::ids::EndpointId;
 use webhook_gateway::janitor::{Janitor, JanitorSettings};
@@ -396,8 +395,6 @@ async fn work(pool: PgPool, endpoint: EndpointId, shared: Arc<Shared>) -> anyhow
                     next_attempt_at: (outcome == Outcome::Retry).then(|| now + chrono::Duration::seconds(2)),
                     next_attempt_reason: (outcome == Outcome::Retry).then(|| "backoff".into()),
                     endpoint_id: endpoint,
-                    signal: Signal::Healthy,
-                    probe_token: None,
                 }
             })
             .collect();

@@ -53,11 +53,46 @@ impl CircuitConfig {
     }
 }
 
+/// The stored state of a circuit (`endpoints.circuit_state`). Half-open is not stored: it
+/// is an open circuit whose cool-down has ended (see [`Circuit::display_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+pub enum CircuitState {
+    /// Deliveries flow.
+    Closed,
+    /// Nothing is sent; due deliveries are parked.
+    Open,
+}
+
+/// A circuit as operators see it: half-open is an open circuit whose cool-down is over
+/// (the next claim admits its one probe).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CircuitDisplay {
+    /// Deliveries flow.
+    Closed,
+    /// Cooling down: nothing is sent.
+    Open,
+    /// One probe may be sent.
+    HalfOpen,
+}
+
+impl CircuitDisplay {
+    /// The Prometheus gauge value of `webhook_gateway_circuit_state`.
+    pub fn gauge(self) -> f64 {
+        match self {
+            CircuitDisplay::Closed => 0.0,
+            CircuitDisplay::Open => 1.0,
+            CircuitDisplay::HalfOpen => 2.0,
+        }
+    }
+}
+
 /// The stored state of one endpoint's circuit.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Circuit {
-    /// `closed` or `open` (half-open is open with `reopen_at` in the past).
-    pub circuit_state: String,
+    /// Closed or open.
+    pub circuit_state: CircuitState,
     /// Consecutive endpoint failures.
     pub consecutive_failures: i32,
     /// Opens since last closed.
@@ -76,7 +111,7 @@ impl Circuit {
     /// A closed circuit with no failures.
     pub fn closed() -> Circuit {
         Circuit {
-            circuit_state: "closed".into(),
+            circuit_state: CircuitState::Closed,
             consecutive_failures: 0,
             open_count: 0,
             opened_at: None,
@@ -86,12 +121,12 @@ impl Circuit {
         }
     }
 
-    /// `closed`, `open` or `half_open`, as operators see it.
-    pub fn display_state(&self, now: DateTime<Utc>) -> &'static str {
-        match (self.circuit_state.as_str(), self.reopen_at) {
-            ("open", Some(at)) if at <= now => "half_open",
-            ("open", _) => "open",
-            _ => "closed",
+    /// Closed, open or half-open, as operators see it at `now`.
+    pub fn display_state(&self, now: DateTime<Utc>) -> CircuitDisplay {
+        match (self.circuit_state, self.reopen_at) {
+            (CircuitState::Open, Some(at)) if at <= now => CircuitDisplay::HalfOpen,
+            (CircuitState::Open, _) => CircuitDisplay::Open,
+            (CircuitState::Closed, _) => CircuitDisplay::Closed,
         }
     }
 }
@@ -157,7 +192,7 @@ pub fn apply(current: &Circuit, seen: &Observation, now: DateTime<Utc>, cfg: &Ci
     let open_until = |opens: i32| now + chrono::Duration::from_std(cfg.cooldown_for(opens as u32)).unwrap_or_default();
 
     if let Some((token, signal)) = seen.probe
-        && current.circuit_state == "open"
+        && current.circuit_state == CircuitState::Open
         && token == current.probe_token
     {
         next.probe_until = None;
@@ -180,8 +215,8 @@ pub fn apply(current: &Circuit, seen: &Observation, now: DateTime<Utc>, cfg: &Ci
         current.consecutive_failures.saturating_add(seen.trailing_failures as i32)
     };
     next.consecutive_failures = failures;
-    if current.circuit_state == "closed" && failures >= cfg.failure_threshold as i32 {
-        next.circuit_state = "open".into();
+    if current.circuit_state == CircuitState::Closed && failures >= cfg.failure_threshold as i32 {
+        next.circuit_state = CircuitState::Open;
         next.open_count = 1;
         next.opened_at = Some(now);
         next.reopen_at = Some(open_until(1));
@@ -230,14 +265,14 @@ mod tests {
         let c = cfg();
         let (four, change) = apply(&Circuit::closed(), &seen(&[Signal::Failure; 4]), now(), &c);
         assert_eq!((four.consecutive_failures, change), (4, Change::Updated));
-        assert_eq!(four.circuit_state, "closed");
+        assert_eq!(four.circuit_state, CircuitState::Closed);
         let (open, change) = apply(&four, &seen(&[Signal::Failure]), now(), &c);
         assert_eq!(change, Change::Opened);
-        assert_eq!(open.circuit_state, "open");
+        assert_eq!(open.circuit_state, CircuitState::Open);
         assert_eq!(open.open_count, 1);
         assert_eq!(open.reopen_at, Some(now() + chrono::Duration::seconds(30)));
-        assert_eq!(open.display_state(now()), "open");
-        assert_eq!(open.display_state(now() + chrono::Duration::seconds(30)), "half_open");
+        assert_eq!(open.display_state(now()), CircuitDisplay::Open);
+        assert_eq!(open.display_state(now() + chrono::Duration::seconds(30)), CircuitDisplay::HalfOpen);
     }
 
     #[test]
@@ -246,7 +281,7 @@ mod tests {
         let start = Circuit { consecutive_failures: 4, ..Circuit::closed() };
         let (after, _) = apply(&start, &seen(&[Signal::Failure, Signal::Healthy, Signal::Failure]), now(), &c);
         assert_eq!(after.consecutive_failures, 1);
-        assert_eq!(after.circuit_state, "closed");
+        assert_eq!(after.circuit_state, CircuitState::Closed);
         let (same, change) = apply(&Circuit::closed(), &seen(&[Signal::Healthy, Signal::Neutral]), now(), &c);
         assert_eq!((same, change), (Circuit::closed(), Change::None));
     }
@@ -261,7 +296,7 @@ mod tests {
 
     fn half_open(token: i64, opens: i32) -> Circuit {
         Circuit {
-            circuit_state: "open".into(),
+            circuit_state: CircuitState::Open,
             consecutive_failures: 5,
             open_count: opens,
             opened_at: Some(now() - chrono::Duration::seconds(60)),
@@ -277,7 +312,7 @@ mod tests {
         o.add(Signal::Healthy, Some(7));
         let (closed, change) = apply(&half_open(7, 3), &o, now(), &cfg());
         assert_eq!(change, Change::Closed);
-        assert_eq!(closed.circuit_state, "closed");
+        assert_eq!(closed.circuit_state, CircuitState::Closed);
         assert_eq!((closed.consecutive_failures, closed.open_count), (0, 0));
         assert_eq!(closed.probe_until, None);
     }
@@ -298,13 +333,13 @@ mod tests {
         let mut stale = Observation::default();
         stale.add(Signal::Healthy, Some(6));
         let (state, change) = apply(&half_open(7, 1), &stale, now(), &cfg());
-        assert_eq!(state.circuit_state, "open", "an old probe's success does not close the circuit");
+        assert_eq!(state.circuit_state, CircuitState::Open, "an old probe's success does not close the circuit");
         assert_ne!(change, Change::Closed);
 
         let mut neutral = Observation::default();
         neutral.add(Signal::Neutral, Some(7));
         let (state, change) = apply(&half_open(7, 1), &neutral, now(), &cfg());
-        assert_eq!((state.circuit_state.as_str(), change), ("open", Change::Updated));
+        assert_eq!((state.circuit_state, change), (CircuitState::Open, Change::Updated));
         assert_eq!(state.probe_until, None);
     }
 

@@ -57,7 +57,7 @@ pub async fn observe(
              WHERE id = $1",
         )
         .bind(id)
-        .bind(&next.circuit_state)
+        .bind(next.circuit_state)
         .bind(next.consecutive_failures)
         .bind(next.open_count)
         .bind(next.opened_at)

@@ -43,6 +43,8 @@ pub enum Observed {
     },
     /// Egress policy refused the destination; nothing was sent.
     Refused {
+        /// `forbidden_address`, `forbidden_scheme`, `invalid_url`.
+        kind: &'static str,
         /// `forbidden_address: 169.254.169.254 is link-local`, ...
         message: String,
     },
@@ -130,7 +132,7 @@ pub fn decide(policy: &Policy, observed: &Observed, attempt: u32, now: SystemTim
                 endpoint_failure: false,
             };
         }
-        Observed::Refused { message } => {
+        Observed::Refused { message, .. } => {
             return Verdict { decision: Decision::Dead, reason: message.clone(), endpoint_failure: false };
         }
         Observed::Response { status, location, .. } if (300..400).contains(status) => {
@@ -294,7 +296,13 @@ mod tests {
 
     #[test]
     fn egress_refusals_die_and_do_not_count_against_the_endpoint() {
-        let v = verdict(&Observed::Refused { message: "forbidden_address: 169.254.169.254 is link-local".into() }, 1);
+        let v = verdict(
+            &Observed::Refused {
+                kind: "forbidden_address",
+                message: "forbidden_address: 169.254.169.254 is link-local".into(),
+            },
+            1,
+        );
         assert_eq!(v.decision, Decision::Dead);
         assert_eq!(v.reason, "forbidden_address: 169.254.169.254 is link-local");
         assert!(!v.endpoint_failure);

@@ -20,7 +20,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
-use crate::circuit::{self, CircuitConfig, Observation};
+use crate::circuit::{self, CircuitConfig, Observation, Signal};
 use crate::db;
 use crate::ids::{DeliveryId, EndpointId};
 use crate::queue::{self, AttemptRecord, Burial, Recorded};
@@ -53,6 +53,23 @@ impl Patience {
     }
 }
 
+/// A finished attempt: the outcome to record, and what it tells the endpoint's circuit.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// The outcome, as the queue records it.
+    pub record: AttemptRecord,
+    /// What the attempt says about the endpoint's health.
+    pub signal: Signal,
+    /// The probe token, when the attempt was its endpoint's half-open probe.
+    pub probe_token: Option<i64>,
+}
+
+impl std::borrow::Borrow<AttemptRecord> for Finished {
+    fn borrow(&self) -> &AttemptRecord {
+        &self.record
+    }
+}
+
 /// Drain `rx` until every sender is gone, recording each batch (and its effect on the
 /// endpoints' circuits, in the same transaction).
 ///
@@ -61,7 +78,7 @@ impl Patience {
 /// at most that many requests it did not know about.
 pub async fn run(
     pool: PgPool,
-    mut rx: mpsc::Receiver<(AttemptRecord, OwnedSemaphorePermit)>,
+    mut rx: mpsc::Receiver<(Finished, OwnedSemaphorePermit)>,
     cfg: CircuitConfig,
     patience: Patience,
 ) {
@@ -89,7 +106,7 @@ pub async fn run(
 /// outcome ends written, written without its details, dead-lettered with a reason, or,
 /// only while the database is unreachable, left to its lease. Public so tests can
 /// drive it with batches they build.
-pub async fn write(pool: &PgPool, batch: &[AttemptRecord], cfg: &CircuitConfig, patience: &Patience) {
+pub async fn write(pool: &PgPool, batch: &[Finished], cfg: &CircuitConfig, patience: &Patience) {
     match write_retrying(pool, batch, cfg, patience).await {
         Ok(recorded) => report(batch, &recorded),
         Err(e) if transient(&e) => unrecorded(batch, &e),
@@ -119,7 +136,7 @@ fn transient(err: &sqlx::Error) -> bool {
 /// the error is [`transient`], for as long as `patience` allows.
 async fn write_retrying(
     pool: &PgPool,
-    batch: &[AttemptRecord],
+    batch: &[Finished],
     cfg: &CircuitConfig,
     patience: &Patience,
 ) -> Result<Recorded, sqlx::Error> {
@@ -144,13 +161,13 @@ async fn write_retrying(
 /// One transaction: the fenced outcomes, then the circuits of their endpoints (only for
 /// outcomes this call wrote: an already-recorded one was observed by the write that
 /// recorded it).
-async fn write_once(pool: &PgPool, batch: &[AttemptRecord], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
+async fn write_once(pool: &PgPool, batch: &[Finished], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let recorded = queue::record(&mut *tx, batch).await?;
     let fresh: HashSet<DeliveryId> = recorded.fresh.iter().copied().collect();
     let mut observations: BTreeMap<EndpointId, Observation> = BTreeMap::new();
-    for r in batch.iter().filter(|r| fresh.contains(&r.delivery_id)) {
-        observations.entry(r.endpoint_id).or_default().add(r.signal, r.probe_token);
+    for f in batch.iter().filter(|f| fresh.contains(&f.record.delivery_id)) {
+        observations.entry(f.record.endpoint_id).or_default().add(f.signal, f.probe_token);
     }
     circuit::sql::observe(&mut tx, &observations, cfg).await?;
     tx.commit().await?;
@@ -158,12 +175,13 @@ async fn write_once(pool: &PgPool, batch: &[AttemptRecord], cfg: &CircuitConfig)
 }
 
 /// Log (and count) what a successful write did not record because it was fenced.
-fn report(batch: &[AttemptRecord], recorded: &Recorded) {
+fn report(batch: &[Finished], recorded: &Recorded) {
     for already in &recorded.already {
         tracing::info!(delivery_id = %already, "outcome was already recorded (an earlier write committed unconfirmed)");
     }
     let done: HashSet<&DeliveryId> = recorded.fresh.iter().chain(&recorded.already).collect();
-    let fenced: Vec<&AttemptRecord> = batch.iter().filter(|r| !done.contains(&r.delivery_id)).collect();
+    let fenced: Vec<&AttemptRecord> =
+        batch.iter().map(|f| &f.record).filter(|r| !done.contains(&r.delivery_id)).collect();
     if fenced.is_empty() {
         return;
     }
@@ -179,8 +197,8 @@ fn report(batch: &[AttemptRecord], recorded: &Recorded) {
 }
 
 /// The database stayed unreachable: the leases bring these deliveries back.
-fn unrecorded(batch: &[AttemptRecord], err: &sqlx::Error) {
-    for r in batch {
+fn unrecorded(batch: &[Finished], err: &sqlx::Error) {
+    for r in batch.iter().map(|f| &f.record) {
         tracing::error!(
             delivery_id = %r.delivery_id,
             attempt = r.attempt,
@@ -195,9 +213,10 @@ const ERROR_IN_REASON_BYTES: usize = 300;
 
 /// A row PostgreSQL refused on its own: record the outcome without anything that came
 /// from outside; failing that, dead-letter the delivery with the reason.
-async fn salvage(pool: &PgPool, row: &AttemptRecord, cfg: &CircuitConfig, refused: &sqlx::Error, patience: &Patience) {
+async fn salvage(pool: &PgPool, finished: &Finished, cfg: &CircuitConfig, refused: &sqlx::Error, patience: &Patience) {
+    let row = &finished.record;
     let error = sanitize::bounded(&refused.to_string(), ERROR_IN_REASON_BYTES);
-    let plain = without_details(row, &error);
+    let plain = Finished { record: without_details(row, &error), ..finished.clone() };
     let one = std::slice::from_ref(&plain);
     let second = match write_retrying(pool, one, cfg, patience).await {
         Ok(recorded) => {

@@ -158,7 +158,7 @@ proptest! {
             .collect();
         let kind: &'static str = ["timeout", "connect", "dns", "tls", "other"].into_iter().find(|k| *k == transport.0).unwrap();
         cases.push(Observed::Transport { kind, message: transport.1.clone() });
-        cases.push(Observed::Refused { message: refusal.clone() });
+        cases.push(Observed::Refused { kind: "forbidden_address", message: refusal.clone() });
         for observed in &cases {
             let v = decide(&policy, observed, attempt, now, &mut rng);
             let status = match observed {
@@ -176,7 +176,7 @@ proptest! {
                     prop_assert!(!v.endpoint_failure);
                     prop_assert!(v.reason.contains("permanent"), "{}", v.reason);
                 }
-                (Observed::Refused { message }, _) => {
+                (Observed::Refused { message, .. }, _) => {
                     prop_assert_eq!(&v.decision, &Decision::Dead);
                     prop_assert!(!v.endpoint_failure);
                     prop_assert_eq!(&v.reason, message);

@@ -54,7 +54,7 @@ pub struct Claimed {
 /// and source `s`.
 const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.attempts_base, \
      d.claim_token, ep.url, ep.secret, \
-     CASE WHEN cardinality(ep.previous_secrets) = 0 THEN '{}'::text[] \
+     CASE WHEN cardinality(ep.previous_secrets) = 0 THEN ARRAY[]::text[] \
           ELSE ARRAY(SELECT p.s FROM unnest(ep.previous_secrets, ep.previous_secrets_until) AS p(s, u) \
                      WHERE p.u > now() ORDER BY p.u DESC) END AS previous_secrets, \
      e.event_type, s.name AS source_name, e.content_type, e.payload";
@@ -181,6 +181,30 @@ pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) 
     .await
 }
 
+/// A delivery's state (`deliveries.status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryStatus {
+    /// Waiting for an attempt (due, leased, retrying or parked).
+    Pending,
+    /// A 2xx was recorded.
+    Delivered,
+    /// Dead-lettered: no more automatic attempts.
+    Dead,
+}
+
+impl DeliveryStatus {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Delivered => "delivered",
+            DeliveryStatus::Dead => "dead",
+        }
+    }
+}
+
 /// Final or intermediate state after an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -202,11 +226,12 @@ impl Outcome {
         }
     }
 
-    fn status(self) -> &'static str {
+    /// The delivery's state after it.
+    pub fn status(self) -> DeliveryStatus {
         match self {
-            Outcome::Delivered => "delivered",
-            Outcome::Retry => "pending",
-            Outcome::Dead => "dead",
+            Outcome::Delivered => DeliveryStatus::Delivered,
+            Outcome::Retry => DeliveryStatus::Pending,
+            Outcome::Dead => DeliveryStatus::Dead,
         }
     }
 }
@@ -238,12 +263,8 @@ pub struct AttemptRecord {
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// Why then (Retry only).
     pub next_attempt_reason: Option<String>,
-    /// The endpoint, for the circuit breaker.
+    /// The delivery's endpoint.
     pub endpoint_id: EndpointId,
-    /// What this attempt says about the endpoint's health.
-    pub signal: crate::circuit::Signal,
-    /// The probe token, when this attempt was a half-open probe.
-    pub probe_token: Option<i64>,
 }
 
 /// What [`record`] did with a batch.
@@ -265,12 +286,15 @@ pub struct Recorded {
 /// it fenced. Any other id
 /// of the batch that is in neither list was fenced (its lease was taken over by a newer
 /// claim) and nothing about it was written.
-pub async fn record(db: impl PgExecutor<'_>, batch: &[AttemptRecord]) -> Result<Recorded, sqlx::Error> {
+pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
+    db: impl PgExecutor<'_>,
+    batch: &[R],
+) -> Result<Recorded, sqlx::Error> {
     if batch.is_empty() {
         return Ok(Recorded::default());
     }
-    fn col<'a, T>(batch: &'a [AttemptRecord], f: impl Fn(&'a AttemptRecord) -> T) -> Vec<T> {
-        batch.iter().map(f).collect()
+    fn col<'a, R: std::borrow::Borrow<AttemptRecord>, T>(batch: &'a [R], f: impl Fn(&'a AttemptRecord) -> T) -> Vec<T> {
+        batch.iter().map(|r| f(r.borrow())).collect()
     }
     let ids: Vec<DeliveryId> = col(batch, |r| r.delivery_id);
     let tokens: Vec<i64> = col(batch, |r| r.claim_token);
@@ -280,7 +304,7 @@ pub async fn record(db: impl PgExecutor<'_>, batch: &[AttemptRecord]) -> Result<
     let codes: Vec<Option<i32>> = col(batch, |r| r.status_code);
     let kinds: Vec<Option<&str>> = col(batch, |r| r.error_kind.as_deref());
     let outcomes: Vec<&str> = col(batch, |r| r.outcome.as_str());
-    let statuses: Vec<&str> = col(batch, |r| r.outcome.status());
+    let statuses: Vec<&str> = col(batch, |r| r.outcome.status().as_str());
     let reasons: Vec<&str> = col(batch, |r| r.reason.as_str());
     let excerpts: Vec<Option<&str>> = col(batch, |r| r.response_excerpt.as_deref());
     let next_at: Vec<Option<DateTime<Utc>>> = col(batch, |r| r.next_attempt_at);

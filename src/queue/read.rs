@@ -14,8 +14,8 @@ pub struct Delivery {
     pub event_id: EventId,
     /// Endpoint.
     pub endpoint_id: EndpointId,
-    /// pending | delivered | dead.
-    pub status: String,
+    /// Its state.
+    pub status: super::DeliveryStatus,
     /// Attempts started.
     pub attempt_count: i32,
     /// Next due time (or lease end while claimed).
@@ -44,8 +44,8 @@ pub struct Filter {
     pub event_id: Option<EventId>,
     /// Deliveries to one endpoint.
     pub endpoint_id: Option<EndpointId>,
-    /// pending | delivered | dead.
-    pub status: Option<String>,
+    /// Only deliveries in this state.
+    pub status: Option<super::DeliveryStatus>,
     /// Keyset cursor: only ids after this one.
     pub after: Option<DeliveryId>,
 }
@@ -60,13 +60,50 @@ pub async fn list(db: impl PgExecutor<'_>, filter: &Filter, limit: i64) -> Resul
         q.push(" AND endpoint_id = ").push_bind(id);
     }
     if let Some(status) = &filter.status {
-        q.push(" AND status = ").push_bind(status.clone());
+        q.push(" AND status = ").push_bind(*status);
     }
     if let Some(after) = filter.after {
         q.push(" AND id > ").push_bind(after);
     }
     q.push(" ORDER BY id LIMIT ").push_bind(limit);
     q.build_query_as().fetch_all(db).await
+}
+
+/// Queue depth and lag, for the metrics sampler.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Stats {
+    /// Pending and claimable (not parked), due or not.
+    pub pending: i64,
+    /// Pending, parked behind an open circuit or a pause.
+    pub parked: i64,
+    /// Pending, not parked, due now and not leased.
+    pub due: i64,
+    /// Dead-lettered.
+    pub dead: i64,
+    /// Age of the oldest due unleased delivery, seconds (`None`: nothing pending).
+    pub oldest_due_age_secs: Option<f64>,
+}
+
+/// Sample [`Stats`]. The counts scan the pending rows (about 0.1 s per 100,000 pending).
+pub async fn stats(pool: &sqlx::PgPool) -> Result<Stats, sqlx::Error> {
+    let (pending, parked, due): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE NOT parked),
+                count(*) FILTER (WHERE parked),
+                count(*) FILTER (WHERE NOT parked AND next_attempt_at <= now() AND leased_until IS NULL)
+         FROM deliveries WHERE status = 'pending'",
+    )
+    .fetch_one(pool)
+    .await?;
+    // The first entry of the claim index: leased rows sit at their lease's end, so the
+    // oldest due unleased row is first whenever anything is overdue.
+    let oldest_due_age_secs: Option<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM now() - next_attempt_at)::float8 FROM deliveries
+         WHERE status = 'pending' AND NOT parked ORDER BY next_attempt_at LIMIT 1",
+    )
+    .fetch_optional(pool)
+    .await?;
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'dead'").fetch_one(pool).await?;
+    Ok(Stats { pending, parked, due, dead, oldest_due_age_secs })
 }
 
 /// One delivery.

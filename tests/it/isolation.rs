@@ -35,6 +35,18 @@ async fn refuse_attempts_where(pool: &PgPool, condition: &str) {
     .expect("trigger");
 }
 
+/// Healthy, not-probe attempts, as workers hand them to the recorder.
+fn finished(records: Vec<queue::AttemptRecord>) -> Vec<recorder::Finished> {
+    records
+        .into_iter()
+        .map(|record| recorder::Finished {
+            record,
+            signal: webhook_gateway::circuit::Signal::Healthy,
+            probe_token: None,
+        })
+        .collect()
+}
+
 /// Two endpoints with two due deliveries each, all four claimed.
 async fn four_claimed(db: &TestDb) -> (String, Vec<queue::Claimed>) {
     let poisoned = insert_endpoint(&db.pool, "http://127.0.0.1:9/poisoned").await;
@@ -86,8 +98,13 @@ async fn an_unwritable_outcome_is_dead_lettered_and_the_rest_of_its_batch_record
             r
         })
         .collect();
-    recorder::write(&db.pool, &batch, &CircuitConfig::default(), &recorder::Patience::of(Duration::from_secs(60)))
-        .await;
+    recorder::write(
+        &db.pool,
+        &finished(batch),
+        &CircuitConfig::default(),
+        &recorder::Patience::of(Duration::from_secs(60)),
+    )
+    .await;
 
     for c in &claimed {
         let (status, reason, attempts) = status_of(&db.pool, c.id).await;
@@ -118,8 +135,13 @@ async fn an_outcome_whose_details_are_refused_is_recorded_without_them() {
             r
         })
         .collect();
-    recorder::write(&db.pool, &batch, &CircuitConfig::default(), &recorder::Patience::of(Duration::from_secs(60)))
-        .await;
+    recorder::write(
+        &db.pool,
+        &finished(batch),
+        &CircuitConfig::default(),
+        &recorder::Patience::of(Duration::from_secs(60)),
+    )
+    .await;
 
     for c in &claimed {
         let (status, _, attempts) = status_of(&db.pool, c.id).await;

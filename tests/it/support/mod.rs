@@ -372,8 +372,6 @@ pub fn attempt_record(
         claim_token: claim.claim_token,
         attempt: claim.attempt,
         endpoint_id: claim.endpoint_id,
-        signal: webhook_gateway::circuit::Signal::Healthy,
-        probe_token: None,
         started_at: chrono::Utc::now(),
         duration_ms: 5,
         status_code: Some(200),

@@ -1,0 +1,250 @@
+//! One attempt of one claimed delivery: open its secrets, send it, judge the answer,
+//! schedule what follows, and hand the outcome (with its worker slot) to the recorder.
+
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use url::Url;
+
+use super::policy::{self, Decision, NextReason, Observed, Policy, Verdict};
+use super::recorder::Finished;
+use super::request;
+use crate::circuit::Signal;
+use crate::config::DeliverySettings;
+use crate::egress::{EgressClient, SendError};
+use crate::queue::{self, AttemptRecord, Claimed, Outcome};
+use crate::sanitize;
+use crate::secrets::{Keyring, Place};
+
+/// Everything a worker needs.
+#[derive(Clone)]
+pub struct Context {
+    /// The database.
+    pub pool: PgPool,
+    /// The outbound client.
+    pub egress: EgressClient,
+    /// Delivery settings (budget, backoff, lease).
+    pub settings: DeliverySettings,
+    /// Where finished attempts go, each with its worker slot.
+    pub outcomes: mpsc::Sender<(Finished, OwnedSemaphorePermit)>,
+    /// Opens the claimed endpoint secrets (encrypted at rest when a key is set).
+    pub secrets: Keyring,
+}
+
+/// How long a delivery whose signing secret this process cannot open waits before it is
+/// due again (no attempt spent: nothing was sent).
+pub const UNREADABLE_SECRET_RETRY: chrono::Duration = chrono::Duration::seconds(30);
+
+/// One attempt of one claimed delivery; the slot goes with the outcome to the recorder
+/// and is freed once the outcome is written.
+pub async fn run(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit) {
+    let settings = &ctx.settings;
+    // The budget counts attempts since the last manual redelivery.
+    let budget_attempt = job.attempt - job.attempts_base;
+    if budget_attempt > settings.max_attempts as i32 {
+        // Every budgeted attempt was claimed, and the last one's worker died holding the
+        // lease: its outcome is unknown and the budget is spent.
+        let reason = format!(
+            "attempt budget exhausted ({} attempts); the last attempt's outcome is unknown (its worker's lease expired)",
+            settings.max_attempts
+        );
+        match queue::bury(&ctx.pool, job.id, job.claim_token, &reason, queue::Burial::Unsent).await {
+            Ok(true) => tracing::warn!(delivery_id = %job.id, "dead: {reason}"),
+            Ok(false) => tracing::warn!(delivery_id = %job.id, "fenced while dead-lettering"),
+            Err(e) => tracing::error!(delivery_id = %job.id, error = %e, "dead-lettering failed; lease will retry"),
+        }
+        return;
+    }
+    // Opened just before signing: a lookup in the keyring's cache after the first claim
+    // of an endpoint (no allocation at all without a key).
+    let secrets: Result<Vec<_>, _> = std::iter::once(&job.secret)
+        .chain(&job.previous_secrets)
+        .map(|stored| ctx.secrets.open(Place::EndpointSecret, stored))
+        .collect();
+    let secrets = match secrets {
+        Ok(secrets) => secrets,
+        Err(e) => {
+            // Never sent unsigned, and not the subscriber's doing: the claim's attempt is
+            // given back and the delivery waits. The likely cause is a replica started
+            // without the key a newer one wrote with (README, Secrets at rest).
+            tracing::error!(delivery_id = %job.id, endpoint_id = %job.endpoint_id, error = %e,
+                "cannot read the endpoint's signing secret; not sent, retried without spending an attempt");
+            let due = Utc::now() + UNREADABLE_SECRET_RETRY;
+            if let Err(e) = queue::release(&ctx.pool, job.id, job.claim_token, due).await {
+                tracing::error!(delivery_id = %job.id, error = %e, "giving the claim back failed; its lease will");
+            }
+            return;
+        }
+    };
+    let secrets: Vec<&str> = secrets.iter().map(AsRef::as_ref).collect();
+
+    let started_at = Utc::now();
+    let clock = std::time::Instant::now();
+    let (observed, status_code, excerpt) = send(&ctx.egress, &job, &secrets, started_at.timestamp()).await;
+    let duration_ms = clock.elapsed().as_millis().min(i32::MAX as u128) as i32;
+    let policy = Policy {
+        max_attempts: settings.max_attempts,
+        backoff_base: settings.backoff_base,
+        backoff_cap: settings.backoff_cap,
+        retry_after_cap: settings.retry_after_cap,
+    };
+    let verdict = policy::decide(&policy, &observed, budget_attempt as u32, SystemTime::now(), &mut rand::rng());
+    let (outcome, next_attempt_at, next_reason) = schedule(&verdict.decision, Utc::now());
+    let judged = judge(&observed, &verdict);
+    tracing::debug!(delivery_id = %job.id, attempt = job.attempt, outcome = outcome.as_str(), reason = %verdict.reason, "attempt finished");
+    crate::metrics::attempt(outcome.as_str(), judged.class, clock.elapsed());
+    let record = AttemptRecord {
+        delivery_id: job.id,
+        claim_token: job.claim_token,
+        attempt: job.attempt,
+        started_at,
+        duration_ms,
+        status_code,
+        error_kind: judged.error_kind.map(str::to_owned),
+        outcome,
+        reason: sanitize::bounded(&verdict.reason, sanitize::MAX_REASON_BYTES),
+        response_excerpt: excerpt,
+        next_attempt_at,
+        next_attempt_reason: next_reason.map(|why| why.as_str().to_owned()),
+        endpoint_id: job.endpoint_id,
+    };
+    let finished = Finished { record, signal: judged.signal, probe_token: job.probe_token };
+    if ctx.outcomes.send((finished, slot)).await.is_err() {
+        tracing::error!(delivery_id = %job.id, "outcome recorder is gone; the lease will bring this delivery back");
+    }
+}
+
+/// What an attempt says beyond the verdict: about the endpoint, and for the record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Judgement {
+    /// What the attempt says about the endpoint's health (for its circuit).
+    pub signal: Signal,
+    /// The error kind stored with the attempt (no response came back).
+    pub error_kind: Option<&'static str>,
+    /// The metrics class: `2xx` ... `5xx`, or the error kind.
+    pub class: String,
+}
+
+/// Judge an attempt: an egress refusal says nothing about the endpoint; otherwise the
+/// verdict says whether the endpoint failed.
+pub fn judge(observed: &Observed, verdict: &Verdict) -> Judgement {
+    let signal = match (observed, verdict.endpoint_failure) {
+        (Observed::Refused { .. }, _) => Signal::Neutral,
+        (_, true) => Signal::Failure,
+        (_, false) => Signal::Healthy,
+    };
+    let error_kind = match observed {
+        Observed::Transport { kind, .. } | Observed::Refused { kind, .. } => Some(*kind),
+        Observed::Response { .. } => None,
+    };
+    let class = match (observed, error_kind) {
+        (Observed::Response { status, .. }, _) => format!("{}xx", status / 100),
+        (_, Some(kind)) => kind.to_owned(),
+        (_, None) => "other".to_owned(),
+    };
+    Judgement { signal, error_kind, class }
+}
+
+/// What follows a decision taken at `now`: the outcome to record and, for a retry, when
+/// and why the next attempt is due. The delay is bounded by the configured caps; the add
+/// is checked anyway, so an absurd cap cannot panic the worker and lose the outcome (a
+/// century is "never" for a retry).
+pub fn schedule(decision: &Decision, now: DateTime<Utc>) -> (Outcome, Option<DateTime<Utc>>, Option<NextReason>) {
+    match decision {
+        Decision::Delivered => (Outcome::Delivered, None, None),
+        Decision::Dead => (Outcome::Dead, None, None),
+        Decision::Retry { delay, why } => {
+            let century = chrono::Duration::days(36_500);
+            let delay = chrono::Duration::from_std(*delay).unwrap_or(century).min(century);
+            let at = now.checked_add_signed(delay).unwrap_or(DateTime::<Utc>::MAX_UTC);
+            (Outcome::Retry, Some(at), Some(*why))
+        }
+    }
+}
+
+/// Send one attempt signed with `secrets`; never fails: every way it can go wrong is an
+/// [`Observed`].
+async fn send(
+    egress: &EgressClient,
+    job: &Claimed,
+    secrets: &[&str],
+    timestamp: i64,
+) -> (Observed, Option<i32>, Option<String>) {
+    let url = match Url::parse(&job.url) {
+        Ok(url) => url,
+        Err(e) => return (Observed::Refused { kind: "invalid_url", message: format!("invalid_url: {e}") }, None, None),
+    };
+    let headers = request::headers(job, secrets, timestamp);
+    match egress.post(&url, headers, Bytes::copy_from_slice(&job.payload)).await {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let retry_after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            // Quoted in the stored reason: repaired and bounded like any subscriber text.
+            let location = response
+                .headers()
+                .get("location")
+                .map(|v| sanitize::stored_text(v.as_bytes(), sanitize::MAX_LOCATION_BYTES));
+            let excerpt = request::read_excerpt(response).await;
+            let excerpt = (!excerpt.is_empty()).then_some(excerpt);
+            (Observed::Response { status, retry_after, location }, Some(status as i32), excerpt)
+        }
+        Err(SendError::Refused(refusal)) => {
+            (Observed::Refused { kind: refusal.kind(), message: refusal.to_string() }, None, None)
+        }
+        Err(e) => (Observed::Transport { kind: e.kind(), message: e.to_string() }, None, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn verdict(decision: Decision, endpoint_failure: bool) -> Verdict {
+        Verdict { decision, reason: String::new(), endpoint_failure }
+    }
+
+    #[test]
+    fn judgement_follows_what_was_observed() {
+        let response = |status| Observed::Response { status, retry_after: None, location: None };
+        let ok = judge(&response(204), &verdict(Decision::Delivered, false));
+        assert_eq!(ok, Judgement { signal: Signal::Healthy, error_kind: None, class: "2xx".into() });
+        let down = judge(&response(503), &verdict(Decision::Dead, true));
+        assert_eq!((down.signal, down.class.as_str()), (Signal::Failure, "5xx"));
+        let timeout = Observed::Transport { kind: "timeout", message: "timeout: slow".into() };
+        let t = judge(&timeout, &verdict(Decision::Dead, true));
+        assert_eq!(t, Judgement { signal: Signal::Failure, error_kind: Some("timeout"), class: "timeout".into() });
+        // A refusal is not the endpoint's doing, whatever the verdict says.
+        let refused = Observed::Refused { kind: "forbidden_address", message: "forbidden_address: 10.0.0.1".into() };
+        let r = judge(&refused, &verdict(Decision::Dead, true));
+        assert_eq!(
+            r,
+            Judgement {
+                signal: Signal::Neutral,
+                error_kind: Some("forbidden_address"),
+                class: "forbidden_address".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_retry_is_due_after_its_delay_and_never_overflows() {
+        let now = Utc::now();
+        let retry = Decision::Retry { delay: Duration::from_secs(90), why: NextReason::RetryAfter };
+        assert_eq!(
+            schedule(&retry, now),
+            (Outcome::Retry, Some(now + chrono::Duration::seconds(90)), Some(NextReason::RetryAfter))
+        );
+        assert_eq!(schedule(&Decision::Delivered, now), (Outcome::Delivered, None, None));
+        assert_eq!(schedule(&Decision::Dead, now), (Outcome::Dead, None, None));
+        let absurd = Decision::Retry { delay: Duration::MAX, why: NextReason::Backoff };
+        let (_, at, _) = schedule(&absurd, now);
+        assert_eq!(at, Some(now + chrono::Duration::days(36_500)));
+        let (_, at, _) = schedule(&absurd, DateTime::<Utc>::MAX_UTC - chrono::Duration::days(1));
+        assert_eq!(at, Some(DateTime::<Utc>::MAX_UTC));
+    }
+}

@@ -1,0 +1,207 @@
+//! The dispatcher: claims due deliveries for its free slots, starts an attempt for each,
+//! and stops gracefully.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::attempt::{self, Context};
+use super::recorder;
+use crate::config::DeliverySettings;
+use crate::egress::EgressClient;
+use crate::queue::{self, Claimed};
+use crate::secrets::Keyring;
+
+/// Most deliveries claimed by one statement.
+pub const MAX_CLAIM_BATCH: usize = 128;
+
+/// A running dispatcher. [`Dispatcher::shutdown`] stops claiming, lets in-flight requests
+/// finish (up to the grace period), records them and returns.
+pub struct Dispatcher {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Dispatcher {
+    /// Start the dispatcher. `wake` is notified when new deliveries were created; `secrets`
+    /// opens the endpoint secrets each claim returns.
+    pub fn spawn(
+        pool: PgPool,
+        egress: EgressClient,
+        settings: DeliverySettings,
+        wake: Arc<Notify>,
+        secrets: Keyring,
+    ) -> Dispatcher {
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(pool, egress, settings, wake, secrets, stopped));
+        Dispatcher { stop, task }
+    }
+
+    /// Graceful stop.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        if let Err(e) = self.task.await {
+            tracing::error!(error = %e, "delivery dispatcher panicked");
+        }
+    }
+}
+
+async fn run(
+    pool: PgPool,
+    egress: EgressClient,
+    settings: DeliverySettings,
+    wake: Arc<Notify>,
+    secrets: Keyring,
+    mut stop: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(settings.workers));
+    let (outcomes, records) = mpsc::channel(settings.workers.max(16));
+    let patience = recorder::Patience { lease: settings.lease, stopping: stop.clone() };
+    let recorder = tokio::spawn(recorder::run(pool.clone(), records, settings.circuit, patience));
+    let ctx = Context { pool: pool.clone(), egress, settings: settings.clone(), outcomes, secrets };
+    let mut in_flight = JoinSet::new();
+    let mut claim_failures = 0u32;
+    let mut last_probe_check = tokio::time::Instant::now() - PROBE_CHECK_INTERVAL;
+    tracing::info!(workers = settings.workers, "delivery workers started");
+
+    loop {
+        // Wait for a free slot (or shutdown).
+        let first = tokio::select! {
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        while in_flight.try_join_next().is_some() {}
+        let want = (1 + slots.available_permits()).min(MAX_CLAIM_BATCH);
+        // Raced against stop: a claim sent into a network partition must not hold
+        // shutdown until the connection gives up. A claim that committed unseen is a
+        // crashed claim: its lease brings the rows back.
+        let claimed = tokio::select! {
+            claimed = claim(&pool, want, &settings, &mut last_probe_check) => claimed,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let claimed = match claimed {
+            Ok(claimed) => {
+                claim_failures = 0;
+                claimed
+            }
+            Err(e) => {
+                claim_failures += 1;
+                let pause = claim_retry_pause(claim_failures);
+                tracing::warn!(error = %e, retry_in = ?pause, "claiming deliveries failed");
+                drop(first);
+                if sleep_or_stop(pause, &mut stop).await {
+                    break;
+                }
+                continue;
+            }
+        };
+        // Fewer than asked: no more due work right now.
+        let drained = claimed.len() < want;
+        let mut permits = std::iter::once(first).chain(std::iter::from_fn(|| slots.clone().try_acquire_owned().ok()));
+        for job in claimed {
+            // Only this loop acquires slots, and it counted them: a permit is there.
+            let Some(permit) = permits.next() else {
+                tracing::error!(delivery_id = %job.id, "no free slot for a claimed delivery; its lease will bring it back");
+                continue;
+            };
+            in_flight.spawn(attempt::run(ctx.clone(), job, permit));
+        }
+        drop(permits);
+        if drained {
+            // No more due work: sleep until woken by ingest, the poll interval, or stop.
+            tokio::select! {
+                () = wake.notified() => {}
+                () = tokio::time::sleep(settings.poll_interval) => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+        }
+    }
+
+    let in_flight_now = in_flight.len();
+    if in_flight_now > 0 {
+        tracing::info!(in_flight = in_flight_now, grace = ?settings.shutdown_grace, "waiting for in-flight deliveries");
+    }
+    let finished =
+        tokio::time::timeout(settings.shutdown_grace, async { while in_flight.join_next().await.is_some() {} }).await;
+    if finished.is_err() {
+        tracing::warn!(
+            unfinished = in_flight.len(),
+            "shutdown grace expired; unfinished deliveries will be retried when their leases end"
+        );
+        in_flight.abort_all();
+        while in_flight.join_next().await.is_some() {}
+    }
+    drop(ctx);
+    if let Err(e) = recorder.await {
+        tracing::error!(error = %e, "outcome recorder panicked");
+    }
+    tracing::info!("delivery workers stopped");
+}
+
+/// How often a dispatcher parks blocked endpoints' due deliveries and looks for
+/// half-open endpoints to probe.
+const PROBE_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Circuit housekeeping (at most every [`PROBE_CHECK_INTERVAL`]): park what blocked
+/// endpoints have due, release the backlogs of endpoints that became runnable, admit
+/// half-open probes. Then due deliveries, `want` in all.
+async fn claim(
+    pool: &PgPool,
+    want: usize,
+    settings: &DeliverySettings,
+    last_probe_check: &mut tokio::time::Instant,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    let mut claimed = Vec::new();
+    if last_probe_check.elapsed() >= PROBE_CHECK_INTERVAL {
+        *last_probe_check = tokio::time::Instant::now();
+        let parked = queue::park_blocked(pool).await?;
+        if parked > 0 {
+            tracing::debug!(parked, "parked due deliveries of blocked endpoints");
+        }
+        let released = queue::release_parked(pool, settings.circuit.release_per_sec, None).await?;
+        if released > 0 {
+            tracing::info!(released, "parked deliveries released (circuit closed or endpoint resumed)");
+        }
+        claimed = queue::claim_probes(pool, want.min(16) as i64, settings.lease).await?;
+        for probe in &claimed {
+            tracing::info!(endpoint_id = %probe.endpoint_id, delivery_id = %probe.id, "half-open probe admitted");
+        }
+    }
+    let rest = want - claimed.len();
+    if rest > 0 {
+        claimed.extend(queue::claim(pool, rest as i64, settings.lease).await?);
+    }
+    Ok(claimed)
+}
+
+/// Sleep, unless stop arrives first; returns true on stop.
+async fn sleep_or_stop(pause: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(pause) => false,
+        _ = stop.wait_for(|s| *s) => true,
+    }
+}
+
+/// The pause after `failures` consecutive failed claims: doubling from 200 ms, at most
+/// 6.4 s, so a database outage is probed a few times a minute, not hammered.
+fn claim_retry_pause(failures: u32) -> Duration {
+    Duration::from_millis(100 * 2u64.pow(failures.clamp(1, 6)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_retries_back_off_doubling_to_a_cap() {
+        let pauses: Vec<u64> = (1..=9).map(|n| claim_retry_pause(n).as_millis() as u64).collect();
+        assert_eq!(pauses, [200, 400, 800, 1600, 3200, 6400, 6400, 6400, 6400]);
+        assert_eq!(claim_retry_pause(u32::MAX), Duration::from_millis(6400));
+    }
+}

@@ -159,8 +159,7 @@ pub async fn create(
         event_type: body.event_type,
         hmac: body.hmac,
     };
-    crate::verify::validate_spec(&spec)
-        .map_err(|m| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", m))?;
+    crate::verify::validate_spec(&spec).map_err(|e| ApiError::validation(&e.field, e.reason))?;
     if spec.kind == Kind::None {
         tracing::warn!(source = %body.name, "source of kind `none` created: its webhooks are not verified");
     }
@@ -283,8 +282,7 @@ pub async fn update(
     if let Some(hmac) = body.hmac {
         spec.hmac = hmac;
     }
-    crate::verify::validate_spec(&spec)
-        .map_err(|m| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", m))?;
+    crate::verify::validate_spec(&spec).map_err(|e| ApiError::validation(&e.field, e.reason))?;
     let updated = store::sources::update_spec(&state.pool, id, &sealed(&spec, &state.secrets)?)
         .await?
         .ok_or_else(|| ApiError::not_found("source"))?;

@@ -6,71 +6,87 @@ use sha2::{Digest, Sha256};
 
 use super::{Kind, Locator, SourceSpec, standard};
 
+/// Why a source spec is refused: the offending field (`secrets[1]`, `hmac.prefix`, ...)
+/// and the reason. Displayed as `field: reason`; it never contains a secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct SpecError {
+    /// The field, as the API names it.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+fn refuse(field: impl Into<String>, reason: impl Into<String>) -> Result<(), SpecError> {
+    Err(SpecError { field: field.into(), reason: reason.into() })
+}
+
 /// Check a spec before it is stored, so a misconfigured source is refused at creation
-/// (HTTP 422 with this message) instead of refusing every webhook later.
-///
-/// The message starts with the offending field, e.g.
-/// `secrets: kind stripe needs at least one secret`. It never contains a secret.
-pub fn validate_spec(spec: &SourceSpec) -> Result<(), String> {
+/// (HTTP 422 naming the field) instead of refusing every webhook later.
+pub fn validate_spec(spec: &SourceSpec) -> Result<(), SpecError> {
     let kind = spec.kind.as_str();
     if spec.kind.needs_secret() {
         if spec.secrets.is_empty() {
-            return Err(format!("secrets: kind {kind} needs at least one secret"));
+            return refuse("secrets", format!("kind {kind} needs at least one secret"));
         }
         // An empty entry would be skipped at verification, so it is a mistake here:
         // probably an unset variable in the operator's script.
         if let Some(i) = spec.secrets.iter().position(|s| s.trim().is_empty()) {
-            return Err(format!("secrets[{i}]: must not be empty"));
+            return refuse(format!("secrets[{i}]"), "must not be empty");
         }
     }
     if spec.kind == Kind::StandardWebhooks
         && let Some(i) = spec.secrets.iter().position(|s| standard::decode_secret(s).is_none())
     {
-        return Err(format!("secrets[{i}]: kind standard-webhooks needs whsec_<base64> (or plain base64)"));
+        return refuse(format!("secrets[{i}]"), "kind standard-webhooks needs whsec_<base64> (or plain base64)");
     }
     match (&spec.hmac, spec.kind) {
         (None, Kind::Hmac) => {
-            return Err("hmac: kind hmac needs hmac settings ({\"header\": ..., \"algorithm\": ..., \
-                 \"encoding\": ..., \"prefix\": ...})"
-                .to_owned());
+            return refuse(
+                "hmac",
+                "kind hmac needs hmac settings ({\"header\": ..., \"algorithm\": ..., \"encoding\": ..., \
+                 \"prefix\": ...})",
+            );
         }
         (Some(scheme), Kind::Hmac) => {
             if !valid_header_name(&scheme.header) {
-                return Err("hmac.header: not a valid HTTP header name".to_owned());
+                return refuse("hmac.header", "not a valid HTTP header name");
             }
             if let Some(prefix) = &scheme.prefix
                 && !valid_prefix(prefix)
             {
-                return Err("hmac.prefix: must be visible ASCII (spaces allowed inside) and not start with \
-                     whitespace: no signature header could carry it"
-                    .to_owned());
+                return refuse(
+                    "hmac.prefix",
+                    "must be visible ASCII (spaces allowed inside) and not start with whitespace: no signature \
+                     header could carry it",
+                );
             }
         }
         (Some(_), _) => {
             // Settings that would be silently ignored hide a wrong `kind`.
-            return Err(format!("hmac: only used by kind hmac, not {kind}"));
+            return refuse("hmac", format!("only used by kind hmac, not {kind}"));
         }
         (None, _) => {}
     }
     check_locator("dedupe", &spec.dedupe)?;
     check_locator("event_type", &spec.event_type)?;
     if spec.tolerance_secs == Some(0) {
-        return Err("tolerance_secs: must be greater than 0".to_owned());
+        return refuse("tolerance_secs", "must be greater than 0");
     }
     Ok(())
 }
 
-fn check_locator(field: &str, locator: &Locator) -> Result<(), String> {
+fn check_locator(field: &str, locator: &Locator) -> Result<(), SpecError> {
     if let Some(header) = &locator.header
         && !valid_header_name(header)
     {
-        return Err(format!("{field}.header: not a valid HTTP header name"));
+        return refuse(format!("{field}.header"), "not a valid HTTP header name");
     }
     if let Some(pointer) = &locator.json_pointer
         && !pointer.is_empty()
         && !pointer.starts_with('/')
     {
-        return Err(format!("{field}.json_pointer: must be empty or start with \"/\" (RFC 6901)"));
+        return refuse(format!("{field}.json_pointer"), "must be empty or start with \"/\" (RFC 6901)");
     }
     Ok(())
 }
@@ -114,7 +130,7 @@ mod tests {
     }
 
     fn err(spec: &SourceSpec) -> String {
-        validate_spec(spec).expect_err("spec should be refused")
+        validate_spec(spec).expect_err("spec should be refused").to_string()
     }
 
     #[test]

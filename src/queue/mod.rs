@@ -428,6 +428,35 @@ pub async fn bury(
     Ok(done.rows_affected() == 1)
 }
 
+/// How many deliveries to `endpoint_id` are pending (parked ones included).
+pub async fn pending_of(db: impl PgExecutor<'_>, endpoint_id: EndpointId) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = $1 AND status = 'pending'")
+        .bind(endpoint_id)
+        .fetch_one(db)
+        .await
+}
+
+/// Dead-letter every pending delivery to `endpoint_id` with `reason` (its endpoint is
+/// being deleted, in the caller's transaction). The claim token moves on, so a worker
+/// holding a lease on one of them records nothing afterwards.
+pub async fn bury_all_of_endpoint(
+    db: impl PgExecutor<'_>,
+    endpoint_id: EndpointId,
+    reason: &str,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE deliveries
+         SET status = 'dead', dead_reason = $2, parked = false, leased_until = NULL,
+             claim_token = claim_token + 1, finished_at = now(), updated_at = now()
+         WHERE endpoint_id = $1 AND status = 'pending'",
+    )
+    .bind(endpoint_id)
+    .bind(reason)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// Manual redelivery: a dead (or delivered) delivery goes back to pending, due now, with
 /// a fresh attempt budget and the same `webhook-id`. A pending one is left as it is, so
 /// calling twice changes nothing; a deleted endpoint's deliveries stay where they are.

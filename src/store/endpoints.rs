@@ -166,25 +166,11 @@ pub async fn delete(pool: &sqlx::PgPool, id: EndpointId, force: bool) -> Result<
     if exists.is_none() {
         return Ok(Deleted::NotFound);
     }
-    let pending: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = $1 AND status = 'pending'")
-            .bind(id)
-            .fetch_one(&mut *tx)
-            .await?;
+    let pending = crate::queue::pending_of(&mut *tx, id).await?;
     if pending > 0 && !force {
         return Ok(Deleted::HasPending(pending));
     }
-    // A worker holding a lease on one of these records nothing afterwards: the claim
-    // token moves on.
-    sqlx::query(
-        "UPDATE deliveries
-         SET status = 'dead', dead_reason = 'endpoint deleted', parked = false, leased_until = NULL,
-             claim_token = claim_token + 1, finished_at = now(), updated_at = now()
-         WHERE endpoint_id = $1 AND status = 'pending'",
-    )
-    .bind(id)
-    .execute(&mut *tx)
-    .await?;
+    crate::queue::bury_all_of_endpoint(&mut *tx, id, "endpoint deleted").await?;
     sqlx::query("DELETE FROM subscriptions WHERE endpoint_id = $1").bind(id).execute(&mut *tx).await?;
     sqlx::query("UPDATE endpoints SET deleted_at = now(), release_pending = false, updated_at = now() WHERE id = $1")
         .bind(id)

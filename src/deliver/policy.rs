@@ -53,11 +53,11 @@ pub enum Observed {
 /// The knobs of the policy.
 #[derive(Debug, Clone, Copy)]
 pub struct Policy {
-    /// Attempt budget.
+    /// Attempts per delivery (counted since the last manual redelivery).
     pub max_attempts: u32,
-    /// Backoff base.
+    /// Full-jitter backoff: the first window (doubling with each attempt).
     pub backoff_base: Duration,
-    /// Backoff cap.
+    /// Full-jitter backoff: the largest window.
     pub backoff_cap: Duration,
     /// Longest honoured Retry-After.
     pub retry_after_cap: Duration,

@@ -22,9 +22,9 @@ use crate::ids::{DeliveryId, EndpointId, EventId};
 pub struct Claimed {
     /// Delivery id (its `webhook-id` derives from it).
     pub id: DeliveryId,
-    /// Event id.
+    /// The event whose body is sent.
     pub event_id: EventId,
-    /// Endpoint id.
+    /// Where it goes (and whose circuit the attempt informs).
     pub endpoint_id: EndpointId,
     /// This attempt's number (1-based), already counted.
     pub attempt: i32,
@@ -32,19 +32,19 @@ pub struct Claimed {
     pub attempts_base: i32,
     /// Fencing token of this claim.
     pub claim_token: i64,
-    /// Endpoint URL.
+    /// The endpoint's URL as stored (checked again by egress before sending).
     pub url: String,
-    /// Endpoint signing secret.
+    /// The endpoint's current signing secret, as stored (sealed when a secrets key is set).
     pub secret: String,
     /// The secrets it replaced whose rotation grace periods still last (newest first).
     pub previous_secrets: Vec<String>,
-    /// Event type.
+    /// Sent as `webhook-event-type`.
     pub event_type: String,
-    /// Source name.
+    /// Sent as `webhook-source`.
     pub source_name: String,
-    /// Body content type.
+    /// The producer's content type, replayed (`application/json` when absent).
     pub content_type: Option<String>,
-    /// Raw body.
+    /// The body exactly as it was received.
     pub payload: Vec<u8>,
     /// Set when this attempt is its endpoint's half-open probe: the probe's fencing token.
     pub probe_token: Option<i64>,
@@ -239,29 +239,29 @@ impl Outcome {
 /// What one attempt produced, ready to record.
 #[derive(Debug, Clone)]
 pub struct AttemptRecord {
-    /// Delivery.
+    /// The delivery attempted.
     pub delivery_id: DeliveryId,
-    /// Token of the claim this attempt ran under.
+    /// Token of the claim this attempt ran under (the fence).
     pub claim_token: i64,
-    /// Attempt number.
+    /// The attempt's number, as the claim counted it (`webhook-attempt`).
     pub attempt: i32,
     /// When the request started.
     pub started_at: DateTime<Utc>,
-    /// How long it took.
+    /// Milliseconds from the request's start to the end of reading the answer.
     pub duration_ms: i32,
-    /// HTTP status, if any.
+    /// The subscriber's HTTP status; `None` when no response came back.
     pub status_code: Option<i32>,
-    /// Transport error class, if no response.
+    /// `timeout`, `connect`, `forbidden_address`, ... when no response came back.
     pub error_kind: Option<String>,
-    /// What happens next.
+    /// What happens to the delivery next.
     pub outcome: Outcome,
-    /// Why.
+    /// Human-readable reason, stored with the attempt (and as the dead reason); bounded.
     pub reason: String,
-    /// Truncated response body.
+    /// The start of the subscriber's body, storable and bounded (`sanitize`).
     pub response_excerpt: Option<String>,
-    /// Next due time (Retry only).
+    /// When the next attempt is due (retries only).
     pub next_attempt_at: Option<DateTime<Utc>>,
-    /// Why then (Retry only).
+    /// `backoff` or `retry_after` (retries only).
     pub next_attempt_reason: Option<String>,
     /// The delivery's endpoint.
     pub endpoint_id: EndpointId,

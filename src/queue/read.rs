@@ -8,15 +8,15 @@ use crate::ids::{DeliveryId, EndpointId, EventId};
 /// A delivery as operators see it.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Delivery {
-    /// Id.
+    /// Its `webhook-id` derives from it.
     pub id: DeliveryId,
-    /// Event.
+    /// The event delivered.
     pub event_id: EventId,
-    /// Endpoint.
+    /// Where it goes.
     pub endpoint_id: EndpointId,
-    /// Its state.
+    /// Pending, delivered or dead.
     pub status: super::DeliveryStatus,
-    /// Attempts started.
+    /// Attempts started over its whole life (claims counted, redeliveries included).
     pub attempt_count: i32,
     /// Next due time (or lease end while claimed).
     pub next_attempt_at: DateTime<Utc>,
@@ -26,9 +26,9 @@ pub struct Delivery {
     pub parked: bool,
     /// Why it is dead.
     pub dead_reason: Option<String>,
-    /// Creation time.
+    /// When fan-out created it (the event's commit).
     pub created_at: DateTime<Utc>,
-    /// Last change.
+    /// When any of its columns last changed (claim, record, park, release).
     pub updated_at: DateTime<Utc>,
     /// When it reached delivered or dead.
     pub finished_at: Option<DateTime<Utc>>,

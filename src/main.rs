@@ -194,31 +194,28 @@ async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
     if let Some(limit) = webhook_gateway::server::raise_open_file_limit() {
         tracing::debug!(open_files = limit, "open-file limit");
     }
+    // Listening before the server starts: a SIGTERM that arrives as soon as the gateway
+    // answers must be a graceful stop, not the default action (death, exit by signal).
+    let stop = shutdown_signal()?;
     let running = app::start(pool.clone(), settings).await?;
-    shutdown_signal().await;
+    stop.await;
     tracing::info!("shutting down: no new requests or claims; finishing in-flight work");
     running.shutdown().await?;
     pool.close().await;
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
+/// Start listening for SIGINT and SIGTERM now (the handlers are installed by this call),
+/// and return the future that completes on the first of them.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use anyhow::Context as _;
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! { () = ctrl_c => {}, () = term => {} }
+    })
 }

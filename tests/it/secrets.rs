@@ -333,7 +333,7 @@ async fn the_binary_reencrypts_and_refuses_a_database_it_cannot_read() {
 
     let mut gw = GatewayProcess::start(&db.url, &[]);
     ready(&gw).await;
-    assert!(gw.terminate());
+    assert!(gw.terminate(), "exit after SIGTERM: {}", log_of(&gw));
     let log = log_of(&gw);
     assert_eq!(log.matches("stored in plaintext").count(), 1, "{log}");
     assert!(log.contains("secrets reencrypt"), "says how to turn encryption on: {log}");

@@ -158,7 +158,8 @@ async fn claim(
     last_probe_check: &mut tokio::time::Instant,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
     let mut claimed = Vec::new();
-    if last_probe_check.elapsed() >= PROBE_CHECK_INTERVAL {
+    let housekeeping = last_probe_check.elapsed() >= PROBE_CHECK_INTERVAL;
+    if housekeeping {
         *last_probe_check = tokio::time::Instant::now();
         let parked = queue::park_blocked(pool).await?;
         if parked > 0 {
@@ -175,7 +176,10 @@ async fn claim(
     }
     let rest = want - claimed.len();
     if rest > 0 {
-        claimed.extend(queue::claim(pool, rest as i64, settings.lease).await?);
+        // The housekeeping tick also sweeps every endpoint with due work: one whose rows
+        // sit behind another endpoint's capped backlog waits at most one tick.
+        let fairness = queue::Fairness { default_max_in_flight: queue::DEFAULT_MAX_IN_FLIGHT, sweep: housekeeping };
+        claimed.extend(queue::claim_fair(pool, rest as i64, settings.lease, fairness).await?);
     }
     Ok(claimed)
 }

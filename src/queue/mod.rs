@@ -59,39 +59,159 @@ const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count 
                      WHERE p.u > now() ORDER BY p.u DESC) END AS previous_secrets, \
      e.event_type, s.name AS source_name, e.content_type, e.payload";
 
-/// Claim up to `limit` due deliveries for `lease`.
-///
-/// Ordered by due time so the oldest work goes first; `SKIP LOCKED` lets any number of
-/// workers in any number of processes claim at once without waiting on each other. Only
-/// deliveries whose endpoint is runnable (circuit closed, not paused, not deleted) are
-/// locked and claimed; due rows of blocked endpoints are skipped here and moved out of the
-/// claim index by [`park_blocked`].
-pub async fn claim(db: impl PgExecutor<'_>, limit: i64, lease: Duration) -> Result<Vec<Claimed>, sqlx::Error> {
-    sqlx::query_as(&claim_sql()).bind(limit).bind(lease.as_secs_f64()).fetch_all(db).await
+/// How a claim shares the workers among endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fairness {
+    /// Concurrent requests an endpoint without its own `max_in_flight` may have, across
+    /// every replica (`--endpoint-max-in-flight`).
+    pub default_max_in_flight: i32,
+    /// Also look at every runnable endpoint with due work, not only those at the head of
+    /// the due index (the dispatcher's housekeeping tick sets it): an endpoint whose due
+    /// deliveries sit behind another's capped backlog is served within one tick.
+    pub sweep: bool,
 }
 
-/// The text of [`claim`]'s statement (`$1` limit, `$2` lease in seconds), public so tests
-/// and the benchmark run exactly what workers run.
+/// The default of `--endpoint-max-in-flight`.
+pub const DEFAULT_MAX_IN_FLIGHT: i32 = 32;
+
+impl Default for Fairness {
+    fn default() -> Self {
+        Fairness { default_max_in_flight: DEFAULT_MAX_IN_FLIGHT, sweep: false }
+    }
+}
+
+/// Due rows the claim looks at to find the endpoints it serves (besides a sweep):
+/// twice the batch, so a batch is filled even when half the head is one capped endpoint.
+const HEAD_WINDOW_FACTOR: i64 = 2;
+
+/// Claim up to `limit` due deliveries for `lease`, fairly, with the default
+/// [`Fairness`] (tests and tools).
+pub async fn claim(pool: &sqlx::PgPool, limit: i64, lease: Duration) -> Result<Vec<Claimed>, sqlx::Error> {
+    claim_fair(pool, limit, lease, Fairness::default()).await
+}
+
+/// Claim up to `limit` due deliveries for `lease`, each endpoint within its limits, in
+/// turns across endpoints. One transaction of two statements:
+///
+/// 1. **Which endpoints** ([`CLAIM_LOCK_SQL`]): those owning the first `2 × limit` due
+///    rows (the head of `deliveries_due`), plus, on a sweep, every runnable endpoint with
+///    a due row (one probe each on `deliveries_endpoint_unparked`); only runnable ones
+///    (circuit closed, not paused, not deleted: blocked endpoints' rows are parked by
+///    [`park_blocked`]). Their rows are locked `FOR NO KEY UPDATE` in id order, so
+///    concurrent claimers of one endpoint take turns.
+/// 2. **The claim** ([`claim_sql`]), under those locks and with a snapshot taken after
+///    them, so it sees every lease another claimer committed before letting go: each
+///    endpoint's room is its `max_in_flight` (or the default) minus its live leases
+///    (`deliveries_in_flight`; a crashed worker's lease stops counting when it runs out),
+///    and, with a rate limit, the whole tokens in its bucket. Up to its room per endpoint,
+///    oldest due first, `SKIP LOCKED`; then in turns (every endpoint's first row before
+///    anyone's second), at most `limit`. The rows go onto the lease (`claim_token` + 1,
+///    `attempt_count` + 1) and rate-limited endpoints pay their tokens.
+///
+/// (One statement cannot do both: under READ COMMITTED a statement that waits for a row
+/// lock keeps its older snapshot for everything else, so it would count another
+/// claimer's fresh leases as free room.)
+///
+/// An endpoint at its limit is simply not claimed: its rows spend no attempt and keep
+/// their place in line (their due time does not move).
+pub async fn claim_fair(
+    pool: &sqlx::PgPool,
+    limit: i64,
+    lease: Duration,
+    fairness: Fairness,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let endpoints: Vec<EndpointId> = sqlx::query_scalar(CLAIM_LOCK_SQL)
+        .bind(limit * HEAD_WINDOW_FACTOR)
+        .bind(fairness.sweep)
+        .fetch_all(&mut *tx)
+        .await?;
+    if endpoints.is_empty() {
+        tx.commit().await?;
+        return Ok(Vec::new());
+    }
+    let claimed = sqlx::query_as(&claim_sql())
+        .bind(limit)
+        .bind(lease.as_secs_f64())
+        .bind(fairness.default_max_in_flight)
+        .bind(&endpoints)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(claimed)
+}
+
+/// The first statement of a claim (`$1` head window, `$2` sweep): lock the runnable
+/// endpoints it will serve.
+pub const CLAIM_LOCK_SQL: &str = "WITH head AS (
+         SELECT d.endpoint_id FROM deliveries d
+         WHERE d.status = 'pending' AND NOT d.parked AND d.next_attempt_at <= now()
+         ORDER BY d.next_attempt_at
+         LIMIT $1
+     ), swept AS (
+         SELECT ep.id AS endpoint_id FROM endpoints ep
+         WHERE $2 AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
+           AND EXISTS (SELECT 1 FROM deliveries d
+                       WHERE d.endpoint_id = ep.id AND d.status = 'pending' AND NOT d.parked
+                         AND d.next_attempt_at <= now())
+     )
+     SELECT ep.id FROM endpoints ep
+     WHERE ep.id IN (SELECT endpoint_id FROM head UNION SELECT endpoint_id FROM swept)
+       AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
+     ORDER BY ep.id
+     FOR NO KEY UPDATE OF ep";
+
+/// The claim itself (`$1` limit, `$2` lease in seconds, `$3` default max in flight, `$4`
+/// the endpoints [`CLAIM_LOCK_SQL`] locked), public so tests and the benchmark run exactly
+/// what workers run.
 pub fn claim_sql() -> String {
     format!(
-        "WITH due AS (
-             SELECT d.id
-             FROM deliveries d JOIN endpoints ep ON ep.id = d.endpoint_id
-             WHERE d.status = 'pending' AND NOT d.parked AND d.next_attempt_at <= now()
-               AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
-             ORDER BY d.next_attempt_at
-             LIMIT $1
-             FOR UPDATE OF d SKIP LOCKED
+        "WITH room AS (
+             SELECT ep.id, ep.rate_limit_per_sec, tokens.now AS tokens,
+                    LEAST($1,
+                          COALESCE(ep.max_in_flight, $3)
+                          - (SELECT count(*) FROM deliveries f
+                             WHERE f.endpoint_id = ep.id AND f.status = 'pending'
+                               AND f.leased_until IS NOT NULL AND f.leased_until > now()),
+                          CASE WHEN ep.rate_limit_per_sec IS NULL THEN $1 ELSE floor(tokens.now) END) AS n
+             FROM endpoints ep CROSS JOIN LATERAL (
+                 SELECT LEAST(ep.rate_limit_burst::float8,
+                              COALESCE(ep.rate_tokens, ep.rate_limit_burst)
+                              + extract(epoch FROM now() - COALESCE(ep.rate_tokens_at, now()))
+                                * ep.rate_limit_per_sec) AS now
+             ) tokens
+             WHERE ep.id = ANY($4)
+         ), picked AS (
+             SELECT p.id, p.next_attempt_at,
+                    row_number() OVER (PARTITION BY room.id ORDER BY p.next_attempt_at) AS turn
+             FROM room CROSS JOIN LATERAL (
+                 SELECT d.id, d.next_attempt_at FROM deliveries d
+                 WHERE d.endpoint_id = room.id AND d.status = 'pending' AND NOT d.parked
+                   AND d.next_attempt_at <= now()
+                 ORDER BY d.next_attempt_at
+                 LIMIT GREATEST(room.n, 0)
+                 FOR UPDATE SKIP LOCKED
+             ) p
+         ), due AS (
+             SELECT id FROM picked ORDER BY turn, next_attempt_at LIMIT $1
+         ), claimed AS (
+             UPDATE deliveries d
+             SET next_attempt_at = now() + make_interval(secs => $2),
+                 leased_until = now() + make_interval(secs => $2),
+                 claim_token = d.claim_token + 1,
+                 attempt_count = d.attempt_count + 1,
+                 updated_at = now()
+             FROM due, events e, endpoints ep, sources s
+             WHERE d.id = due.id AND e.id = d.event_id AND ep.id = d.endpoint_id AND s.id = e.source_id
+             RETURNING {CLAIMED_COLUMNS}, NULL::int8 AS probe_token
+         ), paid AS (
+             UPDATE endpoints ep
+             SET rate_tokens = room.tokens - spent.n, rate_tokens_at = now()
+             FROM room JOIN (SELECT endpoint_id, count(*) AS n FROM claimed GROUP BY endpoint_id) spent
+                  ON spent.endpoint_id = room.id
+             WHERE ep.id = room.id AND room.rate_limit_per_sec IS NOT NULL
          )
-         UPDATE deliveries d
-         SET next_attempt_at = now() + make_interval(secs => $2),
-             leased_until = now() + make_interval(secs => $2),
-             claim_token = d.claim_token + 1,
-             attempt_count = d.attempt_count + 1,
-             updated_at = now()
-         FROM due, events e, endpoints ep, sources s
-         WHERE d.id = due.id AND e.id = d.event_id AND ep.id = d.endpoint_id AND s.id = e.source_id
-         RETURNING {CLAIMED_COLUMNS}, NULL::int8 AS probe_token"
+         SELECT * FROM claimed"
     )
 }
 

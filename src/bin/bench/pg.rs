@@ -267,11 +267,11 @@ pub fn ingest_statement() -> anyhow::Result<String> {
     Ok(sql)
 }
 
-/// The gateway's claim statement (`$1` = how many, `$2` = lease in seconds), exactly as
-/// the workers run it.
+/// The gateway's claim statement (`$1` = how many, `$2` = lease in seconds, `$3` default
+/// max in flight, `$4` the endpoints served), exactly as the workers run it.
 pub fn claim_statement() -> Option<String> {
     let sql = webhook_gateway::queue::claim_sql();
-    (is_claim(&sql) && sql.contains("$2") && !sql.contains("$3")).then_some(sql)
+    (is_claim(&sql) && sql.contains("$4") && !sql.contains("$5")).then_some(sql)
 }
 
 /// `EXPLAIN (ANALYZE, BUFFERS)` of one claim of `limit` rows, rolled back.
@@ -284,6 +284,8 @@ pub async fn explain_claim(pool: &PgPool, limit: i64) -> String {
         let lines: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS) {sql}"))
             .bind(limit)
             .bind(60.0_f64)
+            .bind(webhook_gateway::queue::DEFAULT_MAX_IN_FLIGHT)
+            .bind(sqlx::query_scalar::<_, uuid::Uuid>("SELECT id FROM endpoints").fetch_all(&mut *tx).await?)
             .fetch_all(&mut *tx)
             .await?;
         tx.rollback().await?;

@@ -635,6 +635,7 @@ impl ServeArgs {
             retry_after_cap: Duration::from_secs(self.retry_after_cap_secs),
             poll_interval: Duration::from_millis(self.poll_interval_ms),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+            endpoint_max_in_flight: crate::queue::default_max_in_flight(self.worker_count()),
             circuit: crate::circuit::CircuitConfig {
                 failure_threshold: self.circuit_failure_threshold,
                 cooldown: Duration::from_millis(self.circuit_cooldown_ms),
@@ -676,6 +677,8 @@ pub struct DeliverySettings {
     pub poll_interval: Duration,
     /// Shutdown grace for in-flight requests.
     pub shutdown_grace: Duration,
+    /// Concurrent requests per endpoint (across replicas) unless the endpoint sets its own.
+    pub endpoint_max_in_flight: i32,
     /// Circuit breaker settings.
     pub circuit: crate::circuit::CircuitConfig,
 }

@@ -178,7 +178,7 @@ async fn claim(
     if rest > 0 {
         // The housekeeping tick also sweeps every endpoint with due work: one whose rows
         // sit behind another endpoint's capped backlog waits at most one tick.
-        let fairness = queue::Fairness { default_max_in_flight: queue::DEFAULT_MAX_IN_FLIGHT, sweep: housekeeping };
+        let fairness = queue::Fairness { default_max_in_flight: settings.endpoint_max_in_flight, sweep: housekeeping };
         claimed.extend(queue::claim_fair(pool, rest as i64, settings.lease, fairness).await?);
     }
     Ok(claimed)

@@ -71,8 +71,14 @@ pub struct Fairness {
     pub sweep: bool,
 }
 
-/// The default of `--endpoint-max-in-flight`.
+/// The default of [`Fairness::default_max_in_flight`] when no worker count is known.
 pub const DEFAULT_MAX_IN_FLIGHT: i32 = 32;
+
+/// The default per-endpoint cap for a process with `workers` delivery workers: half of
+/// them, so one endpoint, however slow, leaves the other half to everyone else.
+pub fn default_max_in_flight(workers: usize) -> i32 {
+    i32::try_from(workers / 2).unwrap_or(i32::MAX).max(1)
+}
 
 impl Default for Fairness {
     fn default() -> Self {

@@ -10,6 +10,7 @@ mod db_outage;
 mod db_partition;
 mod delivery;
 mod embedded;
+mod fairness;
 mod fanout;
 mod hostile_ingest;
 mod hostile_subscriber;

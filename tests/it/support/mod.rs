@@ -122,6 +122,7 @@ pub fn test_settings() -> Settings {
             retry_after_cap: Duration::from_secs(3600),
             poll_interval: Duration::from_millis(50),
             shutdown_grace: Duration::from_secs(5),
+            endpoint_max_in_flight: webhook_gateway::queue::default_max_in_flight(8),
             circuit: CircuitConfig {
                 failure_threshold: 5,
                 cooldown: Duration::from_millis(500),
@@ -340,7 +341,7 @@ pub async fn seed_deliveries(pool: &PgPool, endpoint_id: &str, n: i64) {
     sqlx::query(
         "WITH ev AS (
              INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload)
-             SELECT (SELECT id FROM sources WHERE name = 'api'), 'seed-' || g, 'seed.created', 'application/json',
+             SELECT (SELECT id FROM sources WHERE name = 'api'), 'seed-' || $2 || '-' || g, 'seed.created', 'application/json',
                     '{}'::jsonb, convert_to('{\"n\": ' || g || '}', 'UTF8')
              FROM generate_series(1, $1) g
              RETURNING id)

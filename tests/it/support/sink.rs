@@ -55,6 +55,8 @@ pub struct Sink {
     /// Where it listens.
     pub addr: SocketAddr,
     received: Arc<Mutex<Vec<Received>>>,
+    /// Requests being answered now, and the most there ever were at once.
+    concurrency: Arc<Mutex<(usize, usize)>>,
 }
 
 impl Sink {
@@ -66,6 +68,8 @@ impl Sink {
     /// A sink driven by `script`.
     pub async fn start(script: impl Fn(&Received, usize) -> Reply + Send + Sync + 'static) -> Sink {
         let received: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let concurrency: Arc<Mutex<(usize, usize)>> = Arc::default();
+        let counting = concurrency.clone();
         let seen: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
         let script: Arc<Script> = Arc::new(script);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind sink");
@@ -75,7 +79,14 @@ impl Sink {
             let log = log.clone();
             let seen = seen.clone();
             let script = script.clone();
+            let counting = counting.clone();
             async move {
+                {
+                    let mut c = counting.lock().expect("concurrency lock");
+                    c.0 += 1;
+                    c.1 = c.1.max(c.0);
+                }
+                let _done = Finished(counting);
                 let req = Received { headers, body, path: uri.path().to_owned(), at: std::time::Instant::now() };
                 let n = {
                     let mut seen = seen.lock().expect("seen lock");
@@ -97,7 +108,7 @@ impl Sink {
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Sink { addr, received }
+        Sink { addr, received, concurrency }
     }
 
     /// URL of a path on the sink.
@@ -110,9 +121,25 @@ impl Sink {
         self.received.lock().expect("log lock").clone()
     }
 
+    /// The most requests the sink was answering at the same time.
+    pub fn max_concurrent(&self) -> usize {
+        self.concurrency.lock().expect("concurrency lock").1
+    }
+
     /// How many requests arrived.
     pub fn count(&self) -> usize {
         self.received.lock().expect("log lock").len()
+    }
+}
+
+/// Counts a request as answered when dropped (also when the client went away).
+struct Finished(Arc<Mutex<(usize, usize)>>);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        if let Ok(mut c) = self.0.lock() {
+            c.0 = c.0.saturating_sub(1);
+        }
     }
 }
 

@@ -1,0 +1,137 @@
+//! Fair delivery across endpoints: a slow endpoint's backlog does not hold up another
+//! endpoint, and per-endpoint limits (in flight, rate) hold across replicas and survive
+//! a replica's death. Real processes, real subscribers.
+
+use std::time::{Duration, Instant};
+
+use crate::support::sink::{Reply, Sink};
+use crate::support::{GatewayProcess, TestApp, count_status, eventually, seed_deliveries};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// Worker replicas polling fast, with a 15 s lease (5 s request timeout) so a dead
+/// replica's leases run out within the test.
+fn worker(app: &TestApp) -> GatewayProcess {
+    GatewayProcess::start(
+        &app.db.url,
+        &["--role", "worker", "--poll-interval-ms", "50", "--request-timeout-secs", "5", "--lease-secs", "15"],
+    )
+}
+
+async fn set_limits(app: &TestApp, endpoint: &str, max_in_flight: Option<i32>, rate: Option<(f64, i32)>) {
+    sqlx::query(
+        "UPDATE endpoints SET max_in_flight = $2, rate_limit_per_sec = $3, rate_limit_burst = $4 WHERE id = $1::uuid",
+    )
+    .bind(endpoint)
+    .bind(max_in_flight)
+    .bind(rate.map(|r| r.0))
+    .bind(rate.map(|r| r.1))
+    .execute(&app.db.pool)
+    .await
+    .expect("set limits");
+}
+
+/// One endpoint answers after 1.5 s and has 1,500 deliveries waiting; a second endpoint
+/// then gets 50: they arrive within about a second, not after the slow backlog (before
+/// fairness they waited a median 31 s: every worker was holding a slow request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_endpoint_s_backlog_does_not_hold_up_a_fresh_endpoint() {
+    let app = TestApp::ingest_only().await;
+    let slow = Sink::start(|_, _| Reply::Hold(Duration::from_millis(1500))).await;
+    let fast = Sink::ok().await;
+    let slow_ep = app.endpoint_for(&slow.url("/"), None).await;
+    let fast_ep = app.endpoint_for(&fast.url("/"), None).await;
+    seed_deliveries(&app.db.pool, &slow_ep, 1500).await;
+    let _worker = worker(&app);
+    // The slow endpoint holds as many workers as it may (half of them, by default).
+    eventually(WAIT, "the slow endpoint at its cap", || async { (slow.count() >= 16).then_some(()) }).await;
+
+    let seeded = Instant::now();
+    seed_deliveries(&app.db.pool, &fast_ep, 50).await;
+    eventually(WAIT, "the fresh endpoint's 50 deliveries", || async { (fast.count() >= 50).then_some(()) }).await;
+    let mut waits: Vec<Duration> = fast.received().iter().map(|r| r.at.duration_since(seeded)).collect();
+    waits.sort();
+    eprintln!(
+        "fresh endpoint beside a slow backlog: p50 {:?}, max {:?} (slow endpoint: {} requests so far, at most {} at once)",
+        waits[25],
+        waits[49],
+        slow.count(),
+        slow.max_concurrent()
+    );
+    // Generous for a loaded 2-core machine; without fairness this is tens of seconds.
+    assert!(waits[49] < Duration::from_secs(5), "the fresh endpoint waited {:?}", waits[49]);
+    assert!(count_status(&app.db.pool, "pending").await > 1000, "the slow backlog is still being worked through");
+}
+
+/// Two replicas, an endpoint limited to 50 requests per second (burst 5): the subscriber
+/// sees 50/s ± 10 % over 20 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rate_limit_holds_across_two_replicas() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::ok().await;
+    let ep = app.endpoint_for(&sink.url("/"), None).await;
+    set_limits(&app, &ep, None, Some((50.0, 5))).await;
+    seed_deliveries(&app.db.pool, &ep, 3000).await;
+    let _a = worker(&app);
+    let _b = worker(&app);
+    eventually(WAIT, "deliveries flowing", || async { (sink.count() >= 20).then_some(()) }).await;
+    let start = sink.received()[19].at;
+    tokio::time::sleep(Duration::from_secs(21)).await;
+    let in_window = sink.received().iter().filter(|r| r.at > start && r.at <= start + Duration::from_secs(20)).count();
+    eprintln!("rate limit 50/s across two replicas: {in_window} requests in 20 s ({:.1}/s)", in_window as f64 / 20.0);
+    assert!((900..=1100).contains(&in_window), "{in_window} requests in 20 s");
+}
+
+/// Two replicas, an endpoint with max_in_flight 4 and a subscriber taking 300 ms: the
+/// subscriber never sees more than 4 requests at once, and every delivery arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_in_flight_holds_across_two_replicas() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::start(|_, _| Reply::Hold(Duration::from_millis(300))).await;
+    let ep = app.endpoint_for(&sink.url("/"), None).await;
+    set_limits(&app, &ep, Some(4), None).await;
+    seed_deliveries(&app.db.pool, &ep, 120).await;
+    let _a = worker(&app);
+    let _b = worker(&app);
+    eventually(WAIT, "all delivered", || async {
+        (count_status(&app.db.pool, "delivered").await == 120).then_some(())
+    })
+    .await;
+    eprintln!("max_in_flight 4 across two replicas: at most {} at once", sink.max_concurrent());
+    assert!(sink.max_concurrent() <= 4, "{} requests at once", sink.max_concurrent());
+    assert_eq!(sink.max_concurrent(), 4, "the cap was reached (the test exercised it)");
+    assert_eq!(sink.count(), 120);
+}
+
+/// A replica dies holding an endpoint's every slot: the endpoint is throttled only until
+/// those leases run out, then the surviving replica delivers everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_replica_s_slots_free_themselves_when_their_leases_end() {
+    let app = TestApp::ingest_only().await;
+    // The first two requests hang (the replica holding them is killed); the rest answer.
+    let sink = Sink::start(|_, _| Reply::status(200)).await;
+    let hanging = Sink::start(|_, _| Reply::Hold(Duration::from_secs(120))).await;
+    let ep = app.endpoint_for(&hanging.url("/"), None).await;
+    set_limits(&app, &ep, Some(2), None).await;
+    seed_deliveries(&app.db.pool, &ep, 20).await;
+    let mut doomed = worker(&app);
+    eventually(WAIT, "both slots taken", || async { (hanging.count() == 2).then_some(()) }).await;
+    doomed.kill();
+    let killed = Instant::now();
+    // From now on the endpoint answers at once.
+    sqlx::query("UPDATE endpoints SET url = $2 WHERE id = $1::uuid")
+        .bind(&ep)
+        .bind(sink.url("/"))
+        .execute(&app.db.pool)
+        .await
+        .expect("point the endpoint at the answering sink");
+    let _survivor = worker(&app);
+    eventually(WAIT, "all delivered by the survivor", || async {
+        (count_status(&app.db.pool, "delivered").await == 20).then_some(())
+    })
+    .await;
+    let first = sink.received()[0].at.duration_since(killed);
+    eprintln!("dead replica holding both slots: the survivor's first request {first:?} after the kill (lease 15 s)");
+    assert!(first >= Duration::from_secs(10), "the dead replica's leases held the slots: {first:?}");
+    assert!(first < Duration::from_secs(45), "the slots came back with their leases: {first:?}");
+}

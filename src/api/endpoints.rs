@@ -8,9 +8,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::AppState;
 use super::extract::{ApiJson, ApiQuery, parse_id};
 use super::openapi::{AdminErrors, JsonBodyErrors};
-use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::{DeliveryId, EndpointId, EventId};
 use crate::secrets::Place;

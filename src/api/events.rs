@@ -7,13 +7,13 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::AppState;
 use super::deliveries::DeliveryView;
 use super::extract::{ApiJson, ApiQuery, page_limit, parse_id};
+use super::ingest::{IngestResponse, store_error};
 use super::openapi::AdminErrors;
-use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::EventId;
-use crate::ingest::{self, IngestResponse};
 use crate::queue;
 use crate::sanitize;
 use crate::store;
@@ -80,19 +80,23 @@ pub async fn publish(
     }
     let source = store::sources::by_name(&state.pool, source_name).await?.ok_or_else(no_such_source)?;
     let payload = serde_json::to_vec(&body.payload).map_err(|_| ApiError::internal())?;
-    let stored = ingest::accept(
-        &state,
-        &source.name,
-        OwnedEvent {
-            source_id: source.id,
-            dedupe_key: event_id,
-            event_type,
-            content_type: Some("application/json".to_owned()),
-            headers: serde_json::json!({}),
-            payload: payload.into(),
-        },
-    )
-    .await?;
+    let deadline = tokio::time::Instant::now() + state.db_timeout;
+    let stored = state
+        .intake
+        .accept(
+            &source.name,
+            OwnedEvent {
+                source_id: source.id,
+                dedupe_key: event_id,
+                event_type,
+                content_type: Some("application/json".to_owned()),
+                headers: serde_json::Value::Object(serde_json::Map::new()),
+                payload: payload.into(),
+            },
+            deadline,
+        )
+        .await
+        .map_err(store_error)?;
     Ok(Json(stored.into()))
 }
 

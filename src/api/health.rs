@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::app::AppState;
+use super::AppState;
 use crate::db;
 
 // Documentation only: `healthz` builds this body with `json!` (unchanged bytes: sorted keys);

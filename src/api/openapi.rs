@@ -12,7 +12,7 @@ use axum::response::IntoResponse;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 
-use super::{deliveries, endpoints, events, health, sources, storage, subscriptions};
+use super::{deliveries, endpoints, events, health, ingest, sources, storage, subscriptions};
 
 /// The document's root: info, tags, the bearer scheme and every documented handler.
 #[derive(OpenApi)]
@@ -24,7 +24,7 @@ use super::{deliveries, endpoints, events, health, sources, storage, subscriptio
             `{\"error\": {\"code\": \"...\", \"message\": \"...\"}}`."
     ),
     paths(
-        crate::ingest::ingest,
+        ingest::ingest,
         sources::create,
         sources::list,
         sources::get,

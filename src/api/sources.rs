@@ -7,9 +7,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::AppState;
 use super::extract::{ApiJson, ApiQuery, parse_id};
 use super::openapi::{AdminErrors, JsonBodyErrors};
-use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::SourceId;
 use crate::secrets::{Keyring, Place};
@@ -166,7 +166,7 @@ pub async fn create(
     }
     match store::sources::insert(&state.pool, &body.name, &sealed(&spec, &state.secrets)?).await {
         Ok(source) => {
-            state.sources.invalidate();
+            state.intake.sources().invalidate();
             Ok((StatusCode::CREATED, Json(SourceView::new(source, &state.secrets))))
         }
         Err(e) if store::is_unique_violation(&e, store::sources::NAME_UNIQUE) => {
@@ -288,7 +288,7 @@ pub async fn update(
     let updated = store::sources::update_spec(&state.pool, id, &sealed(&spec, &state.secrets)?)
         .await?
         .ok_or_else(|| ApiError::not_found("source"))?;
-    state.sources.invalidate();
+    state.intake.sources().invalidate();
     tracing::info!(source = %updated.name, "source updated");
     Ok(Json(SourceView::new(updated, &state.secrets)))
 }
@@ -342,7 +342,7 @@ pub async fn delete(
         )));
     }
     store::sources::delete(&state.pool, id).await?;
-    state.sources.invalidate();
+    state.intake.sources().invalidate();
     tracing::info!(source = %source.name, events, "source deleted");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -9,9 +9,9 @@ use utoipa::{IntoParams, ToSchema};
 
 use axum::extract::Path;
 
+use super::AppState;
 use super::extract::{ApiJson, ApiQuery, parse_id};
 use super::openapi::AdminErrors;
-use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::fanout;
 use crate::ids::{EndpointId, SubscriptionId};

@@ -125,11 +125,8 @@ pub struct EventView {
     deliveries: Vec<DeliveryView>,
 }
 
-// Documentation only: `list` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
 /// A page of events.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct EventPage {
     /// Oldest first.
     data: Vec<store::events::EventSummary>,
@@ -208,7 +205,7 @@ pub struct ListQuery {
 pub async fn list(
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<EventPage>, ApiError> {
     let limit = page_limit(q.limit)?;
     let source_id = match &q.source {
         None => None,
@@ -221,7 +218,7 @@ pub async fn list(
     };
     let filter =
         store::events::Filter { source_id, event_type: q.event_type, since: q.since, until: q.until, after: q.cursor };
-    let rows = store::events::list(&state.pool, &filter, limit).await?;
-    let next_cursor = (rows.len() as i64 == limit).then(|| rows.last().map(|e| e.id)).flatten();
-    Ok(Json(serde_json::json!({ "data": rows, "next_cursor": next_cursor })))
+    let data = store::events::list(&state.pool, &filter, limit).await?;
+    let next_cursor = (data.len() as i64 == limit).then(|| data.last().map(|e| e.id)).flatten();
+    Ok(Json(EventPage { data, next_cursor }))
 }

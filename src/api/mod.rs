@@ -1,7 +1,8 @@
 //! The HTTP surface: admin API under `/v1` (bearer token), webhook ingest, health.
 //!
-//! Handlers are thin: parse, call the store or a pure function, map to JSON. Every error
-//! goes through [`crate::error::ApiError`].
+//! Handlers are thin: parse, call the store, [`crate::ingest`] or a pure function, and
+//! answer with a typed body (`#[derive(Serialize, ToSchema)]`), the same type the
+//! OpenAPI document names. Every error goes through [`crate::error::ApiError`].
 
 mod auth;
 mod deliveries;

@@ -69,13 +69,10 @@ pub struct SourceView {
     created_at: DateTime<Utc>,
 }
 
-// Documentation only: `list` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
-/// All sources.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+/// All sources (not paginated).
+#[derive(Debug, Serialize, ToSchema)]
 pub struct SourceList {
-    /// Every source, by name.
+    /// Every source, by name, the built-in `api` source included.
     data: Vec<SourceView>,
 }
 
@@ -186,10 +183,10 @@ pub async fn create(
     ),
     security(("admin_token" = [])),
 )]
-pub async fn list(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+pub async fn list(State(state): State<AppState>) -> Result<Json<SourceList>, ApiError> {
     let sources = store::sources::list(&state.pool).await?;
-    let data: Vec<SourceView> = sources.into_iter().map(|s| SourceView::new(s, &state.secrets)).collect();
-    Ok(Json(serde_json::json!({ "data": data })))
+    let data = sources.into_iter().map(|s| SourceView::new(s, &state.secrets)).collect();
+    Ok(Json(SourceList { data }))
 }
 
 /// `GET /v1/sources/{id}`.

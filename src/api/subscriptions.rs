@@ -44,13 +44,10 @@ pub struct SubscriptionView {
     created_at: DateTime<Utc>,
 }
 
-// Documentation only: `list` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
-/// Subscriptions.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+/// Subscriptions (not paginated).
+#[derive(Debug, Serialize, ToSchema)]
 pub struct SubscriptionList {
-    /// The subscriptions (not paginated).
+    /// Oldest first (ids are time-ordered).
     data: Vec<SubscriptionView>,
 }
 
@@ -150,10 +147,9 @@ pub struct ListQuery {
 pub async fn list(
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let data: Vec<SubscriptionView> =
-        store::subscriptions::list(&state.pool, q.endpoint_id).await?.into_iter().map(Into::into).collect();
-    Ok(Json(serde_json::json!({ "data": data })))
+) -> Result<Json<SubscriptionList>, ApiError> {
+    let data = store::subscriptions::list(&state.pool, q.endpoint_id).await?.into_iter().map(Into::into).collect();
+    Ok(Json(SubscriptionList { data }))
 }
 
 /// `GET /v1/subscriptions/{id}`.

@@ -478,12 +478,8 @@ pub struct Recovered {
     request_body = Recover,
     responses(
         (status = 200, description = "Re-queued (0 when called again)", body = Recovered),
-        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
         (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
-        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
-        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
-        (status = 422, description = "Invalid field, e.g. `until` not after `since` (`validation_failed`)",
-            body = ErrorBody),
+        JsonBodyErrors,
         AdminErrors,
     ),
     security(("admin_token" = [])),

@@ -11,7 +11,7 @@ use super::AppState;
 use super::deliveries::DeliveryView;
 use super::extract::{ApiJson, ApiQuery, page_limit, parse_id};
 use super::ingest::{IngestResponse, store_error};
-use super::openapi::AdminErrors;
+use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::EventId;
 use crate::queue;
@@ -50,11 +50,7 @@ pub struct PublishEvent {
     responses(
         (status = 200, description = "Stored (or already stored: `duplicate`), with its deliveries, before this answer",
             body = IngestResponse),
-        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
-        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
-        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
-        (status = 422, description = "Invalid field, or no such source, named in the message (`validation_failed`)",
-            body = ErrorBody),
+        JsonBodyErrors,
         AdminErrors,
     ),
     security(("admin_token" = [])),

@@ -310,14 +310,11 @@ pub struct DeleteQuery {
     params(("id" = SourceId, Path, description = "Source id (anything else is 404)"), DeleteQuery),
     responses(
         (status = 204, description = "Deleted (with its events, deliveries and attempts when forced)"),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such source (`not_found`)", body = ErrorBody),
         (status = 409, description = "The source has events and `force` is not set, or it is the built-in `api` \
             source (`conflict`)", body = ErrorBody),
         (status = 422, description = "Bad query string (`validation_failed`)", body = ErrorBody),
-        (status = 503, description = "The database is unreachable or did not answer in time \
-            (`database_unavailable`); the message says whether the deletion may have been applied", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]

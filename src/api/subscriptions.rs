@@ -11,7 +11,7 @@ use axum::extract::Path;
 
 use super::AppState;
 use super::extract::{ApiJson, ApiQuery, parse_id};
-use super::openapi::AdminErrors;
+use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::error::{ApiError, ErrorBody};
 use crate::fanout;
 use crate::ids::{EndpointId, SubscriptionId};
@@ -87,11 +87,7 @@ async fn source_id_by_name(state: &AppState, name: &str) -> Result<crate::ids::S
     request_body = CreateSubscription,
     responses(
         (status = 201, description = "Created", body = SubscriptionView),
-        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
-        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
-        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
-        (status = 422, description = "Invalid field, or unknown endpoint or source, named (`validation_failed`)",
-            body = ErrorBody),
+        JsonBodyErrors,
         AdminErrors,
     ),
     security(("admin_token" = [])),
@@ -192,12 +188,8 @@ pub struct UpdateSubscription {
     request_body = UpdateSubscription,
     responses(
         (status = 200, description = "The updated subscription", body = SubscriptionView),
-        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
         (status = 404, description = "No such subscription (`not_found`)", body = ErrorBody),
-        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
-        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
-        (status = 422, description = "Invalid field, or no such source, named in the message (`validation_failed`)",
-            body = ErrorBody),
+        JsonBodyErrors,
         AdminErrors,
     ),
     security(("admin_token" = [])),

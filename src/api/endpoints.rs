@@ -26,7 +26,7 @@ pub struct CreateEndpoint {
     /// Standard Webhooks secret `whsec_<base64>`; generated when absent.
     #[serde(default)]
     pub secret: Option<String>,
-    /// Free text.
+    /// Free text for operators (shown by the API, never sent to the subscriber).
     #[serde(default)]
     pub description: Option<String>,
 }
@@ -51,9 +51,12 @@ pub struct EndpointView {
 struct CircuitView {
     /// `closed`, `open` or `half_open`.
     state: crate::circuit::CircuitDisplay,
+    /// Retryable failures in a row since the last success; the circuit opens at
+    /// `--circuit-failure-threshold`.
     consecutive_failures: i32,
     /// Opens since it was last closed (the cool-down doubles with each).
     open_count: i32,
+    /// When the circuit opened; `null` unless it is open.
     opened_at: Option<DateTime<Utc>>,
     /// When an open circuit admits its next probe.
     reopen_at: Option<DateTime<Utc>>,

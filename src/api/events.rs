@@ -100,12 +100,13 @@ pub async fn publish(
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventView {
     id: EventId,
-    /// Source name.
+    /// Name of the source it arrived on (`api` for events published without one).
     source: String,
     event_type: String,
     /// What duplicates are recognised by (a delivery id, or `sha256:<hex of the body>`).
     dedupe_key: String,
     received_at: DateTime<Utc>,
+    /// The request's Content-Type, replayed on delivery; `null` when it had none.
     content_type: Option<String>,
     /// The request headers kept with the event (lower-case names), signatures redacted.
     #[schema(value_type = Object)]
@@ -168,9 +169,9 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
-    /// Source name.
+    /// Only events of the source with this name (422 when there is none).
     source: Option<String>,
-    /// Exact event type.
+    /// Only events of exactly this type (not a pattern).
     event_type: Option<String>,
     /// Received at or after (RFC 3339).
     since: Option<DateTime<Utc>>,

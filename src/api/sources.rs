@@ -214,7 +214,7 @@ pub struct UpdateSource {
     /// Replace the secret list (rotation: send old and new, later only new).
     #[serde(default)]
     pub secrets: Option<Vec<String>>,
-    /// Timestamp tolerance in seconds.
+    /// Timestamp tolerance in seconds; `null` returns to the kind's default.
     #[serde(default, deserialize_with = "super::extract::double_option")]
     pub tolerance_secs: Option<Option<u64>>,
     /// Where the dedupe key lives.

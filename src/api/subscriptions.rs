@@ -21,7 +21,7 @@ use crate::store::{self, subscriptions::Subscription};
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSubscription {
-    /// Target endpoint.
+    /// Where matching events are delivered (422 when there is no such endpoint).
     pub endpoint_id: EndpointId,
     /// Source name; absent means every source.
     #[serde(default)]

@@ -1,74 +1,22 @@
-//! Wiring: shared state, the HTTP server, the delivery workers, graceful shutdown.
+//! Wiring: the handlers' state, the HTTP server, the delivery workers, the janitor,
+//! graceful shutdown.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use ipnet::IpNet;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::PgPool;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
-use url::Url;
 
+use crate::api::AppState;
 use crate::config::{DeliverySettings, Role};
 use crate::deliver::Dispatcher;
-use crate::egress::{self, EgressClient, EgressConfig, HostResolver};
-use crate::error::ApiError;
+use crate::egress::{EgressClient, EgressConfig, HostResolver};
+use crate::ingest::Intake;
 use crate::janitor::{Janitor, JanitorSettings};
 use crate::secrets::Keyring;
-
-/// State shared by every handler. Cheap to clone.
-#[derive(Clone)]
-pub struct AppState {
-    /// Connection pool.
-    pub pool: PgPool,
-    /// Admin API bearer token.
-    pub admin_token: Arc<str>,
-    /// Largest accepted body.
-    pub max_body_bytes: usize,
-    /// Signalled when ingest creates deliveries, so idle workers claim at once.
-    pub wake: Arc<Notify>,
-    /// Operator-opened outbound ranges (endpoint URL checks).
-    pub egress_allow: Arc<[IpNet]>,
-    /// Refuse plain-http endpoints.
-    pub egress_https_only: bool,
-    /// Backlog release rate on resume.
-    pub release_per_sec: u32,
-    /// The Prometheus exporter, when this process installed one (the binary does).
-    pub metrics: Option<PrometheusHandle>,
-    /// Sources by name for ingest (short TTL; admin changes invalidate it).
-    pub sources: Arc<crate::ingest::SourceCache>,
-    /// Group-commit writer for ingested events.
-    pub ingest: crate::ingest::batcher::Batcher,
-    /// How long an HTTP request waits for the database before answering 503.
-    pub db_timeout: std::time::Duration,
-    /// How long a request's body may take to arrive and the request to be answered.
-    pub request_timeout: std::time::Duration,
-    /// Seals source and endpoint secrets before they are stored, opens them when read.
-    pub secrets: Keyring,
-}
-
-impl AppState {
-    /// Validate an endpoint URL as typed by an operator: parseable, http(s), with a host,
-    /// and not an IP literal in a forbidden range. Host names are checked at send time,
-    /// because DNS changes.
-    pub fn check_endpoint_url(&self, raw: &str) -> Result<Url, ApiError> {
-        let url = Url::parse(raw).map_err(|e| ApiError::validation("url", format!("not a valid URL: {e}")))?;
-        // Credentials in a URL would be stored, shown by every GET and list, logged with
-        // transport errors, and sent as Basic auth: refused.
-        if !url.username().is_empty() || url.password().is_some() {
-            return Err(ApiError::validation(
-                "url",
-                "must not carry credentials (user:password@host); subscribers authenticate the gateway by its \
-                 signature",
-            ));
-        }
-        egress::check_url_static(&url, &self.egress_allow, self.egress_https_only)
-            .map_err(|refusal| ApiError::validation("url", refusal))?;
-        Ok(url)
-    }
-}
 
 /// Everything a gateway process needs besides its database pool.
 #[derive(Clone)]
@@ -140,17 +88,17 @@ impl Running {
 
 /// Bind, and start the HTTP server (and the workers, for roles that run them).
 pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> {
+    let wake = Arc::new(Notify::new());
     let state = AppState {
         pool: pool.clone(),
         admin_token: settings.admin_token.clone().into(),
         max_body_bytes: settings.max_body_bytes,
-        wake: Arc::new(Notify::new()),
+        wake: wake.clone(),
         egress_allow: settings.egress.allow.clone().into(),
         egress_https_only: settings.egress.https_only,
         release_per_sec: settings.delivery.circuit.release_per_sec,
         metrics: settings.metrics.clone(),
-        sources: Arc::new(crate::ingest::SourceCache::new(settings.secrets.clone())),
-        ingest: crate::ingest::batcher::Batcher::start(pool.clone(), settings.ingest_writers),
+        intake: Intake::start(pool.clone(), settings.ingest_writers, settings.secrets.clone(), wake),
         db_timeout: settings.db_timeout,
         request_timeout: settings.http.request_timeout,
         secrets: settings.secrets.clone(),

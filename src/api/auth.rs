@@ -5,7 +5,7 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::Response;
 
-use crate::app::AppState;
+use super::AppState;
 use crate::error::ApiError;
 
 /// Middleware: every `/v1` call needs `Authorization: Bearer <admin token>`.

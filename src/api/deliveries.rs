@@ -6,9 +6,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::AppState;
 use super::extract::{ApiQuery, page_limit, parse_id};
 use super::openapi::AdminErrors;
-use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::{DeliveryId, EndpointId, EventId};
 use crate::queue::DeliveryStatus;
@@ -44,11 +44,8 @@ pub struct DeliveryView {
     finished_at: Option<DateTime<Utc>>,
 }
 
-// Documentation only: `list` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
 /// A page of deliveries.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct DeliveryPage {
     /// Oldest first.
     data: Vec<DeliveryView>,
@@ -56,16 +53,14 @@ pub struct DeliveryPage {
     next_cursor: Option<DeliveryId>,
 }
 
-// Documentation only: `attempts` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
+// Fields in alphabetical order: the order this answer has always had.
 /// A delivery and the story of its attempts.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct AttemptTimeline {
-    /// The delivery now.
-    delivery: DeliveryView,
-    /// Its attempts, in order.
+    /// Its attempts, first to last.
     data: Vec<store::attempts::Attempt>,
+    /// The delivery as it is now.
+    delivery: DeliveryView,
 }
 
 impl From<Delivery> for DeliveryView {
@@ -124,13 +119,13 @@ pub struct ListQuery {
 pub async fn list(
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<DeliveryPage>, ApiError> {
     let limit = page_limit(q.limit)?;
     let filter = Filter { event_id: q.event_id, endpoint_id: q.endpoint_id, status: q.status, after: q.cursor };
     let rows = read::list(&state.pool, &filter, limit).await?;
     let next_cursor = (rows.len() as i64 == limit).then(|| rows.last().map(|d| d.id)).flatten();
-    let data: Vec<DeliveryView> = rows.into_iter().map(Into::into).collect();
-    Ok(Json(serde_json::json!({ "data": data, "next_cursor": next_cursor })))
+    let data = rows.into_iter().map(Into::into).collect();
+    Ok(Json(DeliveryPage { data, next_cursor }))
 }
 
 /// `GET /v1/deliveries/{id}`.
@@ -166,14 +161,11 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
 pub async fn attempts(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<AttemptTimeline>, ApiError> {
     let id: DeliveryId = parse_id(&id, "delivery")?;
     let delivery = read::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("delivery"))?;
-    let attempts = store::attempts::for_delivery(&state.pool, id).await?;
-    Ok(Json(serde_json::json!({
-        "delivery": DeliveryView::from(delivery),
-        "data": attempts,
-    })))
+    let data = store::attempts::for_delivery(&state.pool, id).await?;
+    Ok(Json(AttemptTimeline { data, delivery: delivery.into() }))
 }
 
 /// `POST /v1/deliveries/{id}/redeliver`.

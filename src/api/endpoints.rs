@@ -8,9 +8,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::AppState;
 use super::extract::{ApiJson, ApiQuery, parse_id};
 use super::openapi::{AdminErrors, JsonBodyErrors};
-use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::{DeliveryId, EndpointId, EventId};
 use crate::secrets::Place;
@@ -26,7 +26,7 @@ pub struct CreateEndpoint {
     /// Standard Webhooks secret `whsec_<base64>`; generated when absent.
     #[serde(default)]
     pub secret: Option<String>,
-    /// Free text.
+    /// Free text for operators (shown by the API, never sent to the subscriber).
     #[serde(default)]
     pub description: Option<String>,
 }
@@ -51,9 +51,12 @@ pub struct EndpointView {
 struct CircuitView {
     /// `closed`, `open` or `half_open`.
     state: crate::circuit::CircuitDisplay,
+    /// Retryable failures in a row since the last success; the circuit opens at
+    /// `--circuit-failure-threshold`.
     consecutive_failures: i32,
     /// Opens since it was last closed (the cool-down doubles with each).
     open_count: i32,
+    /// When the circuit opened; `null` unless it is open.
     opened_at: Option<DateTime<Utc>>,
     /// When an open circuit admits its next probe.
     reopen_at: Option<DateTime<Utc>>,
@@ -103,11 +106,8 @@ fn validate_secret(secret: &str) -> Result<(), ApiError> {
     }
 }
 
-// Documentation only: `list` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
-/// All endpoints.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+/// All endpoints (not paginated).
+#[derive(Debug, Serialize, ToSchema)]
 pub struct EndpointList {
     /// Every endpoint not deleted, oldest first; secrets are not shown.
     data: Vec<EndpointView>,
@@ -155,10 +155,10 @@ pub async fn create(
     ),
     security(("admin_token" = [])),
 )]
-pub async fn list(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+pub async fn list(State(state): State<AppState>) -> Result<Json<EndpointList>, ApiError> {
     let endpoints = store::endpoints::list(&state.pool).await?;
-    let data: Vec<EndpointView> = endpoints.into_iter().map(|e| EndpointView::new(e, false)).collect();
-    Ok(Json(serde_json::json!({ "data": data })))
+    let data = endpoints.into_iter().map(|e| EndpointView::new(e, false)).collect();
+    Ok(Json(EndpointList { data }))
 }
 
 /// `GET /v1/endpoints/{id}`.
@@ -280,13 +280,11 @@ pub struct DeleteQuery {
     force: bool,
 }
 
-// Documentation only: `delete` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
+// Fields in alphabetical order: the order this answer has always had.
 /// A deleted endpoint.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct EndpointDeleted {
-    /// Pending deliveries dead-lettered by `force` (reason `endpoint deleted`).
+    /// Pending deliveries dead-lettered by `force` (reason `endpoint deleted`); 0 without it.
     dead_lettered: u64,
     /// Always true.
     deleted: bool,
@@ -314,7 +312,7 @@ pub async fn delete(
     State(state): State<AppState>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<DeleteQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<EndpointDeleted>, ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
     match store::endpoints::delete(&state.pool, id, q.force).await? {
         Deleted::NotFound => Err(ApiError::not_found("endpoint")),
@@ -323,7 +321,8 @@ pub async fn delete(
         ))),
         Deleted::Done(dead_lettered) => {
             tracing::info!(endpoint_id = %id, dead_lettered, "endpoint deleted");
-            Ok(Json(serde_json::json!({"id": id, "deleted": true, "dead_lettered": dead_lettered})))
+            // A row count: never negative.
+            Ok(Json(EndpointDeleted { dead_lettered: dead_lettered.unsigned_abs(), deleted: true, id }))
         }
     }
 }
@@ -344,11 +343,9 @@ pub struct RotateSecret {
 /// Default grace period of a secret rotation.
 pub const ROTATION_GRACE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
-// Documentation only: `rotate_secret` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
+// Fields in alphabetical order: the order this answer has always had.
 /// A rotated secret.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct RotatedSecret {
     id: EndpointId,
     /// Until then requests are also signed with the secret this rotation replaced.
@@ -382,7 +379,7 @@ pub async fn rotate_secret(
     State(state): State<AppState>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<RotatedSecret>, ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
     let body: RotateSecret = super::extract::json_or_default(&body)?;
     let secret = match body.secret {
@@ -400,19 +397,18 @@ pub async fn rotate_secret(
         .await?
         .ok_or_else(|| ApiError::not_found("endpoint"))?;
     tracing::info!(endpoint_id = %id, grace_secs = grace.as_secs(), "endpoint secret rotated");
-    Ok(Json(serde_json::json!({
-        "id": endpoint.id,
-        "secret": secret,
-        "previous_secret_valid_until": chrono::Utc::now() + chrono::Duration::from_std(grace).unwrap_or_default(),
-    })))
+    Ok(Json(RotatedSecret {
+        id: endpoint.id,
+        previous_secret_valid_until: Utc::now() + chrono::Duration::from_std(grace).unwrap_or_default(),
+        secret,
+    }))
 }
 
-// Documentation only: `test_send` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
+// Fields in alphabetical order: the order this answer has always had.
 /// A queued test send.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct TestSend {
+    /// Follow it with `GET /v1/deliveries/{id}`.
     delivery_id: DeliveryId,
     /// The synthetic `webhook.test` event (never deduplicated against real events).
     event_id: EventId,
@@ -439,7 +435,7 @@ pub struct TestSend {
 pub async fn test_send(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+) -> Result<(StatusCode, Json<TestSend>), ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
     if store::endpoints::by_id(&state.pool, id).await?.is_none() {
         return Err(ApiError::not_found("endpoint"));
@@ -452,12 +448,7 @@ pub async fn test_send(
     .map_err(|_| ApiError::internal())?;
     let (event_id, delivery_id) = store::events::insert_test(&state.pool, id, &payload).await?;
     state.wake.notify_one();
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(
-            serde_json::json!({"event_id": event_id, "delivery_id": delivery_id, "webhook_id": delivery_id.webhook_id()}),
-        ),
-    ))
+    Ok((StatusCode::ACCEPTED, Json(TestSend { delivery_id, event_id, webhook_id: delivery_id.webhook_id() })))
 }
 
 /// Body of `POST /v1/endpoints/{id}/recover`.
@@ -471,11 +462,8 @@ pub struct Recover {
     pub until: Option<DateTime<Utc>>,
 }
 
-// Documentation only: `recover` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
 /// The outcome of a recovery.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Recovered {
     /// Dead deliveries put back to pending.
     requeued: u64,
@@ -493,12 +481,8 @@ pub struct Recovered {
     request_body = Recover,
     responses(
         (status = 200, description = "Re-queued (0 when called again)", body = Recovered),
-        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
         (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
-        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
-        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
-        (status = 422, description = "Invalid field, e.g. `until` not after `since` (`validation_failed`)",
-            body = ErrorBody),
+        JsonBodyErrors,
         AdminErrors,
     ),
     security(("admin_token" = [])),
@@ -507,7 +491,7 @@ pub async fn recover(
     State(state): State<AppState>,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<Recover>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<Recovered>, ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
     if store::endpoints::by_id(&state.pool, id).await?.is_none() {
         return Err(ApiError::not_found("endpoint"));
@@ -521,5 +505,5 @@ pub async fn recover(
         state.wake.notify_one();
     }
     tracing::info!(endpoint_id = %id, requeued, "dead deliveries recovered");
-    Ok(Json(serde_json::json!({"requeued": requeued})))
+    Ok(Json(Recovered { requeued }))
 }

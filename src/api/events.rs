@@ -7,13 +7,13 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::AppState;
 use super::deliveries::DeliveryView;
 use super::extract::{ApiJson, ApiQuery, page_limit, parse_id};
-use super::openapi::AdminErrors;
-use crate::app::AppState;
+use super::ingest::{IngestResponse, store_error};
+use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::EventId;
-use crate::ingest::{self, IngestResponse};
 use crate::queue;
 use crate::sanitize;
 use crate::store;
@@ -50,11 +50,7 @@ pub struct PublishEvent {
     responses(
         (status = 200, description = "Stored (or already stored: `duplicate`), with its deliveries, before this answer",
             body = IngestResponse),
-        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
-        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
-        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
-        (status = 422, description = "Invalid field, or no such source, named in the message (`validation_failed`)",
-            body = ErrorBody),
+        JsonBodyErrors,
         AdminErrors,
     ),
     security(("admin_token" = [])),
@@ -80,19 +76,23 @@ pub async fn publish(
     }
     let source = store::sources::by_name(&state.pool, source_name).await?.ok_or_else(no_such_source)?;
     let payload = serde_json::to_vec(&body.payload).map_err(|_| ApiError::internal())?;
-    let stored = ingest::accept(
-        &state,
-        &source.name,
-        OwnedEvent {
-            source_id: source.id,
-            dedupe_key: event_id,
-            event_type,
-            content_type: Some("application/json".to_owned()),
-            headers: serde_json::json!({}),
-            payload: payload.into(),
-        },
-    )
-    .await?;
+    let deadline = tokio::time::Instant::now() + state.db_timeout;
+    let stored = state
+        .intake
+        .accept(
+            &source.name,
+            OwnedEvent {
+                source_id: source.id,
+                dedupe_key: event_id,
+                event_type,
+                content_type: Some("application/json".to_owned()),
+                headers: serde_json::Value::Object(serde_json::Map::new()),
+                payload: payload.into(),
+            },
+            deadline,
+        )
+        .await
+        .map_err(store_error)?;
     Ok(Json(stored.into()))
 }
 
@@ -100,12 +100,13 @@ pub async fn publish(
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventView {
     id: EventId,
-    /// Source name.
+    /// Name of the source it arrived on (`api` for events published without one).
     source: String,
     event_type: String,
     /// What duplicates are recognised by (a delivery id, or `sha256:<hex of the body>`).
     dedupe_key: String,
     received_at: DateTime<Utc>,
+    /// The request's Content-Type, replayed on delivery; `null` when it had none.
     content_type: Option<String>,
     /// The request headers kept with the event (lower-case names), signatures redacted.
     #[schema(value_type = Object)]
@@ -121,11 +122,8 @@ pub struct EventView {
     deliveries: Vec<DeliveryView>,
 }
 
-// Documentation only: `list` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
 /// A page of events.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct EventPage {
     /// Oldest first.
     data: Vec<store::events::EventSummary>,
@@ -171,9 +169,9 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
-    /// Source name.
+    /// Only events of the source with this name (422 when there is none).
     source: Option<String>,
-    /// Exact event type.
+    /// Only events of exactly this type (not a pattern).
     event_type: Option<String>,
     /// Received at or after (RFC 3339).
     since: Option<DateTime<Utc>>,
@@ -204,7 +202,7 @@ pub struct ListQuery {
 pub async fn list(
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<EventPage>, ApiError> {
     let limit = page_limit(q.limit)?;
     let source_id = match &q.source {
         None => None,
@@ -217,7 +215,7 @@ pub async fn list(
     };
     let filter =
         store::events::Filter { source_id, event_type: q.event_type, since: q.since, until: q.until, after: q.cursor };
-    let rows = store::events::list(&state.pool, &filter, limit).await?;
-    let next_cursor = (rows.len() as i64 == limit).then(|| rows.last().map(|e| e.id)).flatten();
-    Ok(Json(serde_json::json!({ "data": rows, "next_cursor": next_cursor })))
+    let data = store::events::list(&state.pool, &filter, limit).await?;
+    let next_cursor = (data.len() as i64 == limit).then(|| data.last().map(|e| e.id)).flatten();
+    Ok(Json(EventPage { data, next_cursor }))
 }

@@ -3,35 +3,31 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
-use serde_json::{Value, json};
+use axum::http::{HeaderName, StatusCode, header};
+use serde::Serialize;
+use utoipa::ToSchema;
 
-use crate::app::AppState;
+use super::AppState;
 use crate::db;
+use crate::error::{ApiError, ErrorBody};
 
-// Documentation only: `healthz` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
-/// The process is alive.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
+/// The answer of `GET /healthz`.
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
-    /// Always `ok`.
+    /// Always `ok`: a process that answers is alive.
     #[schema(example = "ok")]
-    status: String,
+    status: &'static str,
 }
 
-// Documentation only: `readyz` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
-/// Readiness: the answer for 200 and 503 alike (not the error body).
-#[derive(serde::Serialize, utoipa::ToSchema)]
-#[allow(dead_code)]
+/// The answer of `GET /readyz`, for 200 and 503 alike (not the error body).
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Readiness {
-    /// Why not ready (503 only).
+    /// Why the process is not ready (503 only): `migrations not applied` or `database unreachable`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    reason: Option<String>,
+    reason: Option<&'static str>,
     /// `ready` or `not_ready`.
     #[schema(example = "ready")]
-    status: String,
+    status: &'static str,
 }
 
 /// `GET /healthz`.
@@ -40,8 +36,8 @@ pub struct Readiness {
     summary = "Liveness",
     responses((status = 200, description = "The process is alive", body = Health)),
 )]
-pub async fn healthz() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+pub async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
 }
 
 /// `GET /readyz`.
@@ -50,17 +46,19 @@ pub async fn healthz() -> Json<Value> {
     summary = "Readiness",
     responses(
         (status = 200, description = "The database is reachable and migrated", body = Readiness),
-        (status = 503, description = "Not ready (`reason` says why); no `Retry-After`", body = Readiness),
+        (status = 503, description = "Not ready (`reason` says why)", body = Readiness,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
     ),
 )]
-pub async fn readyz(State(state): State<AppState>) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let not_ready = |reason: &str| {
-        let retry = [(axum::http::header::RETRY_AFTER, "5")];
-        (StatusCode::SERVICE_UNAVAILABLE, retry, Json(json!({"status": "not_ready", "reason": reason}))).into_response()
+pub async fn readyz(
+    State(state): State<AppState>,
+) -> (StatusCode, Option<[(HeaderName, &'static str); 1]>, Json<Readiness>) {
+    let not_ready = |reason: &'static str| {
+        let retry = Some([(header::RETRY_AFTER, "5")]);
+        (StatusCode::SERVICE_UNAVAILABLE, retry, Json(Readiness { reason: Some(reason), status: "not_ready" }))
     };
     match db::migrations_applied(&state.pool).await {
-        Ok(true) => (StatusCode::OK, Json(json!({"status": "ready"}))).into_response(),
+        Ok(true) => (StatusCode::OK, None, Json(Readiness { reason: None, status: "ready" })),
         Ok(false) => not_ready("migrations not applied"),
         Err(e) => {
             // The details (host, port, error) go to the log, not to a public endpoint.
@@ -80,16 +78,10 @@ pub async fn readyz(State(state): State<AppState>) -> axum::response::Response {
         (status = 200, description = "Prometheus text exposition format", body = String,
             content_type = "text/plain; version=0.0.4; charset=utf-8"),
         (status = 404, description = "Metrics are not enabled in this process (`not_found`)",
-            body = crate::error::ErrorBody),
+            body = ErrorBody),
     ),
 )]
-pub async fn metrics(State(state): State<AppState>) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    match &state.metrics {
-        Some(handle) => {
-            ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], handle.render())
-                .into_response()
-        }
-        None => crate::error::ApiError::not_found("metrics (not enabled in this process)").into_response(),
-    }
+pub async fn metrics(State(state): State<AppState>) -> Result<([(HeaderName, &'static str); 1], String), ApiError> {
+    let handle = state.metrics.as_ref().ok_or_else(|| ApiError::not_found("metrics (not enabled in this process)"))?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], handle.render()))
 }

@@ -1,7 +1,8 @@
 //! The HTTP surface: admin API under `/v1` (bearer token), webhook ingest, health.
 //!
-//! Handlers are thin: parse, call the store or a pure function, map to JSON. Every error
-//! goes through [`crate::error::ApiError`].
+//! Handlers are thin: parse, call the store, [`crate::ingest`] or a pure function, and
+//! answer with a typed body (`#[derive(Serialize, ToSchema)]`), the same type the
+//! OpenAPI document names. Every error goes through [`crate::error::ApiError`].
 
 mod auth;
 mod deliveries;
@@ -9,8 +10,10 @@ mod endpoints;
 mod events;
 pub mod extract;
 mod health;
+mod ingest;
 pub mod openapi;
 mod sources;
+mod state;
 mod storage;
 mod subscriptions;
 
@@ -22,11 +25,11 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::app::AppState;
 use crate::config::Role;
 use crate::error::ApiError;
 
 pub use endpoints::generate_secret;
+pub use state::AppState;
 
 /// The full router for a process of the given role.
 pub fn router(state: AppState, role: Role) -> Router {
@@ -60,7 +63,7 @@ pub fn router(state: AppState, role: Role) -> Router {
             .route("/admin/storage", get(storage::get))
             .route_layer(middleware::from_fn_with_state(state.clone(), db_deadline))
             .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
-        app = app.nest("/v1", admin).route("/ingest/{source}", post(crate::ingest::ingest));
+        app = app.nest("/v1", admin).route("/ingest/{source}", post(ingest::ingest));
     }
     let app = app
         .fallback(not_found)

@@ -1,9 +1,16 @@
 //! `GET /openapi.json`: the OpenAPI 3.1 document of this API, generated from the
 //! `#[utoipa::path]` annotations on the handlers and the `ToSchema` types they use.
 //!
+//! Every handler answers with a typed body (`Json<T>`, `T: Serialize + ToSchema`), and its
+//! annotation names that same `T`: the schema is derived from the type that is serialized,
+//! so it cannot describe another shape. The answers every admin call shares
+//! ([`AdminErrors`]) and every call with a JSON body shares ([`JsonBodyErrors`]) are
+//! written once, as response groups.
+//!
 //! A handler is documented by annotating it and listing it in [`ApiDoc`]'s `paths`.
 //! `tests/it/openapi.rs` fails when a route registered in `api/mod.rs` is missing here,
-//! when a documented path is not served, or when a real answer does not match its schema.
+//! when a documented path is not served, when an admin or JSON-body call lacks its
+//! group's answers, or when a real answer does not match its schema.
 
 use std::sync::LazyLock;
 
@@ -12,7 +19,7 @@ use axum::response::IntoResponse;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 
-use super::{deliveries, endpoints, events, health, sources, storage, subscriptions};
+use super::{deliveries, endpoints, events, health, ingest, sources, storage, subscriptions};
 
 /// The document's root: info, tags, the bearer scheme and every documented handler.
 #[derive(OpenApi)]
@@ -24,7 +31,7 @@ use super::{deliveries, endpoints, events, health, sources, storage, subscriptio
             `{\"error\": {\"code\": \"...\", \"message\": \"...\"}}`."
     ),
     paths(
-        crate::ingest::ingest,
+        ingest::ingest,
         sources::create,
         sources::list,
         sources::get,
@@ -125,14 +132,14 @@ pub async fn openapi_json() -> impl IntoResponse {
 }
 
 /// The answers every admin call can give besides its own: 401 and 503. Listed in a
-/// handler's `responses(...)` instead of repeating them.
+/// handler's `responses(...)` instead of repeating them. (A response group: utoipa reads
+/// the variants; the answers themselves are [`crate::error::ApiError`]s.)
 #[derive(utoipa::IntoResponses)]
-#[allow(dead_code)] // documentation only
 pub enum AdminErrors {
-    /// Missing or wrong admin token.
+    /// `auth::require_admin` refused the call.
     #[response(status = 401, description = "Missing or wrong admin token (`unauthorized`)")]
     Unauthorized(crate::error::ErrorBody),
-    /// The database is unreachable, or did not answer in time.
+    /// The database is unreachable, or did not answer in time (`db_deadline`).
     #[response(
         status = 503,
         description = "The database is unreachable, or did not answer within `--db-timeout-secs` + 1 s \
@@ -144,20 +151,25 @@ pub enum AdminErrors {
     Unavailable(crate::error::ErrorBody),
 }
 
-/// The answers of a call with a JSON body: 400, 413, 415, 422.
+/// The answers of a call whose body is read by [`super::extract::ApiJson`]: 400, 413,
+/// 415, 422. (A response group, like [`AdminErrors`].)
 #[derive(utoipa::IntoResponses)]
-#[allow(dead_code)] // documentation only
 pub enum JsonBodyErrors {
-    /// Broken JSON.
+    /// The body is not JSON (or holds a NUL where no field accepts one).
     #[response(status = 400, description = "Malformed JSON (`malformed_json`)")]
     Malformed(crate::error::ErrorBody),
-    /// Over the body limit.
+    /// The body is over `--max-body-bytes`.
     #[response(status = 413, description = "Body over the size limit (`payload_too_large`)")]
     TooLarge(crate::error::ErrorBody),
-    /// Not JSON.
-    #[response(status = 415, description = "Content-Type is not `application/json`")]
+    /// The `Content-Type` is not JSON.
+    #[response(status = 415, description = "Content-Type is not `application/json` (`unsupported_media_type`)")]
     NotJson(crate::error::ErrorBody),
-    /// A field failed validation.
-    #[response(status = 422, description = "Invalid field, named in the message (`validation_failed`)")]
+    /// A field is missing, has the wrong type, fails a rule, or names something that does
+    /// not exist.
+    #[response(
+        status = 422,
+        description = "A field is missing or invalid, or names something that does not exist (an endpoint, a \
+            source); the field is named in the message (`validation_failed`)"
+    )]
     Invalid(crate::error::ErrorBody),
 }

@@ -7,9 +7,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::AppState;
 use super::extract::{ApiJson, ApiQuery, parse_id};
 use super::openapi::{AdminErrors, JsonBodyErrors};
-use crate::app::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::SourceId;
 use crate::secrets::{Keyring, Place};
@@ -69,13 +69,10 @@ pub struct SourceView {
     created_at: DateTime<Utc>,
 }
 
-// Documentation only: `list` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
-/// All sources.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+/// All sources (not paginated).
+#[derive(Debug, Serialize, ToSchema)]
 pub struct SourceList {
-    /// Every source, by name.
+    /// Every source, by name, the built-in `api` source included.
     data: Vec<SourceView>,
 }
 
@@ -165,7 +162,7 @@ pub async fn create(
     }
     match store::sources::insert(&state.pool, &body.name, &sealed(&spec, &state.secrets)?).await {
         Ok(source) => {
-            state.sources.invalidate();
+            state.intake.sources().invalidate();
             Ok((StatusCode::CREATED, Json(SourceView::new(source, &state.secrets))))
         }
         Err(e) if store::is_unique_violation(&e, store::sources::NAME_UNIQUE) => {
@@ -185,10 +182,10 @@ pub async fn create(
     ),
     security(("admin_token" = [])),
 )]
-pub async fn list(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+pub async fn list(State(state): State<AppState>) -> Result<Json<SourceList>, ApiError> {
     let sources = store::sources::list(&state.pool).await?;
-    let data: Vec<SourceView> = sources.into_iter().map(|s| SourceView::new(s, &state.secrets)).collect();
-    Ok(Json(serde_json::json!({ "data": data })))
+    let data = sources.into_iter().map(|s| SourceView::new(s, &state.secrets)).collect();
+    Ok(Json(SourceList { data }))
 }
 
 /// `GET /v1/sources/{id}`.
@@ -216,7 +213,7 @@ pub struct UpdateSource {
     /// Replace the secret list (rotation: send old and new, later only new).
     #[serde(default)]
     pub secrets: Option<Vec<String>>,
-    /// Timestamp tolerance in seconds.
+    /// Timestamp tolerance in seconds; `null` returns to the kind's default.
     #[serde(default, deserialize_with = "super::extract::double_option")]
     pub tolerance_secs: Option<Option<u64>>,
     /// Where the dedupe key lives.
@@ -286,7 +283,7 @@ pub async fn update(
     let updated = store::sources::update_spec(&state.pool, id, &sealed(&spec, &state.secrets)?)
         .await?
         .ok_or_else(|| ApiError::not_found("source"))?;
-    state.sources.invalidate();
+    state.intake.sources().invalidate();
     tracing::info!(source = %updated.name, "source updated");
     Ok(Json(SourceView::new(updated, &state.secrets)))
 }
@@ -311,14 +308,11 @@ pub struct DeleteQuery {
     params(("id" = SourceId, Path, description = "Source id (anything else is 404)"), DeleteQuery),
     responses(
         (status = 204, description = "Deleted (with its events, deliveries and attempts when forced)"),
-        (status = 401, description = "Missing or wrong admin token (`unauthorized`)", body = ErrorBody),
         (status = 404, description = "No such source (`not_found`)", body = ErrorBody),
         (status = 409, description = "The source has events and `force` is not set, or it is the built-in `api` \
             source (`conflict`)", body = ErrorBody),
         (status = 422, description = "Bad query string (`validation_failed`)", body = ErrorBody),
-        (status = 503, description = "The database is unreachable or did not answer in time \
-            (`database_unavailable`); the message says whether the deletion may have been applied", body = ErrorBody,
-            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+        AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
@@ -340,7 +334,7 @@ pub async fn delete(
         )));
     }
     store::sources::delete(&state.pool, id).await?;
-    state.sources.invalidate();
+    state.intake.sources().invalidate();
     tracing::info!(source = %source.name, events, "source deleted");
     Ok(StatusCode::NO_CONTENT)
 }

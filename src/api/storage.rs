@@ -4,8 +4,8 @@
 use axum::Json;
 use axum::extract::State;
 
+use super::AppState;
 use super::openapi::AdminErrors;
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::janitor::{self, StorageReport};
 

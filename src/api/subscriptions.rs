@@ -9,9 +9,9 @@ use utoipa::{IntoParams, ToSchema};
 
 use axum::extract::Path;
 
+use super::AppState;
 use super::extract::{ApiJson, ApiQuery, parse_id};
-use super::openapi::AdminErrors;
-use crate::app::AppState;
+use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::error::{ApiError, ErrorBody};
 use crate::fanout;
 use crate::ids::{EndpointId, SubscriptionId};
@@ -21,7 +21,7 @@ use crate::store::{self, subscriptions::Subscription};
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSubscription {
-    /// Target endpoint.
+    /// Where matching events are delivered (422 when there is no such endpoint).
     pub endpoint_id: EndpointId,
     /// Source name; absent means every source.
     #[serde(default)]
@@ -44,13 +44,10 @@ pub struct SubscriptionView {
     created_at: DateTime<Utc>,
 }
 
-// Documentation only: `list` builds this body with `json!` (unchanged bytes: sorted keys);
-// tests/it/openapi.rs checks real answers against the schema.
-/// Subscriptions.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+/// Subscriptions (not paginated).
+#[derive(Debug, Serialize, ToSchema)]
 pub struct SubscriptionList {
-    /// The subscriptions (not paginated).
+    /// Oldest first (ids are time-ordered).
     data: Vec<SubscriptionView>,
 }
 
@@ -90,11 +87,7 @@ async fn source_id_by_name(state: &AppState, name: &str) -> Result<crate::ids::S
     request_body = CreateSubscription,
     responses(
         (status = 201, description = "Created", body = SubscriptionView),
-        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
-        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
-        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
-        (status = 422, description = "Invalid field, or unknown endpoint or source, named (`validation_failed`)",
-            body = ErrorBody),
+        JsonBodyErrors,
         AdminErrors,
     ),
     security(("admin_token" = [])),
@@ -150,10 +143,9 @@ pub struct ListQuery {
 pub async fn list(
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let data: Vec<SubscriptionView> =
-        store::subscriptions::list(&state.pool, q.endpoint_id).await?.into_iter().map(Into::into).collect();
-    Ok(Json(serde_json::json!({ "data": data })))
+) -> Result<Json<SubscriptionList>, ApiError> {
+    let data = store::subscriptions::list(&state.pool, q.endpoint_id).await?.into_iter().map(Into::into).collect();
+    Ok(Json(SubscriptionList { data }))
 }
 
 /// `GET /v1/subscriptions/{id}`.
@@ -196,12 +188,8 @@ pub struct UpdateSubscription {
     request_body = UpdateSubscription,
     responses(
         (status = 200, description = "The updated subscription", body = SubscriptionView),
-        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
         (status = 404, description = "No such subscription (`not_found`)", body = ErrorBody),
-        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
-        (status = 415, description = "Content-Type is not `application/json`", body = ErrorBody),
-        (status = 422, description = "Invalid field, or no such source, named in the message (`validation_failed`)",
-            body = ErrorBody),
+        JsonBodyErrors,
         AdminErrors,
     ),
     security(("admin_token" = [])),

@@ -22,7 +22,7 @@ use crate::store::{self, sources::Source};
 
 /// How long an entry is trusted.
 pub const TTL: Duration = Duration::from_secs(1);
-/// Most names kept.
+/// Most names kept (known or not); past it the cache is cleared.
 pub const MAX_ENTRIES: usize = 10_000;
 
 /// A source, no such source, or a source whose secrets cannot be opened (cached too, so

@@ -56,7 +56,7 @@ impl LogLimiter {
 /// One counter of a [`Snapshot`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RejectionCount {
-    /// Source name.
+    /// The refusing source's stored name (only existing sources are counted).
     pub source: String,
     /// Reason code (`invalid_signature`, `missing_signature`, ...).
     pub reason: &'static str,

@@ -16,17 +16,20 @@ pub struct Attempt {
     pub duration_ms: i32,
     /// HTTP status, when a response came back.
     pub status_code: Option<i32>,
-    /// Transport error class, when none did.
+    /// Why no response came back (null when one did): `dns`, `timeout`, `connect`, `tls`,
+    /// `other`, or the egress refusal `forbidden_address`, `forbidden_scheme`, `invalid_url`.
     pub error_kind: Option<String>,
-    /// delivered | retry | dead.
+    /// What the attempt led to: `delivered`, `retry` or `dead`.
     pub outcome: String,
-    /// Why.
+    /// Why the outcome, for operators (e.g. `HTTP 503`, `HTTP 404: permanent client error,
+    /// not retried`, a transport error); at most 1 KiB.
     pub reason: String,
-    /// Start of the response body (truncated).
+    /// The first 4 KiB of the response body, repaired to UTF-8; null without a response.
     pub response_excerpt: Option<String>,
     /// When the next attempt is due (retry outcomes).
     pub next_attempt_at: Option<DateTime<Utc>>,
-    /// Why then: backoff, retry_after, ...
+    /// Where that time came from: `backoff` (our curve) or `retry_after` (the subscriber's
+    /// `Retry-After`, capped); null unless the outcome is `retry`.
     pub next_attempt_reason: Option<String>,
 }
 

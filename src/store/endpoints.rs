@@ -9,7 +9,7 @@ use crate::ids::EndpointId;
 /// An endpoint row.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Endpoint {
-    /// Id.
+    /// Primary key, a UUIDv7: ids sort by creation time (listings are in id order).
     pub id: EndpointId,
     /// Where deliveries are POSTed.
     pub url: String,
@@ -17,12 +17,12 @@ pub struct Endpoint {
     pub secret: String,
     /// Free text for operators.
     pub description: Option<String>,
-    /// Operator pause.
+    /// Paused by an operator: its due deliveries are parked until it is resumed.
     pub paused: bool,
-    /// Circuit breaker state.
+    /// Its circuit breaker's columns (state, failures, cool-down, probe lease).
     #[sqlx(flatten)]
     pub circuit: Circuit,
-    /// Creation time.
+    /// When the endpoint was created (shown by the API).
     pub created_at: DateTime<Utc>,
 }
 

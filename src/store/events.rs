@@ -12,7 +12,8 @@ use crate::ids::{DeliveryId, EndpointId, EventId, SourceId};
 pub struct NewEvent<'a> {
     /// Source it arrived on.
     pub source_id: SourceId,
-    /// Provider delivery id, caller's event id, or body hash.
+    /// What duplicates are recognised by within the source: the provider's delivery id,
+    /// the caller's event id, or a hash of the body.
     pub dedupe_key: &'a str,
     /// Event type used for subscription matching.
     pub event_type: &'a str,
@@ -20,7 +21,7 @@ pub struct NewEvent<'a> {
     pub content_type: Option<&'a str>,
     /// Request headers (signatures already redacted).
     pub headers: &'a serde_json::Value,
-    /// Raw body.
+    /// The body exactly as received (signatures were checked on these bytes); delivered as is.
     pub payload: &'a [u8],
 }
 
@@ -110,15 +111,15 @@ where
 pub struct OwnedEvent {
     /// Source it arrived on.
     pub source_id: SourceId,
-    /// Dedupe key.
+    /// What duplicates are recognised by within the source (see [`NewEvent::dedupe_key`]).
     pub dedupe_key: String,
-    /// Event type.
+    /// Matched against subscriptions' patterns.
     pub event_type: String,
-    /// Content type of the body.
+    /// The request's Content-Type, replayed on delivery; `None` when it had none.
     pub content_type: Option<String>,
     /// Headers (signatures redacted).
     pub headers: serde_json::Value,
-    /// Raw body.
+    /// The body exactly as received; delivered as is.
     pub payload: bytes::Bytes,
 }
 
@@ -243,23 +244,23 @@ fn plan_batch(events: &[OwnedEvent]) -> BatchPlan {
 /// A stored event.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Event {
-    /// Id.
+    /// Primary key, a UUIDv7: ids sort by arrival.
     pub id: EventId,
-    /// Source id.
+    /// The source it arrived on.
     pub source_id: SourceId,
-    /// Source name.
+    /// That source's name (joined: the API shows names, not ids).
     pub source_name: String,
-    /// Dedupe key.
+    /// What duplicates are recognised by within the source (see [`NewEvent::dedupe_key`]).
     pub dedupe_key: String,
-    /// Event type.
+    /// Matched against subscriptions' patterns.
     pub event_type: String,
-    /// Content type of the body.
+    /// The request's Content-Type, replayed on delivery; `None` when it had none.
     pub content_type: Option<String>,
     /// Headers (signatures redacted).
     pub headers: Json<serde_json::Value>,
-    /// Raw body.
+    /// The body exactly as received; delivered as is.
     pub payload: Vec<u8>,
-    /// Arrival time.
+    /// When it was stored.
     pub received_at: DateTime<Utc>,
 }
 
@@ -278,15 +279,16 @@ pub async fn by_id(db: impl PgExecutor<'_>, id: EventId) -> Result<Option<Event>
 /// An event without its body, for listings.
 #[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, utoipa::ToSchema)]
 pub struct EventSummary {
-    /// Id.
+    /// A UUIDv7: events list in id order, which is arrival order.
     pub id: EventId,
-    /// Source name.
+    /// Name of the source it arrived on.
     pub source: String,
-    /// Event type.
+    /// Matched against subscriptions' patterns.
     pub event_type: String,
-    /// Dedupe key.
+    /// What duplicates are recognised by within the source (a delivery id, the caller's
+    /// event id, or `sha256:<hex of the body>`).
     pub dedupe_key: String,
-    /// Arrival time.
+    /// When it was stored.
     pub received_at: DateTime<Utc>,
     /// Body size in bytes.
     pub payload_bytes: i32,
@@ -295,9 +297,9 @@ pub struct EventSummary {
 /// Filters for [`list`]; all optional.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
-    /// Source id.
+    /// Only events of this source.
     pub source_id: Option<SourceId>,
-    /// Exact event type.
+    /// Only events of exactly this type (not a pattern).
     pub event_type: Option<String>,
     /// Received at or after.
     pub since: Option<DateTime<Utc>>,

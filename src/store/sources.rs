@@ -10,13 +10,13 @@ use crate::verify::SourceSpec;
 /// A source row.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Source {
-    /// Id.
+    /// Primary key, a UUIDv7; events refer to their source by it.
     pub id: SourceId,
     /// Unique name; the ingest path is `/ingest/{name}`.
     pub name: String,
     /// Verifier spec (kind, secrets, locators).
     pub spec: Json<SourceSpec>,
-    /// Creation time.
+    /// When the source was created (shown by the API).
     pub created_at: DateTime<Utc>,
 }
 

@@ -9,17 +9,17 @@ use crate::ids::{EndpointId, SourceId, SubscriptionId};
 /// A subscription row, with its source's name.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Subscription {
-    /// Id.
+    /// Primary key, a UUIDv7: ids sort by creation time (listings are in id order).
     pub id: SubscriptionId,
-    /// Target endpoint.
+    /// Where matching events are delivered.
     pub endpoint_id: EndpointId,
     /// Source filter (None: every source).
     pub source_id: Option<SourceId>,
-    /// Name of that source.
+    /// Name of that source (joined for the API, which shows names, not ids).
     pub source_name: Option<String>,
     /// Event-type patterns (None: every type).
     pub event_types: Option<Vec<String>>,
-    /// Creation time.
+    /// When the subscription was created (shown by the API).
     pub created_at: DateTime<Utc>,
 }
 

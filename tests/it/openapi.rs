@@ -1,6 +1,7 @@
 //! The OpenAPI document at `GET /openapi.json`: it is OpenAPI 3.1, it documents every route
-//! that `src/api/mod.rs` registers and nothing that is not served, and real answers match
-//! the statuses and schemas it gives.
+//! that `src/api/mod.rs` registers and nothing that is not served, every admin operation
+//! documents the shared 401 and 503 and every operation that reads a JSON body the shared
+//! 400/413/415/422, and real answers match the statuses and schemas it gives.
 //!
 //! Adding a route? Annotate its handler with `#[utoipa::path]`, list it in `ApiDoc`
 //! (`src/api/openapi.rs`), and add a call to `real_answers_match_the_document` below.
@@ -88,6 +89,8 @@ fn the_document_is_well_formed() {
         assert!(resolve(&doc, r).is_some(), "unresolved $ref {r}");
     }
     let mut ids = BTreeSet::new();
+    // The 401 and 503 of every admin operation: one group (`AdminErrors`), not copies.
+    let mut admin_errors: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         let placeholders: BTreeSet<&str> =
             path.split('/').filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}'))).collect();
@@ -109,7 +112,11 @@ fn the_document_is_well_formed() {
             let security = op.get("security").cloned().unwrap_or(Value::Null);
             if path.starts_with("/v1/") {
                 assert_eq!(security, json!([{"admin_token": []}]), "{what}");
-                assert!(op["responses"]["401"].is_object(), "{what}: 401 undocumented");
+                let (unauthorized, unavailable) = (&op["responses"]["401"], &op["responses"]["503"]);
+                assert!(unauthorized.is_object(), "{what}: 401 undocumented");
+                assert!(unavailable.is_object(), "{what}: 503 undocumented");
+                assert!(unavailable["headers"]["Retry-After"].is_object(), "{what}: 503 without Retry-After");
+                admin_errors.entry(json!([unauthorized, unavailable]).to_string()).or_default().push(what.clone());
             } else {
                 assert!(security.is_null(), "{what}: public routes need no token");
             }
@@ -126,6 +133,12 @@ fn the_document_is_well_formed() {
         }
     }
     assert!(doc["components"]["securitySchemes"]["admin_token"]["scheme"] == "bearer");
+    assert_eq!(
+        admin_errors.len(),
+        1,
+        "admin operations document different 401/503 answers (list `AdminErrors`, not your own): {:#?}",
+        admin_errors
+    );
 }
 
 /// Route registrations read from the router's source, so a route cannot be added without
@@ -371,7 +384,7 @@ fn every_registered_route_is_documented() {
             }
         }
     }
-    let registered = registered::routes(&std::fs::read_to_string(&router).unwrap());
+    let registered = registered_routes();
     assert!(registered.contains(&("GET".into(), "/v1/deliveries/{id}/attempts".into())), "{registered:?}");
     assert!(registered.contains(&("POST".into(), "/ingest/{source}".into())), "{registered:?}");
     let documented = documented(&document());
@@ -383,6 +396,12 @@ fn every_registered_route_is_documented() {
     );
     let unregistered: Vec<_> = documented.difference(&registered).collect();
     assert!(unregistered.is_empty(), "documented but not registered in src/api/mod.rs: {unregistered:?}");
+}
+
+/// Every `(METHOD, path)` that `src/api/mod.rs` registers.
+fn registered_routes() -> BTreeSet<(String, String)> {
+    let router = concat!(env!("CARGO_MANIFEST_DIR"), "/src/api/mod.rs");
+    registered::routes(&std::fs::read_to_string(router).unwrap())
 }
 
 /// The path of `template` with its placeholders filled in.
@@ -417,6 +436,72 @@ async fn every_documented_operation_is_served() {
             "{method} {path}: the router's fallback answered: documented but not served"
         );
     }
+}
+
+/// Which operations read a JSON body is asked of the gateway, route by route (a body that
+/// is not JSON is refused `malformed_json` only by a handler that reads one), not taken from
+/// a list: each must document a JSON request body and the answers of one, 400, 413 and 422,
+/// and 415 exactly when it refuses a body that is not `application/json`. Those answers are
+/// one group (`JsonBodyErrors`), the same on every operation.
+#[tokio::test]
+async fn every_json_body_operation_documents_its_errors() {
+    let app = TestApp::spawn().await;
+    let doc = document();
+    let too_large = vec![b' '; test_settings().max_body_bytes + 1];
+    let mut json_ops = Vec::new();
+    let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (method, template) in registered_routes() {
+        let path = fill(&template);
+        let what = format!("{method} {template}");
+        let send = |content_type: &'static str, body: Vec<u8>| {
+            let method = Method::from_bytes(method.as_bytes()).unwrap();
+            let req = app.http.request(method, app.url(&path)).bearer_auth(ADMIN_TOKEN);
+            async move {
+                let resp = req.header("content-type", content_type).body(body).send().await.unwrap();
+                let status = resp.status().as_u16();
+                (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+            }
+        };
+        let (status, body) = send("application/json", b"{nope".to_vec()).await;
+        let reads_json = status == 400 && body["error"]["code"] == "malformed_json";
+        let op = &doc["paths"][&template][method.to_lowercase()];
+        let documented_body = op["requestBody"]["content"].get("application/json").is_some();
+        assert_eq!(
+            reads_json, documented_body,
+            "{what}: reads a JSON body: {reads_json}, documents one: {documented_body}"
+        );
+        if !reads_json {
+            continue;
+        }
+        let (wrong_shape, _) = send("application/json", b"\"not an object\"".to_vec()).await;
+        assert_eq!(wrong_shape, 422, "{what}: a JSON body of the wrong shape");
+        let (over, _) = send("application/json", too_large.clone()).await;
+        assert_eq!(over, 413, "{what}: a body over the limit");
+        let (not_json, _) = send("text/plain", b"{}".to_vec()).await;
+        let responses = &op["responses"];
+        for status in ["400", "413", "422"] {
+            assert!(responses[status].is_object(), "{what}: {status} undocumented");
+        }
+        assert_eq!(
+            responses["415"].is_object(),
+            not_json == 415,
+            "{what}: answers {not_json} to a text/plain body; 415 documented: {}",
+            responses["415"].is_object()
+        );
+        if not_json == 415 {
+            let group = json!([responses["400"], responses["413"], responses["415"], responses["422"]]);
+            groups.entry(group.to_string()).or_default().push(what.clone());
+        }
+        json_ops.push(what);
+    }
+    assert!(json_ops.len() >= 9, "fewer JSON-body operations than there are: {json_ops:?}");
+    assert_eq!(
+        groups.len(),
+        1,
+        "JSON-body operations document different 400/413/415/422 answers (list `JsonBodyErrors`, not your own): \
+         {:#?}",
+        groups
+    );
 }
 
 /// Checks `value` against `schema` (the subset of JSON Schema utoipa emits), pushing what

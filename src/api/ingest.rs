@@ -1,0 +1,140 @@
+//! `POST /ingest/{source}`: a webhook handed to [`crate::ingest::Intake`], its outcome
+//! mapped to an answer. Nothing is acknowledged before it is committed.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::AppState;
+use crate::error::{ApiError, ErrorBody};
+use crate::ids::EventId;
+use crate::ingest::{LookupError, Received, Refused, StoreError};
+use crate::store::events::Stored;
+use crate::verify::VerifyError;
+
+/// The answer to a stored event, new or duplicate (webhooks and `POST /v1/events`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct IngestResponse {
+    /// The stored event (for a duplicate, the event first stored under this key).
+    pub event_id: EventId,
+    /// True when this event was already stored; nothing new was created.
+    pub duplicate: bool,
+}
+
+impl From<Stored> for IngestResponse {
+    fn from(s: Stored) -> Self {
+        IngestResponse { event_id: s.event_id, duplicate: s.duplicate }
+    }
+}
+
+/// An accepted webhook, or the answer to Slack's `url_verification`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum IngestAnswer {
+    /// A webhook stored (or recognised as a duplicate).
+    Stored(IngestResponse),
+    /// Slack's `url_verification`, answered with its challenge and not stored.
+    Challenge(SlackChallenge),
+}
+
+/// The answer to Slack's `url_verification` handshake.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SlackChallenge {
+    /// The request's `challenge`, echoed.
+    challenge: String,
+}
+
+impl From<Received> for IngestAnswer {
+    fn from(received: Received) -> Self {
+        match received {
+            Received::Stored(stored) => IngestAnswer::Stored(stored.into()),
+            Received::Challenge(challenge) => IngestAnswer::Challenge(SlackChallenge { challenge }),
+        }
+    }
+}
+
+/// 503 message: nothing reached the database.
+pub const NOTHING_STORED: &str = "the database is unreachable; nothing was stored, retry later";
+/// 503 message: the write may have reached the database, which did not confirm it.
+pub const MAY_BE_STORED: &str = "the database did not confirm the write; the webhook may have been stored; \
+    retrying is safe (a stored one is answered as a duplicate)";
+/// 503 message: the source lookup (a read) got no answer in time.
+const LOOKUP_NO_ANSWER: &str = "the database did not answer in time; nothing was stored, retry later";
+
+/// The answer to an event that was not stored, or is not known to be.
+pub fn store_error(e: StoreError) -> ApiError {
+    match e {
+        StoreError::Unavailable => ApiError::unavailable(NOTHING_STORED),
+        StoreError::Unconfirmed => ApiError::unavailable(MAY_BE_STORED),
+        StoreError::Failed => ApiError::internal(),
+    }
+}
+
+/// The answer to a refused webhook.
+fn refused(refusal: Refused) -> ApiError {
+    match refusal {
+        Refused::UnknownSource(name) => ApiError::not_found(&format!("source {name:?}")),
+        Refused::NotIngestible => ApiError::new(StatusCode::FORBIDDEN, "not_ingestible", refusal.to_string()),
+        Refused::Lookup(LookupError::Database(e)) if crate::db::is_unavailable(&e) => {
+            tracing::warn!(error = %e, "database unavailable (source lookup)");
+            ApiError::unavailable(NOTHING_STORED)
+        }
+        Refused::Lookup(LookupError::Database(e)) => e.into(),
+        Refused::Lookup(LookupError::Unreadable) => ApiError::internal(),
+        Refused::LookupNoAnswer => ApiError::unavailable(LOOKUP_NO_ANSWER),
+        Refused::Verify(VerifyError::MalformedBody(m)) => ApiError::bad_request("malformed_body", m),
+        Refused::Verify(other) => ApiError::unauthorized(other.code(), other.to_string()),
+        Refused::Store(e) => store_error(e),
+    }
+}
+
+/// `POST /ingest/{source}`.
+#[utoipa::path(
+    post, path = "/ingest/{source}", tag = "ingest", operation_id = "ingest",
+    summary = "Receive a webhook",
+    description = "A webhook from a provider. It is verified on its raw body by the source's `kind` (signature \
+        headers differ per kind), then stored with its deliveries in one transaction; the answer comes only after \
+        the commit. Any content type is accepted.",
+    params(("source" = String, Path, description = "The source's name")),
+    request_body(content = inline(serde_json::Value), content_type = "*/*", description = "The raw webhook body"),
+    responses(
+        (status = 200, description = "Stored, or already stored (`duplicate`); or Slack's challenge",
+            body = IngestAnswer),
+        (status = 400, description = "The body lacks what the kind requires (`malformed_body`)", body = ErrorBody),
+        (status = 401, description = "Refused: `missing_signature`, `invalid_signature` or \
+            `timestamp_out_of_tolerance`; nothing stored", body = ErrorBody),
+        (status = 403, description = "The built-in `api` source takes events only through `POST /v1/events` \
+            (`not_ingestible`)", body = ErrorBody),
+        (status = 404, description = "No such source (`not_found`)", body = ErrorBody),
+        (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
+        (status = 500, description = "The source's secrets cannot be read with the configured secrets key, or an \
+            unexpected database error (`internal`); nothing was acknowledged, the sender retries", body = ErrorBody),
+        (status = 503, description = "The database is unreachable or did not answer within `--db-timeout-secs` \
+            (`database_unavailable`). The message says which: \"nothing was stored\" when nothing reached the \
+            database; \"may have been stored\" when the write may have reached it unconfirmed. Retrying is safe \
+            either way (a stored webhook is answered as a duplicate).", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait"))),
+    ),
+)]
+pub async fn ingest(
+    State(state): State<AppState>,
+    Path(source_name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<IngestAnswer>, ApiError> {
+    // The database gets `--db-timeout-secs` from here: the source lookup and the commit.
+    let deadline = tokio::time::Instant::now() + state.db_timeout;
+    let body = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::payload_too_large(state.max_body_bytes)
+        } else {
+            ApiError::bad_request("bad_request", rejection.body_text())
+        }
+    })?;
+    let received = state.intake.webhook(&source_name, &headers, body, deadline).await.map_err(refused)?;
+    Ok(Json(received.into()))
+}

@@ -102,6 +102,7 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         db_timeout: settings.db_timeout,
         request_timeout: settings.http.request_timeout,
         secrets: settings.secrets.clone(),
+        default_max_in_flight: settings.delivery.endpoint_max_in_flight,
     };
     if settings.role.runs_workers() {
         let allow: Vec<String> = settings.egress.allow.iter().map(ToString::to_string).collect();
@@ -138,6 +139,7 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         background.push(tokio::spawn(crate::metrics::sample(
             state.pool.clone(),
             settings.metrics_sample,
+            settings.delivery.endpoint_max_in_flight,
             stop.clone(),
         )));
     }

@@ -37,6 +37,12 @@ pub const QUEUE_DUE: &str = "webhook_gateway_queue_due";
 pub const QUEUE_LAG: &str = "webhook_gateway_queue_oldest_due_age_seconds";
 /// Circuit per endpoint: 0 closed, 1 open, 2 half-open.
 pub const CIRCUIT_STATE: &str = "webhook_gateway_circuit_state";
+/// Requests in flight per endpoint (leased, not yet recorded), across every replica.
+pub const ENDPOINT_IN_FLIGHT: &str = "webhook_gateway_endpoint_in_flight";
+/// Per endpoint: 1 while it has due deliveries its limits hold back, else 0.
+pub const ENDPOINT_THROTTLED: &str = "webhook_gateway_endpoint_throttled";
+/// Per endpoint: seconds it was seen throttled (sampled: each sample adds its interval).
+pub const ENDPOINT_THROTTLED_SECONDS: &str = "webhook_gateway_endpoint_throttled_seconds_total";
 /// Database pool connections by state (`in_use`, `idle`).
 pub const DB_POOL: &str = "webhook_gateway_db_pool_connections";
 
@@ -73,10 +79,11 @@ pub fn attempt(outcome: &'static str, class: String, duration: Duration) {
     histogram!(ATTEMPT_DURATION).record(duration.as_secs_f64());
 }
 
-/// Refresh the sampled gauges until `stop`.
-pub async fn sample(pool: PgPool, every: Duration, mut stop: watch::Receiver<bool>) {
+/// Refresh the sampled gauges until `stop` (`default_max_in_flight`: the in-flight cap of
+/// endpoints without their own, to tell throttled endpoints).
+pub async fn sample(pool: PgPool, every: Duration, default_max_in_flight: i32, mut stop: watch::Receiver<bool>) {
     loop {
-        if let Err(e) = sample_once(&pool).await {
+        if let Err(e) = sample_once(&pool, every, default_max_in_flight).await {
             tracing::debug!(error = %e, "metrics sampling failed");
         }
         tokio::select! {
@@ -86,7 +93,7 @@ pub async fn sample(pool: PgPool, every: Duration, mut stop: watch::Receiver<boo
     }
 }
 
-async fn sample_once(pool: &PgPool) -> Result<(), sqlx::Error> {
+async fn sample_once(pool: &PgPool, every: Duration, default_max_in_flight: i32) -> Result<(), sqlx::Error> {
     let idle = pool.num_idle() as f64;
     gauge!(DB_POOL, "state" => "idle").set(idle);
     gauge!(DB_POOL, "state" => "in_use").set(f64::from(pool.size()) - idle);
@@ -98,6 +105,7 @@ async fn sample_once(pool: &PgPool) -> Result<(), sqlx::Error> {
         .into_iter()
         .map(|e| (e.id.to_string(), e.circuit.display_state(now).gauge()))
         .collect();
+    let loads = crate::queue::read::endpoint_loads(pool, default_max_in_flight).await?;
     // Set together, after every query: a scrape never sees half a sample.
     gauge!(QUEUE_DELIVERIES, "state" => "pending").set(queue.pending as f64);
     gauge!(QUEUE_DELIVERIES, "state" => "parked").set(queue.parked as f64);
@@ -106,6 +114,14 @@ async fn sample_once(pool: &PgPool) -> Result<(), sqlx::Error> {
     gauge!(QUEUE_LAG).set(queue.oldest_due_age_secs.unwrap_or(0.0).max(0.0));
     for (endpoint, state) in circuits {
         gauge!(CIRCUIT_STATE, "endpoint_id" => endpoint).set(state);
+    }
+    for load in loads {
+        let endpoint = load.endpoint_id.to_string();
+        gauge!(ENDPOINT_IN_FLIGHT, "endpoint_id" => endpoint.clone()).set(load.in_flight as f64);
+        gauge!(ENDPOINT_THROTTLED, "endpoint_id" => endpoint.clone()).set(f64::from(u8::from(load.throttled)));
+        if load.throttled {
+            counter!(ENDPOINT_THROTTLED_SECONDS, "endpoint_id" => endpoint).increment(every.as_secs().max(1));
+        }
     }
     Ok(())
 }

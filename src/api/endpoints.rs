@@ -29,6 +29,51 @@ pub struct CreateEndpoint {
     /// Free text for operators (shown by the API, never sent to the subscriber).
     #[serde(default)]
     pub description: Option<String>,
+    /// Concurrent requests at most, across every replica (1-10000); absent: the gateway's
+    /// default (`--endpoint-max-in-flight`).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 10000)]
+    pub max_in_flight: Option<i32>,
+    /// Requests per second at most, across every replica; absent: none.
+    #[serde(default)]
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A rate limit: a token bucket of `burst` requests refilled at `per_sec`.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    /// Requests per second (more than 0, at most 100000; fractions allowed: 0.5 is one
+    /// request every two seconds).
+    #[schema(example = 50.0)]
+    pub per_sec: f64,
+    /// Requests that may go at once after a quiet spell (1-100000); default: one
+    /// second's worth, at least 1.
+    #[serde(default)]
+    pub burst: Option<i32>,
+}
+
+impl RateLimit {
+    /// Validated `(per second, burst)`.
+    fn checked(self) -> Result<(f64, i32), ApiError> {
+        if !(self.per_sec > 0.0 && self.per_sec <= 100_000.0) {
+            return Err(ApiError::validation("rate_limit.per_sec", "must be more than 0 and at most 100000"));
+        }
+        let burst = self.burst.unwrap_or_else(|| (self.per_sec.ceil() as i32).max(1));
+        if !(1..=100_000).contains(&burst) {
+            return Err(ApiError::validation("rate_limit.burst", "must be between 1 and 100000"));
+        }
+        Ok((self.per_sec, burst))
+    }
+}
+
+/// A checked in-flight cap.
+fn checked_max_in_flight(max: i32) -> Result<i32, ApiError> {
+    if (1..=10_000).contains(&max) {
+        Ok(max)
+    } else {
+        Err(ApiError::validation("max_in_flight", "must be between 1 and 10000"))
+    }
 }
 
 /// An endpoint as the API shows it. The secret is shown only when it is created.
@@ -43,7 +88,23 @@ pub struct EndpointView {
     /// Paused by an operator: nothing is sent until resumed.
     paused: bool,
     circuit: CircuitView,
+    /// Its delivery limits, as enforced now.
+    limits: LimitsView,
+    /// Requests in flight now (leased and not yet recorded), across every replica.
+    in_flight: i64,
     created_at: DateTime<Utc>,
+}
+
+/// An endpoint's limits, as enforced.
+#[derive(Debug, Serialize, ToSchema)]
+struct LimitsView {
+    /// Concurrent requests at most, across every replica.
+    max_in_flight: i32,
+    /// `max_in_flight` is the gateway's default (`--endpoint-max-in-flight`), not the
+    /// endpoint's own.
+    max_in_flight_is_default: bool,
+    /// Requests per second at most; `null`: no rate limit.
+    rate_limit: Option<RateLimit>,
 }
 
 /// The endpoint's circuit breaker, as operators see it.
@@ -63,7 +124,15 @@ struct CircuitView {
 }
 
 impl EndpointView {
-    fn new(e: Endpoint, show_secret: bool) -> Self {
+    fn new(e: Endpoint, show_secret: bool, default_max_in_flight: i32, in_flight: i64) -> Self {
+        let limits = LimitsView {
+            max_in_flight: e.limits.max_in_flight.unwrap_or(default_max_in_flight),
+            max_in_flight_is_default: e.limits.max_in_flight.is_none(),
+            rate_limit: e
+                .limits
+                .rate_limit_per_sec
+                .map(|per_sec| RateLimit { per_sec, burst: e.limits.rate_limit_burst }),
+        };
         let c = &e.circuit;
         let open = c.circuit_state == crate::circuit::CircuitState::Open;
         let circuit = CircuitView {
@@ -80,9 +149,17 @@ impl EndpointView {
             description: e.description,
             paused: e.paused,
             circuit,
+            limits,
+            in_flight,
             created_at: e.created_at,
         }
     }
+}
+
+/// The view of `endpoint` with its load now.
+async fn view(state: &AppState, endpoint: Endpoint, show_secret: bool) -> Result<EndpointView, ApiError> {
+    let in_flight = crate::queue::read::in_flight_of(&state.pool, endpoint.id).await?;
+    Ok(EndpointView::new(endpoint, show_secret, state.default_max_in_flight, in_flight))
 }
 
 /// A fresh signing secret: 32 random bytes, Standard Webhooks format.
@@ -137,12 +214,18 @@ pub async fn create(
         }
         None => generate_secret(),
     };
+    let rate = body.rate_limit.map(RateLimit::checked).transpose()?;
+    let limits = store::endpoints::Limits {
+        max_in_flight: body.max_in_flight.map(checked_max_in_flight).transpose()?,
+        rate_limit_per_sec: rate.map(|r| r.0),
+        rate_limit_burst: rate.map(|r| r.1),
+    };
     let stored = seal(&state, &secret)?;
     let mut endpoint =
-        store::endpoints::insert(&state.pool, url.as_str(), &stored, body.description.as_deref()).await?;
+        store::endpoints::insert(&state.pool, url.as_str(), &stored, body.description.as_deref(), limits).await?;
     // The answer shows the secret as given or generated, never its stored form.
     endpoint.secret = secret;
-    Ok((StatusCode::CREATED, Json(EndpointView::new(endpoint, true))))
+    Ok((StatusCode::CREATED, Json(view(&state, endpoint, true).await?)))
 }
 
 /// `GET /v1/endpoints`.
@@ -157,7 +240,19 @@ pub async fn create(
 )]
 pub async fn list(State(state): State<AppState>) -> Result<Json<EndpointList>, ApiError> {
     let endpoints = store::endpoints::list(&state.pool).await?;
-    let data = endpoints.into_iter().map(|e| EndpointView::new(e, false)).collect();
+    let loads: std::collections::HashMap<EndpointId, i64> =
+        crate::queue::read::endpoint_loads(&state.pool, state.default_max_in_flight)
+            .await?
+            .into_iter()
+            .map(|l| (l.endpoint_id, l.in_flight))
+            .collect();
+    let data = endpoints
+        .into_iter()
+        .map(|e| {
+            let in_flight = loads.get(&e.id).copied().unwrap_or(0);
+            EndpointView::new(e, false, state.default_max_in_flight, in_flight)
+        })
+        .collect();
     Ok(Json(EndpointList { data }))
 }
 
@@ -176,7 +271,7 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<EndpointList>, A
 pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EndpointView>, ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
     let endpoint = store::endpoints::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
-    Ok(Json(EndpointView::new(endpoint, false)))
+    Ok(Json(view(&state, endpoint, false).await?))
 }
 
 /// `POST /v1/endpoints/{id}/pause`.
@@ -199,7 +294,7 @@ pub async fn pause(State(state): State<AppState>, Path(id): Path<String>) -> Res
     let endpoint =
         store::endpoints::set_paused(&state.pool, id, true).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
     tracing::info!(endpoint_id = %id, "endpoint paused");
-    Ok(Json(EndpointView::new(endpoint, false)))
+    Ok(Json(view(&state, endpoint, false).await?))
 }
 
 /// `POST /v1/endpoints/{id}/resume`.
@@ -225,7 +320,7 @@ pub async fn resume(State(state): State<AppState>, Path(id): Path<String>) -> Re
     let released = crate::queue::release_parked(&state.pool, state.release_per_sec, Some(id)).await?;
     state.wake.notify_one();
     tracing::info!(endpoint_id = %id, released, "endpoint resumed");
-    Ok(Json(EndpointView::new(endpoint, false)))
+    Ok(Json(view(&state, endpoint, false).await?))
 }
 
 /// Body of `PATCH /v1/endpoints/{id}`.
@@ -238,6 +333,13 @@ pub struct UpdateEndpoint {
     /// New description; `null` clears it.
     #[serde(default, deserialize_with = "super::extract::double_option")]
     pub description: Option<Option<String>>,
+    /// New in-flight cap (1-10000); `null`: back to the gateway's default.
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    #[schema(minimum = 1, maximum = 10000)]
+    pub max_in_flight: Option<Option<i32>>,
+    /// New rate limit (its bucket starts full); `null` removes it.
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    pub rate_limit: Option<Option<RateLimit>>,
 }
 
 /// `PATCH /v1/endpoints/{id}`.
@@ -263,11 +365,15 @@ pub async fn update(
 ) -> Result<Json<EndpointView>, ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
     let url = body.url.as_deref().map(|u| state.check_endpoint_url(u)).transpose()?;
-    let description = body.description.as_ref().map(|d| d.as_deref());
-    let endpoint = store::endpoints::update(&state.pool, id, url.as_ref().map(|u| u.as_str()), description)
-        .await?
-        .ok_or_else(|| ApiError::not_found("endpoint"))?;
-    Ok(Json(EndpointView::new(endpoint, false)))
+    let changes = store::endpoints::Changes {
+        url: url.as_ref().map(|u| u.as_str()),
+        description: body.description.as_ref().map(|d| d.as_deref()),
+        max_in_flight: body.max_in_flight.map(|m| m.map(checked_max_in_flight).transpose()).transpose()?,
+        rate_limit: body.rate_limit.map(|r| r.map(RateLimit::checked).transpose()).transpose()?,
+    };
+    let endpoint =
+        store::endpoints::update(&state.pool, id, &changes).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
+    Ok(Json(view(&state, endpoint, false).await?))
 }
 
 /// Query of `DELETE /v1/endpoints/{id}`.

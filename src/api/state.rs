@@ -45,6 +45,8 @@ pub struct AppState {
     pub request_timeout: Duration,
     /// Seals source and endpoint secrets before they are stored, opens them when read.
     pub secrets: Keyring,
+    /// The in-flight cap of endpoints without their own (`--endpoint-max-in-flight`).
+    pub default_max_in_flight: i32,
 }
 
 impl AppState {

@@ -106,6 +106,60 @@ pub async fn stats(pool: &sqlx::PgPool) -> Result<Stats, sqlx::Error> {
     Ok(Stats { pending, parked, due, dead, oldest_due_age_secs })
 }
 
+/// An endpoint's load right now, for the API and the metrics sampler.
+#[derive(Debug, Clone, Copy, PartialEq, sqlx::FromRow)]
+pub struct EndpointLoad {
+    /// The endpoint.
+    pub endpoint_id: EndpointId,
+    /// Deliveries leased to a worker and not yet recorded (live leases only).
+    pub in_flight: i64,
+    /// Whether it has a due delivery its limits hold back: at its in-flight cap, or out of
+    /// rate-limit tokens.
+    pub throttled: bool,
+}
+
+/// The load of every endpoint not deleted (`default_max_in_flight`: the cap of endpoints
+/// without their own). One index probe or two per endpoint.
+pub async fn endpoint_loads(
+    db: impl PgExecutor<'_>,
+    default_max_in_flight: i32,
+) -> Result<Vec<EndpointLoad>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id AS endpoint_id, in_flight,
+                due AND (in_flight >= cap OR (tokens IS NOT NULL AND tokens < 1)) AS throttled
+         FROM (
+             SELECT ep.id, COALESCE(ep.max_in_flight, $1) AS cap,
+                    (SELECT count(*) FROM deliveries f
+                     WHERE f.endpoint_id = ep.id AND f.status = 'pending'
+                       AND f.leased_until IS NOT NULL AND f.leased_until > now()) AS in_flight,
+                    EXISTS (SELECT 1 FROM deliveries d
+                            WHERE d.endpoint_id = ep.id AND d.status = 'pending' AND NOT d.parked
+                              AND d.next_attempt_at <= now()) AS due,
+                    CASE WHEN ep.rate_limit_per_sec IS NULL THEN NULL
+                         ELSE LEAST(ep.rate_limit_burst::float8,
+                                    COALESCE(ep.rate_tokens, ep.rate_limit_burst)
+                                    + extract(epoch FROM now() - COALESCE(ep.rate_tokens_at, now()))
+                                      * ep.rate_limit_per_sec) END AS tokens
+             FROM endpoints ep WHERE ep.deleted_at IS NULL
+         ) e
+         ORDER BY id",
+    )
+    .bind(default_max_in_flight)
+    .fetch_all(db)
+    .await
+}
+
+/// Deliveries to `endpoint_id` in flight now (live leases).
+pub async fn in_flight_of(db: impl PgExecutor<'_>, endpoint_id: EndpointId) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM deliveries
+         WHERE endpoint_id = $1 AND status = 'pending' AND leased_until IS NOT NULL AND leased_until > now()",
+    )
+    .bind(endpoint_id)
+    .fetch_one(db)
+    .await
+}
+
 /// One delivery.
 pub async fn by_id(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<Option<Delivery>, sqlx::Error> {
     sqlx::query_as(&format!("SELECT {COLUMNS} FROM deliveries WHERE id = $1")).bind(id).fetch_optional(db).await

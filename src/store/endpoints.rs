@@ -22,12 +22,27 @@ pub struct Endpoint {
     /// Its circuit breaker's columns (state, failures, cool-down, probe lease).
     #[sqlx(flatten)]
     pub circuit: Circuit,
+    /// Its delivery limits.
+    #[sqlx(flatten)]
+    pub limits: Limits,
     /// When the endpoint was created (shown by the API).
     pub created_at: DateTime<Utc>,
 }
 
+/// An endpoint's delivery limits, enforced by the claim across every replica.
+#[derive(Debug, Clone, Copy, Default, PartialEq, sqlx::FromRow)]
+pub struct Limits {
+    /// Concurrent requests at most; `None`: the gateway's default (`--endpoint-max-in-flight`).
+    pub max_in_flight: Option<i32>,
+    /// Requests per second at most (a token bucket); `None`: no rate limit.
+    pub rate_limit_per_sec: Option<f64>,
+    /// The bucket's size: how many requests may go at once after a quiet spell.
+    pub rate_limit_burst: Option<i32>,
+}
+
 const COLUMNS: &str = "id, url, secret, description, paused, circuit_state, consecutive_failures, open_count, \
-                       opened_at, reopen_at, probe_token, probe_until, created_at";
+                       opened_at, reopen_at, probe_token, probe_until, max_in_flight, rate_limit_per_sec, \
+                       rate_limit_burst, created_at";
 
 /// Insert an endpoint.
 pub async fn insert(
@@ -35,13 +50,20 @@ pub async fn insert(
     url: &str,
     secret: &str,
     description: Option<&str>,
+    limits: Limits,
 ) -> Result<Endpoint, sqlx::Error> {
-    sqlx::query_as(&format!("INSERT INTO endpoints (url, secret, description) VALUES ($1, $2, $3) RETURNING {COLUMNS}"))
-        .bind(url)
-        .bind(secret)
-        .bind(description)
-        .fetch_one(db)
-        .await
+    sqlx::query_as(&format!(
+        "INSERT INTO endpoints (url, secret, description, max_in_flight, rate_limit_per_sec, rate_limit_burst)
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING {COLUMNS}"
+    ))
+    .bind(url)
+    .bind(secret)
+    .bind(description)
+    .bind(limits.max_in_flight)
+    .bind(limits.rate_limit_per_sec)
+    .bind(limits.rate_limit_burst)
+    .fetch_one(db)
+    .await
 }
 
 /// An endpoint by id.
@@ -73,25 +95,49 @@ pub async fn set_paused(
     .await
 }
 
-/// Change an endpoint's URL and/or description (`None` leaves a field as it is).
+/// What [`update`] changes; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct Changes<'a> {
+    /// A new URL.
+    pub url: Option<&'a str>,
+    /// A new description, or `Some(None)` to clear it.
+    pub description: Option<Option<&'a str>>,
+    /// A new in-flight cap, or `Some(None)` for the gateway's default.
+    pub max_in_flight: Option<Option<i32>>,
+    /// A new rate limit `(per second, burst)`, or `Some(None)` for none.
+    pub rate_limit: Option<Option<(f64, i32)>>,
+}
+
+/// Change an endpoint; `None` if it does not exist. A new rate limit starts with a full
+/// bucket.
 pub async fn update(
     db: impl PgExecutor<'_>,
     id: EndpointId,
-    url: Option<&str>,
-    description: Option<Option<&str>>,
+    changes: &Changes<'_>,
 ) -> Result<Option<Endpoint>, sqlx::Error> {
+    let rate = changes.rate_limit.flatten();
     sqlx::query_as(&format!(
         "UPDATE endpoints
          SET url = COALESCE($2, url),
              description = CASE WHEN $3 THEN $4 ELSE description END,
+             max_in_flight = CASE WHEN $5 THEN $6 ELSE max_in_flight END,
+             rate_limit_per_sec = CASE WHEN $7 THEN $8 ELSE rate_limit_per_sec END,
+             rate_limit_burst = CASE WHEN $7 THEN $9 ELSE rate_limit_burst END,
+             rate_tokens = CASE WHEN $7 THEN NULL ELSE rate_tokens END,
+             rate_tokens_at = CASE WHEN $7 THEN NULL ELSE rate_tokens_at END,
              updated_at = now()
          WHERE id = $1 AND deleted_at IS NULL
          RETURNING {COLUMNS}"
     ))
     .bind(id)
-    .bind(url)
-    .bind(description.is_some())
-    .bind(description.flatten())
+    .bind(changes.url)
+    .bind(changes.description.is_some())
+    .bind(changes.description.flatten())
+    .bind(changes.max_in_flight.is_some())
+    .bind(changes.max_in_flight.flatten())
+    .bind(changes.rate_limit.is_some())
+    .bind(rate.map(|r| r.0))
+    .bind(rate.map(|r| r.1))
     .fetch_optional(db)
     .await
 }

@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use serde_json::json;
+
 use crate::support::sink::{Reply, Sink};
 use crate::support::{GatewayProcess, TestApp, count_status, eventually, seed_deliveries};
 
@@ -18,17 +20,12 @@ fn worker(app: &TestApp) -> GatewayProcess {
     )
 }
 
+/// Set an endpoint's limits through the API.
 async fn set_limits(app: &TestApp, endpoint: &str, max_in_flight: Option<i32>, rate: Option<(f64, i32)>) {
-    sqlx::query(
-        "UPDATE endpoints SET max_in_flight = $2, rate_limit_per_sec = $3, rate_limit_burst = $4 WHERE id = $1::uuid",
-    )
-    .bind(endpoint)
-    .bind(max_in_flight)
-    .bind(rate.map(|r| r.0))
-    .bind(rate.map(|r| r.1))
-    .execute(&app.db.pool)
-    .await
-    .expect("set limits");
+    let rate_limit = rate.map(|(per_sec, burst)| json!({"per_sec": per_sec, "burst": burst}));
+    let body = json!({"max_in_flight": max_in_flight, "rate_limit": rate_limit});
+    let (status, view) = app.admin(reqwest::Method::PATCH, &format!("/v1/endpoints/{endpoint}"), Some(body)).await;
+    assert_eq!(status, 200, "{view}");
 }
 
 /// One endpoint answers after 1.5 s and has 1,500 deliveries waiting; a second endpoint
@@ -134,4 +131,46 @@ async fn a_dead_replica_s_slots_free_themselves_when_their_leases_end() {
     eprintln!("dead replica holding both slots: the survivor's first request {first:?} after the kill (lease 15 s)");
     assert!(first >= Duration::from_secs(10), "the dead replica's leases held the slots: {first:?}");
     assert!(first < Duration::from_secs(45), "the slots came back with their leases: {first:?}");
+}
+
+/// The limits through the API: set at creation, shown (with what is in flight), changed,
+/// cleared back to the default; out-of-range values are a 422 naming the field.
+#[tokio::test]
+async fn limits_are_set_shown_changed_and_validated_through_the_api() {
+    let app = TestApp::ingest_only().await;
+    let created = app
+        .admin_post(
+            "/v1/endpoints",
+            json!({"url": "https://subscriber.example.com/", "max_in_flight": 4, "rate_limit": {"per_sec": 2.5}}),
+            201,
+        )
+        .await;
+    let id = created["id"].as_str().unwrap();
+    assert_eq!(created["limits"]["max_in_flight"], 4);
+    assert_eq!(created["limits"]["max_in_flight_is_default"], false);
+    assert_eq!(
+        created["limits"]["rate_limit"],
+        json!({"per_sec": 2.5, "burst": 3}),
+        "burst defaults to a second's worth"
+    );
+    assert_eq!(created["in_flight"], 0);
+    let path = format!("/v1/endpoints/{id}");
+    let (status, changed) =
+        app.admin(reqwest::Method::PATCH, &path, Some(json!({"max_in_flight": null, "rate_limit": null}))).await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(changed["limits"]["max_in_flight_is_default"], true);
+    assert_eq!(changed["limits"]["max_in_flight"], webhook_gateway::queue::default_max_in_flight(8));
+    assert_eq!(changed["limits"]["rate_limit"], serde_json::Value::Null);
+    for (body, field) in [
+        (json!({"max_in_flight": 0}), "max_in_flight"),
+        (json!({"max_in_flight": 10_001}), "max_in_flight"),
+        (json!({"rate_limit": {"per_sec": 0}}), "rate_limit.per_sec"),
+        (json!({"rate_limit": {"per_sec": 5, "burst": 0}}), "rate_limit.burst"),
+    ] {
+        let (status, answer) = app.admin(reqwest::Method::PATCH, &path, Some(body.clone())).await;
+        assert_eq!(status, 422, "{body}: {answer}");
+        assert!(answer["error"]["message"].as_str().unwrap().starts_with(field), "{body}: {answer}");
+    }
+    let listed = app.admin_get("/v1/endpoints").await;
+    assert_eq!(listed["data"][0]["limits"]["max_in_flight_is_default"], true);
 }

@@ -11,11 +11,11 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::api::AppState;
-use crate::config::{DeliverySettings, Role};
-use crate::deliver::Dispatcher;
+use crate::deliver::{DeliverySettings, Dispatcher};
 use crate::egress::{EgressClient, EgressConfig, HostResolver};
 use crate::ingest::Intake;
 use crate::janitor::{Janitor, JanitorSettings};
+use crate::role::Role;
 use crate::secrets::Keyring;
 
 /// Everything a gateway process needs besides its database pool.

@@ -12,7 +12,9 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
+use crate::deliver::DeliverySettings;
 use crate::janitor::{self, JanitorSettings};
+use crate::role::Role;
 
 /// The `webhook-gateway` command line.
 #[derive(Debug, Parser)]
@@ -38,25 +40,6 @@ pub enum Command {
     Migrate(MigrateArgs),
     /// Secrets at rest: `secrets reencrypt` rewrites every stored secret under the current key.
     Secrets(SecretsArgs),
-}
-
-/// Which parts of the gateway a process runs, so ingest and delivery can scale apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// HTTP ingest, admin API and delivery workers.
-    All,
-    /// HTTP ingest and admin API only.
-    Ingest,
-    /// Delivery workers only (still serves /healthz, /readyz and /metrics).
-    Worker,
-}
-
-impl Role {
-    /// Whether this role runs delivery workers.
-    pub fn runs_workers(self) -> bool {
-        matches!(self, Role::All | Role::Worker)
-    }
 }
 
 /// Log output format.
@@ -657,31 +640,6 @@ pub const MAX_JANITOR_BATCH: u32 = 100_000;
 
 /// Margin between the request timeout and the lease, for recording the outcome.
 pub const LEASE_MARGIN_SECS: u64 = 10;
-
-/// Settings of the delivery workers.
-#[derive(Debug, Clone)]
-pub struct DeliverySettings {
-    /// Concurrent outbound requests in this process.
-    pub workers: usize,
-    /// Lease on a claimed delivery.
-    pub lease: Duration,
-    /// Attempt budget per delivery.
-    pub max_attempts: u32,
-    /// Backoff base.
-    pub backoff_base: Duration,
-    /// Backoff cap.
-    pub backoff_cap: Duration,
-    /// Cap on an honoured Retry-After.
-    pub retry_after_cap: Duration,
-    /// Idle poll interval.
-    pub poll_interval: Duration,
-    /// Shutdown grace for in-flight requests.
-    pub shutdown_grace: Duration,
-    /// Concurrent requests per endpoint (across replicas) unless the endpoint sets its own.
-    pub endpoint_max_in_flight: i32,
-    /// Circuit breaker settings.
-    pub circuit: crate::circuit::CircuitConfig,
-}
 
 #[cfg(test)]
 mod tests {

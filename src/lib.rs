@@ -18,6 +18,7 @@ pub mod metrics;
 #[cfg(test)]
 mod props;
 pub mod queue;
+pub mod role;
 pub mod sanitize;
 pub mod secrets;
 pub mod server;

@@ -25,8 +25,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::config::Role;
 use crate::error::ApiError;
+use crate::role::Role;
 
 pub use endpoints::generate_secret;
 pub use state::AppState;

@@ -9,11 +9,11 @@ use sqlx::PgPool;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use url::Url;
 
+use super::DeliverySettings;
 use super::policy::{self, Decision, NextReason, Observed, Policy, Verdict};
 use super::recorder::Finished;
 use super::request;
 use crate::circuit::Signal;
-use crate::config::DeliverySettings;
 use crate::egress::{EgressClient, SendError};
 use crate::queue::{self, AttemptRecord, Claimed, Outcome};
 use crate::sanitize;

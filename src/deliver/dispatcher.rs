@@ -8,9 +8,9 @@ use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::DeliverySettings;
 use super::attempt::{self, Context};
 use super::recorder;
-use crate::config::DeliverySettings;
 use crate::egress::EgressClient;
 use crate::queue::{self, Claimed};
 use crate::secrets::Keyring;

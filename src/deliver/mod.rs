@@ -19,8 +19,10 @@ pub mod dispatcher;
 pub mod policy;
 pub mod recorder;
 pub mod request;
+mod settings;
 pub mod sign;
 #[cfg(test)]
 mod tests_props;
 
 pub use dispatcher::{Dispatcher, MAX_CLAIM_BATCH};
+pub use settings::DeliverySettings;

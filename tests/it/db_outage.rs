@@ -21,7 +21,7 @@ async fn database_outage_answers_503_then_the_retry_is_stored_once() {
     let pool = webhook_gateway::db::connect(&url, 4).await.unwrap();
     webhook_gateway::db::migrate(&pool).await.unwrap();
     let db = TestDb { url, pool };
-    let settings = webhook_gateway::app::Settings { role: webhook_gateway::config::Role::Ingest, ..test_settings() };
+    let settings = webhook_gateway::app::Settings { role: webhook_gateway::role::Role::Ingest, ..test_settings() };
     let app = TestApp::spawn_with(db, settings, 4).await;
     app.source_none("shop").await;
     let port = cluster.port();

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use webhook_gateway::app::Settings;
-use webhook_gateway::config::Role;
 use webhook_gateway::janitor::JanitorSettings;
+use webhook_gateway::role::Role;
 
 use crate::support::proxy::Proxy;
 use crate::support::sink::Sink;

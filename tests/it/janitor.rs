@@ -321,7 +321,7 @@ async fn every_instance_runs_the_janitor_and_passes_never_overlap() {
     let second_db = TestDb { url: db.url.clone(), pool: db.pool.clone() };
     let mut a = TestApp::spawn_with(
         db,
-        Settings { role: webhook_gateway::config::Role::Ingest, janitor: janitor.clone(), ..test_settings() },
+        Settings { role: webhook_gateway::role::Role::Ingest, janitor: janitor.clone(), ..test_settings() },
         4,
     )
     .await;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use webhook_gateway::config::Role;
+use webhook_gateway::role::Role;
 
 use crate::support::sink::{Reply, Sink};
 use crate::support::{ADMIN_TOKEN, TestApp, TestDb, eventually, test_settings};

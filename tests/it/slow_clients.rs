@@ -14,7 +14,7 @@ use crate::support::{GatewayProcess, TestApp, TestDb, eventually, test_settings}
 const WAIT: Duration = Duration::from_secs(60);
 
 async fn app_with(limits: HttpLimits) -> TestApp {
-    let settings = Settings { http: limits, role: webhook_gateway::config::Role::Ingest, ..test_settings() };
+    let settings = Settings { http: limits, role: webhook_gateway::role::Role::Ingest, ..test_settings() };
     TestApp::spawn_with(TestDb::new().await, settings, 16).await
 }
 

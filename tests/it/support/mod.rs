@@ -22,10 +22,11 @@ use serde_json::Value;
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 use webhook_gateway::app::{self, Running, Settings};
 use webhook_gateway::circuit::CircuitConfig;
-use webhook_gateway::config::{DeliverySettings, Role};
 use webhook_gateway::db::{self, embedded};
+use webhook_gateway::deliver::DeliverySettings;
 use webhook_gateway::egress::EgressConfig;
 use webhook_gateway::janitor::JanitorSettings;
+use webhook_gateway::role::Role;
 
 /// Admin token used by every test gateway.
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";

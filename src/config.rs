@@ -1,8 +1,9 @@
 //! Command line, environment and TOML configuration, validated once at start-up.
 //!
 //! Precedence: command line > environment > `--config FILE` > built-in default.
-//! Every flag has an environment variable; the TOML file uses the flag names with
-//! dashes replaced by underscores (`max_body_bytes = 2097152`).
+//! Every `serve` setting is declared once, in the `settings!` list below: its flag,
+//! environment variable, default and `--help` text, and by its name its key in the TOML
+//! file (the flag name with dashes replaced by underscores: `max_body_bytes = 2097152`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -60,52 +61,6 @@ pub struct MigrateArgs {
     pub database_url: String,
 }
 
-/// The operator key that encrypts source and endpoint secrets at rest (see
-/// [`crate::secrets`]). Shared by `serve` and `secrets reencrypt`; `Debug` shows no key.
-#[derive(Clone, Default, Args)]
-pub struct SecretsKeyArgs {
-    /// Key that encrypts source and endpoint secrets in the database: 32 bytes in base64
-    /// (`openssl rand -base64 32`). Unset: secrets are stored in plaintext.
-    #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY", hide_env_values = true)]
-    pub secrets_key: Option<String>,
-
-    /// File holding the secrets key (instead of --secrets-key).
-    #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY_FILE")]
-    pub secrets_key_file: Option<PathBuf>,
-
-    /// Earlier secrets key(s), decrypt only, during a rotation. Repeatable; env is comma-separated.
-    #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY_PREVIOUS", hide_env_values = true, value_delimiter = ',')]
-    pub secrets_key_previous: Vec<String>,
-
-    /// File(s) holding earlier secrets keys (instead of --secrets-key-previous). Repeatable; env is comma-separated.
-    #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY_PREVIOUS_FILE", value_delimiter = ',')]
-    pub secrets_key_previous_file: Vec<PathBuf>,
-}
-
-impl std::fmt::Debug for SecretsKeyArgs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SecretsKeyArgs")
-            .field("secrets_key", &self.secrets_key.as_ref().map(|_| "<hidden>"))
-            .field("secrets_key_file", &self.secrets_key_file)
-            .field("secrets_key_previous", &self.secrets_key_previous.len())
-            .field("secrets_key_previous_file", &self.secrets_key_previous_file)
-            .finish()
-    }
-}
-
-impl SecretsKeyArgs {
-    /// The keyring these settings describe (reads the key file).
-    pub fn keyring(&self) -> Result<crate::secrets::Keyring, ConfigError> {
-        crate::secrets::keyring_from(
-            self.secrets_key.as_deref(),
-            self.secrets_key_file.as_deref(),
-            &self.secrets_key_previous,
-            &self.secrets_key_previous_file,
-        )
-        .map_err(ConfigError)
-    }
-}
-
 /// `webhook-gateway secrets`.
 #[derive(Debug, Args)]
 pub struct SecretsArgs {
@@ -143,159 +98,289 @@ pub struct ReencryptArgs {
     pub keys: SecretsKeyArgs,
 }
 
-/// `webhook-gateway serve`.
-#[derive(Debug, Clone, Args)]
-pub struct ServeArgs {
-    /// TOML file with the same keys as the flags (underscores for dashes).
-    #[arg(long, env = "WEBHOOK_GATEWAY_CONFIG")]
-    pub config: Option<PathBuf>,
+/// Declares the `serve` settings once. A setting is one field: its doc comment is its
+/// `--help` text, its `#[arg]` its flag, environment variable and default, its name its
+/// key in the `--config` file. From the one list this generates:
+///
+/// - the clap structs: `ServeArgs` (its first field, `config`, ended by `;`, is the file's
+///   own path and no setting) and the group of settings it flattens last (the secrets keys,
+///   also flattened into `secrets reencrypt`, which reads no file);
+/// - `FileConfig`: every setting as an optional key, unknown keys refused;
+/// - `ServeArgs::take_file`: the file's value of every setting given neither on the
+///   command line nor in the environment;
+/// - for the tests, `ServeArgs::settings`: every setting with a way to read it back
+///   (`tests::every_setting_is_reachable_from_the_command_line_the_environment_and_the_file`).
+macro_rules! settings {
+    (
+        $(#[$serve_meta:meta])*
+        pub struct $serve:ident {
+            $(#[$config_meta:meta])*
+            pub config: Option<PathBuf>;
+            $( $(#[$meta:meta])* pub $field:ident: $ty:ty, )+
+        }
 
-    /// Address to listen on.
-    #[arg(long, env = "WEBHOOK_GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
+        $(#[$group_meta:meta])*
+        pub struct $group_ty:ident flattened as $group:ident {
+            $( $(#[$group_field_meta:meta])* pub $group_field:ident: $group_field_ty:ty, )+
+        }
+    ) => {
+        $(#[$serve_meta])*
+        pub struct $serve {
+            $(#[$config_meta])*
+            pub config: Option<PathBuf>,
+            $( $(#[$meta])* pub $field: $ty, )+
+            #[doc = concat!("The settings declared with [`", stringify!($group_ty), "`].")]
+            #[command(flatten)]
+            pub $group: $group_ty,
+        }
 
-    /// PostgreSQL connection URL. Unset: start a private PostgreSQL cluster in --data-dir.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: Option<String>,
+        $(#[$group_meta])*
+        pub struct $group_ty {
+            $( $(#[$group_field_meta])* pub $group_field: $group_field_ty, )+
+        }
 
-    /// Where the embedded PostgreSQL cluster lives (used only without a database URL).
-    #[arg(long, env = "WEBHOOK_GATEWAY_DATA_DIR", default_value = ".webhook-gateway")]
-    pub data_dir: PathBuf,
+        /// The `--config` file: every setting's name is a key, every key optional; unknown
+        /// keys are an error (typos must not pass).
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        struct FileConfig {
+            $( $field: Option<$ty>, )+
+            $( $group_field: Option<$group_field_ty>, )+
+        }
 
-    /// Bearer token for the admin API. Unset: one is generated and printed at start-up.
-    #[arg(long, env = "WEBHOOK_GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
+        impl $serve {
+            /// Take the file's value of every setting for which `explicit` (given on the
+            /// command line or in the environment) is false.
+            fn take_file(&mut self, file: FileConfig, explicit: impl Fn(&str) -> bool) {
+                $(
+                    if let Some(value) = file.$field
+                        && !explicit(stringify!($field))
+                    {
+                        self.$field = value;
+                    }
+                )+
+                $(
+                    if let Some(value) = file.$group_field
+                        && !explicit(stringify!($group_field))
+                    {
+                        self.$group.$group_field = value;
+                    }
+                )+
+            }
 
-    /// Largest accepted request body, in bytes.
-    #[arg(long, env = "WEBHOOK_GATEWAY_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
-    pub max_body_bytes: usize,
+            /// Every setting, as the reachability test drives it.
+            #[cfg(test)]
+            fn settings() -> Vec<tests::Setting> {
+                vec![
+                    $( tests::Setting::new::<$ty>(stringify!($field), |s| format!("{:?}", s.$field)), )+
+                    $(
+                        tests::Setting::new::<$group_field_ty>(stringify!($group_field), |s| {
+                            format!("{:?}", s.$group.$group_field)
+                        }),
+                    )+
+                ]
+            }
+        }
+    };
+}
 
-    /// Which parts to run.
-    #[arg(long, env = "WEBHOOK_GATEWAY_ROLE", value_enum, default_value = "all")]
-    pub role: Role,
+settings! {
+    /// `webhook-gateway serve`.
+    #[derive(Debug, Clone, Args)]
+    pub struct ServeArgs {
+        /// TOML file with the same keys as the flags (underscores for dashes).
+        #[arg(long, env = "WEBHOOK_GATEWAY_CONFIG")]
+        pub config: Option<PathBuf>;
 
-    /// Concurrent outbound deliveries per process. Default: 32 per CPU core.
-    #[arg(long, env = "WEBHOOK_GATEWAY_WORKERS")]
-    pub workers: Option<usize>,
+        /// Address to listen on.
+        #[arg(long, env = "WEBHOOK_GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
+        pub listen: SocketAddr,
 
-    /// Lease on a claimed delivery, in seconds; must exceed the request timeout plus margin.
-    #[arg(long, env = "WEBHOOK_GATEWAY_LEASE_SECS", default_value_t = 60)]
-    pub lease_secs: u64,
+        /// PostgreSQL connection URL. Unset: start a private PostgreSQL cluster in --data-dir.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        pub database_url: Option<String>,
 
-    /// Outbound connect timeout, in seconds.
-    #[arg(long, env = "WEBHOOK_GATEWAY_CONNECT_TIMEOUT_SECS", default_value_t = 5)]
-    pub connect_timeout_secs: u64,
+        /// Where the embedded PostgreSQL cluster lives (used only without a database URL).
+        #[arg(long, env = "WEBHOOK_GATEWAY_DATA_DIR", default_value = ".webhook-gateway")]
+        pub data_dir: PathBuf,
 
-    /// Outbound whole-request timeout, in seconds.
-    #[arg(long, env = "WEBHOOK_GATEWAY_REQUEST_TIMEOUT_SECS", default_value_t = 15)]
-    pub request_timeout_secs: u64,
+        /// Bearer token for the admin API. Unset: one is generated and printed at start-up.
+        #[arg(long, env = "WEBHOOK_GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
+        pub admin_token: Option<String>,
 
-    /// Attempts per delivery before it is dead-lettered.
-    #[arg(long, env = "WEBHOOK_GATEWAY_MAX_ATTEMPTS", default_value_t = 8)]
-    pub max_attempts: u32,
+        /// Largest accepted request body, in bytes.
+        #[arg(long, env = "WEBHOOK_GATEWAY_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+        pub max_body_bytes: usize,
 
-    /// Backoff base, in milliseconds (full jitter: random(0, min(cap, base * 2^attempt))).
-    #[arg(long, env = "WEBHOOK_GATEWAY_BACKOFF_BASE_MS", default_value_t = 5_000)]
-    pub backoff_base_ms: u64,
+        /// Which parts to run.
+        #[arg(long, env = "WEBHOOK_GATEWAY_ROLE", value_enum, default_value = "all")]
+        pub role: Role,
 
-    /// Backoff cap, in seconds.
-    #[arg(long, env = "WEBHOOK_GATEWAY_BACKOFF_CAP_SECS", default_value_t = 6 * 3600)]
-    pub backoff_cap_secs: u64,
+        /// Concurrent outbound deliveries per process. Default: 32 per CPU core.
+        #[arg(long, env = "WEBHOOK_GATEWAY_WORKERS")]
+        pub workers: Option<usize>,
 
-    /// Longest Retry-After the gateway honours, in seconds.
-    #[arg(long, env = "WEBHOOK_GATEWAY_RETRY_AFTER_CAP_SECS", default_value_t = 24 * 3600)]
-    pub retry_after_cap_secs: u64,
+        /// Lease on a claimed delivery, in seconds; must exceed the request timeout plus margin.
+        #[arg(long, env = "WEBHOOK_GATEWAY_LEASE_SECS", default_value_t = 60)]
+        pub lease_secs: u64,
 
-    /// How often idle workers look for due deliveries, in milliseconds.
-    #[arg(long, env = "WEBHOOK_GATEWAY_POLL_INTERVAL_MS", default_value_t = 250)]
-    pub poll_interval_ms: u64,
+        /// Outbound connect timeout, in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_CONNECT_TIMEOUT_SECS", default_value_t = 5)]
+        pub connect_timeout_secs: u64,
 
-    /// On shutdown, how long in-flight deliveries may take to finish, in seconds.
-    #[arg(long, env = "WEBHOOK_GATEWAY_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
-    pub shutdown_grace_secs: u64,
+        /// Outbound whole-request timeout, in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_REQUEST_TIMEOUT_SECS", default_value_t = 15)]
+        pub request_timeout_secs: u64,
 
-    /// Open an outbound address range (CIDR), e.g. 127.0.0.1/32. Repeatable; env is comma-separated.
-    /// Host bits must be zero; ranges wider than /8 need --egress-allow-wide.
-    #[arg(long = "egress-allow", env = "WEBHOOK_GATEWAY_EGRESS_ALLOW", value_delimiter = ',')]
-    pub egress_allow: Vec<ipnet::IpNet>,
+        /// Attempts per delivery before it is dead-lettered.
+        #[arg(long, env = "WEBHOOK_GATEWAY_MAX_ATTEMPTS", default_value_t = 8)]
+        pub max_attempts: u32,
 
-    /// Confirm --egress-allow ranges wider than /8 (e.g. 0.0.0.0/0 opens every address).
-    #[arg(long, env = "WEBHOOK_GATEWAY_EGRESS_ALLOW_WIDE")]
-    pub egress_allow_wide: bool,
+        /// Backoff base, in milliseconds (full jitter: random(0, min(cap, base * 2^attempt))).
+        #[arg(long, env = "WEBHOOK_GATEWAY_BACKOFF_BASE_MS", default_value_t = 5_000)]
+        pub backoff_base_ms: u64,
 
-    /// Refuse plain-http endpoints.
-    #[arg(long, env = "WEBHOOK_GATEWAY_EGRESS_HTTPS_ONLY")]
-    pub egress_https_only: bool,
+        /// Backoff cap, in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_BACKOFF_CAP_SECS", default_value_t = 6 * 3600)]
+        pub backoff_cap_secs: u64,
 
-    /// Consecutive retryable failures that open an endpoint's circuit.
-    #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_FAILURE_THRESHOLD", default_value_t = 5)]
-    pub circuit_failure_threshold: u32,
+        /// Longest Retry-After the gateway honours, in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_RETRY_AFTER_CAP_SECS", default_value_t = 24 * 3600)]
+        pub retry_after_cap_secs: u64,
 
-    /// First circuit cool-down, in milliseconds; doubles with each re-open.
-    #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_COOLDOWN_MS", default_value_t = 30_000)]
-    pub circuit_cooldown_ms: u64,
+        /// How often idle workers look for due deliveries, in milliseconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_POLL_INTERVAL_MS", default_value_t = 250)]
+        pub poll_interval_ms: u64,
 
-    /// Longest circuit cool-down, in seconds.
-    #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_COOLDOWN_CAP_SECS", default_value_t = 600)]
-    pub circuit_cooldown_cap_secs: u64,
+        /// On shutdown, how long in-flight deliveries may take to finish, in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
+        pub shutdown_grace_secs: u64,
 
-    /// Parked deliveries released per second when a circuit closes or an endpoint resumes.
-    #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_RELEASE_PER_SEC", default_value_t = 200)]
-    pub circuit_release_per_sec: u32,
+        /// Open an outbound address range (CIDR), e.g. 127.0.0.1/32. Repeatable; env is comma-separated.
+        /// Host bits must be zero; ranges wider than /8 need --egress-allow-wide.
+        #[arg(long = "egress-allow", env = "WEBHOOK_GATEWAY_EGRESS_ALLOW", value_delimiter = ',')]
+        pub egress_allow: Vec<ipnet::IpNet>,
 
-    /// How often queue depth, lag and circuit gauges are sampled from the database, seconds.
-    #[arg(long, env = "WEBHOOK_GATEWAY_METRICS_SAMPLE_SECS", default_value_t = 15)]
-    pub metrics_sample_secs: u64,
+        /// Confirm --egress-allow ranges wider than /8 (e.g. 0.0.0.0/0 opens every address).
+        #[arg(long, env = "WEBHOOK_GATEWAY_EGRESS_ALLOW_WIDE")]
+        pub egress_allow_wide: bool,
 
-    /// PostgreSQL connections per process.
-    #[arg(long, env = "WEBHOOK_GATEWAY_DB_POOL_SIZE", default_value_t = 16)]
-    pub db_pool_size: u32,
+        /// Refuse plain-http endpoints.
+        #[arg(long, env = "WEBHOOK_GATEWAY_EGRESS_HTTPS_ONLY")]
+        pub egress_https_only: bool,
 
-    /// How long an HTTP request (ingest, admin API) waits for the database before it is
-    /// answered 503 with Retry-After, in seconds.
-    #[arg(long, env = "WEBHOOK_GATEWAY_DB_TIMEOUT_SECS", default_value_t = crate::db::DEFAULT_REQUEST_TIMEOUT.as_secs())]
-    pub db_timeout_secs: u64,
+        /// Consecutive retryable failures that open an endpoint's circuit.
+        #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_FAILURE_THRESHOLD", default_value_t = 5)]
+        pub circuit_failure_threshold: u32,
 
-    /// Seconds a client has to send a request's headers, counted from when its connection is
-    /// ready for a request (so also the keep-alive idle limit).
-    #[arg(long, env = "WEBHOOK_GATEWAY_HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10)]
-    pub http_header_timeout_secs: u64,
+        /// First circuit cool-down, in milliseconds; doubles with each re-open.
+        #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_COOLDOWN_MS", default_value_t = 30_000)]
+        pub circuit_cooldown_ms: u64,
 
-    /// Seconds a request's body may take to arrive and the request to be answered (408 past it).
-    #[arg(long, env = "WEBHOOK_GATEWAY_HTTP_REQUEST_TIMEOUT_SECS", default_value_t = 30)]
-    pub http_request_timeout_secs: u64,
+        /// Longest circuit cool-down, in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_COOLDOWN_CAP_SECS", default_value_t = 600)]
+        pub circuit_cooldown_cap_secs: u64,
 
-    /// Inbound connections open at once; at the cap new ones wait to be accepted.
-    #[arg(long, env = "WEBHOOK_GATEWAY_HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
-    pub http_max_connections: usize,
+        /// Parked deliveries released per second when a circuit closes or an endpoint resumes.
+        #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_RELEASE_PER_SEC", default_value_t = 200)]
+        pub circuit_release_per_sec: u32,
 
-    /// Log format.
-    #[arg(long, env = "WEBHOOK_GATEWAY_LOG_FORMAT", value_enum, default_value = "pretty")]
-    pub log_format: LogFormat,
+        /// How often queue depth, lag and circuit gauges are sampled from the database, seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_METRICS_SAMPLE_SECS", default_value_t = 15)]
+        pub metrics_sample_secs: u64,
 
-    /// Days an event is kept, with its deliveries and attempts; never while a delivery is pending.
-    #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_EVENTS_DAYS", default_value_t = janitor::DEFAULT_RETENTION_EVENTS_DAYS)]
-    pub retention_events_days: u32,
+        /// PostgreSQL connections per process.
+        #[arg(long, env = "WEBHOOK_GATEWAY_DB_POOL_SIZE", default_value_t = 16)]
+        pub db_pool_size: u32,
 
-    /// Days an attempt record is kept.
-    #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_ATTEMPTS_DAYS", default_value_t = janitor::DEFAULT_RETENTION_ATTEMPTS_DAYS)]
-    pub retention_attempts_days: u32,
+        /// How long an HTTP request (ingest, admin API) waits for the database before it is
+        /// answered 503 with Retry-After, in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_DB_TIMEOUT_SECS", default_value_t = crate::db::DEFAULT_REQUEST_TIMEOUT.as_secs())]
+        pub db_timeout_secs: u64,
 
-    /// Days a delivered delivery is kept (a dead one stays until its event expires).
-    #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_DELIVERED_DAYS", default_value_t = janitor::DEFAULT_RETENTION_DELIVERED_DAYS)]
-    pub retention_delivered_days: u32,
+        /// Seconds a client has to send a request's headers, counted from when its connection is
+        /// ready for a request (so also the keep-alive idle limit).
+        #[arg(long, env = "WEBHOOK_GATEWAY_HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10)]
+        pub http_header_timeout_secs: u64,
 
-    /// How often each replica tries a retention pass (one replica at a time does it), in seconds.
-    #[arg(long, env = "WEBHOOK_GATEWAY_JANITOR_INTERVAL_SECS", default_value_t = janitor::DEFAULT_INTERVAL_SECS)]
-    pub janitor_interval_secs: u64,
+        /// Seconds a request's body may take to arrive and the request to be answered (408 past it).
+        #[arg(long, env = "WEBHOOK_GATEWAY_HTTP_REQUEST_TIMEOUT_SECS", default_value_t = 30)]
+        pub http_request_timeout_secs: u64,
 
-    /// Rows per retention delete statement (each its own short transaction).
-    #[arg(long, env = "WEBHOOK_GATEWAY_JANITOR_BATCH_SIZE", default_value_t = janitor::DEFAULT_BATCH_SIZE)]
-    pub janitor_batch_size: u32,
+        /// Inbound connections open at once; at the cap new ones wait to be accepted.
+        #[arg(long, env = "WEBHOOK_GATEWAY_HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
+        pub http_max_connections: usize,
 
-    /// Encryption of source and endpoint secrets at rest.
-    #[command(flatten)]
-    pub secrets: SecretsKeyArgs,
+        /// Log format.
+        #[arg(long, env = "WEBHOOK_GATEWAY_LOG_FORMAT", value_enum, default_value = "pretty")]
+        pub log_format: LogFormat,
+
+        /// Days an event is kept, with its deliveries and attempts; never while a delivery is pending.
+        #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_EVENTS_DAYS", default_value_t = janitor::DEFAULT_RETENTION_EVENTS_DAYS)]
+        pub retention_events_days: u32,
+
+        /// Days an attempt record is kept.
+        #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_ATTEMPTS_DAYS", default_value_t = janitor::DEFAULT_RETENTION_ATTEMPTS_DAYS)]
+        pub retention_attempts_days: u32,
+
+        /// Days a delivered delivery is kept (a dead one stays until its event expires).
+        #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_DELIVERED_DAYS", default_value_t = janitor::DEFAULT_RETENTION_DELIVERED_DAYS)]
+        pub retention_delivered_days: u32,
+
+        /// How often each replica tries a retention pass (one replica at a time does it), in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_JANITOR_INTERVAL_SECS", default_value_t = janitor::DEFAULT_INTERVAL_SECS)]
+        pub janitor_interval_secs: u64,
+
+        /// Rows per retention delete statement (each its own short transaction).
+        #[arg(long, env = "WEBHOOK_GATEWAY_JANITOR_BATCH_SIZE", default_value_t = janitor::DEFAULT_BATCH_SIZE)]
+        pub janitor_batch_size: u32,
+    }
+
+    /// The operator key that encrypts source and endpoint secrets at rest (see
+    /// [`crate::secrets`]). Shared by `serve` and `secrets reencrypt`; `Debug` shows no key.
+    #[derive(Clone, Default, Args)]
+    pub struct SecretsKeyArgs flattened as secrets {
+        /// Key that encrypts source and endpoint secrets in the database: 32 bytes in base64
+        /// (`openssl rand -base64 32`). Unset: secrets are stored in plaintext.
+        #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY", hide_env_values = true)]
+        pub secrets_key: Option<String>,
+
+        /// File holding the secrets key (instead of --secrets-key).
+        #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY_FILE")]
+        pub secrets_key_file: Option<PathBuf>,
+
+        /// Earlier secrets key(s), decrypt only, during a rotation. Repeatable; env is comma-separated.
+        #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY_PREVIOUS", hide_env_values = true, value_delimiter = ',')]
+        pub secrets_key_previous: Vec<String>,
+
+        /// File(s) holding earlier secrets keys (instead of --secrets-key-previous). Repeatable; env is comma-separated.
+        #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY_PREVIOUS_FILE", value_delimiter = ',')]
+        pub secrets_key_previous_file: Vec<PathBuf>,
+    }
+}
+
+impl std::fmt::Debug for SecretsKeyArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretsKeyArgs")
+            .field("secrets_key", &self.secrets_key.as_ref().map(|_| "<hidden>"))
+            .field("secrets_key_file", &self.secrets_key_file)
+            .field("secrets_key_previous", &self.secrets_key_previous.len())
+            .field("secrets_key_previous_file", &self.secrets_key_previous_file)
+            .finish()
+    }
+}
+
+impl SecretsKeyArgs {
+    /// The keyring these settings describe (reads the key file).
+    pub fn keyring(&self) -> Result<crate::secrets::Keyring, ConfigError> {
+        crate::secrets::keyring_from(
+            self.secrets_key.as_deref(),
+            self.secrets_key_file.as_deref(),
+            &self.secrets_key_previous,
+            &self.secrets_key_previous_file,
+        )
+        .map_err(ConfigError)
+    }
 }
 
 /// Widest `--egress-allow` prefix accepted without `--egress-allow-wide` (either family):
@@ -328,51 +413,6 @@ fn validate_egress_allow(allow: &[ipnet::IpNet], wide: bool) -> Result<(), Confi
     Ok(())
 }
 
-/// The TOML file: every key optional, unknown keys are an error (typos must not pass).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    listen: Option<SocketAddr>,
-    database_url: Option<String>,
-    data_dir: Option<PathBuf>,
-    admin_token: Option<String>,
-    max_body_bytes: Option<usize>,
-    role: Option<Role>,
-    workers: Option<usize>,
-    lease_secs: Option<u64>,
-    connect_timeout_secs: Option<u64>,
-    request_timeout_secs: Option<u64>,
-    max_attempts: Option<u32>,
-    backoff_base_ms: Option<u64>,
-    backoff_cap_secs: Option<u64>,
-    retry_after_cap_secs: Option<u64>,
-    poll_interval_ms: Option<u64>,
-    shutdown_grace_secs: Option<u64>,
-    egress_allow: Option<Vec<ipnet::IpNet>>,
-    egress_https_only: Option<bool>,
-    egress_allow_wide: Option<bool>,
-    db_pool_size: Option<u32>,
-    db_timeout_secs: Option<u64>,
-    http_header_timeout_secs: Option<u64>,
-    http_request_timeout_secs: Option<u64>,
-    http_max_connections: Option<usize>,
-    log_format: Option<LogFormat>,
-    circuit_failure_threshold: Option<u32>,
-    circuit_cooldown_ms: Option<u64>,
-    circuit_cooldown_cap_secs: Option<u64>,
-    circuit_release_per_sec: Option<u32>,
-    retention_events_days: Option<u32>,
-    retention_attempts_days: Option<u32>,
-    retention_delivered_days: Option<u32>,
-    janitor_interval_secs: Option<u64>,
-    janitor_batch_size: Option<u32>,
-    metrics_sample_secs: Option<u64>,
-    secrets_key: Option<String>,
-    secrets_key_file: Option<PathBuf>,
-    secrets_key_previous: Option<Vec<String>>,
-    secrets_key_previous_file: Option<Vec<PathBuf>>,
-}
-
 /// A configuration problem, reported as one line and a non-zero exit.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -393,75 +433,7 @@ impl ServeArgs {
         })?;
         let explicit =
             |id: &str| matches!(matches.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable));
-        macro_rules! take {
-            ($field:ident) => {
-                if let Some(v) = file.$field
-                    && !explicit(stringify!($field))
-                {
-                    self.$field = v;
-                }
-            };
-            (opt $field:ident) => {
-                if let Some(v) = file.$field
-                    && !explicit(stringify!($field))
-                {
-                    self.$field = Some(v);
-                }
-            };
-            ($group:ident . $field:ident) => {
-                if let Some(v) = file.$field
-                    && !explicit(stringify!($field))
-                {
-                    self.$group.$field = v;
-                }
-            };
-            (opt $group:ident . $field:ident) => {
-                if let Some(v) = file.$field
-                    && !explicit(stringify!($field))
-                {
-                    self.$group.$field = Some(v);
-                }
-            };
-        }
-        take!(listen);
-        take!(opt database_url);
-        take!(data_dir);
-        take!(opt admin_token);
-        take!(max_body_bytes);
-        take!(role);
-        take!(opt workers);
-        take!(lease_secs);
-        take!(connect_timeout_secs);
-        take!(request_timeout_secs);
-        take!(max_attempts);
-        take!(backoff_base_ms);
-        take!(backoff_cap_secs);
-        take!(retry_after_cap_secs);
-        take!(poll_interval_ms);
-        take!(shutdown_grace_secs);
-        take!(egress_allow);
-        take!(egress_https_only);
-        take!(egress_allow_wide);
-        take!(db_pool_size);
-        take!(db_timeout_secs);
-        take!(http_header_timeout_secs);
-        take!(http_request_timeout_secs);
-        take!(http_max_connections);
-        take!(log_format);
-        take!(circuit_failure_threshold);
-        take!(circuit_cooldown_ms);
-        take!(circuit_cooldown_cap_secs);
-        take!(circuit_release_per_sec);
-        take!(metrics_sample_secs);
-        take!(retention_events_days);
-        take!(retention_attempts_days);
-        take!(retention_delivered_days);
-        take!(janitor_interval_secs);
-        take!(janitor_batch_size);
-        take!(opt secrets.secrets_key);
-        take!(opt secrets.secrets_key_file);
-        take!(secrets.secrets_key_previous);
-        take!(secrets.secrets_key_previous_file);
+        self.take_file(file, explicit);
         Ok(())
     }
 
@@ -833,5 +805,346 @@ mod tests {
         .unwrap();
         assert_eq!(serve.secrets.keyring().unwrap().previous_key_ids().len(), 2);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A setting of the `settings!` list, as the reachability test drives it.
+    pub(super) struct Setting {
+        /// Its name: the clap id and the key in the file.
+        key: &'static str,
+        /// Two different values (the first differs from the default), each as the command
+        /// line, the environment and the file write it, and as it reads back.
+        values: [Written; 2],
+        /// Reads the setting back from parsed settings (its `Debug`).
+        read: fn(&ServeArgs) -> String,
+    }
+
+    /// One value of a setting, written each way.
+    struct Written {
+        /// Command-line occurrences: `Some(v)` is `--flag=v`, `None` the bare `--flag`.
+        occurrences: Vec<Option<String>>,
+        env: String,
+        toml: toml::Value,
+        debug: String,
+    }
+
+    impl Setting {
+        pub(super) fn new<T: Sample>(key: &'static str, read: fn(&ServeArgs) -> String) -> Setting {
+            let values = T::samples().map(|v| Written {
+                occurrences: v.occurrences(),
+                env: v.text(),
+                toml: v.toml(),
+                debug: format!("{v:?}"),
+            });
+            Setting { key, values, read }
+        }
+    }
+
+    /// The values a type of setting takes in the reachability test.
+    pub(super) trait Sample: Sized + std::fmt::Debug {
+        /// Two different values; the first must differ from the setting's default.
+        fn samples() -> [Self; 2];
+        /// As the environment (and a command-line value) writes it.
+        fn text(&self) -> String;
+        /// As the file writes it.
+        fn toml(&self) -> toml::Value {
+            toml::Value::String(self.text())
+        }
+        /// The command-line occurrences that give it.
+        fn occurrences(&self) -> Vec<Option<String>> {
+            vec![Some(self.text())]
+        }
+    }
+
+    macro_rules! sample {
+        ($($ty:ty: $a:expr, $b:expr;)+) => {$(
+            impl Sample for $ty {
+                fn samples() -> [Self; 2] {
+                    [$a, $b]
+                }
+                fn text(&self) -> String {
+                    self.to_string()
+                }
+            }
+        )+};
+    }
+    sample! {
+        String: "value-a-0123456789".into(), "value-b-0123456789".into();
+        SocketAddr: SocketAddr::from(([127, 0, 0, 2], 4001)), "[::1]:4002".parse().unwrap();
+        ipnet::IpNet: "10.1.0.0/16".parse().unwrap(), "fd00::/8".parse().unwrap();
+    }
+
+    macro_rules! sample_integer {
+        ($($ty:ty),+) => {$(
+            impl Sample for $ty {
+                fn samples() -> [Self; 2] {
+                    [4001, 4002]
+                }
+                fn text(&self) -> String {
+                    self.to_string()
+                }
+                fn toml(&self) -> toml::Value {
+                    toml::Value::Integer(i64::try_from(*self).unwrap())
+                }
+            }
+        )+};
+    }
+    sample_integer!(u32, u64, usize);
+
+    macro_rules! sample_value_enum {
+        ($($ty:ty: $a:expr, $b:expr;)+) => {$(
+            impl Sample for $ty {
+                fn samples() -> [Self; 2] {
+                    [$a, $b]
+                }
+                fn text(&self) -> String {
+                    self.to_possible_value().unwrap().get_name().to_owned()
+                }
+            }
+        )+};
+    }
+    sample_value_enum! {
+        Role: Role::Worker, Role::Ingest;
+        LogFormat: LogFormat::Json, LogFormat::Pretty;
+    }
+
+    impl Sample for PathBuf {
+        fn samples() -> [Self; 2] {
+            ["/tmp/wg-sample-a".into(), "/tmp/wg-sample-b".into()]
+        }
+        fn text(&self) -> String {
+            self.display().to_string()
+        }
+    }
+
+    /// A flag: `true` is the bare flag on the command line, `false` cannot be written there
+    /// (so only the first value, `true`, is ever given on the command line).
+    impl Sample for bool {
+        fn samples() -> [Self; 2] {
+            [true, false]
+        }
+        fn text(&self) -> String {
+            self.to_string()
+        }
+        fn toml(&self) -> toml::Value {
+            toml::Value::Boolean(*self)
+        }
+        fn occurrences(&self) -> Vec<Option<String>> {
+            if *self { vec![None] } else { vec![] }
+        }
+    }
+
+    impl<T: Sample> Sample for Option<T> {
+        fn samples() -> [Self; 2] {
+            T::samples().map(Some)
+        }
+        fn text(&self) -> String {
+            self.as_ref().map(T::text).unwrap_or_default()
+        }
+        fn toml(&self) -> toml::Value {
+            self.as_ref().map_or_else(|| toml::Value::String(String::new()), T::toml)
+        }
+        fn occurrences(&self) -> Vec<Option<String>> {
+            self.as_ref().map(T::occurrences).unwrap_or_default()
+        }
+    }
+
+    /// Two items (the flag repeated; comma-separated in the environment) and one.
+    impl<T: Sample> Sample for Vec<T> {
+        fn samples() -> [Self; 2] {
+            let [a, b] = T::samples();
+            let [_, b_again] = T::samples();
+            [vec![a, b], vec![b_again]]
+        }
+        fn text(&self) -> String {
+            self.iter().map(T::text).collect::<Vec<_>>().join(",")
+        }
+        fn toml(&self) -> toml::Value {
+            toml::Value::Array(self.iter().map(T::toml).collect())
+        }
+        fn occurrences(&self) -> Vec<Option<String>> {
+            self.iter().flat_map(T::occurrences).collect()
+        }
+    }
+
+    /// Environment variables given to a child process.
+    type Env<'a> = [(&'a str, &'a str)];
+
+    /// Set in a child process (this test binary, this test): parse what the parent asks
+    /// under the environment the parent gave it.
+    const PROBE: &str = "WG_CONFIG_REACHABILITY_PROBE";
+
+    /// The settings as the command line, the environment and the file give them, without
+    /// validation; each setting's `Debug`, in the `settings!` order.
+    fn parse_unvalidated(args: &[String]) -> Result<Vec<String>, String> {
+        let matches = Cli::command().try_get_matches_from(args).map_err(|e| e.to_string())?;
+        let cli = Cli::from_arg_matches(&matches).map_err(|e| e.to_string())?;
+        let Command::Serve(mut serve) = cli.command else { return Err("not serve".into()) };
+        let (_, sub) = matches.subcommand().ok_or("no subcommand")?;
+        serve.merge_file(sub).map_err(|e| e.to_string())?;
+        Ok(ServeArgs::settings().iter().map(|s| (s.read)(&serve)).collect())
+    }
+
+    /// Parses, in a child process whose environment is exactly `env` as far as settings
+    /// go, each command line of `parses`.
+    fn probe(env: &Env, parses: &[Vec<String>], dir: &std::path::Path) -> Vec<Result<Vec<String>, String>> {
+        static PROBES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let job = dir.join(format!("probe-{n}.json"));
+        let out = dir.join(format!("probe-{n}.out.json"));
+        std::fs::write(&job, serde_json::to_vec(&(parses, &out)).unwrap()).unwrap();
+        let test = concat!(
+            module_path!(),
+            "::",
+            "every_setting_is_reachable_from_the_command_line_the_environment_and_the_file"
+        );
+        let test = test.split_once("::").unwrap().1;
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child.args([test, "--exact", "--test-threads=1", "--nocapture"]);
+        for arg in Cli::command().find_subcommand("serve").unwrap().get_arguments() {
+            if let Some(name) = arg.get_env() {
+                child.env_remove(name);
+            }
+        }
+        let status = child.envs(env.iter().copied()).env(PROBE, &job).output().unwrap();
+        assert!(status.status.success(), "probe {n}: {status:?}");
+        let answers = std::fs::read(&out).unwrap_or_else(|e| panic!("probe {n} answered nothing ({e}): {status:?}"));
+        serde_json::from_slice(&answers).unwrap()
+    }
+
+    /// The child's side of [`probe`].
+    fn answer_probe(job: &std::ffi::OsStr) {
+        let (parses, out): (Vec<Vec<String>>, PathBuf) = serde_json::from_slice(&std::fs::read(job).unwrap()).unwrap();
+        let answers: Vec<_> = parses.iter().map(|args| parse_unvalidated(args)).collect();
+        std::fs::write(out, serde_json::to_vec(&answers).unwrap()).unwrap();
+    }
+
+    /// Every `serve` flag is a setting of the `settings!` list with its environment variable
+    /// and file key, and a value given only on the command line, only in the environment or
+    /// only in the file arrives; command line > environment > file > default. Fails for a
+    /// flag declared outside the list, or one whose environment variable or file key is
+    /// missing or misnamed. The environment is a child process's (this test again, re-run
+    /// with `PROBE` set), never this process's own.
+    #[test]
+    fn every_setting_is_reachable_from_the_command_line_the_environment_and_the_file() {
+        if let Some(job) = std::env::var_os(PROBE) {
+            return answer_probe(&job);
+        }
+        let settings = ServeArgs::settings();
+        let command = Cli::command();
+        let serve = command.find_subcommand("serve").unwrap();
+        let mut problems = Vec::new();
+
+        // The list is the whole command line, and names each path by the convention.
+        let mut flags = std::collections::HashMap::new(); // key -> (flag, environment variable)
+        for arg in serve.get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version" | "config") {
+                continue; // `config` names the file itself: command line and environment only
+            }
+            let long = id.replace('_', "-");
+            let env = if id == "database_url" {
+                "DATABASE_URL".to_owned()
+            } else {
+                format!("WEBHOOK_GATEWAY_{}", id.to_uppercase())
+            };
+            if arg.get_long() != Some(long.as_str()) {
+                problems.push(format!("{id}: flag {:?}, expected --{long}", arg.get_long()));
+            }
+            if arg.get_env() != Some(std::ffi::OsStr::new(&env)) {
+                problems.push(format!("{id}: environment variable {:?}, expected {env}", arg.get_env()));
+            }
+            if !settings.iter().any(|s| s.key == id) {
+                problems.push(format!("{id}: a serve flag outside the settings! list (no file key)"));
+            }
+            flags.insert(id.to_owned(), (long, env));
+        }
+        for setting in &settings {
+            if !flags.contains_key(setting.key) {
+                problems.push(format!("{}: in the settings! list but no serve flag", setting.key));
+            }
+        }
+        assert!(problems.is_empty(), "{problems:#?}");
+
+        // Every setting at once, given its first or second value, each way.
+        let command_line = |config: Option<&str>, value: Option<usize>| -> Vec<String> {
+            let mut args = vec!["webhook-gateway".to_owned(), "serve".to_owned()];
+            args.extend(config.map(|c| format!("--config={c}")));
+            let Some(i) = value else { return args };
+            for setting in &settings {
+                let long = &flags[setting.key].0;
+                args.extend(setting.values[i].occurrences.iter().map(|occurrence| match occurrence {
+                    Some(v) => format!("--{long}={v}"),
+                    None => format!("--{long}"),
+                }));
+            }
+            args
+        };
+        let environment = |i: usize| -> Vec<(&str, &str)> {
+            settings.iter().map(|s| (flags[s.key].1.as_str(), s.values[i].env.as_str())).collect()
+        };
+        let dir = std::env::temp_dir().join(format!("wg-config-reach-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |i: usize| -> String {
+            let table: toml::Table = settings.iter().map(|s| (s.key.to_owned(), s.values[i].toml.clone())).collect();
+            let path = dir.join(format!("gw-{i}.toml"));
+            std::fs::write(&path, toml::to_string(&table).unwrap()).unwrap();
+            path.to_str().unwrap().to_owned()
+        };
+        let (file_0, file_1) = (file(0), file(1));
+        let (env_0, env_1) = (environment(0), environment(1));
+        let config_env = vec![("WEBHOOK_GATEWAY_CONFIG", file_0.as_str())];
+        struct Run<'a> {
+            given: &'a str,
+            env: &'a Env<'a>,
+            args: Vec<String>,
+            /// Which value arrives; `None`: the default (which the first value must not be).
+            arrives: Option<usize>,
+        }
+        let run = |given, env, args, arrives| Run { given, env, args, arrives };
+        let runs = [
+            run("nothing", &[], command_line(None, None), None),
+            run("command line only", &[], command_line(None, Some(0)), Some(0)),
+            run("file only", &[], command_line(Some(&file_0), None), Some(0)),
+            run("environment only", &env_0, command_line(None, None), Some(0)),
+            run("file named by the environment", &config_env, command_line(None, None), Some(0)),
+            run("command line over file", &[], command_line(Some(&file_1), Some(0)), Some(0)),
+            run("environment over file", &env_1, command_line(Some(&file_0), None), Some(1)),
+            run("command line over environment", &env_1, command_line(None, Some(0)), Some(0)),
+            run("command line over environment and file", &env_1, command_line(Some(&file_1), Some(0)), Some(0)),
+        ];
+        // One child process per environment.
+        let mut by_env: Vec<(&Env, Vec<&Run>)> = Vec::new();
+        for run in &runs {
+            match by_env.iter_mut().find(|(env, _)| *env == run.env) {
+                Some((_, runs)) => runs.push(run),
+                None => by_env.push((run.env, vec![run])),
+            }
+        }
+        for (env, runs) in by_env {
+            let parses: Vec<Vec<String>> = runs.iter().map(|run| run.args.clone()).collect();
+            for (run, answer) in runs.into_iter().zip(probe(env, &parses, &dir)) {
+                let read = match answer {
+                    Ok(read) => read,
+                    Err(e) => {
+                        problems.push(format!("{}: {e}", run.given));
+                        continue;
+                    }
+                };
+                for (setting, read) in settings.iter().zip(read) {
+                    match run.arrives {
+                        Some(i) if read != setting.values[i].debug => problems.push(format!(
+                            "{}: {}: read {read}, expected {}",
+                            setting.key, run.given, setting.values[i].debug
+                        )),
+                        None if read == setting.values[0].debug => {
+                            problems.push(format!("{}: its first sample value {read} is its default", setting.key))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(problems.is_empty(), "{problems:#?}");
     }
 }

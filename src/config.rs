@@ -220,6 +220,11 @@ settings! {
         #[arg(long, env = "WEBHOOK_GATEWAY_WORKERS")]
         pub workers: Option<usize>,
 
+        /// Concurrent requests per endpoint across every replica, for endpoints without their
+        /// own `max_in_flight`. Default: half of this process's workers.
+        #[arg(long, env = "WEBHOOK_GATEWAY_ENDPOINT_MAX_IN_FLIGHT")]
+        pub endpoint_max_in_flight: Option<u32>,
+
         /// Lease on a claimed delivery, in seconds; must exceed the request timeout plus margin.
         #[arg(long, env = "WEBHOOK_GATEWAY_LEASE_SECS", default_value_t = 60)]
         pub lease_secs: u64,
@@ -467,6 +472,9 @@ impl ServeArgs {
         if self.poll_interval_ms == 0 {
             return fail("poll-interval-ms must be at least 1".into());
         }
+        if self.endpoint_max_in_flight.is_some_and(|n| !(1..=10_000).contains(&n)) {
+            return fail("endpoint-max-in-flight must be between 1 and 10000".into());
+        }
         if self.circuit_failure_threshold == 0 || self.circuit_cooldown_ms == 0 || self.circuit_release_per_sec == 0 {
             return fail(
                 "circuit-failure-threshold, circuit-cooldown-ms and circuit-release-per-sec must be at least 1".into(),
@@ -590,7 +598,11 @@ impl ServeArgs {
             retry_after_cap: Duration::from_secs(self.retry_after_cap_secs),
             poll_interval: Duration::from_millis(self.poll_interval_ms),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
-            endpoint_max_in_flight: crate::queue::default_max_in_flight(self.worker_count()),
+            endpoint_max_in_flight: match self.endpoint_max_in_flight {
+                // Validated to 1-10000.
+                Some(n) => i32::try_from(n).unwrap_or(i32::MAX),
+                None => crate::queue::default_max_in_flight(self.worker_count()),
+            },
             circuit: crate::circuit::CircuitConfig {
                 failure_threshold: self.circuit_failure_threshold,
                 cooldown: Duration::from_millis(self.circuit_cooldown_ms),

@@ -34,6 +34,12 @@ pub struct DeliveryView {
     in_flight: bool,
     /// Waiting for its endpoint's circuit to close (or the endpoint to resume).
     parked: bool,
+    /// Its ordering key, when its subscription delivers in order (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ordering_key: Option<String>,
+    /// Waiting for the earlier deliveries of its ordering line.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    waiting: bool,
     /// Why it was dead-lettered (dead only).
     #[serde(skip_serializing_if = "Option::is_none")]
     dead_reason: Option<String>,
@@ -72,8 +78,10 @@ impl From<Delivery> for DeliveryView {
             event_id: d.event_id,
             endpoint_id: d.endpoint_id,
             in_flight: pending && d.leased_until.is_some_and(|t| t > Utc::now()),
-            next_attempt_at: (pending && !d.parked).then_some(d.next_attempt_at),
+            next_attempt_at: (pending && !d.parked && !d.waiting).then_some(d.next_attempt_at),
             parked: d.parked,
+            ordering_key: d.ordering_key,
+            waiting: d.waiting,
             status: d.status,
             attempts: d.attempt_count,
             dead_reason: d.dead_reason,
@@ -197,5 +205,36 @@ pub async fn redeliver(State(state): State<AppState>, Path(id): Path<String>) ->
     } else if delivery.status != DeliveryStatus::Pending {
         return Err(ApiError::conflict("its endpoint was deleted: there is nowhere to redeliver it"));
     }
+    Ok(Json(delivery.into()))
+}
+
+/// `POST /v1/deliveries/{id}/unblock`.
+///
+/// A dead delivery of an ordered subscription that blocks on dead holds its key's line:
+/// unblocking lets the line's next delivery go (the dead one stays in the dead-letter
+/// queue; redeliver it instead to send it first).
+#[utoipa::path(
+    post, path = "/v1/deliveries/{id}/unblock", tag = "deliveries", operation_id = "unblock",
+    summary = "Let an ordered line move past a dead delivery",
+    params(("id" = DeliveryId, Path, description = "Delivery id (anything else is 404)")),
+    responses(
+        (status = 200, description = "The line moves on (the delivery is returned as it is)", body = DeliveryView),
+        (status = 404, description = "No such delivery (`not_found`)", body = ErrorBody),
+        (status = 409, description = "It is not a dead delivery blocking its line (`conflict`)", body = ErrorBody),
+        AdminErrors,
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn unblock(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<DeliveryView>, ApiError> {
+    let id: DeliveryId = parse_id(&id, "delivery")?;
+    let mut tx = state.pool.begin().await?;
+    let unblocked = crate::queue::lines::unblock(&mut tx, id).await?;
+    tx.commit().await?;
+    let delivery = read::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("delivery"))?;
+    if !unblocked {
+        return Err(ApiError::conflict("it is not a dead delivery blocking its ordering line"));
+    }
+    state.wake.notify_one();
+    tracing::info!(delivery_id = %id, "ordering line unblocked");
     Ok(Json(delivery.into()))
 }

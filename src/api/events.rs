@@ -38,6 +38,12 @@ pub struct PublishEvent {
     pub event_id: String,
     /// The body delivered to subscribers.
     pub payload: serde_json::Value,
+    /// Events with the same key go, to each endpoint whose subscription asks for ordered
+    /// delivery, one at a time and in the order they were published (no control
+    /// characters; longer than 1024 bytes is stored as a digest).
+    #[serde(default)]
+    #[schema(example = "customer-42")]
+    pub ordering_key: Option<String>,
 }
 
 /// `POST /v1/events`.
@@ -67,6 +73,10 @@ pub async fn publish(
     // The same rules as a webhook's key and type: no control characters, never altered.
     let event_id = sanitize::dedupe_key(body.event_id).map_err(|why| ApiError::validation("event_id", why))?;
     let event_type = sanitize::event_type(body.event_type).map_err(|why| ApiError::validation("event_type", why))?;
+    let ordering_key = body
+        .ordering_key
+        .map(|key| sanitize::dedupe_key(key).map_err(|why| ApiError::validation("ordering_key", why)))
+        .transpose()?;
     let source_name = body.source.as_deref().unwrap_or("api");
     let no_such_source = || ApiError::validation("source", format!("no source named {source_name:?}"));
     // No source name holds a control character (the names' CHECK), and PostgreSQL
@@ -88,6 +98,7 @@ pub async fn publish(
                 content_type: Some("application/json".to_owned()),
                 headers: serde_json::Value::Object(serde_json::Map::new()),
                 payload: payload.into(),
+                ordering_key,
             },
             deadline,
         )

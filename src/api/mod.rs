@@ -60,6 +60,7 @@ pub fn router(state: AppState, role: Role) -> Router {
             .route("/deliveries/{id}", get(deliveries::get))
             .route("/deliveries/{id}/attempts", get(deliveries::attempts))
             .route("/deliveries/{id}/redeliver", post(deliveries::redeliver))
+            .route("/deliveries/{id}/unblock", post(deliveries::unblock))
             .route("/admin/storage", get(storage::get))
             .route_layer(middleware::from_fn_with_state(state.clone(), db_deadline))
             .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));

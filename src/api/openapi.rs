@@ -59,6 +59,7 @@ use super::{deliveries, endpoints, events, health, ingest, sources, storage, sub
         deliveries::get,
         deliveries::attempts,
         deliveries::redeliver,
+        deliveries::unblock,
         storage::get,
         health::healthz,
         health::readyz,

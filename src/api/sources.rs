@@ -38,6 +38,10 @@ pub struct CreateSource {
     /// Where the event type lives (overrides the kind's default).
     #[serde(default)]
     pub event_type: Locator,
+    /// Where the ordering key lives (empty: none): events of one key are delivered in
+    /// order to endpoints whose subscription asks for it.
+    #[serde(default)]
+    pub ordering_key: Locator,
     /// Settings of the `hmac` kind.
     #[serde(default)]
     pub hmac: Option<HmacScheme>,
@@ -56,6 +60,8 @@ pub struct SourceView {
     dedupe: Locator,
     /// Where the event type is read (empty: the kind's default).
     event_type: Locator,
+    /// Where the ordering key is read (empty: none).
+    ordering_key: Locator,
     /// Timestamp tolerance in seconds; absent means the kind's default.
     #[serde(skip_serializing_if = "Option::is_none")]
     tolerance_secs: Option<u64>,
@@ -96,6 +102,7 @@ impl SourceView {
             kind: spec.kind,
             dedupe: spec.dedupe,
             event_type: spec.event_type,
+            ordering_key: spec.ordering_key,
             tolerance_secs: spec.tolerance_secs,
             hmac: spec.hmac,
             secret_fingerprints,
@@ -154,6 +161,7 @@ pub async fn create(
         tolerance_secs: body.tolerance_secs,
         dedupe: body.dedupe,
         event_type: body.event_type,
+        ordering_key: body.ordering_key,
         hmac: body.hmac,
     };
     crate::verify::validate_spec(&spec).map_err(|e| ApiError::validation(&e.field, e.reason))?;
@@ -222,6 +230,9 @@ pub struct UpdateSource {
     /// Where the event type lives.
     #[serde(default)]
     pub event_type: Option<Locator>,
+    /// Where the ordering key lives (`{}`: none).
+    #[serde(default)]
+    pub ordering_key: Option<Locator>,
     /// Settings of the `hmac` kind.
     #[serde(default, deserialize_with = "super::extract::double_option")]
     pub hmac: Option<Option<HmacScheme>>,
@@ -275,6 +286,9 @@ pub async fn update(
     }
     if let Some(event_type) = body.event_type {
         spec.event_type = event_type;
+    }
+    if let Some(ordering_key) = body.ordering_key {
+        spec.ordering_key = ordering_key;
     }
     if let Some(hmac) = body.hmac {
         spec.hmac = hmac;

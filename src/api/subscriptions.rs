@@ -15,6 +15,7 @@ use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::error::{ApiError, ErrorBody};
 use crate::fanout;
 use crate::ids::{EndpointId, SubscriptionId};
+use crate::queue::OnDead;
 use crate::store::{self, subscriptions::Subscription};
 
 /// Body of `POST /v1/subscriptions`.
@@ -30,6 +31,26 @@ pub struct CreateSubscription {
     #[serde(default)]
     #[schema(example = json!(["order.*"]))]
     pub event_types: Option<Vec<String>>,
+    /// Deliver the events of one ordering key (the source's `ordering_key`) to this
+    /// endpoint one at a time, in ingest order; absent: unordered.
+    #[serde(default)]
+    pub ordered: Option<Ordered>,
+}
+
+/// Ordered delivery: the events of one key go one at a time, in ingest order.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Ordered {
+    /// What a dead delivery does to its key's line: `block` (the default: the line waits
+    /// until an operator redelivers or unblocks it) or `skip` (the line moves on).
+    #[serde(default)]
+    pub on_dead: Option<OnDead>,
+}
+
+impl Ordered {
+    fn on_dead(self) -> OnDead {
+        self.on_dead.unwrap_or(OnDead::Block)
+    }
 }
 
 /// A subscription as the API shows it.
@@ -41,6 +62,8 @@ pub struct SubscriptionView {
     source: Option<String>,
     /// Event-type patterns; `null`: every type.
     event_types: Option<Vec<String>>,
+    /// Ordered delivery per ordering key; `null`: unordered.
+    ordered: Option<Ordered>,
     created_at: DateTime<Utc>,
 }
 
@@ -58,6 +81,7 @@ impl From<Subscription> for SubscriptionView {
             endpoint_id: s.endpoint_id,
             source: s.source_name,
             event_types: s.event_types,
+            ordered: s.ordered.then_some(Ordered { on_dead: Some(s.ordered_on_dead) }),
             created_at: s.created_at,
         }
     }
@@ -106,16 +130,18 @@ pub async fn create(
         None => None,
         Some(name) => Some(source_id_by_name(&state, name).await?),
     };
-    let created = store::subscriptions::insert(&state.pool, body.endpoint_id, source_id, body.event_types.as_deref())
-        .await
-        .map_err(|e| {
-            // The endpoint or source was deleted between our check and the insert.
-            if store::is_foreign_key_violation(&e) {
-                ApiError::validation("endpoint_id", "no such endpoint or source")
-            } else {
-                e.into()
-            }
-        })?;
+    let ordered = body.ordered.map(Ordered::on_dead);
+    let created =
+        store::subscriptions::insert(&state.pool, body.endpoint_id, source_id, body.event_types.as_deref(), ordered)
+            .await
+            .map_err(|e| {
+                // The endpoint or source was deleted between our check and the insert.
+                if store::is_foreign_key_violation(&e) {
+                    ApiError::validation("endpoint_id", "no such endpoint or source")
+                } else {
+                    e.into()
+                }
+            })?;
     Ok((StatusCode::CREATED, Json(created.into())))
 }
 
@@ -176,6 +202,10 @@ pub struct UpdateSubscription {
     /// Patterns, or `null` for every type.
     #[serde(default, deserialize_with = "super::extract::double_option")]
     pub event_types: Option<Option<Vec<String>>>,
+    /// Ordered delivery, or `null` to turn it off (deliveries already created keep how they
+    /// were made).
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    pub ordered: Option<Option<Ordered>>,
 }
 
 /// `PATCH /v1/subscriptions/{id}`.
@@ -209,7 +239,8 @@ pub async fn update(
         Some(Some(name)) => Some(Some(source_id_by_name(&state, name).await?)),
     };
     let types = body.event_types.as_ref().map(|t| t.as_deref());
-    let sub = store::subscriptions::update(&state.pool, id, source_id, types)
+    let ordered = body.ordered.map(|o| o.map(Ordered::on_dead));
+    let sub = store::subscriptions::update(&state.pool, id, source_id, types, ordered)
         .await?
         .ok_or_else(|| ApiError::not_found("subscription"))?;
     Ok(Json(sub.into()))

@@ -395,11 +395,12 @@ async fn work(pool: PgPool, endpoint: EndpointId, shared: Arc<Shared>) -> anyhow
                     next_attempt_at: (outcome == Outcome::Retry).then(|| now + chrono::Duration::seconds(2)),
                     next_attempt_reason: (outcome == Outcome::Retry).then(|| "backoff".into()),
                     endpoint_id: endpoint,
+                    ordered: false,
                 }
             })
             .collect();
         let finished = batch.iter().filter(|r| r.outcome != Outcome::Retry).count() as u64;
-        queue::record(&pool, &batch).await?;
+        queue::record(&mut *pool.acquire().await?, &batch).await?;
         shared.finished.fetch_add(finished, Ordering::Relaxed);
     }
     Ok(())

@@ -110,6 +110,7 @@ pub async fn run(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit) {
         next_attempt_at,
         next_attempt_reason: next_reason.map(|why| why.as_str().to_owned()),
         endpoint_id: job.endpoint_id,
+        ordered: job.ordered,
     };
     let finished = Finished { record, signal: judged.signal, probe_token: job.probe_token };
     if ctx.outcomes.send((finished, slot)).await.is_err() {

@@ -122,6 +122,7 @@ impl Intake {
             content_type,
             headers: redacted_headers(headers, spec.hmac.as_ref().map(|h| h.header.as_str())),
             payload: body,
+            ordering_key: verified.ordering_key,
         };
         let stored = self.accept(&source.name, event, deadline).await.map_err(Refused::Store)?;
         Ok(Received::Stored(stored))

@@ -470,6 +470,8 @@ pub const EVENTS_BATCH: &str = "
     ), doomed AS MATERIALIZED (
         SELECT ev.id FROM ev
         WHERE NOT EXISTS (SELECT 1 FROM dl WHERE dl.event_id = ev.id AND dl.status = 'pending')
+          -- A dead delivery blocking its ordering line stays until an operator acts.
+          AND NOT EXISTS (SELECT 1 FROM dl JOIN order_lines l ON l.head_id = dl.id WHERE dl.event_id = ev.id)
     ), gone_attempts AS (
         DELETE FROM attempts
         WHERE delivery_id = ANY(ARRAY(SELECT dl.id FROM dl JOIN doomed ON doomed.id = dl.event_id))

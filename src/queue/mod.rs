@@ -8,6 +8,7 @@
 //! - [`record`]: outcomes are written with `WHERE claim_token = $token`; a worker whose
 //!   lease was taken over matches zero rows and its result is dropped (fenced).
 
+pub mod lines;
 pub mod read;
 
 use std::time::Duration;
@@ -46,6 +47,8 @@ pub struct Claimed {
     pub content_type: Option<String>,
     /// The body exactly as it was received.
     pub payload: Vec<u8>,
+    /// Whether the delivery is in an ordering line (its outcome may move the line on).
+    pub ordered: bool,
     /// Set when this attempt is its endpoint's half-open probe: the probe's fencing token.
     pub probe_token: Option<i64>,
 }
@@ -57,7 +60,7 @@ const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count 
      CASE WHEN cardinality(ep.previous_secrets) = 0 THEN ARRAY[]::text[] \
           ELSE ARRAY(SELECT p.s FROM unnest(ep.previous_secrets, ep.previous_secrets_until) AS p(s, u) \
                      WHERE p.u > now() ORDER BY p.u DESC) END AS previous_secrets, \
-     e.event_type, s.name AS source_name, e.content_type, e.payload";
+     e.event_type, s.name AS source_name, e.content_type, e.payload, d.ordering_key IS NOT NULL AS ordered";
 
 /// How a claim shares the workers among endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,14 +154,14 @@ pub async fn claim_fair(
 /// endpoints it will serve.
 pub const CLAIM_LOCK_SQL: &str = "WITH head AS (
          SELECT d.endpoint_id FROM deliveries d
-         WHERE d.status = 'pending' AND NOT d.parked AND d.next_attempt_at <= now()
+         WHERE d.status = 'pending' AND NOT d.parked AND NOT d.waiting AND d.next_attempt_at <= now()
          ORDER BY d.next_attempt_at
          LIMIT $1
      ), swept AS (
          SELECT ep.id AS endpoint_id FROM endpoints ep
          WHERE $2 AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
            AND EXISTS (SELECT 1 FROM deliveries d
-                       WHERE d.endpoint_id = ep.id AND d.status = 'pending' AND NOT d.parked
+                       WHERE d.endpoint_id = ep.id AND d.status = 'pending' AND NOT d.parked AND NOT d.waiting
                          AND d.next_attempt_at <= now())
      )
      SELECT ep.id FROM endpoints ep
@@ -192,7 +195,7 @@ pub fn claim_sql() -> String {
                     row_number() OVER (PARTITION BY room.id ORDER BY p.next_attempt_at) AS turn
              FROM room CROSS JOIN LATERAL (
                  SELECT d.id, d.next_attempt_at FROM deliveries d
-                 WHERE d.endpoint_id = room.id AND d.status = 'pending' AND NOT d.parked
+                 WHERE d.endpoint_id = room.id AND d.status = 'pending' AND NOT d.parked AND NOT d.waiting
                    AND d.next_attempt_at <= now()
                  ORDER BY d.next_attempt_at
                  LIMIT GREATEST(room.n, 0)
@@ -240,7 +243,8 @@ pub async fn park_blocked(db: impl PgExecutor<'_>) -> Result<u64, sqlx::Error> {
          ), due AS (
              SELECT p.id FROM blocked CROSS JOIN LATERAL (
                  SELECT id FROM deliveries
-                 WHERE endpoint_id = blocked.id AND status = 'pending' AND NOT parked AND next_attempt_at <= now()
+                 WHERE endpoint_id = blocked.id AND status = 'pending' AND NOT parked AND NOT waiting
+                   AND next_attempt_at <= now()
                  ORDER BY next_attempt_at
                  LIMIT $1
                  FOR UPDATE SKIP LOCKED
@@ -278,7 +282,7 @@ pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) 
                       WHERE endpoint_id = ready.id AND status = 'pending' AND parked
                       ORDER BY id LIMIT 1),
                      (SELECT id FROM deliveries
-                      WHERE endpoint_id = ready.id AND status = 'pending' AND NOT parked
+                      WHERE endpoint_id = ready.id AND status = 'pending' AND NOT parked AND NOT waiting
                         AND (leased_until IS NULL OR leased_until <= now())
                       ORDER BY next_attempt_at LIMIT 1)) AS id
              ) p
@@ -305,6 +309,18 @@ pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) 
     .bind(lease.as_secs_f64())
     .fetch_all(db)
     .await
+}
+
+/// What a dead delivery does to its ordering line (`subscriptions.ordered_on_dead`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum OnDead {
+    /// The line waits behind it until an operator redelivers it (and it is delivered) or
+    /// unblocks the line.
+    Block,
+    /// The line moves on to its next delivery (the dead one stays in the dead-letter queue).
+    Skip,
 }
 
 /// A delivery's state (`deliveries.status`).
@@ -391,6 +407,9 @@ pub struct AttemptRecord {
     pub next_attempt_reason: Option<String>,
     /// The delivery's endpoint.
     pub endpoint_id: EndpointId,
+    /// Whether the delivery is in an ordering line ([`Claimed::ordered`]): the recorder
+    /// then moves its line on when the outcome finishes it ([`lines::release_heads`]).
+    pub ordered: bool,
 }
 
 /// What [`record`] did with a batch.
@@ -412,13 +431,40 @@ pub struct Recorded {
 /// it fenced. Any other id
 /// of the batch that is in neither list was fenced (its lease was taken over by a newer
 /// claim) and nothing about it was written.
+///
+/// An ordered delivery that this call finishes (delivered, or dead) moves its line on in
+/// the same transaction ([`lines::release_heads`], [`lines::promote`]); when the batch
+/// holds one and `conn` is not in a transaction, this call opens one.
 pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
-    db: impl PgExecutor<'_>,
+    conn: &mut sqlx::PgConnection,
     batch: &[R],
 ) -> Result<Recorded, sqlx::Error> {
+    use sqlx::Connection as _;
     if batch.is_empty() {
         return Ok(Recorded::default());
     }
+    if !batch.iter().any(|r| r.borrow().ordered && r.borrow().outcome != Outcome::Retry) {
+        return record_outcomes(conn, batch).await;
+    }
+    let mut tx = conn.begin().await?;
+    let recorded = record_outcomes(&mut *tx, batch).await?;
+    let finished: Vec<DeliveryId> = batch
+        .iter()
+        .map(|r| r.borrow())
+        .filter(|r| r.ordered && r.outcome != Outcome::Retry && recorded.fresh.contains(&r.delivery_id))
+        .map(|r| r.delivery_id)
+        .collect();
+    let released = lines::release_heads(&mut tx, &finished).await?;
+    lines::promote(&mut tx, &released).await?;
+    tx.commit().await?;
+    Ok(recorded)
+}
+
+/// The outcomes of [`record`], in one statement.
+async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
+    db: impl PgExecutor<'_>,
+    batch: &[R],
+) -> Result<Recorded, sqlx::Error> {
     fn col<'a, R: std::borrow::Borrow<AttemptRecord>, T>(batch: &'a [R], f: impl Fn(&'a AttemptRecord) -> T) -> Vec<T> {
         batch.iter().map(|r| f(r.borrow())).collect()
     }
@@ -533,12 +579,13 @@ pub enum Burial {
 /// Dead-letter a claimed delivery with `reason`, fenced like [`record`]. Returns whether
 /// it applied.
 pub async fn bury(
-    db: impl PgExecutor<'_>,
+    pool: &sqlx::PgPool,
     id: DeliveryId,
     claim_token: i64,
     reason: &str,
     burial: Burial,
 ) -> Result<bool, sqlx::Error> {
+    let mut tx = pool.begin().await?;
     let done = sqlx::query(
         "UPDATE deliveries
          SET status = 'dead', attempt_count = attempt_count - $4, dead_reason = $3, leased_until = NULL,
@@ -549,8 +596,12 @@ pub async fn bury(
     .bind(claim_token)
     .bind(reason)
     .bind(i32::from(burial == Burial::Unsent))
-    .execute(db)
+    .execute(&mut *tx)
     .await?;
+    // A dead head of a line that skips the dead lets the next one go.
+    let released = lines::release_heads(&mut tx, &[id]).await?;
+    lines::promote(&mut tx, &released).await?;
+    tx.commit().await?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -566,7 +617,7 @@ pub async fn pending_of(db: impl PgExecutor<'_>, endpoint_id: EndpointId) -> Res
 /// being deleted, in the caller's transaction). The claim token moves on, so a worker
 /// holding a lease on one of them records nothing afterwards.
 pub async fn bury_all_of_endpoint(
-    db: impl PgExecutor<'_>,
+    conn: &mut sqlx::PgConnection,
     endpoint_id: EndpointId,
     reason: &str,
 ) -> Result<u64, sqlx::Error> {
@@ -578,8 +629,10 @@ pub async fn bury_all_of_endpoint(
     )
     .bind(endpoint_id)
     .bind(reason)
-    .execute(db)
+    .execute(&mut *conn)
     .await?;
+    // Nothing of the endpoint will be sent again: its lines go too.
+    sqlx::query("DELETE FROM order_lines WHERE endpoint_id = $1").bind(endpoint_id).execute(&mut *conn).await?;
     Ok(done.rows_affected())
 }
 
@@ -587,7 +640,14 @@ pub async fn bury_all_of_endpoint(
 /// a fresh attempt budget and the same `webhook-id`. A pending one is left as it is, so
 /// calling twice changes nothing; a deleted endpoint's deliveries stay where they are.
 /// Returns whether it changed.
-pub async fn redeliver(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<bool, sqlx::Error> {
+///
+/// An ordered delivery rejoins its line ([`lines::rejoin`]): it waits for the line's
+/// current head, if any, and then goes next (it keeps its place: its `line_seq` is older
+/// than the waiting ones'); a dead delivery blocking its line is its head and goes at once.
+pub async fn redeliver(pool: &sqlx::PgPool, id: DeliveryId) -> Result<bool, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let lines = lines::of(&mut tx, &[id]).await?;
+    lines::lock(&mut tx, &lines).await?;
     let done = sqlx::query(
         "UPDATE deliveries d
          SET status = 'pending', attempts_base = attempt_count, next_attempt_at = now(), parked = false,
@@ -596,9 +656,14 @@ pub async fn redeliver(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<bool, 
          WHERE d.id = $1 AND d.status IN ('dead', 'delivered') AND ep.id = d.endpoint_id AND ep.deleted_at IS NULL",
     )
     .bind(id)
-    .execute(db)
+    .execute(&mut *tx)
     .await?;
-    Ok(done.rows_affected() == 1)
+    let changed = done.rows_affected() == 1;
+    if changed {
+        lines::rejoin(&mut tx, &[id], &lines).await?;
+    }
+    tx.commit().await?;
+    Ok(changed)
 }
 
 /// Rows un-parked or re-queued per statement: short transactions even for a huge backlog.
@@ -697,12 +762,15 @@ pub async fn requeue_dead(
              leased_until = NULL, parked = false,
              next_attempt_at = $3 + (n.rn - 1 + $4) * make_interval(secs => $5),
              updated_at = now()
-         FROM n WHERE d.id = n.id";
+         FROM n WHERE d.id = n.id
+         RETURNING d.id";
     let step = 1.0 / f64::from(per_sec.max(1));
     let start = Utc::now();
     let mut requeued: u64 = 0;
     loop {
-        let done = sqlx::query(sql)
+        // Each batch in a transaction: recovered ordered deliveries rejoin their lines.
+        let mut tx = pool.begin().await?;
+        let revived: Vec<DeliveryId> = sqlx::query_scalar(sql)
             .bind(endpoint_id)
             .bind(REQUEUE_BATCH)
             .bind(start)
@@ -710,9 +778,17 @@ pub async fn requeue_dead(
             .bind(step)
             .bind(since)
             .bind(until)
-            .execute(pool)
-            .await?
-            .rows_affected();
+            .fetch_all(&mut *tx)
+            .await?;
+        let lines = lines::of(&mut tx, &revived).await?;
+        if !lines.is_empty() {
+            // Lock after the revival: a delivery joining now sees the revived ones waiting
+            // after our commit; rejoin decides in a statement that sees everything before.
+            lines::lock(&mut tx, &lines).await?;
+            lines::rejoin(&mut tx, &revived, &lines).await?;
+        }
+        tx.commit().await?;
+        let done = revived.len() as u64;
         requeued += done;
         if done < REQUEUE_BATCH as u64 {
             return Ok(requeued);

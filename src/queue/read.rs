@@ -24,6 +24,10 @@ pub struct Delivery {
     pub leased_until: Option<DateTime<Utc>>,
     /// Waiting for its endpoint (open circuit or paused), without spending attempts.
     pub parked: bool,
+    /// Its ordering line's key, when its subscription delivers in order.
+    pub ordering_key: Option<String>,
+    /// Waiting for the earlier deliveries of its ordering line.
+    pub waiting: bool,
     /// Why it is dead.
     pub dead_reason: Option<String>,
     /// When fan-out created it (the event's commit).
@@ -35,7 +39,7 @@ pub struct Delivery {
 }
 
 const COLUMNS: &str = "id, event_id, endpoint_id, status, attempt_count, next_attempt_at, leased_until, \
-                       parked, dead_reason, created_at, updated_at, finished_at";
+                       parked, ordering_key, waiting, dead_reason, created_at, updated_at, finished_at";
 
 /// Filters for [`list`]; all optional.
 #[derive(Debug, Clone, Default)]
@@ -89,7 +93,7 @@ pub async fn stats(pool: &sqlx::PgPool) -> Result<Stats, sqlx::Error> {
     let (pending, parked, due): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE NOT parked),
                 count(*) FILTER (WHERE parked),
-                count(*) FILTER (WHERE NOT parked AND next_attempt_at <= now() AND leased_until IS NULL)
+                count(*) FILTER (WHERE NOT parked AND NOT waiting AND next_attempt_at <= now() AND leased_until IS NULL)
          FROM deliveries WHERE status = 'pending'",
     )
     .fetch_one(pool)
@@ -98,7 +102,7 @@ pub async fn stats(pool: &sqlx::PgPool) -> Result<Stats, sqlx::Error> {
     // oldest due unleased row is first whenever anything is overdue.
     let oldest_due_age_secs: Option<f64> = sqlx::query_scalar(
         "SELECT extract(epoch FROM now() - next_attempt_at)::float8 FROM deliveries
-         WHERE status = 'pending' AND NOT parked ORDER BY next_attempt_at LIMIT 1",
+         WHERE status = 'pending' AND NOT parked AND NOT waiting ORDER BY next_attempt_at LIMIT 1",
     )
     .fetch_optional(pool)
     .await?;
@@ -133,7 +137,7 @@ pub async fn endpoint_loads(
                      WHERE f.endpoint_id = ep.id AND f.status = 'pending'
                        AND f.leased_until IS NOT NULL AND f.leased_until > now()) AS in_flight,
                     EXISTS (SELECT 1 FROM deliveries d
-                            WHERE d.endpoint_id = ep.id AND d.status = 'pending' AND NOT d.parked
+                            WHERE d.endpoint_id = ep.id AND d.status = 'pending' AND NOT d.parked AND NOT d.waiting
                               AND d.next_attempt_at <= now()) AS due,
                     CASE WHEN ep.rate_limit_per_sec IS NULL THEN NULL
                          ELSE LEAST(ep.rate_limit_burst::float8,

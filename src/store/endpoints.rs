@@ -216,7 +216,7 @@ pub async fn delete(pool: &sqlx::PgPool, id: EndpointId, force: bool) -> Result<
     if pending > 0 && !force {
         return Ok(Deleted::HasPending(pending));
     }
-    crate::queue::bury_all_of_endpoint(&mut *tx, id, "endpoint deleted").await?;
+    crate::queue::bury_all_of_endpoint(&mut tx, id, "endpoint deleted").await?;
     sqlx::query("DELETE FROM subscriptions WHERE endpoint_id = $1").bind(id).execute(&mut *tx).await?;
     sqlx::query("UPDATE endpoints SET deleted_at = now(), release_pending = false, updated_at = now() WHERE id = $1")
         .bind(id)

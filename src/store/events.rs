@@ -23,6 +23,8 @@ pub struct NewEvent<'a> {
     pub headers: &'a serde_json::Value,
     /// The body exactly as received (signatures were checked on these bytes); delivered as is.
     pub payload: &'a [u8],
+    /// The ordering key, when the source defines one and the request carried it.
+    pub ordering_key: Option<&'a str>,
 }
 
 /// The result of storing an event.
@@ -37,31 +39,62 @@ pub struct Stored {
 }
 
 /// The fan-out: one delivery per endpoint subscribed to the source and event type of
-/// each row of `ev` (the events just inserted), shared by the single and batch statements.
+/// each row of `ev` (the events just inserted, with `ord`: their order in this
+/// statement), shared by the single and batch statements.
+///
+/// A delivery is ordered when a matching subscription of its endpoint asks for it and the
+/// event has an ordering key: it joins its line (endpoint, key) with the next line
+/// sequence number. The line's row is upserted, and an upsert always sees (and locks) the
+/// row's latest version: if the line has no head, this line's first new delivery becomes
+/// it; every other ordered delivery waits, outside the claim's indexes, until the
+/// recorder promotes it (`queue::record`). Unordered deliveries (no ordered subscription,
+/// or no key) are as before: no line, nothing waits.
 const FANOUT: &str = "
-        fan AS (
-            INSERT INTO deliveries (event_id, endpoint_id)
-            SELECT DISTINCT ev.id, s.endpoint_id
+        targets AS (
+            SELECT ev.id AS event_id, ev.ord, s.endpoint_id,
+                   CASE WHEN bool_or(s.ordered) THEN ev.ordering_key END AS ordering_key,
+                   bool_or(s.ordered AND s.ordered_on_dead = 'block') AS blocks_on_dead
             FROM ev JOIN subscriptions s ON s.source_id IS NULL OR s.source_id = ev.source_id
             WHERE s.event_type_likes IS NULL
                OR EXISTS (SELECT 1 FROM unnest(s.event_type_likes) AS p(pattern) WHERE ev.event_type LIKE p.pattern)
+            GROUP BY ev.id, ev.ord, s.endpoint_id, ev.ordering_key
+        ), numbered AS (
+            SELECT t.*, wg_uuid_v7() AS delivery_id,
+                   CASE WHEN t.ordering_key IS NOT NULL THEN nextval('deliveries_line_seq') END AS line_seq
+            FROM targets t
+            ORDER BY t.ord, t.endpoint_id
+        ), lines AS (
+            INSERT INTO order_lines (endpoint_id, ordering_key, head_id)
+            SELECT DISTINCT ON (endpoint_id, ordering_key) endpoint_id, ordering_key, delivery_id
+            FROM numbered WHERE ordering_key IS NOT NULL
+            ORDER BY endpoint_id, ordering_key, line_seq
+            ON CONFLICT (endpoint_id, ordering_key)
+                DO UPDATE SET head_id = COALESCE(order_lines.head_id, EXCLUDED.head_id)
+            RETURNING endpoint_id, ordering_key, head_id
+        ), fan AS (
+            INSERT INTO deliveries (id, event_id, endpoint_id, ordering_key, line_seq, waiting, blocks_on_dead)
+            SELECT n.delivery_id, n.event_id, n.endpoint_id, n.ordering_key, n.line_seq,
+                   n.ordering_key IS NOT NULL AND l.head_id IS DISTINCT FROM n.delivery_id,
+                   n.ordering_key IS NOT NULL AND n.blocks_on_dead
+            FROM numbered n
+            LEFT JOIN lines l ON l.endpoint_id = n.endpoint_id AND l.ordering_key = n.ordering_key
             ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING
             RETURNING event_id
         )";
 
 /// The single-event ingest statement (`$1` source id, `$2` dedupe key, `$3` event type,
-/// `$4` content type, `$5` headers, `$6` payload): public so the benchmark's pgbench runs
-/// exactly this.
+/// `$4` content type, `$5` headers, `$6` payload, `$7` ordering key): public so the
+/// benchmark's pgbench runs exactly this.
 pub fn insert_sql() -> String {
     // The duplicate branch usually answers in the same round trip. It reads the
     // statement's snapshot, so a twin committed after our statement began is invisible
     // there (ON CONFLICT still saw it): then zero rows come back and we look again.
     format!(
         "WITH ev AS (
-            INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload)
-            VALUES ($1, $2, $3, $4, $5, $6)
+            INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload, ordering_key)
+            VALUES ($1, $2, $3, $4, $5, $6, $7)
             ON CONFLICT ON CONSTRAINT events_dedupe DO NOTHING
-            RETURNING id, source_id, event_type
+            RETURNING id, source_id, event_type, ordering_key, 0 AS ord
         ), {FANOUT}
         SELECT id, false AS duplicate, (SELECT count(*) FROM fan) AS deliveries FROM ev
         UNION ALL
@@ -92,6 +125,7 @@ where
             .bind(event.content_type)
             .bind(Json(event.headers))
             .bind(event.payload)
+            .bind(event.ordering_key)
             .fetch_optional(db)
             .await?;
         if let Some((event_id, duplicate, deliveries)) = row {
@@ -121,6 +155,8 @@ pub struct OwnedEvent {
     pub headers: serde_json::Value,
     /// The body exactly as received; delivered as is.
     pub payload: bytes::Bytes,
+    /// The ordering key, when the source defines one and the request carried it.
+    pub ordering_key: Option<String>,
 }
 
 impl OwnedEvent {
@@ -133,6 +169,7 @@ impl OwnedEvent {
             content_type: self.content_type.as_deref(),
             headers: &self.headers,
             payload: &self.payload,
+            ordering_key: self.ordering_key.as_deref(),
         }
     }
 }
@@ -153,16 +190,25 @@ pub async fn insert_batch_with_fanout(pool: &sqlx::PgPool, events: &[OwnedEvent]
     let headers = column(&|e| e.headers.to_string());
     let payloads: Vec<&[u8]> = unique.iter().map(|&i| &events[i].payload[..]).collect();
     let ords: Vec<i32> = (0..unique.len() as i32).collect();
+    let ordering_keys: Vec<Option<&str>> = unique.iter().map(|&i| events[i].ordering_key.as_deref()).collect();
+    // The order events arrived in (the batch's input order), which orders the deliveries
+    // of one line; `ord` is the (source, key) order the rows are inserted in.
+    let arrivals: Vec<i32> = unique.iter().map(|&i| i32::try_from(i).unwrap_or(i32::MAX)).collect();
 
     let rows: Vec<(i32, Option<EventId>, bool, i64)> = sqlx::query_as(&format!(
         "WITH input AS (
-            SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::int4[])
-                AS i(source_id, dedupe_key, event_type, content_type, headers, payload, ord)
-        ), ev AS (
-            INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload)
-            SELECT source_id, dedupe_key, event_type, content_type, headers::jsonb, payload FROM input ORDER BY ord
+            SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::int4[],
+                                 $8::text[], $9::int4[])
+                AS i(source_id, dedupe_key, event_type, content_type, headers, payload, ord, ordering_key, arrival)
+        ), ins AS (
+            INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload, ordering_key)
+            SELECT source_id, dedupe_key, event_type, content_type, headers::jsonb, payload, ordering_key
+            FROM input ORDER BY ord
             ON CONFLICT ON CONSTRAINT events_dedupe DO NOTHING
-            RETURNING id, source_id, dedupe_key, event_type
+            RETURNING id, source_id, dedupe_key, event_type, ordering_key
+        ), ev AS (
+            SELECT ins.*, i.arrival AS ord
+            FROM ins JOIN input i ON i.source_id = ins.source_id AND i.dedupe_key = ins.dedupe_key
         ), {FANOUT}, fanned AS (
             SELECT event_id, count(*) AS n FROM fan GROUP BY event_id
         )
@@ -179,6 +225,8 @@ pub async fn insert_batch_with_fanout(pool: &sqlx::PgPool, events: &[OwnedEvent]
     .bind(&headers)
     .bind(&payloads)
     .bind(&ords)
+    .bind(&ordering_keys)
+    .bind(&arrivals)
     .fetch_all(pool)
     .await?;
 
@@ -369,6 +417,7 @@ mod tests {
             content_type: None,
             headers: serde_json::json!({}),
             payload: bytes::Bytes::new(),
+            ordering_key: None,
         }
     }
 

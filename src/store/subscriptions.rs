@@ -19,34 +19,43 @@ pub struct Subscription {
     pub source_name: Option<String>,
     /// Event-type patterns (None: every type).
     pub event_types: Option<Vec<String>>,
+    /// Deliver the events of one ordering key one at a time, in ingest order.
+    pub ordered: bool,
+    /// With `ordered`: what a dead delivery does to its key's line.
+    pub ordered_on_dead: crate::queue::OnDead,
     /// When the subscription was created (shown by the API).
     pub created_at: DateTime<Utc>,
 }
 
-/// Insert a subscription; patterns must already be validated.
+/// Insert a subscription; patterns must already be validated. `ordered`: deliver in
+/// order per ordering key, with what a dead delivery does to its line.
 pub async fn insert(
     db: impl PgExecutor<'_>,
     endpoint_id: EndpointId,
     source_id: Option<SourceId>,
     event_types: Option<&[String]>,
+    ordered: Option<crate::queue::OnDead>,
 ) -> Result<Subscription, sqlx::Error> {
     let likes: Option<Vec<String>> = event_types.map(|ts| ts.iter().map(|t| fanout::to_like(t)).collect());
     sqlx::query_as(
         "WITH s AS (
-             INSERT INTO subscriptions (endpoint_id, source_id, event_types, event_type_likes)
-             VALUES ($1, $2, $3, $4)
-             RETURNING id, endpoint_id, source_id, event_types, created_at)
+             INSERT INTO subscriptions (endpoint_id, source_id, event_types, event_type_likes, ordered, ordered_on_dead)
+             VALUES ($1, $2, $3, $4, $5, COALESCE($6, 'block'))
+             RETURNING id, endpoint_id, source_id, event_types, ordered, ordered_on_dead, created_at)
          SELECT s.*, src.name AS source_name FROM s LEFT JOIN sources src ON src.id = s.source_id",
     )
     .bind(endpoint_id)
     .bind(source_id)
     .bind(event_types)
     .bind(likes)
+    .bind(ordered.is_some())
+    .bind(ordered)
     .fetch_one(db)
     .await
 }
 
-const SELECT: &str = "SELECT s.id, s.endpoint_id, s.source_id, s.event_types, s.created_at, src.name AS source_name
+const SELECT: &str = "SELECT s.id, s.endpoint_id, s.source_id, s.event_types, s.ordered, s.ordered_on_dead,
+                             s.created_at, src.name AS source_name
                       FROM subscriptions s LEFT JOIN sources src ON src.id = s.source_id";
 
 /// Subscriptions, optionally of one endpoint, in creation order.
@@ -62,12 +71,14 @@ pub async fn by_id(db: impl PgExecutor<'_>, id: SubscriptionId) -> Result<Option
     sqlx::query_as(&format!("{SELECT} WHERE s.id = $1")).bind(id).fetch_optional(db).await
 }
 
-/// Change a subscription's source filter and/or patterns; `Some(None)` clears a filter.
+/// Change a subscription's source filter, patterns and/or ordering; `Some(None)` clears
+/// a filter (or turns ordering off). Deliveries already created keep how they were made.
 pub async fn update(
     db: impl PgExecutor<'_>,
     id: SubscriptionId,
     source_id: Option<Option<SourceId>>,
     event_types: Option<Option<&[String]>>,
+    ordered: Option<Option<crate::queue::OnDead>>,
 ) -> Result<Option<Subscription>, sqlx::Error> {
     let types: Option<Vec<String>> = event_types.flatten().map(<[String]>::to_vec);
     let likes: Option<Vec<String>> = types.as_ref().map(|ts| ts.iter().map(|t| fanout::to_like(t)).collect());
@@ -76,9 +87,11 @@ pub async fn update(
              UPDATE subscriptions
              SET source_id = CASE WHEN $2 THEN $3 ELSE source_id END,
                  event_types = CASE WHEN $4 THEN $5 ELSE event_types END,
-                 event_type_likes = CASE WHEN $4 THEN $6 ELSE event_type_likes END
+                 event_type_likes = CASE WHEN $4 THEN $6 ELSE event_type_likes END,
+                 ordered = CASE WHEN $7 THEN $8 IS NOT NULL ELSE ordered END,
+                 ordered_on_dead = CASE WHEN $7 THEN COALESCE($8, 'block') ELSE ordered_on_dead END
              WHERE id = $1
-             RETURNING id, endpoint_id, source_id, event_types, created_at)
+             RETURNING id, endpoint_id, source_id, event_types, ordered, ordered_on_dead, created_at)
          SELECT s.*, src.name AS source_name FROM s LEFT JOIN sources src ON src.id = s.source_id",
     )
     .bind(id)
@@ -87,6 +100,8 @@ pub async fn update(
     .bind(event_types.is_some())
     .bind(types)
     .bind(likes)
+    .bind(ordered.is_some())
+    .bind(ordered.flatten())
     .fetch_optional(db)
     .await
 }

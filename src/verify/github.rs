@@ -46,7 +46,7 @@ impl Verifier for Github {
             }))
         })?
         .unwrap_or_else(unknown_event_type);
-        Ok(Verified { dedupe_key, event_type, challenge: None })
+        Ok(Verified { dedupe_key, event_type, challenge: None, ordering_key: None })
     }
 }
 

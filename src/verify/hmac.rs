@@ -54,7 +54,7 @@ impl Verifier for GenericHmac {
         let mut json = LazyJson::new(body);
         let dedupe_key = locate(&spec.dedupe, headers, &mut json)?.unwrap_or_else(|| body_sha256_hex(body));
         let event_type = locate(&spec.event_type, headers, &mut json)?.unwrap_or_else(unknown_event_type);
-        Ok(Verified { dedupe_key, event_type, challenge: None })
+        Ok(Verified { dedupe_key, event_type, challenge: None, ordering_key: None })
     }
 }
 

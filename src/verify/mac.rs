@@ -116,6 +116,7 @@ mod tests {
             tolerance_secs: tolerance,
             dedupe: Locator::default(),
             event_type: Locator::default(),
+            ordering_key: Locator::default(),
             hmac: None,
         }
     }

@@ -154,6 +154,10 @@ pub struct SourceSpec {
     /// Override of where the event type lives (kinds have their own default).
     #[serde(default)]
     pub event_type: Locator,
+    /// Where the ordering key lives (empty: none). Subscriptions that ask for ordered
+    /// delivery deliver the events of one key to an endpoint one at a time, in order.
+    #[serde(default, skip_serializing_if = "Locator::is_empty")]
+    pub ordering_key: Locator,
     /// Settings of the `hmac` kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hmac: Option<HmacScheme>,
@@ -171,6 +175,8 @@ pub struct Verified {
     pub event_type: String,
     /// Set for Slack's `url_verification`: answer with this and store nothing.
     pub challenge: Option<String>,
+    /// The ordering key, when the source says where it lives and the request has one.
+    pub ordering_key: Option<String>,
 }
 
 /// Why a request was refused. Each maps to one HTTP status and error code.
@@ -249,7 +255,15 @@ pub fn verify(spec: &SourceSpec, headers: &HeaderMap, body: &[u8], now_unix: i64
         .map_err(|why| VerifyError::MalformedBody(format!("the dedupe key {why}")))?;
     let event_type = crate::sanitize::event_type(verified.event_type)
         .map_err(|why| VerifyError::MalformedBody(format!("the event type {why}")))?;
-    Ok(Verified { dedupe_key, event_type, ..verified })
+    // Read after the signature held, like the other values; absent is no key (the event
+    // is then delivered unordered), present but unusable is refused.
+    let ordering_key = extract::locate(&spec.ordering_key, headers, &mut extract::LazyJson::new(body))?
+        .map(|key| {
+            crate::sanitize::dedupe_key(key)
+                .map_err(|why| VerifyError::MalformedBody(format!("the ordering key {why}")))
+        })
+        .transpose()?;
+    Ok(Verified { dedupe_key, event_type, ordering_key, ..verified })
 }
 
 #[cfg(test)]

@@ -57,6 +57,7 @@ impl Verifier for Slack {
                 dedupe_key: body_sha256_hex(body),
                 event_type: "url_verification".to_owned(),
                 challenge: Some(challenge),
+                ordering_key: None,
             });
         }
 
@@ -74,7 +75,7 @@ impl Verifier for Slack {
         let event_type =
             resolve(&spec.event_type, headers, &mut json, |json| Ok(json.pointer("/event/type")?.or(body_type)))?
                 .unwrap_or_else(unknown_event_type);
-        Ok(Verified { dedupe_key, event_type, challenge: None })
+        Ok(Verified { dedupe_key, event_type, challenge: None, ordering_key: None })
     }
 }
 

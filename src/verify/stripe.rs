@@ -41,7 +41,7 @@ impl Verifier for Stripe {
         };
         let event_type =
             resolve(&spec.event_type, headers, &mut json, |j| j.pointer("/type"))?.unwrap_or_else(unknown_event_type);
-        Ok(Verified { dedupe_key, event_type, challenge: None })
+        Ok(Verified { dedupe_key, event_type, challenge: None, ordering_key: None })
     }
 }
 

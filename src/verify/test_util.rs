@@ -21,6 +21,7 @@ pub(crate) fn spec(kind: Kind, secrets: &[&str]) -> SourceSpec {
         tolerance_secs: None,
         dedupe: Locator::default(),
         event_type: Locator::default(),
+        ordering_key: Locator::default(),
         hmac: None,
     }
 }

@@ -244,14 +244,16 @@ fn any_spec() -> impl Strategy<Value = SourceSpec> {
         tolerance(),
         locator(),
         locator(),
+        locator(),
         prop::option::of(hmac_scheme(true)),
     )
-        .prop_map(|(kind, secrets, tolerance_secs, dedupe, event_type, hmac)| SourceSpec {
+        .prop_map(|(kind, secrets, tolerance_secs, dedupe, event_type, ordering_key, hmac)| SourceSpec {
             kind,
             secrets,
             tolerance_secs,
             dedupe,
             event_type,
+            ordering_key,
             hmac,
         })
 }
@@ -401,6 +403,7 @@ fn sign(p: &SignParams) -> Signed {
         tolerance_secs: p.tolerance,
         dedupe: Locator::default(),
         event_type: Locator::default(),
+        ordering_key: Locator::default(),
         hmac: (p.kind == Kind::Hmac).then(|| p.scheme.clone()),
     };
     let sha256 = HmacAlgorithm::Sha256;

@@ -70,6 +70,7 @@ pub fn validate_spec(spec: &SourceSpec) -> Result<(), SpecError> {
     }
     check_locator("dedupe", &spec.dedupe)?;
     check_locator("event_type", &spec.event_type)?;
+    check_locator("ordering_key", &spec.ordering_key)?;
     if spec.tolerance_secs == Some(0) {
         return refuse("tolerance_secs", "must be greater than 0");
     }

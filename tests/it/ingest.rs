@@ -215,6 +215,7 @@ fn owned(source: webhook_gateway::ids::SourceId, key: &str, event_type: &str) ->
         content_type: Some("application/json".to_owned()),
         headers: json!({"x": key}),
         payload: format!("{{\"k\":\"{key}\"}}").into_bytes().into(),
+        ordering_key: None,
     }
 }
 

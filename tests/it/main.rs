@@ -20,6 +20,7 @@ mod janitor;
 mod metrics;
 mod openapi;
 mod operator;
+mod ordering;
 mod replicas;
 mod secrets;
 mod slow_clients;

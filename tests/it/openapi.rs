@@ -723,7 +723,17 @@ async fn real_answers_match_the_document() {
     use Method as M;
     // The first attempt of every delivery fails with 500, the retry succeeds: real attempts
     // of both kinds in the timeline.
-    let sink = Sink::start(|_, n| if n == 0 { Reply::status(500) } else { Reply::status(200) }).await;
+    // `/gone` refuses for good (410: dead at once), to have a dead delivery blocking a line.
+    let sink = Sink::start(|r, n| {
+        if r.path == "/gone" {
+            Reply::status(410)
+        } else if n == 0 {
+            Reply::status(500)
+        } else {
+            Reply::status(200)
+        }
+    })
+    .await;
     // A Prometheus handle of its own (not the process-wide recorder): `/metrics` answers.
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder().handle();
     let settings = webhook_gateway::app::Settings { metrics: Some(metrics), ..test_settings() };
@@ -840,6 +850,30 @@ async fn real_answers_match_the_document() {
     w.call(Call::admin(M::POST, format!("/v1/deliveries/{delivery_id}/redeliver")), 200).await;
     w.call(Call::admin(M::POST, format!("/v1/deliveries/{}/redeliver", uuid::Uuid::new_v4())), 404).await;
     w.call(Call::admin(M::GET, "/v1/admin/storage"), 200).await;
+
+    // Ordered delivery: `gone` is subscribed in order to the API's events; its dead
+    // delivery blocks the key's line until unblocked.
+    let gone = w.call(Call::admin(M::POST, "/v1/endpoints").json(json!({"url": sink.url("/gone")})), 201).await;
+    let gone_id = gone["id"].as_str().unwrap().to_owned();
+    let ordered = json!({"endpoint_id": gone_id, "source": "api", "event_types": ["ledger.*"],
+                         "ordered": {"on_dead": "block"}});
+    w.call(Call::admin(M::POST, "/v1/subscriptions").json(ordered), 201).await;
+    for n in 0..2 {
+        let entry = json!({"event_type": "ledger.entry", "event_id": format!("l-{n}"), "ordering_key": "acct-1",
+                           "payload": {"n": n}});
+        w.call(Call::admin(M::POST, "/v1/events").json(entry), 200).await;
+    }
+    let app = &w.app;
+    let gone_dead = format!("/v1/deliveries?endpoint_id={gone_id}&status=dead");
+    let dead_id = eventually(Duration::from_secs(20), "the first entry is dead", || async {
+        let (_, page) = app.admin(M::GET, &gone_dead, None).await;
+        page["data"].as_array().and_then(|d| d.first()).map(|d| d["id"].as_str().unwrap().to_owned())
+    })
+    .await;
+    w.call(Call::admin(M::GET, format!("/v1/deliveries?endpoint_id={gone_id}&status=pending")), 200).await;
+    w.call(Call::admin(M::POST, format!("/v1/deliveries/{dead_id}/unblock")), 200).await;
+    w.call(Call::admin(M::POST, format!("/v1/deliveries/{dead_id}/unblock")), 409).await;
+    w.call(Call::admin(M::POST, format!("/v1/deliveries/{}/unblock", uuid::Uuid::new_v4())), 404).await;
 
     // Endpoint operations.
     w.call(Call::admin(M::POST, format!("/v1/endpoints/{live_id}/rotate-secret")), 200).await;

@@ -383,6 +383,7 @@ pub fn attempt_record(
         response_excerpt: None,
         next_attempt_at: None,
         next_attempt_reason: None,
+        ordered: claim.ordered,
     }
 }
 

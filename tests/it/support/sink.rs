@@ -21,6 +21,8 @@ pub struct Received {
     pub path: String,
     /// When it arrived.
     pub at: std::time::Instant,
+    /// The status the sink answered (or will answer, for a held request).
+    pub replied: u16,
 }
 
 impl Received {
@@ -37,6 +39,8 @@ pub enum Reply {
     Status(u16, Vec<(&'static str, String)>, String),
     /// Hold the request open for this long before answering 200.
     Hold(Duration),
+    /// Hold the request open for this long, then answer this status.
+    Delayed(Duration, u16),
 }
 
 impl Reply {
@@ -87,19 +91,29 @@ impl Sink {
                     c.1 = c.1.max(c.0);
                 }
                 let _done = Finished(counting);
-                let req = Received { headers, body, path: uri.path().to_owned(), at: std::time::Instant::now() };
+                let mut req =
+                    Received { headers, body, path: uri.path().to_owned(), at: std::time::Instant::now(), replied: 0 };
                 let n = {
                     let mut seen = seen.lock().expect("seen lock");
                     let count = seen.entry(req.header("webhook-id")).or_insert(0);
                     *count += 1;
                     *count - 1
                 };
-                log.lock().expect("log lock").push(req.clone());
-                match script(&req, n) {
+                let reply = script(&req, n);
+                req.replied = match &reply {
+                    Reply::Status(code, ..) | Reply::Delayed(_, code) => *code,
+                    Reply::Hold(_) => 200,
+                };
+                log.lock().expect("log lock").push(req);
+                match reply {
                     Reply::Status(code, headers, body) => respond(code, headers, body),
                     Reply::Hold(d) => {
                         tokio::time::sleep(d).await;
                         respond(200, Vec::new(), String::new())
+                    }
+                    Reply::Delayed(d, code) => {
+                        tokio::time::sleep(d).await;
+                        respond(code, Vec::new(), String::new())
                     }
                 }
             }

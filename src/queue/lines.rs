@@ -1,0 +1,150 @@
+//! Ordering lines: the deliveries of one ordering key to one endpoint, attempted one at a
+//! time in ingest order.
+//!
+//! A line is a row of `order_lines` naming its head, the only delivery of the line that
+//! may be claimed; the others are `waiting` (outside the claim's indexes). The row is
+//! also the line's lock:
+//!
+//! - a delivery **joins** its line with an upsert (`store::events`' fan-out, [`rejoin`]),
+//!   which always works on the row's latest version: it becomes the head of an idle line,
+//!   or waits;
+//! - when a head **finishes** (delivered, or dead when its line skips the dead),
+//!   [`release_heads`] clears it, locking the row, and [`promote`], a later statement of
+//!   the same transaction and so with a snapshot taken after that lock, makes the line's
+//!   next waiting delivery (lowest `line_seq`) its head. A delivery joining meanwhile
+//!   either committed before the lock (and is seen) or upserts after our commit (and sees
+//!   the new head, or an idle line). No delivery is left waiting behind no head.
+//!
+//! A dead delivery of a `block` line stays its head: the line waits until an operator
+//! redelivers it (it is then claimable again, and its success releases the line) or
+//! unblocks it ([`unblock`]).
+
+use sqlx::PgConnection;
+
+use crate::ids::{DeliveryId, EndpointId};
+
+/// A line: the endpoint and the ordering key.
+pub type Line = (EndpointId, String);
+
+/// Clear the heads among `finished` that are done with their line (delivered, or dead
+/// without blocking it), locking those lines until the transaction ends; returns them.
+/// `finished` may hold any deliveries: unordered ones and retries are ignored.
+pub async fn release_heads(conn: &mut PgConnection, finished: &[DeliveryId]) -> Result<Vec<Line>, sqlx::Error> {
+    if finished.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as(
+        "UPDATE order_lines l SET head_id = NULL
+         FROM deliveries d
+         WHERE d.id = ANY($1) AND l.head_id = d.id
+           AND (d.status = 'delivered' OR (d.status = 'dead' AND NOT d.blocks_on_dead))
+         RETURNING l.endpoint_id, l.ordering_key",
+    )
+    .bind(finished)
+    .fetch_all(&mut *conn)
+    .await
+}
+
+/// Make the next waiting delivery of each idle line among `lines` its head. The lines
+/// must be locked by this transaction (by [`release_heads`] or [`lock`]), and this must be
+/// a later statement than the one that locked them. Returns how many were promoted.
+pub async fn promote(conn: &mut PgConnection, lines: &[Line]) -> Result<u64, sqlx::Error> {
+    if lines.is_empty() {
+        return Ok(0);
+    }
+    let (endpoints, keys): (Vec<EndpointId>, Vec<&str>) = lines.iter().map(|(e, k)| (*e, k.as_str())).unzip();
+    let done = sqlx::query(
+        "WITH idle AS (
+             SELECT l.endpoint_id, l.ordering_key FROM order_lines l
+             JOIN unnest($1::uuid[], $2::text[]) AS t(endpoint_id, ordering_key)
+               ON t.endpoint_id = l.endpoint_id AND t.ordering_key = l.ordering_key
+             WHERE l.head_id IS NULL
+         ), next AS (
+             SELECT n.id, idle.endpoint_id, idle.ordering_key
+             FROM idle CROSS JOIN LATERAL (
+                 SELECT w.id FROM deliveries w
+                 WHERE w.waiting AND w.endpoint_id = idle.endpoint_id AND w.ordering_key = idle.ordering_key
+                 ORDER BY w.line_seq
+                 LIMIT 1
+             ) n
+         ), heads AS (
+             UPDATE order_lines l SET head_id = next.id
+             FROM next WHERE l.endpoint_id = next.endpoint_id AND l.ordering_key = next.ordering_key
+             RETURNING next.id
+         )
+         UPDATE deliveries d SET waiting = false, updated_at = now() FROM heads WHERE d.id = heads.id",
+    )
+    .bind(&endpoints)
+    .bind(&keys)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Lock `lines` (creating missing ones, idle) until the transaction ends.
+pub async fn lock(conn: &mut PgConnection, lines: &[Line]) -> Result<(), sqlx::Error> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let (endpoints, keys): (Vec<EndpointId>, Vec<&str>) = lines.iter().map(|(e, k)| (*e, k.as_str())).unzip();
+    sqlx::query(
+        "INSERT INTO order_lines (endpoint_id, ordering_key, head_id)
+         SELECT endpoint_id, ordering_key, NULL FROM unnest($1::uuid[], $2::text[]) AS t(endpoint_id, ordering_key)
+         ORDER BY 1, 2
+         ON CONFLICT (endpoint_id, ordering_key) DO UPDATE SET head_id = order_lines.head_id",
+    )
+    .bind(&endpoints)
+    .bind(&keys)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// The lines of `deliveries` (ordered ones only).
+pub async fn of(conn: &mut PgConnection, deliveries: &[DeliveryId]) -> Result<Vec<Line>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT DISTINCT endpoint_id, ordering_key FROM deliveries
+         WHERE id = ANY($1) AND ordering_key IS NOT NULL ORDER BY 1, 2",
+    )
+    .bind(deliveries)
+    .fetch_all(&mut *conn)
+    .await
+}
+
+/// Put revived ordered deliveries (redelivered or recovered, now pending) back in their
+/// lines: each waits unless it is its line's head (a blocking dead delivery redelivered);
+/// then every idle line among them promotes its first waiting delivery (the revived one,
+/// when it is older than the others: it keeps its place). Call in the transaction that
+/// revived them, after [`lock`] of their lines.
+pub async fn rejoin(conn: &mut PgConnection, revived: &[DeliveryId], lines: &[Line]) -> Result<(), sqlx::Error> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE deliveries d SET waiting = (l.head_id IS DISTINCT FROM d.id)
+         FROM order_lines l
+         WHERE d.id = ANY($1) AND d.ordering_key IS NOT NULL
+           AND l.endpoint_id = d.endpoint_id AND l.ordering_key = d.ordering_key",
+    )
+    .bind(revived)
+    .execute(&mut *conn)
+    .await?;
+    promote(conn, lines).await?;
+    Ok(())
+}
+
+/// Unblock the line a dead delivery blocks: its next delivery becomes the head (the dead
+/// one stays dead). Returns whether `id` was blocking a line.
+pub async fn unblock(conn: &mut PgConnection, id: DeliveryId) -> Result<bool, sqlx::Error> {
+    let released: Vec<Line> = sqlx::query_as(
+        "UPDATE order_lines l SET head_id = NULL
+         FROM deliveries d
+         WHERE d.id = $1 AND l.head_id = d.id AND d.status = 'dead'
+         RETURNING l.endpoint_id, l.ordering_key",
+    )
+    .bind(id)
+    .fetch_all(&mut *conn)
+    .await?;
+    promote(conn, &released).await?;
+    Ok(!released.is_empty())
+}

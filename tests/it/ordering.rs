@@ -1,0 +1,288 @@
+//! Ordered delivery per key: the deliveries of one key to one endpoint are attempted one
+//! at a time, in ingest order, across replicas, through failures and a replica's death.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use webhook_gateway::store::events::{OwnedEvent, insert_batch_with_fanout};
+
+use crate::support::sink::{Received, Reply, Sink};
+use crate::support::{GatewayProcess, TestApp, count_status, eventually};
+
+const WAIT: Duration = Duration::from_secs(180);
+
+/// A `none` source keyed by `X-Delivery-Id`, ordered by `X-Key`; an endpoint for `sink`
+/// subscribed with ordered delivery (`on_dead`). Returns the endpoint id.
+async fn ordered_setup(app: &TestApp, sink: &Sink, on_dead: &str) -> String {
+    app.admin_post(
+        "/v1/sources",
+        json!({"name": "ord", "kind": "none", "dedupe": {"header": "X-Delivery-Id"},
+               "ordering_key": {"header": "X-Key"}}),
+        201,
+    )
+    .await;
+    let ep = app.admin_post("/v1/endpoints", json!({"url": sink.url("/")}), 201).await;
+    let id = ep["id"].as_str().unwrap().to_owned();
+    let sub = app
+        .admin_post(
+            "/v1/subscriptions",
+            json!({"endpoint_id": id, "source": "ord", "ordered": {"on_dead": on_dead}}),
+            201,
+        )
+        .await;
+    assert_eq!(sub["ordered"]["on_dead"], on_dead);
+    id
+}
+
+async fn ingest(app: &TestApp, key: &str, i: u32) {
+    let resp = app
+        .http
+        .post(app.url("/ingest/ord"))
+        .header("x-delivery-id", format!("{key}-{i}"))
+        .header("x-key", key)
+        .body(json!({"key": key, "i": i}).to_string())
+        .send()
+        .await
+        .expect("ingest");
+    assert_eq!(resp.status().as_u16(), 200);
+}
+
+fn key_and_index(r: &Received) -> (String, u32) {
+    let body: Value = serde_json::from_slice(&r.body).expect("json body");
+    (body["key"].as_str().expect("key").to_owned(), body["i"].as_u64().expect("i") as u32)
+}
+
+/// Workers with a short backoff (so retries come quickly) and a 15 s lease.
+fn worker(app: &TestApp) -> GatewayProcess {
+    GatewayProcess::start(
+        &app.db.url,
+        &[
+            "--role",
+            "worker",
+            "--poll-interval-ms",
+            "20",
+            "--backoff-base-ms",
+            "20",
+            "--backoff-cap-secs",
+            "1",
+            "--max-attempts",
+            "50",
+            "--request-timeout-secs",
+            "5",
+            "--lease-secs",
+            "15",
+        ],
+    )
+}
+
+/// Two replicas, 20 keys × 100 events, a subscriber that fails 20 % of requests and
+/// answers after 0-40 ms at random; one replica is killed mid-run. Every key's requests
+/// arrive in order: a request for event i+1 only after event i was answered 200, and
+/// every event arrives. The only repeats allowed are of an event whose 200 was answered
+/// but not recorded when its replica died (the crash window at-least-once documents).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_key_s_deliveries_arrive_in_order_across_replicas_failures_and_a_crash() {
+    let app = TestApp::ingest_only().await;
+    let seed = AtomicU64::new(0x5eed_u64 ^ u64::from(std::process::id()));
+    let sink = Sink::start(move |_, _| {
+        // A small xorshift: the test sink needs no crate for its coin flips.
+        let mut x = seed.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        seed.store(x, Ordering::Relaxed);
+        let delay = Duration::from_millis(x % 41);
+        if (x >> 8) % 5 == 0 { Reply::Delayed(delay, 503) } else { Reply::Delayed(delay, 200) }
+    })
+    .await;
+    ordered_setup(&app, &sink, "block").await;
+    let keys: Vec<String> = (0..20).map(|k| format!("k{k:02}")).collect();
+    // The replicas deliver while the events arrive: a key's new delivery joins its line
+    // while the recorder moves the same line on (the race `queue::lines` is built for).
+    let mut a = worker(&app);
+    let _b = worker(&app);
+    let app = Arc::new(app);
+    let producers: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (app, key) = (app.clone(), key.clone());
+            tokio::spawn(async move {
+                for i in 0..100 {
+                    ingest(&app, &key, i).await;
+                }
+            })
+        })
+        .collect();
+    eventually(WAIT, "a third delivered", || async {
+        (count_status(&app.db.pool, "delivered").await >= 700).then_some(())
+    })
+    .await;
+    a.kill();
+    let _c = worker(&app);
+    for p in producers {
+        p.await.expect("producer");
+    }
+    eventually(WAIT, "all 2,000 delivered", || async {
+        (count_status(&app.db.pool, "delivered").await == 2000).then_some(())
+    })
+    .await;
+
+    let received = sink.received();
+    let mut upto: HashMap<String, i64> = keys.iter().map(|k| (k.clone(), -1)).collect();
+    let mut repeats = 0;
+    for (n, r) in received.iter().enumerate() {
+        let (key, i) = key_and_index(r);
+        let done = upto[&key];
+        let i = i64::from(i);
+        assert!(i <= done + 1, "request {n}: {key} event {i} sent before event {} was delivered", done + 1);
+        if i <= done {
+            repeats += 1;
+            continue;
+        }
+        if r.replied == 200 {
+            upto.insert(key, i);
+        }
+    }
+    for (key, done) in &upto {
+        assert_eq!(*done, 99, "{key}: delivered up to {done}");
+    }
+    eprintln!(
+        "ordered: 2,000 deliveries over 20 keys in {} requests ({} repeats after the crash); 503s: {}",
+        received.len(),
+        repeats,
+        received.iter().filter(|r| r.replied == 503).count()
+    );
+    assert!(repeats <= 20, "{repeats} repeats: more than one per key");
+    assert_eq!(app.db.count("order_lines").await, 20);
+    let waiting: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE waiting").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(waiting, 0);
+}
+
+/// A dead delivery blocks its line (`block`): the key's later events wait until an
+/// operator unblocks it, other keys go on; with `skip` the line moves past it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_delivery_blocks_or_skips_its_line_as_configured() {
+    for on_dead in ["block", "skip"] {
+        let app = TestApp::spawn().await;
+        // Event 2 of key a is refused for good (410: dead at once).
+        let sink = Sink::start(|r, _| {
+            let body: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+            if body["key"] == "a" && body["i"] == 2 { Reply::status(410) } else { Reply::status(200) }
+        })
+        .await;
+        ordered_setup(&app, &sink, on_dead).await;
+        for i in 0..5 {
+            ingest(&app, "a", i).await;
+            ingest(&app, "b", i).await;
+        }
+        let expected_delivered = if on_dead == "block" { 2 + 5 } else { 4 + 5 };
+        eventually(WAIT, "the unblocked deliveries", || async {
+            (count_status(&app.db.pool, "delivered").await == expected_delivered).then_some(())
+        })
+        .await;
+        let a_sent: Vec<u32> =
+            sink.received().iter().map(key_and_index).filter(|(k, _)| k == "a").map(|(_, i)| i).collect();
+        if on_dead == "skip" {
+            assert_eq!(a_sent, [0, 1, 2, 3, 4], "{on_dead}");
+            continue;
+        }
+        assert_eq!(a_sent, [0, 1, 2], "{on_dead}: the line waits behind the dead event 2");
+        let dead: String = sqlx::query_scalar("SELECT id::text FROM deliveries WHERE status = 'dead'")
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+        let waiting: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE waiting").fetch_one(&app.db.pool).await.unwrap();
+        assert_eq!(waiting, 2, "events 3 and 4 of key a wait");
+        let unblocked = app.admin_post(&format!("/v1/deliveries/{dead}/unblock"), json!({}), 200).await;
+        assert_eq!(unblocked["status"], "dead");
+        eventually(WAIT, "the rest of key a", || async {
+            (count_status(&app.db.pool, "delivered").await == 9).then_some(())
+        })
+        .await;
+        let a_sent: Vec<u32> =
+            sink.received().iter().map(key_and_index).filter(|(k, _)| k == "a").map(|(_, i)| i).collect();
+        assert_eq!(a_sent, [0, 1, 2, 3, 4]);
+        let (status, _) = app.admin(reqwest::Method::POST, &format!("/v1/deliveries/{dead}/unblock"), None).await;
+        assert_eq!(status, 409, "no longer blocking");
+    }
+}
+
+/// Redelivering the dead delivery that blocks its line sends it first, then the rest of
+/// the line, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redelivering_a_blocking_dead_delivery_sends_it_first_then_the_line() {
+    let app = TestApp::spawn().await;
+    let fixed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = fixed.clone();
+    let sink = Sink::start(move |r, _| {
+        let body: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        if body["i"] == 1 && !flag.load(Ordering::SeqCst) { Reply::status(422) } else { Reply::status(200) }
+    })
+    .await;
+    ordered_setup(&app, &sink, "block").await;
+    for i in 0..4 {
+        ingest(&app, "a", i).await;
+    }
+    let dead: String = eventually(WAIT, "event 1 dead", || async {
+        sqlx::query_scalar("SELECT id::text FROM deliveries WHERE status = 'dead'")
+            .fetch_optional(&app.db.pool)
+            .await
+            .unwrap()
+    })
+    .await;
+    fixed.store(true, Ordering::SeqCst);
+    app.admin_post(&format!("/v1/deliveries/{dead}/redeliver"), json!({}), 200).await;
+    eventually(WAIT, "all four delivered", || async {
+        (count_status(&app.db.pool, "delivered").await == 4).then_some(())
+    })
+    .await;
+    let sent: Vec<u32> = sink.received().iter().map(key_and_index).map(|(_, i)| i).collect();
+    assert_eq!(sent, [0, 1, 1, 2, 3]);
+}
+
+/// Events of one key that reach the database in one group-commit batch keep the order
+/// they arrived in, whatever order the batch inserts them in (it sorts by dedupe key).
+#[tokio::test]
+async fn a_batch_keeps_arrival_order_within_a_line() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::start(|_, _| Reply::status(200)).await;
+    ordered_setup(&app, &sink, "skip").await;
+    let source: webhook_gateway::ids::SourceId =
+        sqlx::query_scalar("SELECT id FROM sources WHERE name = 'ord'").fetch_one(&app.db.pool).await.unwrap();
+    // Dedupe keys sort opposite to arrival: z-0 arrives first, a-3 last.
+    let events: Vec<OwnedEvent> = ["z-0", "m-1", "c-2", "a-3"]
+        .iter()
+        .map(|dedupe| OwnedEvent {
+            source_id: source,
+            dedupe_key: (*dedupe).to_owned(),
+            event_type: "t".into(),
+            content_type: None,
+            headers: json!({}),
+            payload: bytes::Bytes::from(dedupe.to_string()),
+            ordering_key: Some("one".into()),
+        })
+        .collect();
+    insert_batch_with_fanout(&app.db.pool, &events).await.expect("batch");
+    let line: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT e.dedupe_key, d.waiting FROM deliveries d JOIN events e ON e.id = d.event_id ORDER BY d.line_seq",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    let expected: Vec<(String, bool)> =
+        [("z-0", false), ("m-1", true), ("c-2", true), ("a-3", true)].iter().map(|(k, w)| ((*k).into(), *w)).collect();
+    assert_eq!(line, expected, "line order and head");
+    let head: String = sqlx::query_scalar(
+        "SELECT e.dedupe_key FROM order_lines l JOIN deliveries d ON d.id = l.head_id JOIN events e ON e.id = d.event_id",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(head, "z-0");
+}

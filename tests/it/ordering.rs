@@ -96,7 +96,7 @@ async fn each_key_s_deliveries_arrive_in_order_across_replicas_failures_and_a_cr
         x ^= x << 17;
         seed.store(x, Ordering::Relaxed);
         let delay = Duration::from_millis(x % 41);
-        if (x >> 8) % 5 == 0 { Reply::Delayed(delay, 503) } else { Reply::Delayed(delay, 200) }
+        if (x >> 8).is_multiple_of(5) { Reply::Delayed(delay, 503) } else { Reply::Delayed(delay, 200) }
     })
     .await;
     ordered_setup(&app, &sink, "block").await;

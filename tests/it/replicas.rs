@@ -126,7 +126,7 @@ async fn a_stale_worker_is_fenced() {
     assert_eq!((a[0].attempt, b[0].attempt), (1, 2));
 
     let stale =
-        queue::record(&mut *db.pool.acquire().await.unwrap(), &[record(&a[0], Outcome::Delivered)]).await.unwrap();
+        queue::record(&mut db.pool.acquire().await.unwrap(), &[record(&a[0], Outcome::Delivered)]).await.unwrap();
     assert_eq!(stale, queue::Recorded::default(), "A is fenced");
     let (status, attempts): (String, i32) =
         sqlx::query_as("SELECT status, attempt_count FROM deliveries").fetch_one(&db.pool).await.unwrap();
@@ -135,12 +135,12 @@ async fn a_stale_worker_is_fenced() {
     assert!(!queue::release(&db.pool, a[0].id, a[0].claim_token, chrono::Utc::now()).await.unwrap());
 
     let fresh =
-        queue::record(&mut *db.pool.acquire().await.unwrap(), &[record(&b[0], Outcome::Delivered)]).await.unwrap();
+        queue::record(&mut db.pool.acquire().await.unwrap(), &[record(&b[0], Outcome::Delivered)]).await.unwrap();
     assert_eq!(fresh, queue::Recorded { fresh: vec![b[0].id], already: vec![] });
     // Recording twice (a retried write) does not apply twice, and says so: it is not
     // mistaken for a fenced outcome.
     let again =
-        queue::record(&mut *db.pool.acquire().await.unwrap(), &[record(&b[0], Outcome::Delivered)]).await.unwrap();
+        queue::record(&mut db.pool.acquire().await.unwrap(), &[record(&b[0], Outcome::Delivered)]).await.unwrap();
     assert_eq!(again, queue::Recorded { fresh: vec![], already: vec![b[0].id] });
     assert_eq!(db.count("attempts").await, 1);
 }
@@ -162,11 +162,11 @@ async fn recording_a_retry_twice_records_one_attempt() {
     retry.next_attempt_reason = Some("backoff".into());
     let delivered = record(&claimed[1], Outcome::Delivered);
     let first =
-        queue::record(&mut *db.pool.acquire().await.unwrap(), &[retry.clone(), delivered.clone()]).await.unwrap();
+        queue::record(&mut db.pool.acquire().await.unwrap(), &[retry.clone(), delivered.clone()]).await.unwrap();
     assert_eq!(first.fresh.len(), 2);
     // The same batch again, with a later schedule for the retry (a fresh draw).
     retry.next_attempt_at = Some(first_at + chrono::Duration::seconds(60));
-    let second = queue::record(&mut *db.pool.acquire().await.unwrap(), &[retry, delivered]).await.unwrap();
+    let second = queue::record(&mut db.pool.acquire().await.unwrap(), &[retry, delivered]).await.unwrap();
     assert!(second.fresh.is_empty(), "{second:?}");
     assert_eq!(second.already.len(), 2);
     let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE delivery_id = $1")

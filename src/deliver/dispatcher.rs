@@ -60,7 +60,10 @@ async fn run(
     let slots = Arc::new(Semaphore::new(settings.workers));
     let (outcomes, records) = mpsc::channel(settings.workers.max(16));
     let patience = recorder::Patience { lease: settings.lease, stopping: stop.clone() };
-    let recorder = tokio::spawn(recorder::run(pool.clone(), records, settings.circuit, patience));
+    // The recorder wakes the claim loop too: each write frees slots and endpoint room
+    // (leases end) and may promote ordered deliveries, work that a claim which came back
+    // short (an endpoint at its limit, a line's next delivery not yet its head) left due.
+    let recorder = tokio::spawn(recorder::run(pool.clone(), records, settings.circuit, patience, wake.clone()));
     let ctx = Context { pool: pool.clone(), egress, settings: settings.clone(), outcomes, secrets };
     let mut in_flight = JoinSet::new();
     let mut claim_failures = 0u32;
@@ -101,7 +104,8 @@ async fn run(
                 continue;
             }
         };
-        // Fewer than asked: no more due work right now.
+        // Fewer than asked: no more claimable work right now (none due, or what is due is
+        // at its endpoint's limit or waiting in its line).
         let drained = claimed.len() < want;
         let mut permits = std::iter::once(first).chain(std::iter::from_fn(|| slots.clone().try_acquire_owned().ok()));
         for job in claimed {
@@ -114,7 +118,8 @@ async fn run(
         }
         drop(permits);
         if drained {
-            // No more due work: sleep until woken by ingest, the poll interval, or stop.
+            // No more due work that this process may claim now: sleep until woken (by ingest,
+            // or by the recorder freeing room), the poll interval, or stop.
             tokio::select! {
                 () = wake.notified() => {}
                 () = tokio::time::sleep(settings.poll_interval) => {}
@@ -176,9 +181,16 @@ async fn claim(
     }
     let rest = want - claimed.len();
     if rest > 0 {
-        // The housekeeping tick also sweeps every endpoint with due work: one whose rows
-        // sit behind another endpoint's capped backlog waits at most one tick.
+        // The housekeeping tick sweeps every endpoint with due work.
         let fairness = queue::Fairness { default_max_in_flight: settings.endpoint_max_in_flight, sweep: housekeeping };
+        claimed.extend(queue::claim_fair(pool, rest as i64, settings.lease, fairness).await?);
+    }
+    let rest = want - claimed.len();
+    if rest > 0 && !housekeeping {
+        // Short without a sweep: the oldest due rows may all belong to endpoints at their
+        // limits, hiding other endpoints' due rows behind them. Look past them before
+        // sleeping, so those wait for no tick (one more statement only when short).
+        let fairness = queue::Fairness { default_max_in_flight: settings.endpoint_max_in_flight, sweep: true };
         claimed.extend(queue::claim_fair(pool, rest as i64, settings.lease, fairness).await?);
     }
     Ok(claimed)

@@ -15,10 +15,11 @@
 //! after an ambiguous commit is neither written twice nor mistaken for fenced.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
 
 use crate::circuit::{self, CircuitConfig, Observation, Signal};
 use crate::db;
@@ -75,12 +76,15 @@ impl std::borrow::Borrow<AttemptRecord> for Finished {
 ///
 /// Each outcome arrives with its worker slot, which is released only once the outcome is
 /// written: at most `workers` attempts are ever unrecorded, so a circuit that opens sees
-/// at most that many requests it did not know about.
+/// at most that many requests it did not know about. After each write `written` is
+/// notified: the claim loop looks again (slots and endpoint room were freed, ordered
+/// deliveries may have become their lines' heads).
 pub async fn run(
     pool: PgPool,
     mut rx: mpsc::Receiver<(Finished, OwnedSemaphorePermit)>,
     cfg: CircuitConfig,
     patience: Patience,
+    written: Arc<Notify>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut slots = Vec::with_capacity(MAX_BATCH);
@@ -99,6 +103,7 @@ pub async fn run(
         write(&pool, &batch, &cfg, &patience).await;
         batch.clear();
         slots.clear();
+        written.notify_one();
     }
 }
 

@@ -21,40 +21,55 @@ use crate::stats::{CpuMark, CpuShare, Latency, fmt_dur, fmt_rate, thousands};
 const CLAIM_BATCH: i64 = 32;
 
 /// A seeded scenario database.
-struct Setup {
-    db: String,
-    pool: PgPool,
-    healthy: usize,
-    seeded_in: Duration,
+pub(crate) struct Setup {
+    /// Its name.
+    pub db: String,
+    /// A small pool on it.
+    pub pool: PgPool,
+    /// Endpoints that answer 200.
+    pub healthy: usize,
+    /// How long the seeding took.
+    pub seeded_in: Duration,
 }
 
 /// Create the database, the source and the endpoints through a short-lived `--role
 /// ingest` gateway (which also migrates), then seed `events` events with one pending
 /// delivery per endpoint.
-async fn prepare(ctx: &Ctx, db: &str, healthy: usize, failing: usize, events: u64) -> anyhow::Result<Setup> {
+pub(crate) async fn prepare(ctx: &Ctx, db: &str, healthy: usize, failing: usize, events: u64) -> anyhow::Result<Setup> {
+    let urls: Vec<String> =
+        (0..healthy).map(|i| ctx.sink.ok_url(i)).chain((0..failing).map(|i| ctx.sink.failing_url(i))).collect();
+    let (setup, _) = prepare_urls(ctx, db, &urls, events).await?;
+    Ok(Setup { healthy, ..setup })
+}
+
+/// [`prepare`] for endpoints at these URLs (all subscribed to the bench source); also
+/// returns the source's and the endpoints' ids, in the order of `urls`.
+pub(crate) async fn prepare_urls(
+    ctx: &Ctx,
+    db: &str,
+    urls: &[String],
+    events: u64,
+) -> anyhow::Result<(Setup, (Uuid, Vec<Uuid>))> {
     let url = ctx.server.create_db(db).await?;
     let log = ctx.work_dir.join(format!("gateway-{db}-setup.log"));
     let gw = Gateway::start(&ctx.gateway_bin, &url, Role::Ingest, &ctx.gateway_args(), &log).await?;
     let source = gw.admin_post("/v1/sources", crate::payload::source_spec()).await?;
     let source_id: Uuid = source["id"].as_str().context("source without id")?.parse()?;
     let mut endpoints = Vec::new();
-    for i in 0..healthy {
-        endpoints.push(gw.subscribe(&ctx.sink.ok_url(i)).await?.parse::<Uuid>()?);
-    }
-    for i in 0..failing {
-        endpoints.push(gw.subscribe(&ctx.sink.failing_url(i)).await?.parse::<Uuid>()?);
+    for url in urls {
+        endpoints.push(gw.subscribe(url).await?.parse::<Uuid>()?);
     }
     gw.stop(Duration::from_secs(30)).await;
     let pool = pg::pool(&url, 4).await?;
     eprintln!("bench: seeding {} events × {} endpoints into {db} ...", thousands(events), endpoints.len());
     let seeded_in = pg::seed(&pool, source_id, &endpoints, events, &crate::payload::template()).await?;
     eprintln!("bench: seeded in {:.1} s", seeded_in.as_secs_f64());
-    Ok(Setup { db: db.to_owned(), pool, healthy, seeded_in })
+    Ok((Setup { db: db.to_owned(), pool, healthy: urls.len(), seeded_in }, (source_id, endpoints)))
 }
 
 /// When a drain is over.
 #[derive(Debug, Clone, Copy)]
-enum Until {
+pub(crate) enum Until {
     /// `SELECT count(*) FROM deliveries WHERE status = 'pending'` is 0. Asked only once
     /// the sink has seen this many deliveries, so the harness does not load the database
     /// with counts meanwhile.
@@ -65,45 +80,45 @@ enum Until {
 
 /// What a drain produced.
 #[derive(Debug, Default)]
-struct Drained {
+pub(crate) struct Drained {
     /// Distinct deliveries the sink answered 200.
-    delivered: u64,
+    pub delivered: u64,
     /// Worker start to the end condition.
-    elapsed: Duration,
+    pub elapsed: Duration,
     /// First to last 200 at the sink.
-    sink_span: Duration,
+    pub sink_span: Duration,
     /// 200s for a delivery already answered 200.
-    redelivered: u64,
+    pub redelivered: u64,
     /// 503s answered (failing endpoints).
-    failed: u64,
+    pub failed: u64,
     /// Every request the sink answered (200 or 503).
-    attempts: u64,
+    pub attempts: u64,
     /// The end condition was not reached in time.
-    timed_out: bool,
+    pub timed_out: bool,
     /// Sampled claim durations.
-    claim: Option<Latency>,
+    pub claim: Option<Latency>,
     /// pg_stat_statements' view of the claim.
-    claim_stats: Option<pg::StatementStats>,
+    pub claim_stats: Option<pg::StatementStats>,
     /// Peak RSS of the worker.
-    rss: Option<u64>,
+    pub rss: Option<u64>,
     /// CPU split.
-    cpu: CpuShare,
+    pub cpu: CpuShare,
     /// Top statements (Markdown).
-    statements: Option<String>,
+    pub statements: Option<String>,
     /// The claim's plan before the drain.
-    plan: String,
+    pub plan: String,
 }
 
 impl Drained {
-    fn rate(&self) -> f64 {
+    pub fn rate(&self) -> f64 {
         self.delivered as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
-    fn sink_rate(&self) -> f64 {
+    pub fn sink_rate(&self) -> f64 {
         self.delivered.saturating_sub(1) as f64 / self.sink_span.as_secs_f64().max(1e-9)
     }
 
-    fn claim_cells(&self, row: &mut Row) {
+    pub fn claim_cells(&self, row: &mut Row) {
         match &self.claim {
             Some(l) if l.n > 0 => {
                 row.p50 = fmt_dur(l.p50);
@@ -118,7 +133,7 @@ impl Drained {
         }
     }
 
-    fn claim_note(&self) -> String {
+    pub fn claim_note(&self) -> String {
         let mut parts = Vec::new();
         if let Some(l) = &self.claim {
             parts.push(format!("claim latency from {} sampled claims", l.n));
@@ -143,7 +158,11 @@ impl Drained {
 
 /// Start a worker on a seeded database and time it until `until`. `Ok(Err(why))` when
 /// this gateway build cannot deliver (no delivery engine yet).
-async fn drain_with_worker(ctx: &Ctx, setup: &Setup, until: Until) -> anyhow::Result<Result<Drained, String>> {
+pub(crate) async fn drain_with_worker(
+    ctx: &Ctx,
+    setup: &Setup,
+    until: Until,
+) -> anyhow::Result<Result<Drained, String>> {
     // The claim's plan at this backlog, before the worker starts (one claim, rolled back).
     let plan = pg::explain_claim(&setup.pool, CLAIM_BATCH).await;
     let statements = ctx.server.stat_statements && pg::reset_statements(&setup.pool).await;
@@ -219,7 +238,7 @@ async fn drain_with_worker(ctx: &Ctx, setup: &Setup, until: Until) -> anyhow::Re
     Ok(Ok(out))
 }
 
-fn not_available(id: &str, scenario: &str, setting: &str, why: &str) -> Row {
+pub(crate) fn not_available(id: &str, scenario: &str, setting: &str, why: &str) -> Row {
     Row {
         id: id.into(),
         scenario: scenario.into(),

@@ -12,6 +12,7 @@ mod e2e;
 mod gateway;
 mod ingest;
 mod loadgen;
+mod neighbours;
 mod payload;
 mod pg;
 mod report;
@@ -43,6 +44,10 @@ enum Scenario {
     Scaling,
     /// 7: half the endpoints answer 503.
     Failing,
+    /// 9: fairness: 1,000 endpoints sharing a backlog; a slow endpoint next to healthy ones.
+    Fairness,
+    /// 10: ordered delivery: the drain in 100 and in 10,000 keys next to the unordered one.
+    Ordered,
 }
 
 /// The webhook-gateway benchmark harness.
@@ -64,6 +69,9 @@ pub struct Args {
     /// Pending deliveries for the drain and failing-subscriber scenarios.
     #[arg(long, default_value_t = 100_000)]
     pub drain_deliveries: u64,
+    /// Pending deliveries for each drain of the ordered scenario.
+    #[arg(long, default_value_t = 50_000)]
+    pub ordered_deliveries: u64,
     /// Offered loads (webhooks/s) for the end-to-end scenario.
     #[arg(long, value_delimiter = ',', default_values_t = vec![500, 2000])]
     pub rates: Vec<u64>,
@@ -181,7 +189,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let cpu_at_start = stats::self_cpu();
     let mut scenarios: Vec<Scenario> = args.scenarios.clone();
     if scenarios.contains(&Scenario::All) {
-        scenarios = vec![Scenario::Ingest, Scenario::Drain, Scenario::E2e, Scenario::Scaling, Scenario::Failing];
+        scenarios = vec![
+            Scenario::Ingest,
+            Scenario::Drain,
+            Scenario::E2e,
+            Scenario::Scaling,
+            Scenario::Failing,
+            Scenario::Fairness,
+            Scenario::Ordered,
+        ];
     }
     scenarios.dedup();
 
@@ -225,6 +241,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::E2e => e2e::run(&ctx).await,
             Scenario::Scaling => delivery::scaling(&ctx).await,
             Scenario::Failing => delivery::failing(&ctx).await,
+            Scenario::Fairness => neighbours::fairness(&ctx).await,
+            Scenario::Ordered => neighbours::ordered(&ctx).await,
             Scenario::All => Ok(()),
         };
         if let Err(e) = result {

@@ -423,6 +423,71 @@ fn wait_with_rusage(mut child: std::process::Child) -> anyhow::Result<(std::proc
     Ok((std::process::Output { status, stdout: out_buf, stderr: err_buf }, tv(ru.ru_utime) + tv(ru.ru_stime)))
 }
 
+/// Insert events `lo..=hi` (payload `bench_seq` = the number) with one delivery due now
+/// per endpoint, and wake the workers (`wake::CHANNEL`) as the ingest path does.
+pub async fn insert_due(
+    pool: &PgPool,
+    source_id: uuid::Uuid,
+    endpoints: &[uuid::Uuid],
+    (lo, hi): (u64, u64),
+    template: &str,
+) -> anyhow::Result<()> {
+    sqlx::query(
+        "WITH ev AS (
+             INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload)
+             SELECT $1, 'due-' || g, $2, 'application/json', '{}'::jsonb,
+                    convert_to(replace($3, '__SEQ__', g::text), 'UTF8')
+             FROM generate_series($4::int8, $5::int8) AS g
+             RETURNING id
+         )
+         INSERT INTO deliveries (event_id, endpoint_id)
+         SELECT ev.id, ep.id FROM ev CROSS JOIN unnest($6::uuid[]) AS ep(id)",
+    )
+    .bind(source_id)
+    .bind(crate::payload::EVENT_TYPE)
+    .bind(template)
+    .bind(lo as i64)
+    .bind(hi as i64)
+    .bind(endpoints)
+    .execute(pool)
+    .await?;
+    sqlx::query("SELECT pg_notify($1, '')").bind(webhook_gateway::wake::CHANNEL).execute(pool).await?;
+    Ok(())
+}
+
+/// Turn the seeded backlog (events `seed-1` ... `seed-N`, see [`seed`]) into ordered
+/// lines: event g gets ordering key `k{g mod keys}`, its deliveries join their lines in
+/// seed order, and each line's first delivery is its head; what the fan-out does when
+/// ordered events arrive one by one (`store::events`).
+pub async fn make_ordered(pool: &PgPool, keys: u64) -> anyhow::Result<()> {
+    sqlx::query(
+        "UPDATE events SET ordering_key = 'k' || (substr(dedupe_key, 6)::int8 % $1)
+         WHERE dedupe_key LIKE 'seed-%'",
+    )
+    .bind(keys as i64)
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "UPDATE deliveries d
+         SET ordering_key = e.ordering_key, line_seq = substr(e.dedupe_key, 6)::int8,
+             waiting = substr(e.dedupe_key, 6)::int8 > $1
+         FROM events e WHERE e.id = d.event_id AND e.ordering_key IS NOT NULL",
+    )
+    .bind(keys as i64)
+    .execute(pool)
+    .await?;
+    pool.execute(
+        "INSERT INTO order_lines (endpoint_id, ordering_key, head_id)
+         SELECT endpoint_id, ordering_key, id FROM deliveries WHERE ordering_key IS NOT NULL AND NOT waiting",
+    )
+    .await?;
+    pool.execute("SELECT setval('deliveries_line_seq', (SELECT max(line_seq) FROM deliveries))").await?;
+    pool.execute("VACUUM (ANALYZE) deliveries").await?;
+    pool.execute("ANALYZE order_lines").await?;
+    pool.execute("CHECKPOINT").await?;
+    Ok(())
+}
+
 /// Insert `events` events (ids `first..first+events`) with one pending delivery per
 /// endpoint each, straight into the gateway's schema, in chunks over two connections.
 /// Arrival times are spread 1 ms apart into the past so the queue has a realistic order.

@@ -1,5 +1,5 @@
 //! The subscriber: an axum server in the bench process that answers at once (200 on
-//! `/ok/...`, 503 on `/fail/...`) and counts receipts by `webhook-id`, timestamping them
+//! `/ok/...`, 503 on `/fail/...`) or slowly (200 on `/slow/...` after 1.5 s) and counts receipts by `webhook-id`, timestamping them
 //! so drain rates and end-to-end latencies come from the receiving side.
 
 use std::collections::{HashMap, HashSet};
@@ -12,6 +12,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 
 use crate::payload;
+
+/// How long `/slow/...` takes to answer 200: a subscriber that is slow but healthy.
+pub const SLOW_ANSWER: std::time::Duration = std::time::Duration::from_millis(1500);
 
 /// Counters of the current scenario.
 #[derive(Debug, Default)]
@@ -85,6 +88,11 @@ impl Sink {
         format!("http://{}/fail/{n}", self.addr)
     }
 
+    /// URL of a slow endpoint (answers 200 after [`SLOW_ANSWER`]).
+    pub fn slow_url(&self, n: usize) -> String {
+        format!("http://{}/slow/{n}", self.addr)
+    }
+
     /// Forget everything; `track` records each body's `bench_seq` receipt time.
     pub fn reset(&self, track: bool) {
         let mut inner = self.inner.lock().expect("sink lock");
@@ -112,6 +120,9 @@ impl Sink {
 }
 
 async fn receive(State(inner): State<Arc<Mutex<Inner>>>, uri: Uri, headers: HeaderMap, body: Bytes) -> StatusCode {
+    if uri.path().starts_with("/slow") {
+        tokio::time::sleep(SLOW_ANSWER).await;
+    }
     let now = Instant::now();
     let failing = uri.path().starts_with("/fail");
     // Parse outside the lock.

@@ -316,7 +316,7 @@ settings! {
         #[arg(long, env = "WEBHOOK_GATEWAY_HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
         pub http_max_connections: usize,
 
-        /// Log format.
+        /// Log format (on stderr). `pretty` is coloured only on a terminal, and never with NO_COLOR set.
         #[arg(long, env = "WEBHOOK_GATEWAY_LOG_FORMAT", value_enum, default_value = "pretty")]
         pub log_format: LogFormat,
 

@@ -1,5 +1,6 @@
 //! `webhook-gateway` binary: CLI -> configuration -> database -> `app::start`.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
@@ -69,11 +70,21 @@ fn fail(message: &str) -> ExitCode {
 
 fn init_tracing(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colours(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref()));
     match format {
         LogFormat::Pretty => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+}
+
+/// Colours only for a person at a terminal: escape codes in a file (a service manager's
+/// journal, `nohup.out`, CI logs) are noise, and `NO_COLOR` (no-color.org: set and not
+/// empty) turns them off everywhere.
+fn colours(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -218,4 +229,16 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
             _ = terminate.recv() => {}
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn colours_only_on_a_terminal_and_never_with_no_color() {
+        use std::ffi::OsStr;
+        assert!(super::colours(true, None));
+        assert!(!super::colours(false, None), "a file gets no escape codes");
+        assert!(!super::colours(true, Some(OsStr::new("1"))), "NO_COLOR set");
+        assert!(super::colours(true, Some(OsStr::new(""))), "NO_COLOR empty counts as unset (no-color.org)");
+    }
 }

@@ -12,6 +12,7 @@ mod delivery;
 mod embedded;
 mod fairness;
 mod fanout;
+mod first_run;
 mod hostile_ingest;
 mod hostile_subscriber;
 mod ingest;

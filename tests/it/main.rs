@@ -22,6 +22,7 @@ mod metrics;
 mod openapi;
 mod operator;
 mod ordering;
+mod quickstart;
 mod replicas;
 mod secrets;
 mod slow_clients;

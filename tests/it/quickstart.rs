@@ -13,8 +13,9 @@
 //!
 //! Expected output: every command that prints is followed by `# => <JSON>` lines, in
 //! order. The JSON it prints is compared with them: `"..."` matches any value, a string
-//! ending in `...` any string with that prefix, `, ...}` lets the object have more keys,
-//! `, ...]` the array more elements; anything else must be equal.
+//! ending in `...` any string with that prefix, `"<name>"` any value the first time and
+//! that same value every later time (`"<event id>"` twice: the same id), `, ...}` lets the
+//! object have more keys, `, ...]` the array more elements; anything else must be equal.
 //!
 //! What the test changes: `cargo run [flags] -- ARGS` runs the binary under test with
 //! ARGS (a shell function), and `127.0.0.1:8080` is a free port (`WEBHOOK_GATEWAY_LISTEN`
@@ -68,10 +69,22 @@ fn expected_outputs(script: &str) -> Vec<Value> {
         .collect()
 }
 
+/// What `"<name>"` placeholders stood for so far.
+type Bindings = std::collections::HashMap<String, Value>;
+
 /// Compare `actual` with what the README shows, collecting every difference.
-fn compare(expected: &Value, actual: &Value, at: &str, problems: &mut Vec<String>) {
+fn compare(expected: &Value, actual: &Value, at: &str, bound: &mut Bindings, problems: &mut Vec<String>) {
     match expected {
         Value::String(s) if s == "..." => {}
+        Value::String(s) if s.len() > 2 && s.starts_with('<') && s.ends_with('>') => match bound.get(s) {
+            Some(earlier) if earlier != actual => {
+                problems.push(format!("{at}: {s} was {earlier} before, now {actual}"));
+            }
+            Some(_) => {}
+            None => {
+                bound.insert(s.clone(), actual.clone());
+            }
+        },
         Value::String(s) if s.ends_with("...") => {
             let prefix = &s[..s.len() - 3];
             if !actual.as_str().is_some_and(|a| a.starts_with(prefix)) {
@@ -85,7 +98,7 @@ fn compare(expected: &Value, actual: &Value, at: &str, problems: &mut Vec<String
             };
             for (key, value) in shown.iter().filter(|(k, _)| *k != "...") {
                 match got.get(key) {
-                    Some(a) => compare(value, a, &format!("{at}.{key}"), problems),
+                    Some(a) => compare(value, a, &format!("{at}.{key}"), bound, problems),
                     None => problems.push(format!("{at}: no key {key:?} in {actual}")),
                 }
             }
@@ -107,7 +120,7 @@ fn compare(expected: &Value, actual: &Value, at: &str, problems: &mut Vec<String
                 return;
             }
             for (i, (e, a)) in shown.iter().zip(got).enumerate() {
-                compare(e, a, &format!("{at}[{i}]"), problems);
+                compare(e, a, &format!("{at}[{i}]"), bound, problems);
             }
         }
         _ if expected != actual => problems.push(format!("{at}: expected {expected}, got {actual}")),
@@ -142,23 +155,29 @@ fn clean_command(dir: &std::path::Path) -> Command {
 fn the_readme_matchers_mean_what_the_readme_says() {
     let shown = expected_outputs(
         "# => {\"id\": \"...\", \"secret\": \"whsec_...\", \"list\": [1, ...], \"n\": null, ...}\n\
-         # => {\"event_id\": \"...\", \"duplicate\": true}",
+         # => {\"event_id\": \"...\", \"duplicate\": true}\n\
+         # => [\"<id>\", \"<id>\"]",
     );
     let ok = serde_json::json!({"id": "x", "secret": "whsec_abc", "list": [1, 2], "n": null, "more": 1});
     let mut problems = Vec::new();
-    compare(&shown[0], &ok, "$", &mut problems);
+    compare(&shown[0], &ok, "$", &mut Bindings::new(), &mut problems);
     assert!(problems.is_empty(), "{problems:?}");
+    compare(&shown[2], &serde_json::json!(["a", "a"]), "$", &mut Bindings::new(), &mut problems);
+    assert!(problems.is_empty(), "{problems:?}");
+    compare(&shown[2], &serde_json::json!(["a", "b"]), "$", &mut Bindings::new(), &mut problems);
+    assert_eq!(problems.len(), 1, "a placeholder stands for one value: {problems:?}");
     for bad in [
         serde_json::json!({"id": "x", "secret": "sk_abc", "list": [1], "n": null}),
         serde_json::json!({"id": "x", "secret": "whsec_", "list": [2], "n": null}),
         serde_json::json!({"secret": "whsec_", "list": [1], "n": null}),
     ] {
         let mut problems = Vec::new();
-        compare(&shown[0], &bad, "$", &mut problems);
+        compare(&shown[0], &bad, "$", &mut Bindings::new(), &mut problems);
         assert!(!problems.is_empty(), "{bad} matched");
     }
     let mut problems = Vec::new();
-    compare(&shown[1], &serde_json::json!({"event_id": "e", "duplicate": true, "extra": 1}), "$", &mut problems);
+    let extra = serde_json::json!({"event_id": "e", "duplicate": true, "extra": 1});
+    compare(&shown[1], &extra, "$", &mut Bindings::new(), &mut problems);
     assert_eq!(problems.len(), 1, "a closed object refuses keys the README does not show: {problems:?}");
 }
 
@@ -219,6 +238,7 @@ fn the_readme_quickstart_runs_as_written() {
         .collect::<Result<_, _>>()
         .unwrap_or_else(|e| panic!("the quickstart printed something that is not JSON ({e}):\n{stdout}"));
     let mut problems = Vec::new();
+    let mut bound = Bindings::new();
     if printed.len() != expected.len() {
         problems.push(format!(
             "the commands printed {} JSON values, the README shows {} `# =>` lines",
@@ -227,7 +247,7 @@ fn the_readme_quickstart_runs_as_written() {
         ));
     }
     for (i, (e, a)) in expected.iter().zip(&printed).enumerate() {
-        compare(e, a, &format!("output {}", i + 1), &mut problems);
+        compare(e, a, &format!("output {}", i + 1), &mut bound, &mut problems);
     }
     assert!(
         problems.is_empty(),

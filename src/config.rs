@@ -23,8 +23,9 @@ use crate::role::Role;
     name = "webhook-gateway",
     version,
     about = "Durable webhook ingestion and delivery on PostgreSQL",
-    after_help = "First run (no database needed: a private PostgreSQL starts in ./.webhook-gateway):\n  \
+    after_help = "First run (no database to set up: a private PostgreSQL starts in ./.webhook-gateway):\n  \
                   webhook-gateway serve\n  \
+                  # then in another terminal, in the same directory:\n  \
                   export WEBHOOK_GATEWAY_ADMIN_TOKEN=$(webhook-gateway admin-token show)\n  \
                   curl -sS http://127.0.0.1:8080/v1/sources -H \"Authorization: Bearer $WEBHOOK_GATEWAY_ADMIN_TOKEN\"\n\n\
                   `webhook-gateway serve --help` lists every setting (each also an environment variable and a \

@@ -137,6 +137,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Whatever can fail without leaving anything behind comes first, so that a taken port
     // or a bad key is one line and exit 1 before a database is started (and would have
     // to be stopped again, its pool complaining on the way out).
+    // The signal handlers come before the bind: a client may connect (and a supervisor
+    // send SIGTERM) as soon as the port is bound, and that SIGTERM must be a graceful stop
+    // (after the start-up under way), not the default action (death by signal).
+    let stop = shutdown_signal()?;
     let listener = app::bind(args.listen).await?;
     let keyring = args.secrets.keyring()?;
     let metrics = webhook_gateway::metrics::install()?;
@@ -164,7 +168,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let pool = db::connect(&url, args.db_pool_size).await?;
         // Closed on every path, before the cluster stops: a pool whose server vanishes
         // under it logs connection errors.
-        let result = run(args, &pool, listener, keyring, metrics, banner).await;
+        let result = run(args, &pool, listener, keyring, metrics, banner, stop).await;
         pool.close().await;
         result
     }
@@ -240,6 +244,7 @@ async fn run(
     keyring: Keyring,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     mut banner: Banner,
+    stop: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     db::migrate(pool).await?;
     secrets::check_stored(pool, &keyring).await?;
@@ -285,9 +290,6 @@ async fn run(
     if let Some(limit) = webhook_gateway::server::raise_open_file_limit() {
         tracing::debug!(open_files = limit, "open-file limit");
     }
-    // Listening before the server starts: a SIGTERM that arrives as soon as the gateway
-    // answers must be a graceful stop, not the default action (death, exit by signal).
-    let stop = shutdown_signal()?;
     let running = app::start_on(pool.clone(), settings, listener).await?;
     print(&banner.render(std::io::stdout().is_terminal()));
     stop.await;

@@ -148,6 +148,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(token) => (token.clone(), TokenSource::Configured),
         None => {
             let (token, created) = admin_token::load_or_create(&args.data_dir)?;
+            if args.database_url.is_some() {
+                tracing::warn!(
+                    file = %admin_token::path(&args.data_dir).display(),
+                    "admin token generated and kept in this machine's data directory: replicas elsewhere keep their \
+                     own; configure one (--admin-token, WEBHOOK_GATEWAY_ADMIN_TOKEN) to share it"
+                );
+            }
             (token, TokenSource::Kept { path: admin_token::path(&args.data_dir), created })
         }
     };

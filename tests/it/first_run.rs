@@ -233,3 +233,24 @@ async fn a_taken_port_fails_fast_with_one_line_and_starts_nothing() {
     }
     drop(taken);
 }
+
+/// Restarted right after a SIGKILL, the gateway finds its old cluster still shutting down
+/// (the watchdog notices the death within a second, then stops it): the new start waits
+/// for it instead of failing on PostgreSQL's lock file, and the data and token are there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_right_after_a_kill_waits_for_the_old_cluster() {
+    let data_dir = temp_dir("restart-after-kill");
+    let mut first = Serve::start(&data_dir, &[], &[], 1);
+    let token = token_of(&admin_token("show", &data_dir));
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let _ = std::fs::remove_file(&first.stdout);
+    let _ = std::fs::remove_file(&first.stderr);
+    assert!(data_dir.join("pg/postmaster.pid").exists(), "the old postmaster is still there");
+    let started = Instant::now();
+    let second = Serve::start(&data_dir, &[], &[], 2);
+    assert_eq!(second.sources_status(&token).await.0, 200);
+    eprintln!("restart after SIGKILL ready in {:?}", started.elapsed());
+    second.stop();
+    std::fs::remove_dir_all(&data_dir).ok();
+}

@@ -183,6 +183,11 @@ fn the_readme_matchers_mean_what_the_readme_says() {
 
 #[test]
 fn the_readme_quickstart_runs_as_written() {
+    for tool in ["bash", "curl", "jq"] {
+        let found =
+            Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success());
+        assert!(found, "the README's quickstart uses {tool}: install it (e.g. `apt install {tool}`)");
+    }
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
     let blocks = quickstart_blocks(&readme);
     let serve: Vec<&Block> = blocks.iter().filter(|b| b.serve).collect();

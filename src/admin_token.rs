@@ -63,24 +63,30 @@ pub fn load_or_create(data_dir: &Path) -> anyhow::Result<(String, bool)> {
         return Ok((token, false));
     }
     let token = generate();
-    write(data_dir, &token)?;
-    Ok((token, true))
+    if write(data_dir, &token, false)? {
+        return Ok((token, true));
+    }
+    // Another process started at the same moment created it first: use theirs, so both
+    // accept the same token.
+    let kept =
+        read(data_dir)?.ok_or_else(|| anyhow::anyhow!("{} vanished while it was read", path(data_dir).display()))?;
+    Ok((kept, false))
 }
 
 /// Replace the token kept in `data_dir` with a fresh one, and return it.
 pub fn rotate(data_dir: &Path) -> anyhow::Result<String> {
     let token = generate();
-    write(data_dir, &token)?;
+    write(data_dir, &token, true)?;
     Ok(token)
 }
 
-/// Write `token` as the whole file, 0600 from its first byte, replacing any earlier one
-/// atomically (a crash leaves the old token or the new one, never half of one).
-fn write(data_dir: &Path, token: &str) -> anyhow::Result<()> {
+/// Write `token` as the whole file, 0600 from its first byte, atomically: a reader or a
+/// crash sees the old token or the new one, never half of one. With `replace` an earlier
+/// file is replaced; without, an existing file is left alone and `false` returned.
+fn write(data_dir: &Path, token: &str, replace: bool) -> anyhow::Result<bool> {
     std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
     let file = path(data_dir);
-    let tmp = data_dir.join(format!("{TOKEN_FILE}.tmp"));
-    let _ = std::fs::remove_file(&tmp);
+    let tmp = data_dir.join(format!("{TOKEN_FILE}.{}.{:08x}.tmp", std::process::id(), rand::random::<u32>()));
     let keep = |e: std::io::Error| {
         anyhow::anyhow!(
             "cannot keep the generated admin token in {}: {e} (set --admin-token or WEBHOOK_GATEWAY_ADMIN_TOKEN \
@@ -91,8 +97,22 @@ fn write(data_dir: &Path, token: &str) -> anyhow::Result<()> {
     let mut out = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(keep)?;
     out.write_all(format!("{token}\n").as_bytes()).map_err(keep)?;
     out.sync_all().map_err(keep)?;
-    std::fs::rename(&tmp, &file).map_err(keep)?;
-    Ok(())
+    let placed = if replace {
+        std::fs::rename(&tmp, &file).map(|()| true)
+    } else {
+        // link(2) fails when the name exists: create-if-absent, whole file at once.
+        let linked = match std::fs::hard_link(&tmp, &file) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        };
+        let _ = std::fs::remove_file(&tmp);
+        linked
+    };
+    placed.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        keep(e)
+    })
 }
 
 /// The line a user pastes into a shell to use `token` with the README's commands.
@@ -119,11 +139,38 @@ mod tests {
         let mode = std::fs::metadata(path(&dir)).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         assert_eq!(load_or_create(&dir).unwrap(), (token.clone(), false));
+        assert!(!write(&dir, &generate(), false).unwrap(), "an existing token is kept");
+        assert_eq!(read(&dir).unwrap().as_deref(), Some(token.as_str()));
+        let leftovers: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(leftovers, [TOKEN_FILE], "no temporary file left behind");
         let rotated = rotate(&dir).unwrap();
         assert_ne!(rotated, token);
         assert_eq!(read(&dir).unwrap(), Some(rotated));
         assert_eq!(std::fs::metadata(path(&dir)).unwrap().permissions().mode() & 0o777, 0o600);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn starts_at_the_same_moment_agree_on_one_token() {
+        for round in 0..20 {
+            let dir = temp_dir(&format!("race-{round}"));
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+            let tokens: Vec<String> = (0..8)
+                .map(|_| {
+                    let (dir, barrier) = (dir.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        load_or_create(&dir).unwrap().0
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|t| t.join().unwrap())
+                .collect();
+            assert!(tokens.iter().all(|t| *t == tokens[0]), "round {round}: {tokens:?}");
+            assert_eq!(read(&dir).unwrap().as_deref(), Some(tokens[0].as_str()));
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
     }
 
     #[test]

@@ -78,9 +78,10 @@ impl Banner {
             Database::Url => "PostgreSQL at DATABASE_URL".to_owned(),
         };
         let _ = writeln!(out, "  database     {database}");
-        let show = match self.data_dir == Path::new(crate::db::DEFAULT_DATA_DIR) {
-            true => "webhook-gateway admin-token show".to_owned(),
-            false => format!("webhook-gateway admin-token show --data-dir {}", self.data_dir.display()),
+        let show = if self.data_dir == Path::new(crate::db::DEFAULT_DATA_DIR) {
+            "webhook-gateway admin-token show".to_owned()
+        } else {
+            format!("webhook-gateway admin-token show --data-dir {}", self.data_dir.display())
         };
         match &self.token_source {
             TokenSource::Configured => {

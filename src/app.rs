@@ -86,8 +86,33 @@ impl Running {
     }
 }
 
-/// Bind, and start the HTTP server (and the workers, for roles that run them).
+/// Bind `settings.listen`, and start the HTTP server (and the workers, for roles that run
+/// them).
 pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> {
+    let listener = bind(settings.listen).await?;
+    start_on(pool, settings, listener).await
+}
+
+/// Bind the listen address: one line naming the address (and the likely cause) when it
+/// cannot be had. `serve` calls it before anything else starts, so a taken port stops the
+/// process before it starts a database it would have to stop again.
+pub async fn bind(listen: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                "; another process (another gateway?) is listening there: stop it, or choose another address with \
+                 --listen"
+            }
+            std::io::ErrorKind::PermissionDenied => "; ports below 1024 need privileges: choose another with --listen",
+            std::io::ErrorKind::AddrNotAvailable => "; no interface of this machine has that address",
+            _ => "",
+        };
+        anyhow::anyhow!("cannot listen on {listen}: {e}{hint}")
+    })
+}
+
+/// [`start`] on a listener bound beforehand (with [`bind`]); `settings.listen` is not used.
+pub async fn start_on(pool: PgPool, settings: Settings, listener: tokio::net::TcpListener) -> anyhow::Result<Running> {
     let wake = Arc::new(Notify::new());
     let state = AppState {
         pool: pool.clone(),
@@ -127,9 +152,6 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
     } else {
         None
     };
-    let listener = tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let addr = listener.local_addr()?;
     // Every role runs one: the advisory lock makes one replica at a time do a pass.
     let janitor = Janitor::spawn(state.pool.clone(), settings.janitor.clone());

@@ -23,6 +23,13 @@ use crate::role::Role;
     name = "webhook-gateway",
     version,
     about = "Durable webhook ingestion and delivery on PostgreSQL",
+    after_help = "First run (no database to set up: a private PostgreSQL starts in ./.webhook-gateway):\n  \
+                  webhook-gateway serve\n  \
+                  # then in another terminal, in the same directory:\n  \
+                  export WEBHOOK_GATEWAY_ADMIN_TOKEN=$(webhook-gateway admin-token show)\n  \
+                  curl -sS http://127.0.0.1:8080/v1/sources -H \"Authorization: Bearer $WEBHOOK_GATEWAY_ADMIN_TOKEN\"\n\n\
+                  `webhook-gateway serve --help` lists every setting (each also an environment variable and a \
+                  --config file key).",
     args_override_self = true
 )]
 pub struct Cli {
@@ -41,6 +48,29 @@ pub enum Command {
     Migrate(MigrateArgs),
     /// Secrets at rest: `secrets reencrypt` rewrites every stored secret under the current key.
     Secrets(SecretsArgs),
+    /// The generated admin token kept in --data-dir: `admin-token show` prints it, `admin-token rotate` replaces it.
+    AdminToken(AdminTokenArgs),
+}
+
+/// `webhook-gateway admin-token`.
+#[derive(Debug, Args)]
+pub struct AdminTokenArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: AdminTokenAction,
+
+    /// The data directory `serve` uses (where the token is kept).
+    #[arg(long, env = "WEBHOOK_GATEWAY_DATA_DIR", default_value = crate::db::DEFAULT_DATA_DIR, global = true)]
+    pub data_dir: PathBuf,
+}
+
+/// `webhook-gateway admin-token ...` subcommands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
+pub enum AdminTokenAction {
+    /// Print the token (only the token, for `export WEBHOOK_GATEWAY_ADMIN_TOKEN=$(webhook-gateway admin-token show)`).
+    Show,
+    /// Replace it with a fresh one and print it; a running gateway keeps the old one until it restarts.
+    Rotate,
 }
 
 /// Log output format.
@@ -86,7 +116,7 @@ pub struct ReencryptArgs {
     pub database_url: Option<String>,
 
     /// Where the embedded PostgreSQL cluster lives (used only without a database URL).
-    #[arg(long, env = "WEBHOOK_GATEWAY_DATA_DIR", default_value = ".webhook-gateway")]
+    #[arg(long, env = "WEBHOOK_GATEWAY_DATA_DIR", default_value = crate::db::DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
 
     /// Rows rewritten per transaction.
@@ -200,11 +230,13 @@ settings! {
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         pub database_url: Option<String>,
 
-        /// Where the embedded PostgreSQL cluster lives (used only without a database URL).
-        #[arg(long, env = "WEBHOOK_GATEWAY_DATA_DIR", default_value = ".webhook-gateway")]
+        /// Where the embedded PostgreSQL cluster (<data-dir>/pg, without a database URL) and the generated admin
+        /// token (without --admin-token) are kept.
+        #[arg(long, env = "WEBHOOK_GATEWAY_DATA_DIR", default_value = crate::db::DEFAULT_DATA_DIR)]
         pub data_dir: PathBuf,
 
-        /// Bearer token for the admin API. Unset: one is generated and printed at start-up.
+        /// Bearer token for the admin API (16+ characters). Unset: one is generated on the first start and kept in
+        /// <data-dir>/admin-token (0600); `webhook-gateway admin-token show` prints it.
         #[arg(long, env = "WEBHOOK_GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
         pub admin_token: Option<String>,
 
@@ -316,7 +348,7 @@ settings! {
         #[arg(long, env = "WEBHOOK_GATEWAY_HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
         pub http_max_connections: usize,
 
-        /// Log format.
+        /// Log format (on stderr). `pretty` is coloured only on a terminal, and never with NO_COLOR set.
         #[arg(long, env = "WEBHOOK_GATEWAY_LOG_FORMAT", value_enum, default_value = "pretty")]
         pub log_format: LogFormat,
 

@@ -2,8 +2,10 @@
 //!
 //! See `ARCHITECTURE.md` for the module map, the data flow and the invariants.
 
+pub mod admin_token;
 pub mod api;
 pub mod app;
+pub mod banner;
 pub mod circuit;
 pub mod config;
 pub mod db;

@@ -1,13 +1,18 @@
-//! `webhook-gateway` binary: CLI -> configuration -> database -> `app::start`.
+//! `webhook-gateway` binary: CLI -> configuration -> listen address -> admin token ->
+//! database -> `app::start_on` -> banner.
 
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 use tracing_subscriber::EnvFilter;
-use webhook_gateway::config::{Cli, Command, LogFormat, ReencryptArgs, SecretsAction, ServeArgs};
+use webhook_gateway::banner::{self, Banner, TokenSource};
+use webhook_gateway::config::{
+    AdminTokenAction, AdminTokenArgs, Cli, Command, LogFormat, ReencryptArgs, SecretsAction, ServeArgs,
+};
 use webhook_gateway::db::{self, embedded};
 use webhook_gateway::secrets::{self, Keyring};
-use webhook_gateway::{api, app};
+use webhook_gateway::{admin_token, app};
 
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
@@ -44,6 +49,7 @@ fn main() -> ExitCode {
                 runtime.block_on(reencrypt(args, keyring))
             }
         },
+        Command::AdminToken(args) => admin_token_command(&args),
         Command::Serve(mut args) => {
             let Some((_, sub)) = matches.subcommand() else {
                 return fail("missing subcommand");
@@ -69,16 +75,111 @@ fn fail(message: &str) -> ExitCode {
 
 fn init_tracing(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colours(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref()));
     match format {
         LogFormat::Pretty => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
 }
 
+/// Colours only for a person at a terminal: escape codes in a file (a service manager's
+/// journal, `nohup.out`, CI logs) are noise, and `NO_COLOR` (no-color.org: set and not
+/// empty) turns them off everywhere.
+fn colours(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// Write to stdout, ignoring a closed pipe (`webhook-gateway ... | head`): `println!`
+/// would panic.
+fn print(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}
+
+/// `admin-token show|rotate`: the token kept in the data directory, on stdout alone.
+fn admin_token_command(args: &AdminTokenArgs) -> anyhow::Result<()> {
+    let path = admin_token::path(&args.data_dir);
+    let token = match args.action {
+        AdminTokenAction::Show => admin_token::read(&args.data_dir)?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "no admin token in {}: `webhook-gateway serve` generates it on its first start without a configured \
+                 token (or create one now with `webhook-gateway admin-token rotate`)",
+                path.display()
+            )
+        })?,
+        AdminTokenAction::Rotate => {
+            let token = admin_token::rotate(&args.data_dir)?;
+            eprintln!(
+                "webhook-gateway: a new admin token is kept in {}; a running gateway accepts the old one until it \
+                 restarts",
+                path.display()
+            );
+            token
+        }
+    };
+    // Exported from an earlier start, the variable would be taken as a configured token
+    // by the next `serve` in that shell, and this file ignored.
+    if std::env::var("WEBHOOK_GATEWAY_ADMIN_TOKEN").is_ok_and(|v| !v.is_empty() && v != token) {
+        eprintln!(
+            "webhook-gateway: note: WEBHOOK_GATEWAY_ADMIN_TOKEN in this environment holds another token, and `serve` \
+             would use it instead of this file: {}",
+            admin_token::export_line("$(webhook-gateway admin-token show)")
+        );
+    }
+    print(&format!("{token}\n"));
+    Ok(())
+}
+
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Whatever can fail without leaving anything behind comes first, so that a taken port
+    // or a bad key is one line and exit 1 before a database is started (and would have
+    // to be stopped again, its pool complaining on the way out).
+    // The signal handlers come before the bind: a client may connect (and a supervisor
+    // send SIGTERM) as soon as the port is bound, and that SIGTERM must be a graceful stop
+    // (after the start-up under way), not the default action (death by signal).
+    let stop = shutdown_signal()?;
+    let listener = app::bind(args.listen).await?;
+    let keyring = args.secrets.keyring()?;
+    let metrics = webhook_gateway::metrics::install()?;
+    let (admin_token, token_source) = match &args.admin_token {
+        Some(token) => (token.clone(), TokenSource::Configured),
+        None => {
+            let (token, created) = admin_token::load_or_create(&args.data_dir)?;
+            if args.database_url.is_some() {
+                tracing::warn!(
+                    file = %admin_token::path(&args.data_dir).display(),
+                    "admin token generated and kept in this machine's data directory: replicas elsewhere keep their \
+                     own; configure one (--admin-token, WEBHOOK_GATEWAY_ADMIN_TOKEN) to share it"
+                );
+            }
+            (token, TokenSource::Kept { path: admin_token::path(&args.data_dir), created })
+        }
+    };
     let (url, cluster) = database(args.database_url.as_deref(), &args.data_dir).await?;
-    let result = run(args, &url).await;
+    let banner = Banner {
+        addr: listener.local_addr()?,
+        role: args.role,
+        database: match &cluster {
+            Some(cluster) => banner::Database::Embedded(cluster.data_dir().to_path_buf()),
+            None => banner::Database::Url,
+        },
+        token: admin_token,
+        token_source,
+        data_dir: args.data_dir.clone(),
+        sources: Vec::new(),
+    };
+    let result = async {
+        let pool = db::connect(&url, args.db_pool_size).await?;
+        // Closed on every path, before the cluster stops: a pool whose server vanishes
+        // under it logs connection errors.
+        let result = run(args, &pool, listener, keyring, metrics, banner, stop).await;
+        pool.close().await;
+        result
+    }
+    .await;
     stop_embedded(cluster).await?;
     result
 }
@@ -143,11 +244,17 @@ async fn reencrypt(args: ReencryptArgs, keyring: Keyring) -> anyhow::Result<()> 
     Ok(())
 }
 
-async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
-    let pool = db::connect(url, args.db_pool_size).await?;
-    db::migrate(&pool).await?;
-    let keyring = args.secrets.keyring()?;
-    secrets::check_stored(&pool, &keyring).await?;
+async fn run(
+    args: ServeArgs,
+    pool: &sqlx::PgPool,
+    listener: tokio::net::TcpListener,
+    keyring: Keyring,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    mut banner: Banner,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    db::migrate(pool).await?;
+    secrets::check_stored(pool, &keyring).await?;
     match keyring.current_key_id() {
         Some(key_id) => tracing::info!(
             key_id,
@@ -160,29 +267,25 @@ async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
              `webhook-gateway secrets reencrypt`"
         ),
     }
-    for source in webhook_gateway::store::sources::list(&pool).await? {
+    for source in webhook_gateway::store::sources::list(pool).await? {
         if source.spec.0.kind == webhook_gateway::verify::Kind::None {
             tracing::warn!(source = %source.name, "source of kind `none`: its webhooks are accepted unverified");
         }
-    }
-    let admin_token = match &args.admin_token {
-        Some(token) => token.clone(),
-        None => {
-            let token = api::generate_secret().replacen("whsec_", "wgadm_", 1).replace(['+', '/', '='], "");
-            println!("admin token (generated; set WEBHOOK_GATEWAY_ADMIN_TOKEN to keep one): {token}");
-            token
+        // `api` and `_test` take no webhooks from outside: not worth a line.
+        if source.spec.0.kind != webhook_gateway::verify::Kind::Internal {
+            banner.sources.push(source.name);
         }
-    };
+    }
     let settings = app::Settings {
-        listen: args.listen,
-        admin_token,
+        listen: banner.addr,
+        admin_token: banner.token.clone(),
         max_body_bytes: args.max_body_bytes,
         role: args.role,
         delivery: args.delivery(),
         egress: args.egress(),
         janitor: args.janitor(),
         resolver: None,
-        metrics: Some(webhook_gateway::metrics::install()?),
+        metrics: Some(metrics),
         metrics_sample: std::time::Duration::from_secs(args.metrics_sample_secs),
         // A quarter of the pool: fewer writers make bigger batches (fewer commits, less
         // PostgreSQL CPU per event); workers, the admin API and the janitor keep the rest.
@@ -194,15 +297,11 @@ async fn run(args: ServeArgs, url: &str) -> anyhow::Result<()> {
     if let Some(limit) = webhook_gateway::server::raise_open_file_limit() {
         tracing::debug!(open_files = limit, "open-file limit");
     }
-    // Listening before the server starts: a SIGTERM that arrives as soon as the gateway
-    // answers must be a graceful stop, not the default action (death, exit by signal).
-    let stop = shutdown_signal()?;
-    let running = app::start(pool.clone(), settings).await?;
+    let running = app::start_on(pool.clone(), settings, listener).await?;
+    print(&banner.render(std::io::stdout().is_terminal()));
     stop.await;
     tracing::info!("shutting down: no new requests or claims; finishing in-flight work");
-    running.shutdown().await?;
-    pool.close().await;
-    Ok(())
+    running.shutdown().await
 }
 
 /// Start listening for SIGINT and SIGTERM now (the handlers are installed by this call),
@@ -218,4 +317,16 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
             _ = terminate.recv() => {}
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn colours_only_on_a_terminal_and_never_with_no_color() {
+        use std::ffi::OsStr;
+        assert!(super::colours(true, None));
+        assert!(!super::colours(false, None), "a file gets no escape codes");
+        assert!(!super::colours(true, Some(OsStr::new("1"))), "NO_COLOR set");
+        assert!(super::colours(true, Some(OsStr::new(""))), "NO_COLOR empty counts as unset (no-color.org)");
+    }
 }

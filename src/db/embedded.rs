@@ -74,6 +74,7 @@ impl Cluster {
         let run_as = run_as_user()?;
         let data_dir = absolute(&options.data_dir)?;
         prepare_dir(&data_dir, run_as.as_ref())?;
+        wait_for_previous_postmaster(&data_dir)?;
 
         if !data_dir.join("PG_VERSION").exists() {
             let mut cmd = Command::new(bin.join("initdb"));
@@ -255,6 +256,44 @@ fn secure(bin: &Path, data_dir: &Path, run_as: Option<&RunAs>) -> anyhow::Result
         chown(&path, user)?;
     }
     Ok(password)
+}
+
+/// How long a start waits for a previous postmaster of the same directory to go away.
+const PREVIOUS_POSTMASTER_WAIT: Duration = Duration::from_secs(10);
+
+/// A gateway restarted right after it died (SIGKILL, a closed terminal) finds its old
+/// postmaster still there for a second or two, until the watchdog has stopped it: wait
+/// for it rather than fail with PostgreSQL's lock-file error. One still there after
+/// [`PREVIOUS_POSTMASTER_WAIT`] belongs to a live process, most likely another gateway on
+/// the same `--data-dir`: say so.
+fn wait_for_previous_postmaster(data_dir: &Path) -> anyhow::Result<()> {
+    let pid_file = data_dir.join("postmaster.pid");
+    let deadline = Instant::now() + PREVIOUS_POSTMASTER_WAIT;
+    loop {
+        let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|text| text.lines().next()?.trim().parse::<libc::pid_t>().ok())
+            .filter(|pid| *pid > 0)
+        else {
+            return Ok(());
+        };
+        // SAFETY: kill(2) with signal 0 sends nothing; it only checks that the process
+        // exists (EPERM: it exists under another user, e.g. `postgres` when we are not root).
+        let alive =
+            unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        if !alive {
+            // A stale file from a crash: PostgreSQL itself checks it and starts.
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the embedded PostgreSQL in {} is already running (PID {pid}): another webhook-gateway is using this \
+                 data directory; stop it, or choose another --data-dir",
+                data_dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Locate the directory holding `initdb` and `postgres`.

@@ -33,6 +33,11 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
+/// Default `--data-dir`: the embedded cluster lives in its `pg`, the generated admin
+/// token in its `admin-token` (relative to the working directory, like a project's
+/// `target/`).
+pub const DEFAULT_DATA_DIR: &str = ".webhook-gateway";
+
 /// The migrations in `migrations/`, embedded in the binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 

@@ -6,6 +6,7 @@ pub mod api;
 pub mod app;
 pub mod circuit;
 pub mod config;
+pub mod console;
 pub mod db;
 pub mod deliver;
 pub mod egress;

@@ -1,0 +1,6 @@
+//! stub
+use crate::api::AppState;
+use axum::Router;
+pub fn router(_s: &AppState) -> Router<AppState> {
+    Router::new()
+}

@@ -1,0 +1,195 @@
+//! The web console (`/console`): sessions, CSRF, escaping and headers over plain HTTP, and
+//! an operator's round in a real browser (headless Chromium driven over WebDriver), which
+//! writes a screenshot of each page to `target/console-screenshots/`.
+
+use reqwest::StatusCode;
+use reqwest::redirect::Policy;
+use serde_json::json;
+
+use crate::support::{ADMIN_TOKEN, TestApp, TestDb, test_settings};
+
+/// A client that shows redirects instead of following them.
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().redirect(Policy::none()).build().expect("client")
+}
+
+/// Sign in over plain HTTP; the session cookie as a `Cookie` header value.
+async fn sign_in(app: &TestApp) -> String {
+    let response =
+        client().post(app.url("/console/login")).form(&[("token", ADMIN_TOKEN)]).send().await.expect("sign in");
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let set = response.headers()["set-cookie"].to_str().expect("cookie").to_owned();
+    set.split(';').next().expect("name=value").to_owned()
+}
+
+/// GET a console page with the cookie: (status, body).
+async fn page(app: &TestApp, cookie: &str, path: &str) -> (StatusCode, String) {
+    let response = client().get(app.url(path)).header("cookie", cookie).send().await.expect("page");
+    (response.status(), response.text().await.expect("body"))
+}
+
+/// The CSRF token of a page's forms.
+fn csrf_of(html: &str) -> String {
+    let marker = r#"name="csrf" value=""#;
+    let start = html.find(marker).expect("a form with a CSRF token") + marker.len();
+    html[start..].split('"').next().expect("token").to_owned()
+}
+
+#[tokio::test]
+async fn a_page_without_a_session_redirects_to_sign_in() {
+    let app = TestApp::spawn().await;
+    for path in ["/console", "/console/events", "/console/endpoints", "/console/dead", "/console/sources"] {
+        let response = client().get(app.url(path)).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::SEE_OTHER, "{path}");
+        assert_eq!(response.headers()["location"], "/console/login", "{path}");
+    }
+    // A forged or foreign cookie is no session either.
+    let (status, _) = page(&app, "wg_console=abc.1.def", "/console").await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    // The sign-in page and the static files need none.
+    let (status, body) = page(&app, "", "/console/login").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains(r#"name="token""#));
+    let (status, _) = page(&app, "", "/console/static/console.js").await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn sign_in_takes_the_admin_token_and_sets_a_strict_http_only_cookie_without_it() {
+    let app = TestApp::spawn().await;
+    let wrong = client().post(app.url("/console/login")).form(&[("token", "not-the-token")]).send().await.unwrap();
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    assert!(wrong.headers().get("set-cookie").is_none());
+
+    let response = client().post(app.url("/console/login")).form(&[("token", ADMIN_TOKEN)]).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(response.headers()["location"], "/console");
+    let cookie = response.headers()["set-cookie"].to_str().unwrap().to_owned();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/console", "Max-Age="] {
+        assert!(cookie.contains(attribute), "{attribute} missing: {cookie}");
+    }
+    assert!(!cookie.contains("Secure"), "plain HTTP: {cookie}");
+    assert!(!cookie.contains(ADMIN_TOKEN), "the token itself is never in the cookie: {cookie}");
+
+    // Behind a TLS-terminating proxy the cookie is Secure.
+    let response = client()
+        .post(app.url("/console/login"))
+        .header("x-forwarded-proto", "https")
+        .form(&[("token", ADMIN_TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert!(response.headers()["set-cookie"].to_str().unwrap().contains("; Secure"));
+
+    let session = cookie.split(';').next().unwrap();
+    let (status, body) = page(&app, session, "/console").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("Overview"), "{body}");
+}
+
+#[tokio::test]
+async fn forged_form_posts_are_refused_403_and_change_nothing() {
+    let app = TestApp::spawn().await;
+    let endpoint = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/hook"}), 201).await;
+    let id = endpoint["id"].as_str().unwrap();
+    let cookie = sign_in(&app).await;
+    let other_session = sign_in(&app).await;
+    let (_, html) = page(&app, &other_session, &format!("/console/endpoints/{id}")).await;
+    let foreign_token = csrf_of(&html);
+    let pause = app.url(&format!("/console/endpoints/{id}/pause"));
+
+    for (what, form) in [
+        ("no token", vec![]),
+        ("an empty token", vec![("csrf", String::new())]),
+        ("a wrong token", vec![("csrf", "00".repeat(32))]),
+        ("another session's token", vec![("csrf", foreign_token.clone())]),
+    ] {
+        let response = client().post(&pause).header("cookie", &cookie).form(&form).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{what}");
+        assert!(response.text().await.unwrap().contains("CSRF"), "{what}");
+    }
+    // A right token without the session is refused too (a cross-site post carries no
+    // cookie: SameSite=Strict).
+    let response = client().post(&pause).form(&[("csrf", foreign_token.as_str())]).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    assert_eq!(app.admin_get(&format!("/v1/endpoints/{id}")).await["paused"], false, "nothing changed");
+
+    // The session's own token from its page goes through.
+    let (_, html) = page(&app, &cookie, &format!("/console/endpoints/{id}")).await;
+    let response =
+        client().post(&pause).header("cookie", &cookie).form(&[("csrf", csrf_of(&html))]).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(app.admin_get(&format!("/v1/endpoints/{id}")).await["paused"], true);
+
+    // Signing out is a form post like the others.
+    let response = client().post(app.url("/console/logout")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+}
+
+/// Whether `html` shows `text` with its markup escaped (named or numeric entities).
+fn shown_escaped(html: &str, text: &str) -> bool {
+    let named = text.replace('<', "&lt;").replace('>', "&gt;");
+    let numeric = text.replace('<', "&#60;").replace('>', "&#62;");
+    html.contains(&named) || html.contains(&numeric)
+}
+
+#[tokio::test]
+async fn attacker_controlled_payloads_and_headers_render_escaped_under_a_strict_policy() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let evil = "<script>alert(1)</script>";
+    let body = json!({"note": evil, "img": "<img src=x onerror=alert(2)>"}).to_string();
+    let (status, stored) = app.ingest("shop", "<b>key</b>", "order.<i>created</i>", &body).await;
+    assert_eq!(status, 200, "{stored}");
+    let event_id = stored["event_id"].as_str().unwrap();
+    let cookie = sign_in(&app).await;
+
+    let response =
+        client().get(app.url(&format!("/console/events/{event_id}"))).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers().clone();
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("default-src 'self'") && csp.contains("script-src 'self'"), "{csp}");
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(headers["x-frame-options"], "DENY");
+    assert_eq!(headers["referrer-policy"], "no-referrer");
+    assert_eq!(headers["cache-control"], "no-store");
+    let html = response.text().await.unwrap();
+    assert!(!html.contains("<script>alert"), "payload rendered raw");
+    assert!(!html.contains("<img src=x"), "payload rendered raw");
+    assert!(shown_escaped(&html, "<script>alert(1)</script>"), "payload missing or not escaped");
+    assert!(!html.contains("<b>key</b>") && shown_escaped(&html, "<b>key</b>"), "dedupe key");
+    assert!(!html.contains("order.<i>created") && shown_escaped(&html, "order.<i>created"), "event type");
+    // The only scripts are the served file: no inline script at all.
+    assert_eq!(html.matches("<script").count(), 1, "{html}");
+    assert!(html.contains(r#"<script src="/console/static/console.js" defer></script>"#));
+
+    // The list escapes too.
+    let (_, list) = page(&app, &cookie, "/console/events?source=shop").await;
+    assert!(!list.contains("<b>key</b>") && shown_escaped(&list, "<b>key</b>"), "{list}");
+}
+
+#[tokio::test]
+async fn the_console_can_be_turned_off() {
+    let settings = webhook_gateway::app::Settings { console: false, ..test_settings() };
+    let app = TestApp::spawn_with(TestDb::new().await, settings, 8).await;
+    let (status, _) = page(&app, "", "/console/login").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // The API is untouched.
+    app.admin_get("/v1/endpoints").await;
+}
+
+#[tokio::test]
+async fn a_dedupe_key_search_needs_its_source() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    app.ingest("shop", "k-1", "a", "{}").await;
+    let (status, body) = app.admin(reqwest::Method::GET, "/v1/events?dedupe_key=k-1", None).await;
+    assert_eq!(status, 422, "{body}");
+    let found = app.admin_get("/v1/events?source=shop&dedupe_key=k-1").await;
+    assert_eq!(found["data"].as_array().unwrap().len(), 1, "{found}");
+    let found = app.admin_get("/v1/events?source=shop&dedupe_key=k-2").await;
+    assert_eq!(found["data"].as_array().unwrap().len(), 0, "{found}");
+}
+
+mod browser;

@@ -51,10 +51,13 @@ pub async fn list(session: Session, State(state): State<AppState>, headers: Head
         .into_iter()
         .map(|s| {
             let rejections = counts.counts.iter().filter(|c| c.source == s.name).map(|c| (c.reason, c.count)).collect();
+            // Internal sources take no webhooks: `api` is `POST /v1/events`, `_test` the
+            // endpoints' test sends.
+            let internal = s.spec.0.kind == crate::verify::Kind::Internal;
             SourceRow {
                 fingerprints: actions::fingerprints(&s, &state.secrets),
                 kind: s.spec.0.kind.as_str().to_owned(),
-                ingest_url: format!("{base}/ingest/{}", s.name),
+                ingest_url: if internal { String::new() } else { format!("{base}/ingest/{}", s.name) },
                 rejections,
                 created_at: Ts(s.created_at),
                 name: s.name,

@@ -43,15 +43,25 @@ impl Driver {
 
     /// A new headless browser session.
     async fn browser(&self) -> Client {
+        self.browser_with(&[]).await
+    }
+
+    /// A new headless browser session with extra Chromium flags.
+    async fn browser_with(&self, extra: &[&str]) -> Client {
+        let mut args = vec![
+            // As root Chromium needs --no-sandbox; /dev/shm is small in containers.
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--window-size=1440,1000",
+            "--lang=en-US",
+        ];
+        args.extend_from_slice(extra);
         let mut caps = serde_json::Map::new();
         caps.insert(
             "goog:chromeOptions".into(),
-            json!({
-                "binary": CHROMIUM,
-                // As root Chromium needs --no-sandbox; /dev/shm is small in containers.
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                         "--window-size=1440,1000", "--lang=en-US"],
-            }),
+            json!({"binary": CHROMIUM, "args": args}),
         );
         let connector = hyper_util::client::legacy::connect::HttpConnector::new();
         ClientBuilder::new(connector)
@@ -109,6 +119,11 @@ async fn path(browser: &Client) -> String {
 async fn an_operator_works_through_the_console_in_a_real_browser() {
     let app = TestApp::spawn().await;
     app.source_none("shop").await;
+    // A verified source with a secret, and one forged webhook it refused.
+    let github = json!({"name": "github-console", "kind": "github", "secrets": ["console-test-secret"]});
+    app.admin_post("/v1/sources", github, 201).await;
+    let forged = app.http.post(app.url("/ingest/github-console")).body("{}").send().await.unwrap();
+    assert_eq!(forged.status(), 401);
     // Endpoint A refuses each delivery's first request with a 400 (dead at once) and takes
     // the next; endpoint B takes everything.
     let sink_a = Sink::start(|_, n| if n == 0 { Reply::status(400) } else { Reply::status(200) }).await;
@@ -206,7 +221,11 @@ async fn an_operator_works_through_the_console_in_a_real_browser() {
     .await;
 
     browser.goto(&app.url("/console/sources")).await.unwrap();
-    assert!(text(&browser, "#sources").await.contains("/ingest/shop"));
+    let sources = text(&browser, "#sources").await;
+    assert!(sources.contains("/ingest/shop") && sources.contains("/ingest/github-console"), "{sources}");
+    let fingerprint = webhook_gateway::verify::secret_fingerprint("console-test-secret");
+    assert!(sources.contains(&fingerprint) && !sources.contains("console-test-secret\n"), "{sources}");
+    assert!(sources.contains("1 missing_signature"), "the refusal is counted: {sources}");
     screenshot(&browser, "sources").await;
 
     // Sign out: the session is gone from this browser.
@@ -215,4 +234,16 @@ async fn an_operator_works_through_the_console_in_a_real_browser() {
     browser.goto(&app.url("/console")).await.unwrap();
     assert_eq!(path(&browser).await, "/console/login");
     browser.close().await.expect("close the browser");
+
+    // The same console in the dark (prefers-color-scheme: dark).
+    let dark = driver.browser_with(&["--force-dark-mode", "--blink-settings=preferredColorScheme=0"]).await;
+    dark.goto(&app.url("/console/login")).await.unwrap();
+    dark.find(Locator::Css("#token")).await.unwrap().send_keys(ADMIN_TOKEN).await.unwrap();
+    click_to(&dark, "#sign-in", "#dead-hour").await;
+    let scheme = dark.execute("return matchMedia('(prefers-color-scheme: dark)').matches", vec![]).await.unwrap();
+    assert_eq!(scheme, json!(true), "the browser prefers dark");
+    screenshot(&dark, "overview-dark").await;
+    dark.goto(&app.url(&format!("/console/endpoints/{b}"))).await.unwrap();
+    screenshot(&dark, "endpoint-dark").await;
+    dark.close().await.expect("close the browser");
 }

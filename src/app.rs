@@ -153,7 +153,7 @@ pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> 
         Role::All => None,
     };
     background.extend(wake_task);
-    let console = (settings.console && settings.role != Role::Worker).then(|| crate::console::router());
+    let console = (settings.console && settings.role != Role::Worker).then(crate::console::router);
     let router = crate::api::router(state, settings.role, console);
     let server = tokio::spawn(crate::server::serve(
         listener,

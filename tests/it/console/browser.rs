@@ -59,10 +59,7 @@ impl Driver {
         ];
         args.extend_from_slice(extra);
         let mut caps = serde_json::Map::new();
-        caps.insert(
-            "goog:chromeOptions".into(),
-            json!({"binary": CHROMIUM, "args": args}),
-        );
+        caps.insert("goog:chromeOptions".into(), json!({"binary": CHROMIUM, "args": args}));
         let connector = hyper_util::client::legacy::connect::HttpConnector::new();
         ClientBuilder::new(connector)
             .capabilities(caps)

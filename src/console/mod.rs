@@ -62,6 +62,7 @@ pub fn router() -> Router<AppState> {
         .route("/sources", get(sources::list))
         .route("/static/console.js", get(script))
         .route("/static/console.css", get(style))
+        .layer(axum::Extension(overview::Recent::default()))
         .layer(middleware::from_fn(security_headers))
 }
 
@@ -112,6 +113,7 @@ impl Layout {
 
 /// A timestamp as the console shows it: a `<time>` element with the UTC time as text and
 /// title; the script rewrites the text in the viewer's zone and keeps UTC in the title.
+#[derive(Debug, Clone, Copy)]
 pub struct Ts(pub DateTime<Utc>);
 
 impl std::fmt::Display for Ts {

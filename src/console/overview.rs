@@ -2,6 +2,7 @@
 //! sending; its numbers refresh live (the script fetches [`live`] every few seconds).
 
 use askama::Template;
+use axum::Extension;
 use axum::extract::State;
 use chrono::Utc;
 
@@ -14,7 +15,18 @@ use crate::store;
 /// Rates are averaged over this window.
 const RATE_WINDOW_SECS: i64 = 300;
 
+/// How long this process reuses the numbers: however many consoles are open, the
+/// overview's queries (the queue counts read every pending row) run at most once per this
+/// interval per replica.
+const REUSE_FOR: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// The last numbers and when they were read: one per console router (so per gateway, not
+/// per process: tests run several gateways in one process).
+#[derive(Clone, Default)]
+pub struct Recent(std::sync::Arc<std::sync::Mutex<Option<(std::time::Instant, Live)>>>);
+
 /// An endpoint that is not sending now.
+#[derive(Clone)]
 pub struct Stalled {
     id: String,
     url: String,
@@ -22,7 +34,7 @@ pub struct Stalled {
 }
 
 /// The live numbers (the fragment the page refreshes).
-#[derive(Template)]
+#[derive(Clone, Template)]
 #[template(path = "console/overview_live.html")]
 pub struct Live {
     ingest_per_sec: String,
@@ -60,7 +72,20 @@ pub fn human_secs(secs: f64) -> String {
     }
 }
 
-async fn live_numbers(state: &AppState) -> Result<Live, sqlx::Error> {
+/// The numbers, read at most once per [`REUSE_FOR`] by this process.
+async fn live_numbers(state: &AppState, recent: &Recent) -> Result<Live, sqlx::Error> {
+    let lock = || recent.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((at, live)) = lock().as_ref()
+        && at.elapsed() < REUSE_FOR
+    {
+        return Ok(live.clone());
+    }
+    let live = read_numbers(state).await?;
+    *lock() = Some((std::time::Instant::now(), live.clone()));
+    Ok(live)
+}
+
+async fn read_numbers(state: &AppState) -> Result<Live, sqlx::Error> {
     let now = Utc::now();
     let window = now - chrono::Duration::seconds(RATE_WINDOW_SECS);
     let received = store::events::received_since(&state.pool, window).await?;
@@ -100,14 +125,18 @@ async fn live_numbers(state: &AppState) -> Result<Live, sqlx::Error> {
 }
 
 /// `GET /console`.
-pub async fn page(session: Session, State(state): State<AppState>) -> PageResult {
-    let live = live_numbers(&state).await?;
+pub async fn page(session: Session, State(state): State<AppState>, Extension(recent): Extension<Recent>) -> PageResult {
+    let live = live_numbers(&state, &recent).await?;
     render(&Page { layout: Layout::new(&session, "overview"), live })
 }
 
 /// `GET /console/overview/live`: the numbers alone, an HTML fragment the page swaps in.
-pub async fn live(_session: Session, State(state): State<AppState>) -> PageResult {
-    render(&live_numbers(&state).await?)
+pub async fn live(
+    _session: Session,
+    State(state): State<AppState>,
+    Extension(recent): Extension<Recent>,
+) -> PageResult {
+    render(&live_numbers(&state, &recent).await?)
 }
 
 #[cfg(test)]

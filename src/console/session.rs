@@ -217,8 +217,15 @@ pub async fn login(State(state): State<AppState>, request: Request) -> PageResul
     Ok(response)
 }
 
-/// `POST /console/logout`: clear the cookie.
-pub async fn logout(Posted(_, NoFields {}): Posted<NoFields>) -> Response {
+/// `POST /console/logout`: clear the cookie. A valid session needs its CSRF token (so no
+/// other site can sign an operator out); a post without a valid session (expired, already
+/// signed out) has nothing to protect and just clears the cookie.
+pub async fn logout(State(state): State<AppState>, request: Request) -> Response {
+    let has_session =
+        cookie_value(request.headers()).and_then(|v| Session::verify(&state.admin_token, v, now())).is_some();
+    if has_session && let Err(refused) = Posted::<NoFields>::from_request(request, &state).await {
+        return refused;
+    }
     let mut response = see_other("/console/login");
     let cookie = format!("{COOKIE}=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0");
     if let Ok(v) = HeaderValue::from_str(&cookie) {

@@ -121,9 +121,28 @@ async fn forged_form_posts_are_refused_403_and_change_nothing() {
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
     assert_eq!(app.admin_get(&format!("/v1/endpoints/{id}")).await["paused"], true);
 
-    // Signing out is a form post like the others.
+    // Signing out is a form post like the others ...
     let response = client().post(app.url("/console/logout")).header("cookie", &cookie).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    // ... but without a session there is nothing to protect: the cookie is just cleared.
+    let response = client().post(app.url("/console/logout")).header("cookie", "wg_console=x.1.y").send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert!(response.headers()["set-cookie"].to_str().unwrap().contains("Max-Age=0"));
+}
+
+#[tokio::test]
+async fn the_overview_fragment_has_the_numbers_without_the_page() {
+    let app = TestApp::spawn().await;
+    app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/hook"}), 201).await;
+    let id = app.admin_get("/v1/endpoints").await["data"][0]["id"].as_str().unwrap().to_owned();
+    app.admin_post(&format!("/v1/endpoints/{id}/pause"), json!({}), 200).await;
+    let cookie = sign_in(&app).await;
+    let (status, fragment) = page(&app, &cookie, "/console/overview/live").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!fragment.contains("<html") && !fragment.contains("<nav"), "a fragment: {fragment}");
+    assert!(fragment.contains(r#"id="queue-pending""#) && fragment.contains("paused"), "{fragment}");
+    let (status, _) = page(&app, "", "/console/overview/live").await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "no session, no numbers");
 }
 
 /// Whether `html` shows `text` with its markup escaped (named or numeric entities).

@@ -151,6 +151,15 @@ async fn an_operator_works_through_the_console_in_a_real_browser() {
     assert_eq!(path(&browser).await, "/console");
     assert!(text(&browser, "#dead-hour").await.contains('3'), "three died in the last hour");
     screenshot(&browser, "overview").await;
+    // The numbers refresh by themselves: the script swaps in a fresh fragment (allowed by
+    // the CSP, with no inline script), so a mark on the old one disappears.
+    browser.execute("document.querySelector('#live .cards').setAttribute('data-old', '1')", vec![]).await.unwrap();
+    eventually(Duration::from_secs(30), "the overview refreshes itself", || async {
+        let old =
+            browser.execute("return document.querySelector('#live .cards[data-old]') !== null", vec![]).await.ok()?;
+        (old == json!(false) && browser.find(Locator::Css("#live .cards")).await.is_ok()).then_some(())
+    })
+    .await;
 
     // Find the event by source and dedupe key.
     browser.goto(&app.url("/console/events")).await.unwrap();

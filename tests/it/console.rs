@@ -212,3 +212,170 @@ async fn a_dedupe_key_search_needs_its_source() {
 }
 
 mod browser;
+
+/// Text of an HTML page with its character references (`&#61;`, `&amp;` ...) decoded.
+fn unescape(html: &str) -> String {
+    let mut out = String::new();
+    let mut rest = html;
+    while let Some(i) = rest.find('&') {
+        out.push_str(&rest[..i]);
+        let Some(end) = rest[i..].find(';') else { break };
+        let entity = &rest[i + 1..i + end];
+        let c = match entity {
+            "amp" => Some('&'),
+            "lt" => Some('<'),
+            "gt" => Some('>'),
+            "quot" => Some('"'),
+            _ => entity.strip_prefix('#').and_then(|n| n.parse::<u32>().ok()).and_then(char::from_u32),
+        };
+        match c {
+            Some(c) => out.push(c),
+            None => out.push_str(&rest[i..=i + end]),
+        }
+        rest = &rest[i + end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The rows of a console list: how many links to `prefix` the table has, and its
+/// "next page" link (unescaped), if any.
+fn rows_and_next(html: &str, prefix: &str) -> (Vec<String>, Option<String>) {
+    let cell = format!(r#"<td><a href="{prefix}"#);
+    let rows = html
+        .match_indices(&cell)
+        .map(|(i, _)| html[i + cell.len()..].split('"').next().unwrap_or_default().to_owned())
+        .collect();
+    let next = html.find(r#"id="next""#).map(|end| {
+        let start = html[..end].rfind(r#"href=""#).expect("the next link's href") + 6;
+        unescape(html[start..end].split('"').next().unwrap())
+    });
+    (rows, next)
+}
+
+#[tokio::test]
+async fn lists_of_thousands_come_in_keyset_pages() {
+    let app = TestApp::spawn().await;
+    // An endpoint nobody can reach, paused so that no worker touches the seeded rows.
+    let ep = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/hook"}), 201).await;
+    let id = ep["id"].as_str().unwrap().to_owned();
+    app.admin_post(&format!("/v1/endpoints/{id}/pause"), json!({}), 200).await;
+    crate::support::seed_deliveries(&app.db.pool, &id, 5_000).await;
+    sqlx::query(
+        "UPDATE deliveries SET status = 'dead', finished_at = now(), dead_reason = 'seeded', parked = false
+         WHERE id IN (SELECT id FROM deliveries ORDER BY id LIMIT 3000)",
+    )
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    let cookie = sign_in(&app).await;
+
+    let mut seen = std::collections::HashSet::new();
+    let mut path = "/console/events?window=all".to_owned();
+    for page_number in 0..3 {
+        let started = std::time::Instant::now();
+        let (status, html) = page(&app, &cookie, &path).await;
+        eprintln!("events page {page_number}: {:?}", started.elapsed());
+        assert_eq!(status, StatusCode::OK);
+        let (rows, next) = rows_and_next(&html, "/console/events/");
+        assert_eq!(rows.len(), 50, "a page of 50");
+        for row in rows {
+            assert!(seen.insert(row), "no event on two pages");
+        }
+        path = next.expect("an older page");
+    }
+
+    let started = std::time::Instant::now();
+    let (status, html) = page(&app, &cookie, &format!("/console/dead?endpoint={id}&window=all")).await;
+    eprintln!("dead letters page: {:?}", started.elapsed());
+    assert_eq!(status, StatusCode::OK);
+    let (rows, next) = rows_and_next(&html, "/console/deliveries/");
+    assert_eq!(rows.len(), 50);
+    let (status, html) = page(&app, &cookie, &next.expect("an older page")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (older, _) = rows_and_next(&html, "/console/deliveries/");
+    assert_eq!(older.len(), 50);
+    assert!(older.iter().all(|d| !rows.contains(d)), "no dead letter on two pages");
+
+    let started = std::time::Instant::now();
+    let (status, html) = page(&app, &cookie, &format!("/console/endpoints/{id}")).await;
+    eprintln!("endpoint page: {:?}", started.elapsed());
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(rows_and_next(&html, "/console/deliveries/").0.len(), 50);
+
+    let started = std::time::Instant::now();
+    let (status, html) = page(&app, &cookie, &format!("/console/endpoints/{id}/recover?since=2000-01-01+00:00")).await;
+    eprintln!("recovery confirmation: {:?}", started.elapsed());
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains(r#"id="recover-count" class="num-inline">3000<"#), "counted, not done");
+    assert_eq!(crate::support::count_status(&app.db.pool, "dead").await, 3000);
+
+    for path in ["/console", "/console/endpoints", "/console/sources"] {
+        let started = std::time::Instant::now();
+        let (status, _) = page(&app, &cookie, path).await;
+        eprintln!("{path}: {:?}", started.elapsed());
+        assert_eq!(status, StatusCode::OK, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn rotate_test_send_and_resume_from_the_console_do_what_the_api_does() {
+    let app = TestApp::spawn().await;
+    let sink = crate::support::sink::Sink::ok().await;
+    let ep = app.admin_post("/v1/endpoints", json!({"url": sink.url("/hook")}), 201).await;
+    let id = ep["id"].as_str().unwrap().to_owned();
+    let old_secret = ep["secret"].as_str().unwrap().to_owned();
+    let cookie = sign_in(&app).await;
+    let (_, html) = page(&app, &cookie, &format!("/console/endpoints/{id}")).await;
+    let csrf = csrf_of(&html);
+    let post = |action: &str| {
+        client()
+            .post(app.url(&format!("/console/endpoints/{id}/{action}")))
+            .header("cookie", &cookie)
+            .form(&[("csrf", csrf.as_str())])
+            .send()
+    };
+
+    // Rotation: the new secret is on the answer page, once.
+    let response = post("rotate-secret").await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let html = response.text().await.unwrap();
+    let start = html.find(r#"id="new-secret">"#).expect("the new secret is shown") + 16;
+    let secret = unescape(html[start..].split('<').next().unwrap());
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    assert_ne!(secret, old_secret);
+    let (_, again) = page(&app, &cookie, &format!("/console/endpoints/{id}")).await;
+    assert!(!again.contains(&secret) && !again.contains("whsec_"), "shown once only");
+
+    // A test send is a delivery like the API's, signed with the new secret.
+    let response = post("test").await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let location = response.headers()["location"].to_str().unwrap().to_owned();
+    let delivery = location.strip_prefix("/console/deliveries/").expect("to the test delivery");
+    crate::support::eventually(std::time::Duration::from_secs(20), "the test delivery is delivered", || async {
+        (app.admin_get(&format!("/v1/deliveries/{delivery}")).await["status"] == "delivered").then_some(())
+    })
+    .await;
+    let received = sink.received();
+    let test = received.iter().find(|r| r.body.windows(12).any(|w| w == b"webhook.test")).expect("the test event");
+    assert_eq!(test.header("webhook-id"), format!("msg_{}", delivery.replace('-', "")));
+    let signed = |secret: &str| {
+        crate::support::standard_webhooks::verify(
+            secret,
+            &test.header("webhook-id"),
+            &test.header("webhook-timestamp"),
+            &test.body,
+            &test.header("webhook-signature"),
+        )
+    };
+    assert!(signed(&secret), "signed with the new secret");
+    assert!(signed(&old_secret), "and, in its grace period, the old one");
+
+    // Pause, then resume.
+    assert_eq!(post("pause").await.unwrap().status(), StatusCode::SEE_OTHER);
+    assert_eq!(app.admin_get(&format!("/v1/endpoints/{id}")).await["paused"], true);
+    let response = post("resume").await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(response.headers()["location"], format!("/console/endpoints/{id}?done=resumed").as_str());
+    assert_eq!(app.admin_get(&format!("/v1/endpoints/{id}")).await["paused"], false);
+}

@@ -379,3 +379,39 @@ async fn rotate_test_send_and_resume_from_the_console_do_what_the_api_does() {
     assert_eq!(response.headers()["location"], format!("/console/endpoints/{id}?done=resumed").as_str());
     assert_eq!(app.admin_get(&format!("/v1/endpoints/{id}")).await["paused"], false);
 }
+
+#[tokio::test]
+async fn an_ordered_delivery_shows_its_key_and_that_it_waits_for_its_line() {
+    // No workers: the line's head stays pending, the next one waits behind it.
+    let app = TestApp::ingest_only().await;
+    let source = json!({"name": "ord", "kind": "none", "dedupe": {"header": "X-Delivery-Id"},
+                        "ordering_key": {"header": "X-Key"}});
+    app.admin_post("/v1/sources", source, 201).await;
+    let ep = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/hook"}), 201).await;
+    let id = ep["id"].as_str().unwrap();
+    let subscription = json!({"endpoint_id": id, "source": "ord", "ordered": {"on_dead": "block"}});
+    app.admin_post("/v1/subscriptions", subscription, 201).await;
+    let mut deliveries = Vec::new();
+    for i in 0..2 {
+        let response = app
+            .http
+            .post(app.url("/ingest/ord"))
+            .header("x-delivery-id", format!("d-{i}"))
+            .header("x-key", "customer-<42>")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        let event: serde_json::Value = response.json().await.unwrap();
+        let event = app.admin_get(&format!("/v1/events/{}", event["event_id"].as_str().unwrap())).await;
+        deliveries.push(event["deliveries"][0]["id"].as_str().unwrap().to_owned());
+    }
+    let cookie = sign_in(&app).await;
+    let (_, head) = page(&app, &cookie, &format!("/console/deliveries/{}", deliveries[0])).await;
+    assert!(shown_escaped(&head, "customer-<42>"), "the ordering key, escaped");
+    assert!(!head.contains("waiting for earlier deliveries"), "the head does not wait");
+    let (_, next) = page(&app, &cookie, &format!("/console/deliveries/{}", deliveries[1])).await;
+    assert!(shown_escaped(&next, "customer-<42>"));
+    assert!(next.contains("waiting for earlier deliveries of this key"), "{next}");
+    assert!(next.contains("waiting (ordered)"));
+}

@@ -73,6 +73,8 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(q): Que
             DeadQuery { endpoint: non_empty(q.endpoint.clone()), window: Some(window.clone()), cursor: Some(last) };
         serde_urlencoded::to_string(&query).ok()
     });
+    let mut rows: Vec<DeliveryRow> = dead.into_iter().map(Into::into).collect();
+    super::events::name_endpoints(&state, &mut rows).await?;
     let endpoints = super::options(
         store::endpoints::list(&state.pool).await?.into_iter().map(|e| (e.id.to_string(), e.url)),
         q.endpoint.as_deref().unwrap_or(""),
@@ -83,7 +85,7 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(q): Que
         endpoint: or_empty(&q.endpoint),
         windows: super::window_options(&window),
         endpoints,
-        rows: dead.into_iter().map(Into::into).collect(),
+        rows,
         next,
         recover_since: form_time(since.unwrap_or(now - chrono::Duration::hours(1))),
         recover_until: form_time(now + chrono::Duration::minutes(1)),

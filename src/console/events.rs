@@ -119,6 +119,8 @@ pub struct DeliveryRow {
     pub event_id: String,
     /// Its endpoint.
     pub endpoint_id: String,
+    /// Its endpoint's URL (the id until [`name_endpoints`] fills it in).
+    pub endpoint: String,
     /// `pending`, `delivered`, `dead` (with `parked`, `waiting`, `in flight` qualifiers).
     pub status: String,
     /// The CSS class of the status badge.
@@ -142,6 +144,7 @@ impl From<Delivery> for DeliveryRow {
             id: d.id.to_string(),
             event_id: d.event_id.to_string(),
             endpoint_id: d.endpoint_id.to_string(),
+            endpoint: d.endpoint_id.to_string(),
             status,
             badge,
             attempts: d.attempt_count,
@@ -151,6 +154,22 @@ impl From<Delivery> for DeliveryRow {
             ordering_key: d.ordering_key.unwrap_or_default(),
         }
     }
+}
+
+/// Show each row's endpoint by its URL (endpoints are few: the store lists them whole, like
+/// the API; a deleted endpoint keeps showing as its id).
+pub async fn name_endpoints(state: &AppState, rows: &mut [DeliveryRow]) -> Result<(), sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let urls: std::collections::HashMap<String, String> =
+        store::endpoints::list(&state.pool).await?.into_iter().map(|e| (e.id.to_string(), e.url)).collect();
+    for row in rows {
+        if let Some(url) = urls.get(&row.endpoint_id) {
+            row.endpoint = url.clone();
+        }
+    }
+    Ok(())
 }
 
 /// A delivery's state in words, and its badge class.
@@ -207,6 +226,8 @@ pub async fn show(session: Session, State(state): State<AppState>, Path(id): Pat
         }
         _ => Vec::new(),
     };
+    let mut deliveries_rows: Vec<DeliveryRow> = deliveries.into_iter().map(Into::into).collect();
+    name_endpoints(&state, &mut deliveries_rows).await?;
     render(&EventPage {
         layout: Layout::new(&session, "events"),
         id: event.id.to_string(),
@@ -219,8 +240,8 @@ pub async fn show(session: Session, State(state): State<AppState>, Path(id): Pat
         payload,
         payload_is_json,
         headers,
-        deliveries_capped: deliveries.len() as i64 == actions::EVENT_DELIVERIES,
-        deliveries: deliveries.into_iter().map(Into::into).collect(),
+        deliveries_capped: deliveries_rows.len() as i64 == actions::EVENT_DELIVERIES,
+        deliveries: deliveries_rows,
     })
 }
 

@@ -53,10 +53,17 @@ fn mac(key: &[u8; 32], purpose: &str, data: &str) -> HmacSha256 {
 
 /// A signed-in console session (an extractor: without a valid cookie, a GET is redirected
 /// to the sign-in page and anything else refused 403).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Session {
     id: String,
     key: [u8; 32],
+}
+
+// The key signs sessions: never printed.
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("id", &self.id).finish_non_exhaustive()
+    }
 }
 
 impl Session {

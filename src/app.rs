@@ -51,6 +51,8 @@ pub struct Settings {
     pub http: crate::server::HttpLimits,
     /// Secrets at rest: the operator key(s); the default stores plaintext.
     pub secrets: Keyring,
+    /// Serve the web console at `/console` (`--console`; roles with the admin API only).
+    pub console: bool,
 }
 
 /// A running gateway: its address, and a handle to stop it.
@@ -173,7 +175,8 @@ pub async fn start_on(pool: PgPool, settings: Settings, listener: tokio::net::Tc
         Role::All => None,
     };
     background.extend(wake_task);
-    let router = crate::api::router(state, settings.role);
+    let console = (settings.console && settings.role != Role::Worker).then(crate::console::router);
+    let router = crate::api::router(state, settings.role, console);
     let server = tokio::spawn(crate::server::serve(
         listener,
         router,

@@ -371,6 +371,11 @@ settings! {
         /// Rows per retention delete statement (each its own short transaction).
         #[arg(long, env = "WEBHOOK_GATEWAY_JANITOR_BATCH_SIZE", default_value_t = janitor::DEFAULT_BATCH_SIZE)]
         pub janitor_batch_size: u32,
+
+        /// Serve the web console at /console (sign in with the admin token); `--console=false`
+        /// turns it off.
+        #[arg(long, env = "WEBHOOK_GATEWAY_CONSOLE", default_value_t = Enabled(true), action = clap::ArgAction::Set)]
+        pub console: Enabled,
     }
 
     /// The operator key that encrypts source and endpoint secrets at rest (see
@@ -448,6 +453,30 @@ fn validate_egress_allow(allow: &[ipnet::IpNet], wide: bool) -> Result<(), Confi
         }
     }
     Ok(())
+}
+
+/// An on/off setting whose default is on: written `--flag=false` on the command line,
+/// `false` in the environment, `flag = false` in the file. (A plain `bool` setting is a
+/// bare flag that can only turn something on.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Enabled(pub bool);
+
+impl std::str::FromStr for Enabled {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "true" | "on" | "yes" | "1" => Ok(Enabled(true)),
+            "false" | "off" | "no" | "0" => Ok(Enabled(false)),
+            _ => Err(format!("expected true or false, not {s:?}")),
+        }
+    }
+}
+
+impl std::fmt::Display for Enabled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
 }
 
 /// A configuration problem, reported as one line and a non-zero exit.
@@ -974,6 +1003,19 @@ mod tests {
         }
         fn occurrences(&self) -> Vec<Option<String>> {
             if *self { vec![None] } else { vec![] }
+        }
+    }
+
+    /// An on-by-default setting: `--flag=false` (the first value differs from the default).
+    impl Sample for Enabled {
+        fn samples() -> [Self; 2] {
+            [Enabled(false), Enabled(true)]
+        }
+        fn text(&self) -> String {
+            self.to_string()
+        }
+        fn toml(&self) -> toml::Value {
+            toml::Value::Boolean(self.0)
         }
     }
 

@@ -8,6 +8,7 @@ pub mod app;
 pub mod banner;
 pub mod circuit;
 pub mod config;
+pub mod console;
 pub mod db;
 pub mod deliver;
 pub mod egress;

@@ -293,6 +293,7 @@ async fn run(
         db_timeout: std::time::Duration::from_secs(args.db_timeout_secs),
         http: args.http(),
         secrets: keyring,
+        console: args.console.0,
     };
     if let Some(limit) = webhook_gateway::server::raise_open_file_limit() {
         tracing::debug!(open_files = limit, "open-file limit");

@@ -129,7 +129,13 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<DeliveryPage>, ApiError> {
     let limit = page_limit(q.limit)?;
-    let filter = Filter { event_id: q.event_id, endpoint_id: q.endpoint_id, status: q.status, after: q.cursor };
+    let filter = Filter {
+        event_id: q.event_id,
+        endpoint_id: q.endpoint_id,
+        status: q.status,
+        after: q.cursor,
+        ..Default::default()
+    };
     let rows = read::list(&state.pool, &filter, limit).await?;
     let next_cursor = (rows.len() as i64 == limit).then(|| rows.last().map(|d| d.id)).flatten();
     let data = rows.into_iter().map(Into::into).collect();
@@ -197,6 +203,13 @@ pub async fn attempts(
 )]
 pub async fn redeliver(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<DeliveryView>, ApiError> {
     let id: DeliveryId = parse_id(&id, "delivery")?;
+    Ok(Json(redeliver_one(&state, id).await?.into()))
+}
+
+/// Redeliver one delivery (the API's `POST /v1/deliveries/{id}/redeliver` and the
+/// console's button): pending again, due now, this process's workers woken; idempotent
+/// while pending. 404 when there is no such delivery, 409 when its endpoint was deleted.
+pub async fn redeliver_one(state: &AppState, id: DeliveryId) -> Result<Delivery, ApiError> {
     let changed = crate::queue::redeliver(&state.pool, id).await?;
     let delivery = read::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("delivery"))?;
     if changed {
@@ -205,7 +218,7 @@ pub async fn redeliver(State(state): State<AppState>, Path(id): Path<String>) ->
     } else if delivery.status != DeliveryStatus::Pending {
         return Err(ApiError::conflict("its endpoint was deleted: there is nowhere to redeliver it"));
     }
-    Ok(Json(delivery.into()))
+    Ok(delivery)
 }
 
 /// `POST /v1/deliveries/{id}/unblock`.

@@ -291,10 +291,26 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
 )]
 pub async fn pause(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EndpointView>, ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
-    let endpoint =
-        store::endpoints::set_paused(&state.pool, id, true).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
-    tracing::info!(endpoint_id = %id, "endpoint paused");
+    let endpoint = set_paused(&state, id, true).await?;
     Ok(Json(view(&state, endpoint, false).await?))
+}
+
+/// Pause or resume an endpoint (the API's `pause` / `resume` and the console's buttons).
+/// Resuming releases the first batch of the parked backlog now (the rest follows with the
+/// dispatchers' housekeeping) and wakes this process's workers. 404 when there is none.
+pub async fn set_paused(state: &AppState, id: EndpointId, paused: bool) -> Result<Endpoint, ApiError> {
+    let endpoint =
+        store::endpoints::set_paused(&state.pool, id, paused).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
+    if paused {
+        tracing::info!(endpoint_id = %id, "endpoint paused");
+    } else {
+        // Resuming set `release_pending` (durable); the first batch goes now, the rest with
+        // the dispatchers' housekeeping.
+        let released = crate::queue::release_parked(&state.pool, state.release_per_sec, Some(id)).await?;
+        state.wake.notify_one();
+        tracing::info!(endpoint_id = %id, released, "endpoint resumed");
+    }
+    Ok(endpoint)
 }
 
 /// `POST /v1/endpoints/{id}/resume`.
@@ -313,13 +329,7 @@ pub async fn pause(State(state): State<AppState>, Path(id): Path<String>) -> Res
 )]
 pub async fn resume(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EndpointView>, ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
-    let endpoint =
-        store::endpoints::set_paused(&state.pool, id, false).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
-    // Resuming set `release_pending` (durable); the first batch goes now, the rest with
-    // the dispatchers' housekeeping.
-    let released = crate::queue::release_parked(&state.pool, state.release_per_sec, Some(id)).await?;
-    state.wake.notify_one();
-    tracing::info!(endpoint_id = %id, released, "endpoint resumed");
+    let endpoint = set_paused(&state, id, false).await?;
     Ok(Json(view(&state, endpoint, false).await?))
 }
 
@@ -453,11 +463,12 @@ pub const ROTATION_GRACE: std::time::Duration = std::time::Duration::from_secs(2
 /// A rotated secret.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RotatedSecret {
-    id: EndpointId,
+    /// The endpoint.
+    pub id: EndpointId,
     /// Until then requests are also signed with the secret this rotation replaced.
-    previous_secret_valid_until: DateTime<Utc>,
+    pub previous_secret_valid_until: DateTime<Utc>,
     /// The new secret (`whsec_...`), shown this once.
-    secret: String,
+    pub secret: String,
 }
 
 /// `POST /v1/endpoints/{id}/rotate-secret`.
@@ -488,6 +499,12 @@ pub async fn rotate_secret(
 ) -> Result<Json<RotatedSecret>, ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
     let body: RotateSecret = super::extract::json_or_default(&body)?;
+    Ok(Json(rotate(&state, id, body).await?))
+}
+
+/// Rotate an endpoint's signing secret (the API's `rotate-secret` and the console's
+/// button): the new secret (given or generated) is returned, to be shown once.
+pub async fn rotate(state: &AppState, id: EndpointId, body: RotateSecret) -> Result<RotatedSecret, ApiError> {
     let secret = match body.secret {
         Some(secret) => {
             validate_secret(&secret)?;
@@ -499,15 +516,15 @@ pub async fn rotate_secret(
     if grace > std::time::Duration::from_secs(30 * 24 * 3600) {
         return Err(ApiError::validation("grace_secs", "at most 30 days"));
     }
-    let endpoint = store::endpoints::rotate_secret(&state.pool, id, &seal(&state, &secret)?, grace)
+    let endpoint = store::endpoints::rotate_secret(&state.pool, id, &seal(state, &secret)?, grace)
         .await?
         .ok_or_else(|| ApiError::not_found("endpoint"))?;
     tracing::info!(endpoint_id = %id, grace_secs = grace.as_secs(), "endpoint secret rotated");
-    Ok(Json(RotatedSecret {
+    Ok(RotatedSecret {
         id: endpoint.id,
         previous_secret_valid_until: Utc::now() + chrono::Duration::from_std(grace).unwrap_or_default(),
         secret,
-    }))
+    })
 }
 
 // Fields in alphabetical order: the order this answer has always had.
@@ -515,12 +532,12 @@ pub async fn rotate_secret(
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TestSend {
     /// Follow it with `GET /v1/deliveries/{id}`.
-    delivery_id: DeliveryId,
+    pub delivery_id: DeliveryId,
     /// The synthetic `webhook.test` event (never deduplicated against real events).
-    event_id: EventId,
+    pub event_id: EventId,
     /// The `webhook-id` the request carries.
     #[schema(example = "msg_0190c7e0f4a97c3a9d5e3c1b2a4f6e8d")]
-    webhook_id: String,
+    pub webhook_id: String,
 }
 
 /// `POST /v1/endpoints/{id}/test`.
@@ -543,6 +560,12 @@ pub async fn test_send(
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<TestSend>), ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
+    Ok((StatusCode::ACCEPTED, Json(send_test(&state, id).await?)))
+}
+
+/// Queue a synthetic `webhook.test` event for one endpoint (the API's `test` and the
+/// console's button). 404 when there is no such endpoint.
+pub async fn send_test(state: &AppState, id: EndpointId) -> Result<TestSend, ApiError> {
     if store::endpoints::by_id(&state.pool, id).await?.is_none() {
         return Err(ApiError::not_found("endpoint"));
     }
@@ -554,7 +577,7 @@ pub async fn test_send(
     .map_err(|_| ApiError::internal())?;
     let (event_id, delivery_id) = store::events::insert_test(&state.pool, id, &payload).await?;
     state.wake.notify_one();
-    Ok((StatusCode::ACCEPTED, Json(TestSend { delivery_id, event_id, webhook_id: delivery_id.webhook_id() })))
+    Ok(TestSend { delivery_id, event_id, webhook_id: delivery_id.webhook_id() })
 }
 
 /// Body of `POST /v1/endpoints/{id}/recover`.
@@ -572,7 +595,7 @@ pub struct Recover {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Recovered {
     /// Dead deliveries put back to pending.
-    requeued: u64,
+    pub requeued: u64,
 }
 
 /// `POST /v1/endpoints/{id}/recover`.
@@ -599,17 +622,29 @@ pub async fn recover(
     ApiJson(body): ApiJson<Recover>,
 ) -> Result<Json<Recovered>, ApiError> {
     let id: EndpointId = parse_id(&id, "endpoint")?;
-    if store::endpoints::by_id(&state.pool, id).await?.is_none() {
-        return Err(ApiError::not_found("endpoint"));
-    }
+    Ok(Json(recover_window(&state, id, body).await?))
+}
+
+/// The window a recovery covers, checked: `[since, until)`, `until` defaulting to now.
+pub fn recovery_window(body: &Recover) -> Result<(DateTime<Utc>, DateTime<Utc>), ApiError> {
     let until = body.until.unwrap_or_else(Utc::now);
     if until <= body.since {
         return Err(ApiError::validation("until", "must be after since"));
     }
-    let requeued = crate::queue::requeue_dead(&state.pool, id, body.since, until, state.release_per_sec).await?;
+    Ok((body.since, until))
+}
+
+/// Re-queue an endpoint's deliveries that died in the window (the API's `recover` and the
+/// console's confirmed recovery). 404 when there is no such endpoint.
+pub async fn recover_window(state: &AppState, id: EndpointId, body: Recover) -> Result<Recovered, ApiError> {
+    if store::endpoints::by_id(&state.pool, id).await?.is_none() {
+        return Err(ApiError::not_found("endpoint"));
+    }
+    let (since, until) = recovery_window(&body)?;
+    let requeued = crate::queue::requeue_dead(&state.pool, id, since, until, state.release_per_sec).await?;
     if requeued > 0 {
         state.wake.notify_one();
     }
     tracing::info!(endpoint_id = %id, requeued, "dead deliveries recovered");
-    Ok(Json(Recovered { requeued }))
+    Ok(Recovered { requeued })
 }

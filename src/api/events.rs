@@ -156,9 +156,7 @@ pub struct EventPage {
 )]
 pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EventView>, ApiError> {
     let id: EventId = parse_id(&id, "event")?;
-    let event = store::events::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("event"))?;
-    let filter = queue::read::Filter { event_id: Some(id), ..Default::default() };
-    let deliveries = queue::read::list(&state.pool, &filter, 1000).await?;
+    let (event, deliveries) = event_with_deliveries(&state, id).await?;
     let parsed: Option<serde_json::Value> = serde_json::from_slice(&event.payload).ok();
     let payload_base64 = parsed.is_none().then(|| base64::engine::general_purpose::STANDARD.encode(&event.payload));
     Ok(Json(EventView {
@@ -175,6 +173,72 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
     }))
 }
 
+/// Deliveries shown with an event, at most.
+pub const EVENT_DELIVERIES: i64 = 1000;
+
+/// An event and its deliveries (at most [`EVENT_DELIVERIES`], oldest first); 404 when
+/// there is no such event. `GET /v1/events/{id}` and the console's event page.
+pub async fn event_with_deliveries(
+    state: &AppState,
+    id: EventId,
+) -> Result<(store::events::Event, Vec<queue::read::Delivery>), ApiError> {
+    let event = store::events::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("event"))?;
+    let filter = queue::read::Filter { event_id: Some(id), ..Default::default() };
+    let deliveries = queue::read::list(&state.pool, &filter, EVENT_DELIVERIES).await?;
+    Ok((event, deliveries))
+}
+
+/// What to look for among events: the API's query and the console's search form.
+#[derive(Debug, Clone, Default)]
+pub struct EventSearch {
+    /// Source name (422 when there is none).
+    pub source: Option<String>,
+    /// Exact event type.
+    pub event_type: Option<String>,
+    /// Exact dedupe key; needs `source` (the key is unique per source, and without one the
+    /// search would read every event).
+    pub dedupe_key: Option<String>,
+    /// Received at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Received before.
+    pub until: Option<DateTime<Utc>>,
+    /// Keyset cursor: the last id of the previous page.
+    pub cursor: Option<EventId>,
+    /// Newest first instead of oldest first.
+    pub newest_first: bool,
+}
+
+/// One page of events matching `search`, at most `limit` (a keyset page: no offset, no
+/// count). `GET /v1/events` and the console's event search.
+pub async fn search_events(
+    state: &AppState,
+    search: EventSearch,
+    limit: i64,
+) -> Result<Vec<store::events::EventSummary>, ApiError> {
+    let source_id = match &search.source {
+        None => None,
+        Some(name) => Some(
+            store::sources::by_name(&state.pool, name)
+                .await?
+                .ok_or_else(|| ApiError::validation("source", format!("no source named {name:?}")))?
+                .id,
+        ),
+    };
+    if search.dedupe_key.is_some() && source_id.is_none() {
+        return Err(ApiError::validation("dedupe_key", "needs `source`: dedupe keys are unique per source"));
+    }
+    let filter = store::events::Filter {
+        source_id,
+        event_type: search.event_type,
+        dedupe_key: search.dedupe_key,
+        since: search.since,
+        until: search.until,
+        after: search.cursor,
+        newest_first: search.newest_first,
+    };
+    Ok(store::events::list(&state.pool, &filter, limit).await?)
+}
+
 /// Query of `GET /v1/events`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -184,6 +248,8 @@ pub struct ListQuery {
     source: Option<String>,
     /// Only events of exactly this type (not a pattern).
     event_type: Option<String>,
+    /// Only the event with exactly this dedupe key (needs `source`).
+    dedupe_key: Option<String>,
     /// Received at or after (RFC 3339).
     since: Option<DateTime<Utc>>,
     /// Received before (RFC 3339).
@@ -195,7 +261,7 @@ pub struct ListQuery {
     cursor: Option<EventId>,
 }
 
-/// `GET /v1/events?source=&event_type=&since=&until=&limit=&cursor=`.
+/// `GET /v1/events?source=&event_type=&dedupe_key=&since=&until=&limit=&cursor=`.
 ///
 /// Oldest first.
 #[utoipa::path(
@@ -204,7 +270,8 @@ pub struct ListQuery {
     params(ListQuery),
     responses(
         (status = 200, description = "A page of events, oldest first", body = EventPage),
-        (status = 422, description = "Bad query parameter or unknown source, named (`validation_failed`)",
+        (status = 422, description = "Bad query parameter, unknown source, or a dedupe key without a source, named \
+            (`validation_failed`)",
             body = ErrorBody),
         AdminErrors,
     ),
@@ -215,18 +282,16 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<EventPage>, ApiError> {
     let limit = page_limit(q.limit)?;
-    let source_id = match &q.source {
-        None => None,
-        Some(name) => Some(
-            store::sources::by_name(&state.pool, name)
-                .await?
-                .ok_or_else(|| ApiError::validation("source", format!("no source named {name:?}")))?
-                .id,
-        ),
+    let search = EventSearch {
+        source: q.source,
+        event_type: q.event_type,
+        dedupe_key: q.dedupe_key,
+        since: q.since,
+        until: q.until,
+        cursor: q.cursor,
+        newest_first: false,
     };
-    let filter =
-        store::events::Filter { source_id, event_type: q.event_type, since: q.since, until: q.until, after: q.cursor };
-    let data = store::events::list(&state.pool, &filter, limit).await?;
+    let data = search_events(&state, search, limit).await?;
     let next_cursor = (data.len() as i64 == limit).then(|| data.last().map(|e| e.id)).flatten();
     Ok(Json(EventPage { data, next_cursor }))
 }

@@ -31,8 +31,23 @@ use crate::role::Role;
 pub use endpoints::generate_secret;
 pub use state::AppState;
 
-/// The full router for a process of the given role.
-pub fn router(state: AppState, role: Role) -> Router {
+/// What the admin API's handlers do, as functions the web console (`crate::console`) calls
+/// too: one path to the database for both.
+pub mod actions {
+    pub use super::deliveries::redeliver_one;
+    pub use super::endpoints::{
+        Recover, Recovered, RotateSecret, RotatedSecret, TestSend, recover_window, recovery_window, rotate, send_test,
+        set_paused,
+    };
+    pub use super::events::{EVENT_DELIVERIES, EventSearch, event_with_deliveries, search_events};
+    pub use super::sources::fingerprints;
+}
+
+/// The full router for a process of the given role. `console`: the web console's pages
+/// (built by `crate::console`, which imports this module, so it is handed in), served under
+/// `/console` with the same request deadline, body limit and request ids as the API, and
+/// the admin API's database deadline.
+pub fn router(state: AppState, role: Role, console: Option<Router<AppState>>) -> Router {
     let mut app = Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
@@ -65,6 +80,10 @@ pub fn router(state: AppState, role: Role) -> Router {
             .route_layer(middleware::from_fn_with_state(state.clone(), db_deadline))
             .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
         app = app.nest("/v1", admin).route("/ingest/{source}", post(ingest::ingest));
+    }
+    if let Some(pages) = console {
+        let pages = pages.route_layer(middleware::from_fn_with_state(state.clone(), db_deadline));
+        app = app.nest("/console", pages);
     }
     let app = app
         .fallback(not_found)

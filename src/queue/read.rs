@@ -50,8 +50,14 @@ pub struct Filter {
     pub endpoint_id: Option<EndpointId>,
     /// Only deliveries in this state.
     pub status: Option<super::DeliveryStatus>,
-    /// Keyset cursor: only ids after this one.
+    /// Finished (delivered or dead-lettered) at or after.
+    pub finished_since: Option<DateTime<Utc>>,
+    /// Finished before.
+    pub finished_until: Option<DateTime<Utc>>,
+    /// Keyset cursor: only ids after this one (before it with `newest_first`).
     pub after: Option<DeliveryId>,
+    /// Newest first (the console) instead of oldest first (the API).
+    pub newest_first: bool,
 }
 
 /// Deliveries matching `filter`, in id (creation) order, at most `limit`.
@@ -66,10 +72,18 @@ pub async fn list(db: impl PgExecutor<'_>, filter: &Filter, limit: i64) -> Resul
     if let Some(status) = &filter.status {
         q.push(" AND status = ").push_bind(*status);
     }
-    if let Some(after) = filter.after {
-        q.push(" AND id > ").push_bind(after);
+    if let Some(t) = filter.finished_since {
+        q.push(" AND finished_at >= ").push_bind(t);
     }
-    q.push(" ORDER BY id LIMIT ").push_bind(limit);
+    if let Some(t) = filter.finished_until {
+        q.push(" AND finished_at < ").push_bind(t);
+    }
+    let (cmp, order) =
+        if filter.newest_first { (" AND id < ", " ORDER BY id DESC") } else { (" AND id > ", " ORDER BY id") };
+    if let Some(after) = filter.after {
+        q.push(cmp).push_bind(after);
+    }
+    q.push(order).push(" LIMIT ").push_bind(limit);
     q.build_query_as().fetch_all(db).await
 }
 
@@ -167,4 +181,63 @@ pub async fn in_flight_of(db: impl PgExecutor<'_>, endpoint_id: EndpointId) -> R
 /// One delivery.
 pub async fn by_id(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<Option<Delivery>, sqlx::Error> {
     sqlx::query_as(&format!("SELECT {COLUMNS} FROM deliveries WHERE id = $1")).bind(id).fetch_optional(db).await
+}
+
+/// How an endpoint has been doing lately, for the console.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EndpointHealth {
+    /// Of its last [`HEALTH_WINDOW`] deliveries: delivered ...
+    pub delivered: i64,
+    /// ... dead-lettered ...
+    pub dead: i64,
+    /// ... and still pending.
+    pub pending: i64,
+    /// Age of its oldest due, claimable delivery, seconds (`None`: nothing due).
+    pub lag_secs: Option<f64>,
+}
+
+/// Deliveries [`endpoint_health`] looks at: the most recent ones, so its cost does not
+/// grow with history.
+pub const HEALTH_WINDOW: i64 = 200;
+
+/// [`EndpointHealth`] of one endpoint: two bounded index reads (`deliveries_endpoint`,
+/// newest first, and `deliveries_endpoint_unparked`).
+pub async fn endpoint_health(pool: &sqlx::PgPool, endpoint_id: EndpointId) -> Result<EndpointHealth, sqlx::Error> {
+    let (delivered, dead, pending): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'delivered'), count(*) FILTER (WHERE status = 'dead'),
+                count(*) FILTER (WHERE status = 'pending')
+         FROM (SELECT status FROM deliveries WHERE endpoint_id = $1 ORDER BY id DESC LIMIT $2) recent",
+    )
+    .bind(endpoint_id)
+    .bind(HEALTH_WINDOW)
+    .fetch_one(pool)
+    .await?;
+    let lag_secs: Option<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM now() - next_attempt_at)::float8 FROM deliveries
+         WHERE endpoint_id = $1 AND status = 'pending' AND NOT parked AND NOT waiting AND next_attempt_at <= now()
+         ORDER BY next_attempt_at LIMIT 1",
+    )
+    .bind(endpoint_id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(EndpointHealth { delivered, dead, pending, lag_secs })
+}
+
+/// How many of an endpoint's deliveries died in `[since, until)` and are still dead: what
+/// [`super::requeue_dead`] would re-queue now (the same predicate).
+pub async fn dead_in_window(
+    db: impl PgExecutor<'_>,
+    endpoint_id: EndpointId,
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM deliveries
+         WHERE endpoint_id = $1 AND status = 'dead' AND finished_at >= $2 AND finished_at < $3",
+    )
+    .bind(endpoint_id)
+    .bind(since)
+    .bind(until)
+    .fetch_one(db)
+    .await
 }

@@ -44,3 +44,12 @@ pub async fn for_delivery(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<Vec
     .fetch_all(db)
     .await
 }
+
+/// Attempts recorded at or after `since`, by outcome (`delivered`, `retry`, `dead`): one
+/// range scan of `attempts_recorded_at`, meant for short windows (the console's overview).
+pub async fn outcomes_since(db: impl PgExecutor<'_>, since: DateTime<Utc>) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as("SELECT outcome, count(*) FROM attempts WHERE recorded_at >= $1 GROUP BY outcome ORDER BY outcome")
+        .bind(since)
+        .fetch_all(db)
+        .await
+}

@@ -353,8 +353,13 @@ pub struct Filter {
     pub since: Option<DateTime<Utc>>,
     /// Received before.
     pub until: Option<DateTime<Utc>>,
-    /// Keyset cursor: ids after this one (ids are time-ordered).
+    /// Only the event with exactly this dedupe key (with `source_id`: one index probe).
+    pub dedupe_key: Option<String>,
+    /// Keyset cursor: ids after this one (ids are time-ordered), or before it with
+    /// `newest_first`.
     pub after: Option<EventId>,
+    /// Newest first (the console) instead of oldest first (the API).
+    pub newest_first: bool,
 }
 
 /// Events matching `filter`, oldest first, at most `limit`.
@@ -375,11 +380,22 @@ pub async fn list(db: impl PgExecutor<'_>, filter: &Filter, limit: i64) -> Resul
     if let Some(t) = filter.until {
         q.push(" AND e.received_at < ").push_bind(t);
     }
-    if let Some(after) = filter.after {
-        q.push(" AND e.id > ").push_bind(after);
+    if let Some(key) = &filter.dedupe_key {
+        q.push(" AND e.dedupe_key = ").push_bind(key.clone());
     }
-    q.push(" ORDER BY e.id LIMIT ").push_bind(limit);
+    let (cmp, order) =
+        if filter.newest_first { (" AND e.id < ", " ORDER BY e.id DESC") } else { (" AND e.id > ", " ORDER BY e.id") };
+    if let Some(after) = filter.after {
+        q.push(cmp).push_bind(after);
+    }
+    q.push(order).push(" LIMIT ").push_bind(limit);
     q.build_query_as().fetch_all(db).await
+}
+
+/// Events stored at or after `since` (one range scan of `events_received_at`: meant for
+/// short windows, such as the console's last few minutes).
+pub async fn received_since(db: impl PgExecutor<'_>, since: DateTime<Utc>) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) FROM events WHERE received_at >= $1").bind(since).fetch_one(db).await
 }
 
 /// Store a synthetic test event in the `_test` source with one delivery, to `endpoint_id`

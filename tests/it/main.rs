@@ -6,6 +6,7 @@ mod support;
 mod admin_api;
 mod binary;
 mod circuit;
+mod console;
 mod db_outage;
 mod db_partition;
 mod delivery;

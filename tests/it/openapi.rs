@@ -363,13 +363,17 @@ fn every_registered_route_is_documented() {
     let src_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
     let router = format!("{src_dir}/api/mod.rs");
     // Routes are registered in one file; a router built elsewhere would escape this test.
-    // (src/bin holds the benchmark and soak tools, whose test sinks serve no gateway route.)
+    // (src/bin holds the benchmark and soak tools, whose test sinks serve no gateway route;
+    // src/console builds the web console's pages, HTML for browsers and not API, which
+    // src/api/mod.rs nests under /console: `console_routes_are_all_under_console` checks
+    // that no API path is among them.)
     let tools = std::path::PathBuf::from(format!("{src_dir}/bin"));
+    let console = std::path::PathBuf::from(format!("{src_dir}/console"));
     let mut stack = vec![std::path::PathBuf::from(src_dir)];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
-            if path == tools {
+            if path == tools || path == console {
                 continue;
             }
             if path.is_dir() {
@@ -396,6 +400,23 @@ fn every_registered_route_is_documented() {
     );
     let unregistered: Vec<_> = documented.difference(&registered).collect();
     assert!(unregistered.is_empty(), "documented but not registered in src/api/mod.rs: {unregistered:?}");
+}
+
+/// The console's routes (read from `src/console/mod.rs` the same way) are pages, not API:
+/// none is documented, and each lives under `/console`, nested there by `src/api/mod.rs`.
+#[test]
+fn console_routes_are_all_under_console() {
+    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/console/mod.rs")).unwrap();
+    let pages = registered::routes(&src);
+    assert!(pages.contains(&("GET".into(), "/events/{id}".into())), "{pages:?}");
+    let documented = documented(&document());
+    for (method, path) in &pages {
+        let full = format!("/console{}", path.trim_end_matches('/'));
+        assert!(!documented.iter().any(|(_, p)| p.starts_with("/console")), "the console is not API");
+        assert!(!documented.contains(&(method.clone(), full.clone())), "{method} {full} is documented");
+    }
+    let api = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/api/mod.rs")).unwrap();
+    assert!(api.contains(r#"app.nest("/console", pages)"#), "the console is nested under /console");
 }
 
 /// Every `(METHOD, path)` that `src/api/mod.rs` registers.

@@ -144,6 +144,7 @@ pub fn test_settings() -> Settings {
         db_timeout: db::DEFAULT_REQUEST_TIMEOUT,
         http: webhook_gateway::server::HttpLimits::default(),
         secrets: webhook_gateway::secrets::Keyring::default(),
+        console: true,
     }
 }
 

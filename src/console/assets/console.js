@@ -1,0 +1,53 @@
+// webhook-gateway console: local times, and the overview's live refresh.
+// Served by the gateway from /console/static/console.js (no inline script: the CSP
+// forbids it). No framework, no build step.
+"use strict";
+
+// Every <time datetime=...> shows the viewer's local time; the UTC time stays in its
+// title (shown on hover), as the server rendered it.
+function localizeTimes(root) {
+  const fmt = new Intl.DateTimeFormat(undefined, {
+    year: "numeric", month: "2-digit", day: "2-digit",
+    hour: "2-digit", minute: "2-digit", second: "2-digit",
+    timeZoneName: "short",
+  });
+  for (const el of root.querySelectorAll("time[datetime]")) {
+    const when = new Date(el.getAttribute("datetime"));
+    if (!isNaN(when.getTime())) {
+      el.textContent = fmt.format(when);
+      el.classList.add("local");
+    }
+  }
+}
+
+// An element with data-refresh="URL" is replaced every few seconds by the HTML fragment
+// at URL (rendered and escaped by the server). A failed fetch leaves the last numbers and
+// marks them stale; a signed-out session stops the refresh.
+function liveRefresh(el) {
+  const url = el.getAttribute("data-refresh");
+  const every = 5000;
+  async function tick() {
+    try {
+      const response = await fetch(url, { credentials: "same-origin", redirect: "manual" });
+      if (response.type === "opaqueredirect" || response.status === 403) {
+        el.classList.add("stale");
+        return; // signed out: no more polling
+      }
+      if (!response.ok) throw new Error("HTTP " + response.status);
+      const html = await response.text();
+      const fresh = new DOMParser().parseFromString(html, "text/html");
+      el.replaceChildren(...fresh.body.childNodes);
+      el.classList.remove("stale");
+      localizeTimes(el);
+    } catch (e) {
+      el.classList.add("stale");
+    }
+    setTimeout(tick, every);
+  }
+  setTimeout(tick, every);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  localizeTimes(document);
+  for (const el of document.querySelectorAll("[data-refresh]")) liveRefresh(el);
+});

@@ -1,0 +1,151 @@
+//! The overview: rates, queue depth and lag, recent dead letters, endpoints that are not
+//! sending; its numbers refresh live (the script fetches [`live`] every few seconds).
+
+use askama::Template;
+use axum::Extension;
+use axum::extract::State;
+use chrono::Utc;
+
+use super::{Layout, PageResult, Session, render};
+use crate::api::AppState;
+use crate::circuit::CircuitDisplay;
+use crate::queue;
+use crate::store;
+
+/// Rates are averaged over this window.
+const RATE_WINDOW_SECS: i64 = 300;
+
+/// How long this process reuses the numbers: however many consoles are open, the
+/// overview's queries (the queue counts read every pending row) run at most once per this
+/// interval per replica.
+const REUSE_FOR: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// The last numbers and when they were read: one per console router (so per gateway, not
+/// per process: tests run several gateways in one process).
+#[derive(Clone, Default)]
+pub struct Recent(std::sync::Arc<std::sync::Mutex<Option<(std::time::Instant, Live)>>>);
+
+/// An endpoint that is not sending now.
+#[derive(Clone)]
+pub struct Stalled {
+    id: String,
+    url: String,
+    why: &'static str,
+}
+
+/// The live numbers (the fragment the page refreshes).
+#[derive(Clone, Template)]
+#[template(path = "console/overview_live.html")]
+pub struct Live {
+    ingest_per_sec: String,
+    delivered_per_sec: String,
+    failed_per_sec: String,
+    pending: i64,
+    due: i64,
+    parked: i64,
+    lag: String,
+    dead_total: i64,
+    dead_last_hour: i64,
+    stalled: Vec<Stalled>,
+    at: super::Ts,
+}
+
+#[derive(Template)]
+#[template(path = "console/overview.html")]
+struct Page {
+    layout: Layout,
+    live: Live,
+}
+
+/// Per second over the rate window, one decimal.
+fn rate(count: i64) -> String {
+    format!("{:.1}", count as f64 / RATE_WINDOW_SECS as f64)
+}
+
+/// A lag in seconds, readable: `0 s`, `42 s`, `3 min 5 s`, `2 h 10 min`.
+pub fn human_secs(secs: f64) -> String {
+    let s = secs.max(0.0).round() as i64;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// The numbers, read at most once per [`REUSE_FOR`] by this process.
+async fn live_numbers(state: &AppState, recent: &Recent) -> Result<Live, sqlx::Error> {
+    let lock = || recent.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((at, live)) = lock().as_ref()
+        && at.elapsed() < REUSE_FOR
+    {
+        return Ok(live.clone());
+    }
+    let live = read_numbers(state).await?;
+    *lock() = Some((std::time::Instant::now(), live.clone()));
+    Ok(live)
+}
+
+async fn read_numbers(state: &AppState) -> Result<Live, sqlx::Error> {
+    let now = Utc::now();
+    let window = now - chrono::Duration::seconds(RATE_WINDOW_SECS);
+    let received = store::events::received_since(&state.pool, window).await?;
+    let outcomes = store::attempts::outcomes_since(&state.pool, window).await?;
+    let hour = store::attempts::outcomes_since(&state.pool, now - chrono::Duration::hours(1)).await?;
+    let count = |rows: &[(String, i64)], outcome: &str| rows.iter().find(|(o, _)| o == outcome).map_or(0, |r| r.1);
+    let stats = queue::read::stats(&state.pool).await?;
+    let stalled = store::endpoints::list(&state.pool)
+        .await?
+        .into_iter()
+        .filter_map(|e| {
+            let why = if e.paused {
+                "paused"
+            } else {
+                match e.circuit.display_state(now) {
+                    CircuitDisplay::Closed => return None,
+                    CircuitDisplay::Open => "circuit open",
+                    CircuitDisplay::HalfOpen => "circuit half-open",
+                }
+            };
+            Some(Stalled { id: e.id.to_string(), url: e.url, why })
+        })
+        .collect();
+    Ok(Live {
+        ingest_per_sec: rate(received),
+        delivered_per_sec: rate(count(&outcomes, "delivered")),
+        failed_per_sec: rate(count(&outcomes, "retry") + count(&outcomes, "dead")),
+        pending: stats.pending,
+        due: stats.due,
+        parked: stats.parked,
+        lag: stats.oldest_due_age_secs.map_or_else(|| "none".to_owned(), human_secs),
+        dead_total: stats.dead,
+        dead_last_hour: count(&hour, "dead"),
+        stalled,
+        at: super::Ts(now),
+    })
+}
+
+/// `GET /console`.
+pub async fn page(session: Session, State(state): State<AppState>, Extension(recent): Extension<Recent>) -> PageResult {
+    let live = live_numbers(&state, &recent).await?;
+    render(&Page { layout: Layout::new(&session, "overview"), live })
+}
+
+/// `GET /console/overview/live`: the numbers alone, an HTML fragment the page swaps in.
+pub async fn live(
+    _session: Session,
+    State(state): State<AppState>,
+    Extension(recent): Extension<Recent>,
+) -> PageResult {
+    render(&live_numbers(&state, &recent).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn lags_read_like_a_person_would_say_them() {
+        assert_eq!(super::human_secs(-3.0), "0 s");
+        assert_eq!(super::human_secs(42.4), "42 s");
+        assert_eq!(super::human_secs(185.0), "3 min 5 s");
+        assert_eq!(super::human_secs(7800.0), "2 h 10 min");
+    }
+}

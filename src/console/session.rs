@@ -1,0 +1,283 @@
+//! Console sessions: sign in with the admin token, a signed stateless cookie, CSRF tokens.
+//!
+//! The cookie holds `<session id>.<issued at>.<mac>`: a random id, the Unix time it was
+//! issued, and an HMAC-SHA256 of both under a key derived from the admin token. No session
+//! table: any replica with the same token accepts it, and rotating the admin token changes
+//! the key, which signs every session out. The raw token is never in the cookie, a URL or
+//! the browser's storage. A session lasts [`SESSION_TTL`]; signing out clears the cookie in
+//! that browser (a copied cookie stays valid until it expires or the token is rotated:
+//! the price of keeping no state).
+//!
+//! CSRF: the token is an HMAC of the session id under the same key, so each session has
+//! its own; every POST but the sign-in carries it in a hidden field and is refused 403
+//! without it ([`Posted`]). The cookie is also `SameSite=Strict`, so another site's form
+//! does not even carry it.
+
+use askama::Template;
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use hmac::{Hmac, Mac};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use sha2::Sha256;
+
+use super::{ConsoleError, PageResult, render, see_other};
+use crate::api::AppState;
+use crate::error::ApiError;
+
+/// The session cookie's name.
+pub const COOKIE: &str = "wg_console";
+
+/// How long a session lasts after signing in, in seconds (a working day and then some).
+pub const SESSION_TTL: i64 = 12 * 3600;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The signing key of sessions and CSRF tokens: derived from the admin token, so that
+/// rotating the token invalidates every session.
+fn key(admin_token: &str) -> [u8; 32] {
+    let mut mac = HmacSha256::new_from_slice(admin_token.as_bytes()).expect("HMAC takes a key of any length");
+    mac.update(b"webhook-gateway console session key v1");
+    mac.finalize().into_bytes().into()
+}
+
+fn mac(key: &[u8; 32], purpose: &str, data: &str) -> HmacSha256 {
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes a key of any length");
+    mac.update(purpose.as_bytes());
+    mac.update(b"\0");
+    mac.update(data.as_bytes());
+    mac
+}
+
+/// A signed-in console session (an extractor: without a valid cookie, a GET is redirected
+/// to the sign-in page and anything else refused 403).
+#[derive(Clone)]
+pub struct Session {
+    id: String,
+    key: [u8; 32],
+}
+
+// The key signs sessions: never printed.
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// A new session's cookie value, signed under `admin_token`'s key.
+    fn issue(admin_token: &str, now: i64) -> String {
+        let id = hex::encode(rand::random::<[u8; 16]>());
+        let payload = format!("{id}.{now}");
+        let tag = hex::encode(mac(&key(admin_token), "session", &payload).finalize().into_bytes());
+        format!("{payload}.{tag}")
+    }
+
+    /// The session a cookie value stands for, if its signature holds under `admin_token`'s
+    /// key and it has not expired at `now`.
+    fn verify(admin_token: &str, value: &str, now: i64) -> Option<Session> {
+        let (payload, tag) = value.rsplit_once('.')?;
+        let (id, issued) = payload.split_once('.')?;
+        let issued: i64 = issued.parse().ok()?;
+        let key = key(admin_token);
+        mac(&key, "session", payload).verify_slice(&hex::decode(tag).ok()?).ok()?;
+        // Issued in the future (beyond a little clock skew between replicas) or expired.
+        if issued > now + 60 || now - issued >= SESSION_TTL {
+            return None;
+        }
+        Some(Session { id: id.to_owned(), key })
+    }
+
+    /// This session's CSRF token, for the hidden field of every form.
+    pub fn csrf_token(&self) -> String {
+        hex::encode(mac(&self.key, "csrf", &self.id).finalize().into_bytes())
+    }
+
+    /// Whether `presented` is this session's CSRF token (constant time).
+    fn csrf_ok(&self, presented: &str) -> bool {
+        match hex::decode(presented) {
+            Ok(bytes) => mac(&self.key, "csrf", &self.id).verify_slice(&bytes).is_ok(),
+            Err(_) => false,
+        }
+    }
+}
+
+/// The session cookie's value among the request's cookies.
+fn cookie_value(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find_map(|(name, value)| (name == COOKIE).then_some(value))
+}
+
+/// Whether the browser reached us over https (directly or through a proxy that says so):
+/// then the cookie is `Secure`.
+fn over_https(parts_headers: &HeaderMap, uri: &axum::http::Uri) -> bool {
+    uri.scheme_str() == Some("https")
+        || parts_headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.split(',').next().is_some_and(|p| p.trim().eq_ignore_ascii_case("https")))
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+impl FromRequestParts<AppState> for Session {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        match cookie_value(&parts.headers).and_then(|v| Session::verify(&state.admin_token, v, now())) {
+            Some(session) => Ok(session),
+            None if parts.method == axum::http::Method::GET => Err(see_other("/console/login")),
+            None => Err(ConsoleError(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "not signed in (or the session expired): sign in again",
+            ))
+            .into_response()),
+        }
+    }
+}
+
+/// A console form post: a signed-in session whose CSRF token (the `csrf` field) matches,
+/// and the form's fields as `T` (which ignores `csrf`). Anything else is refused 403
+/// before the handler runs.
+pub struct Posted<T>(pub Session, pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for Posted<T> {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let (mut parts, body) = request.into_parts();
+        let session = Session::from_request_parts(&mut parts, state).await?;
+        let request = Request::from_parts(parts, body);
+        let bytes = axum::body::Bytes::from_request(request, state).await.map_err(IntoResponse::into_response)?;
+        let fields: Vec<(String, String)> = serde_urlencoded::from_bytes(&bytes).unwrap_or_default();
+        let presented = fields.iter().find(|(name, _)| name == "csrf").map(|(_, v)| v.as_str()).unwrap_or("");
+        if !session.csrf_ok(presented) {
+            tracing::warn!("console: a form post without a valid CSRF token was refused");
+            return Err(ConsoleError(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "this form is stale or did not come from the console (CSRF token missing or wrong): reload the page",
+            ))
+            .into_response());
+        }
+        let form: T = serde_urlencoded::from_bytes(&bytes).map_err(|e| {
+            ConsoleError(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", e.to_string()))
+                .into_response()
+        })?;
+        Ok(Posted(session, form))
+    }
+}
+
+/// A form with no fields but the CSRF token.
+#[derive(Debug, Deserialize)]
+pub struct NoFields {}
+
+#[derive(Template)]
+#[template(path = "console/login.html")]
+struct LoginPage<'a> {
+    error: Option<&'a str>,
+}
+
+/// `GET /console/login`.
+pub async fn login_page() -> PageResult {
+    render(&LoginPage { error: None })
+}
+
+/// The sign-in form.
+#[derive(Deserialize)]
+pub struct LoginForm {
+    token: String,
+}
+
+/// `POST /console/login`: the admin token in, a session cookie out.
+pub async fn login(State(state): State<AppState>, request: Request) -> PageResult {
+    let https = over_https(request.headers(), request.uri());
+    let axum::Form(form) = axum::Form::<LoginForm>::from_request(request, &state)
+        .await
+        .map_err(|e| ConsoleError(ApiError::bad_request("bad_request", e.body_text())))?;
+    use subtle::ConstantTimeEq;
+    let good: bool = form.token.trim().as_bytes().ct_eq(state.admin_token.as_bytes()).into();
+    if !good {
+        tracing::warn!("console: sign-in with a wrong admin token");
+        let mut response = render(&LoginPage { error: Some("That is not the admin token.") })?;
+        *response.status_mut() = StatusCode::UNAUTHORIZED;
+        return Ok(response);
+    }
+    let value = Session::issue(&state.admin_token, now());
+    let secure = if https { "; Secure" } else { "" };
+    let cookie = format!("{COOKIE}={value}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={SESSION_TTL}{secure}");
+    let mut response = see_other("/console");
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    tracing::info!("console: signed in");
+    Ok(response)
+}
+
+/// `POST /console/logout`: clear the cookie. A valid session needs its CSRF token (so no
+/// other site can sign an operator out); a post without a valid session (expired, already
+/// signed out) has nothing to protect and just clears the cookie.
+pub async fn logout(State(state): State<AppState>, request: Request) -> Response {
+    let has_session =
+        cookie_value(request.headers()).and_then(|v| Session::verify(&state.admin_token, v, now())).is_some();
+    if has_session && let Err(refused) = Posted::<NoFields>::from_request(request, &state).await {
+        return refused;
+    }
+    let mut response = see_other("/console/login");
+    let cookie = format!("{COOKIE}=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0");
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "admin-token-for-unit-tests";
+
+    #[test]
+    fn a_session_verifies_under_its_token_only_and_expires() {
+        let value = Session::issue(TOKEN, 1_000_000);
+        assert!(Session::verify(TOKEN, &value, 1_000_000).is_some());
+        assert!(Session::verify(TOKEN, &value, 1_000_000 + SESSION_TTL - 1).is_some());
+        assert!(Session::verify(TOKEN, &value, 1_000_000 + SESSION_TTL).is_none(), "expired");
+        assert!(Session::verify("another-admin-token", &value, 1_000_000).is_none(), "token rotated");
+        // A changed id or time breaks the signature.
+        let (payload, tag) = value.rsplit_once('.').unwrap();
+        let (id, _) = payload.split_once('.').unwrap();
+        assert!(Session::verify(TOKEN, &format!("{id}.1000001.{tag}"), 1_000_000).is_none());
+        assert!(Session::verify(TOKEN, "garbage", 1_000_000).is_none());
+        assert!(!value.contains(TOKEN));
+    }
+
+    #[test]
+    fn csrf_tokens_are_per_session() {
+        let a = Session::verify(TOKEN, &Session::issue(TOKEN, 5), 5).unwrap();
+        let b = Session::verify(TOKEN, &Session::issue(TOKEN, 5), 5).unwrap();
+        assert!(a.csrf_ok(&a.csrf_token()));
+        assert!(!a.csrf_ok(&b.csrf_token()));
+        assert!(!a.csrf_ok(""));
+        assert!(!a.csrf_ok("zz"));
+    }
+
+    #[test]
+    fn the_cookie_is_found_among_others() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::COOKIE, HeaderValue::from_static("a=1; wg_console=v.1.t; b=2"));
+        assert_eq!(cookie_value(&headers), Some("v.1.t"));
+        headers.insert(header::COOKIE, HeaderValue::from_static("wg_consolex=1"));
+        assert_eq!(cookie_value(&headers), None);
+    }
+}

@@ -1,0 +1,417 @@
+//! The web console (`/console`): sessions, CSRF, escaping and headers over plain HTTP, and
+//! an operator's round in a real browser (headless Chromium driven over WebDriver), which
+//! writes a screenshot of each page to `target/console-screenshots/`.
+
+use reqwest::StatusCode;
+use reqwest::redirect::Policy;
+use serde_json::json;
+
+use crate::support::{ADMIN_TOKEN, TestApp, TestDb, test_settings};
+
+/// A client that shows redirects instead of following them.
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().redirect(Policy::none()).build().expect("client")
+}
+
+/// Sign in over plain HTTP; the session cookie as a `Cookie` header value.
+async fn sign_in(app: &TestApp) -> String {
+    let response =
+        client().post(app.url("/console/login")).form(&[("token", ADMIN_TOKEN)]).send().await.expect("sign in");
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let set = response.headers()["set-cookie"].to_str().expect("cookie").to_owned();
+    set.split(';').next().expect("name=value").to_owned()
+}
+
+/// GET a console page with the cookie: (status, body).
+async fn page(app: &TestApp, cookie: &str, path: &str) -> (StatusCode, String) {
+    let response = client().get(app.url(path)).header("cookie", cookie).send().await.expect("page");
+    (response.status(), response.text().await.expect("body"))
+}
+
+/// The CSRF token of a page's forms.
+fn csrf_of(html: &str) -> String {
+    let marker = r#"name="csrf" value=""#;
+    let start = html.find(marker).expect("a form with a CSRF token") + marker.len();
+    html[start..].split('"').next().expect("token").to_owned()
+}
+
+#[tokio::test]
+async fn a_page_without_a_session_redirects_to_sign_in() {
+    let app = TestApp::spawn().await;
+    for path in ["/console", "/console/events", "/console/endpoints", "/console/dead", "/console/sources"] {
+        let response = client().get(app.url(path)).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::SEE_OTHER, "{path}");
+        assert_eq!(response.headers()["location"], "/console/login", "{path}");
+    }
+    // A forged or foreign cookie is no session either.
+    let (status, _) = page(&app, "wg_console=abc.1.def", "/console").await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    // The sign-in page and the static files need none.
+    let (status, body) = page(&app, "", "/console/login").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains(r#"name="token""#));
+    let (status, _) = page(&app, "", "/console/static/console.js").await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn sign_in_takes_the_admin_token_and_sets_a_strict_http_only_cookie_without_it() {
+    let app = TestApp::spawn().await;
+    let wrong = client().post(app.url("/console/login")).form(&[("token", "not-the-token")]).send().await.unwrap();
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    assert!(wrong.headers().get("set-cookie").is_none());
+
+    let response = client().post(app.url("/console/login")).form(&[("token", ADMIN_TOKEN)]).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(response.headers()["location"], "/console");
+    let cookie = response.headers()["set-cookie"].to_str().unwrap().to_owned();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/console", "Max-Age="] {
+        assert!(cookie.contains(attribute), "{attribute} missing: {cookie}");
+    }
+    assert!(!cookie.contains("Secure"), "plain HTTP: {cookie}");
+    assert!(!cookie.contains(ADMIN_TOKEN), "the token itself is never in the cookie: {cookie}");
+
+    // Behind a TLS-terminating proxy the cookie is Secure.
+    let response = client()
+        .post(app.url("/console/login"))
+        .header("x-forwarded-proto", "https")
+        .form(&[("token", ADMIN_TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert!(response.headers()["set-cookie"].to_str().unwrap().contains("; Secure"));
+
+    let session = cookie.split(';').next().unwrap();
+    let (status, body) = page(&app, session, "/console").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("Overview"), "{body}");
+}
+
+#[tokio::test]
+async fn forged_form_posts_are_refused_403_and_change_nothing() {
+    let app = TestApp::spawn().await;
+    let endpoint = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/hook"}), 201).await;
+    let id = endpoint["id"].as_str().unwrap();
+    let cookie = sign_in(&app).await;
+    let other_session = sign_in(&app).await;
+    let (_, html) = page(&app, &other_session, &format!("/console/endpoints/{id}")).await;
+    let foreign_token = csrf_of(&html);
+    let pause = app.url(&format!("/console/endpoints/{id}/pause"));
+
+    for (what, form) in [
+        ("no token", vec![]),
+        ("an empty token", vec![("csrf", String::new())]),
+        ("a wrong token", vec![("csrf", "00".repeat(32))]),
+        ("another session's token", vec![("csrf", foreign_token.clone())]),
+    ] {
+        let response = client().post(&pause).header("cookie", &cookie).form(&form).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{what}");
+        assert!(response.text().await.unwrap().contains("CSRF"), "{what}");
+    }
+    // A right token without the session is refused too (a cross-site post carries no
+    // cookie: SameSite=Strict).
+    let response = client().post(&pause).form(&[("csrf", foreign_token.as_str())]).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    assert_eq!(app.admin_get(&format!("/v1/endpoints/{id}")).await["paused"], false, "nothing changed");
+
+    // The session's own token from its page goes through.
+    let (_, html) = page(&app, &cookie, &format!("/console/endpoints/{id}")).await;
+    let response =
+        client().post(&pause).header("cookie", &cookie).form(&[("csrf", csrf_of(&html))]).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(app.admin_get(&format!("/v1/endpoints/{id}")).await["paused"], true);
+
+    // Signing out is a form post like the others ...
+    let response = client().post(app.url("/console/logout")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    // ... but without a session there is nothing to protect: the cookie is just cleared.
+    let response = client().post(app.url("/console/logout")).header("cookie", "wg_console=x.1.y").send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert!(response.headers()["set-cookie"].to_str().unwrap().contains("Max-Age=0"));
+}
+
+#[tokio::test]
+async fn the_overview_fragment_has_the_numbers_without_the_page() {
+    let app = TestApp::spawn().await;
+    app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/hook"}), 201).await;
+    let id = app.admin_get("/v1/endpoints").await["data"][0]["id"].as_str().unwrap().to_owned();
+    app.admin_post(&format!("/v1/endpoints/{id}/pause"), json!({}), 200).await;
+    let cookie = sign_in(&app).await;
+    let (status, fragment) = page(&app, &cookie, "/console/overview/live").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!fragment.contains("<html") && !fragment.contains("<nav"), "a fragment: {fragment}");
+    assert!(fragment.contains(r#"id="queue-pending""#) && fragment.contains("paused"), "{fragment}");
+    let (status, _) = page(&app, "", "/console/overview/live").await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "no session, no numbers");
+}
+
+/// Whether `html` shows `text` with its markup escaped (named or numeric entities).
+fn shown_escaped(html: &str, text: &str) -> bool {
+    let named = text.replace('<', "&lt;").replace('>', "&gt;");
+    let numeric = text.replace('<', "&#60;").replace('>', "&#62;");
+    html.contains(&named) || html.contains(&numeric)
+}
+
+#[tokio::test]
+async fn attacker_controlled_payloads_and_headers_render_escaped_under_a_strict_policy() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let evil = "<script>alert(1)</script>";
+    let body = json!({"note": evil, "img": "<img src=x onerror=alert(2)>"}).to_string();
+    let (status, stored) = app.ingest("shop", "<b>key</b>", "order.<i>created</i>", &body).await;
+    assert_eq!(status, 200, "{stored}");
+    let event_id = stored["event_id"].as_str().unwrap();
+    let cookie = sign_in(&app).await;
+
+    let response =
+        client().get(app.url(&format!("/console/events/{event_id}"))).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers().clone();
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("default-src 'self'") && csp.contains("script-src 'self'"), "{csp}");
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(headers["x-frame-options"], "DENY");
+    assert_eq!(headers["referrer-policy"], "no-referrer");
+    assert_eq!(headers["cache-control"], "no-store");
+    let html = response.text().await.unwrap();
+    assert!(!html.contains("<script>alert"), "payload rendered raw");
+    assert!(!html.contains("<img src=x"), "payload rendered raw");
+    assert!(shown_escaped(&html, "<script>alert(1)</script>"), "payload missing or not escaped");
+    assert!(!html.contains("<b>key</b>") && shown_escaped(&html, "<b>key</b>"), "dedupe key");
+    assert!(!html.contains("order.<i>created") && shown_escaped(&html, "order.<i>created"), "event type");
+    // The only scripts are the served file: no inline script at all.
+    assert_eq!(html.matches("<script").count(), 1, "{html}");
+    assert!(html.contains(r#"<script src="/console/static/console.js" defer></script>"#));
+
+    // The list escapes too.
+    let (_, list) = page(&app, &cookie, "/console/events?source=shop").await;
+    assert!(!list.contains("<b>key</b>") && shown_escaped(&list, "<b>key</b>"), "{list}");
+}
+
+#[tokio::test]
+async fn the_console_can_be_turned_off() {
+    let settings = webhook_gateway::app::Settings { console: false, ..test_settings() };
+    let app = TestApp::spawn_with(TestDb::new().await, settings, 8).await;
+    let (status, _) = page(&app, "", "/console/login").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // The API is untouched.
+    app.admin_get("/v1/endpoints").await;
+}
+
+#[tokio::test]
+async fn a_dedupe_key_search_needs_its_source() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    app.ingest("shop", "k-1", "a", "{}").await;
+    let (status, body) = app.admin(reqwest::Method::GET, "/v1/events?dedupe_key=k-1", None).await;
+    assert_eq!(status, 422, "{body}");
+    let found = app.admin_get("/v1/events?source=shop&dedupe_key=k-1").await;
+    assert_eq!(found["data"].as_array().unwrap().len(), 1, "{found}");
+    let found = app.admin_get("/v1/events?source=shop&dedupe_key=k-2").await;
+    assert_eq!(found["data"].as_array().unwrap().len(), 0, "{found}");
+}
+
+mod browser;
+
+/// Text of an HTML page with its character references (`&#61;`, `&amp;` ...) decoded.
+fn unescape(html: &str) -> String {
+    let mut out = String::new();
+    let mut rest = html;
+    while let Some(i) = rest.find('&') {
+        out.push_str(&rest[..i]);
+        let Some(end) = rest[i..].find(';') else { break };
+        let entity = &rest[i + 1..i + end];
+        let c = match entity {
+            "amp" => Some('&'),
+            "lt" => Some('<'),
+            "gt" => Some('>'),
+            "quot" => Some('"'),
+            _ => entity.strip_prefix('#').and_then(|n| n.parse::<u32>().ok()).and_then(char::from_u32),
+        };
+        match c {
+            Some(c) => out.push(c),
+            None => out.push_str(&rest[i..=i + end]),
+        }
+        rest = &rest[i + end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The rows of a console list: how many links to `prefix` the table has, and its
+/// "next page" link (unescaped), if any.
+fn rows_and_next(html: &str, prefix: &str) -> (Vec<String>, Option<String>) {
+    let cell = format!(r#"<td><a href="{prefix}"#);
+    let rows = html
+        .match_indices(&cell)
+        .map(|(i, _)| html[i + cell.len()..].split('"').next().unwrap_or_default().to_owned())
+        .collect();
+    let next = html.find(r#"id="next""#).map(|end| {
+        let start = html[..end].rfind(r#"href=""#).expect("the next link's href") + 6;
+        unescape(html[start..end].split('"').next().unwrap())
+    });
+    (rows, next)
+}
+
+#[tokio::test]
+async fn lists_of_thousands_come_in_keyset_pages() {
+    let app = TestApp::spawn().await;
+    // An endpoint nobody can reach, paused so that no worker touches the seeded rows.
+    let ep = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/hook"}), 201).await;
+    let id = ep["id"].as_str().unwrap().to_owned();
+    app.admin_post(&format!("/v1/endpoints/{id}/pause"), json!({}), 200).await;
+    crate::support::seed_deliveries(&app.db.pool, &id, 5_000).await;
+    sqlx::query(
+        "UPDATE deliveries SET status = 'dead', finished_at = now(), dead_reason = 'seeded', parked = false
+         WHERE id IN (SELECT id FROM deliveries ORDER BY id LIMIT 3000)",
+    )
+    .execute(&app.db.pool)
+    .await
+    .unwrap();
+    let cookie = sign_in(&app).await;
+
+    let mut seen = std::collections::HashSet::new();
+    let mut path = "/console/events?window=all".to_owned();
+    for page_number in 0..3 {
+        let started = std::time::Instant::now();
+        let (status, html) = page(&app, &cookie, &path).await;
+        eprintln!("events page {page_number}: {:?}", started.elapsed());
+        assert_eq!(status, StatusCode::OK);
+        let (rows, next) = rows_and_next(&html, "/console/events/");
+        assert_eq!(rows.len(), 50, "a page of 50");
+        for row in rows {
+            assert!(seen.insert(row), "no event on two pages");
+        }
+        path = next.expect("an older page");
+    }
+
+    let started = std::time::Instant::now();
+    let (status, html) = page(&app, &cookie, &format!("/console/dead?endpoint={id}&window=all")).await;
+    eprintln!("dead letters page: {:?}", started.elapsed());
+    assert_eq!(status, StatusCode::OK);
+    let (rows, next) = rows_and_next(&html, "/console/deliveries/");
+    assert_eq!(rows.len(), 50);
+    let (status, html) = page(&app, &cookie, &next.expect("an older page")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (older, _) = rows_and_next(&html, "/console/deliveries/");
+    assert_eq!(older.len(), 50);
+    assert!(older.iter().all(|d| !rows.contains(d)), "no dead letter on two pages");
+
+    let started = std::time::Instant::now();
+    let (status, html) = page(&app, &cookie, &format!("/console/endpoints/{id}")).await;
+    eprintln!("endpoint page: {:?}", started.elapsed());
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(rows_and_next(&html, "/console/deliveries/").0.len(), 50);
+
+    let started = std::time::Instant::now();
+    let (status, html) = page(&app, &cookie, &format!("/console/endpoints/{id}/recover?since=2000-01-01+00:00")).await;
+    eprintln!("recovery confirmation: {:?}", started.elapsed());
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains(r#"id="recover-count" class="num-inline">3000<"#), "counted, not done");
+    assert_eq!(crate::support::count_status(&app.db.pool, "dead").await, 3000);
+
+    for path in ["/console", "/console/endpoints", "/console/sources"] {
+        let started = std::time::Instant::now();
+        let (status, _) = page(&app, &cookie, path).await;
+        eprintln!("{path}: {:?}", started.elapsed());
+        assert_eq!(status, StatusCode::OK, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn rotate_test_send_and_resume_from_the_console_do_what_the_api_does() {
+    let app = TestApp::spawn().await;
+    let sink = crate::support::sink::Sink::ok().await;
+    let ep = app.admin_post("/v1/endpoints", json!({"url": sink.url("/hook")}), 201).await;
+    let id = ep["id"].as_str().unwrap().to_owned();
+    let old_secret = ep["secret"].as_str().unwrap().to_owned();
+    let cookie = sign_in(&app).await;
+    let (_, html) = page(&app, &cookie, &format!("/console/endpoints/{id}")).await;
+    let csrf = csrf_of(&html);
+    let post = |action: &str| {
+        client()
+            .post(app.url(&format!("/console/endpoints/{id}/{action}")))
+            .header("cookie", &cookie)
+            .form(&[("csrf", csrf.as_str())])
+            .send()
+    };
+
+    // Rotation: the new secret is on the answer page, once.
+    let response = post("rotate-secret").await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let html = response.text().await.unwrap();
+    let start = html.find(r#"id="new-secret">"#).expect("the new secret is shown") + 16;
+    let secret = unescape(html[start..].split('<').next().unwrap());
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    assert_ne!(secret, old_secret);
+    let (_, again) = page(&app, &cookie, &format!("/console/endpoints/{id}")).await;
+    assert!(!again.contains(&secret) && !again.contains("whsec_"), "shown once only");
+
+    // A test send is a delivery like the API's, signed with the new secret.
+    let response = post("test").await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let location = response.headers()["location"].to_str().unwrap().to_owned();
+    let delivery = location.strip_prefix("/console/deliveries/").expect("to the test delivery");
+    crate::support::eventually(std::time::Duration::from_secs(20), "the test delivery is delivered", || async {
+        (app.admin_get(&format!("/v1/deliveries/{delivery}")).await["status"] == "delivered").then_some(())
+    })
+    .await;
+    let received = sink.received();
+    let test = received.iter().find(|r| r.body.windows(12).any(|w| w == b"webhook.test")).expect("the test event");
+    assert_eq!(test.header("webhook-id"), format!("msg_{}", delivery.replace('-', "")));
+    let signed = |secret: &str| {
+        crate::support::standard_webhooks::verify(
+            secret,
+            &test.header("webhook-id"),
+            &test.header("webhook-timestamp"),
+            &test.body,
+            &test.header("webhook-signature"),
+        )
+    };
+    assert!(signed(&secret), "signed with the new secret");
+    assert!(signed(&old_secret), "and, in its grace period, the old one");
+
+    // Pause, then resume.
+    assert_eq!(post("pause").await.unwrap().status(), StatusCode::SEE_OTHER);
+    assert_eq!(app.admin_get(&format!("/v1/endpoints/{id}")).await["paused"], true);
+    let response = post("resume").await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(response.headers()["location"], format!("/console/endpoints/{id}?done=resumed").as_str());
+    assert_eq!(app.admin_get(&format!("/v1/endpoints/{id}")).await["paused"], false);
+}
+
+#[tokio::test]
+async fn an_ordered_delivery_shows_its_key_and_that_it_waits_for_its_line() {
+    // No workers: the line's head stays pending, the next one waits behind it.
+    let app = TestApp::ingest_only().await;
+    let source = json!({"name": "ord", "kind": "none", "dedupe": {"header": "X-Delivery-Id"},
+                        "ordering_key": {"header": "X-Key"}});
+    app.admin_post("/v1/sources", source, 201).await;
+    let ep = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/hook"}), 201).await;
+    let id = ep["id"].as_str().unwrap();
+    let subscription = json!({"endpoint_id": id, "source": "ord", "ordered": {"on_dead": "block"}});
+    app.admin_post("/v1/subscriptions", subscription, 201).await;
+    let mut deliveries = Vec::new();
+    for i in 0..2 {
+        let response = app
+            .http
+            .post(app.url("/ingest/ord"))
+            .header("x-delivery-id", format!("d-{i}"))
+            .header("x-key", "customer-<42>")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        let event: serde_json::Value = response.json().await.unwrap();
+        let event = app.admin_get(&format!("/v1/events/{}", event["event_id"].as_str().unwrap())).await;
+        deliveries.push(event["deliveries"][0]["id"].as_str().unwrap().to_owned());
+    }
+    let cookie = sign_in(&app).await;
+    let (_, head) = page(&app, &cookie, &format!("/console/deliveries/{}", deliveries[0])).await;
+    assert!(shown_escaped(&head, "customer-<42>"), "the ordering key, escaped");
+    assert!(!head.contains("waiting for earlier deliveries"), "the head does not wait");
+    let (_, next) = page(&app, &cookie, &format!("/console/deliveries/{}", deliveries[1])).await;
+    assert!(shown_escaped(&next, "customer-<42>"));
+    assert!(next.contains("waiting for earlier deliveries of this key"), "{next}");
+    assert!(next.contains("waiting (ordered)"));
+}

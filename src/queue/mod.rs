@@ -158,11 +158,17 @@ pub const CLAIM_LOCK_SQL: &str = "WITH head AS (
          ORDER BY d.next_attempt_at
          LIMIT $1
      ), swept AS (
+         -- One index probe per runnable endpoint (LATERAL ... LIMIT 1: a generic plan
+         -- cannot turn it into a scan of every pending row, as it did an EXISTS).
          SELECT ep.id AS endpoint_id FROM endpoints ep
+         CROSS JOIN LATERAL (
+             SELECT 1 FROM deliveries d
+             WHERE d.endpoint_id = ep.id AND d.status = 'pending' AND NOT d.parked AND NOT d.waiting
+               AND d.next_attempt_at <= now()
+             ORDER BY d.next_attempt_at
+             LIMIT 1
+         ) due
          WHERE $2 AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
-           AND EXISTS (SELECT 1 FROM deliveries d
-                       WHERE d.endpoint_id = ep.id AND d.status = 'pending' AND NOT d.parked AND NOT d.waiting
-                         AND d.next_attempt_at <= now())
      )
      SELECT ep.id FROM endpoints ep
      WHERE ep.id IN (SELECT endpoint_id FROM head UNION SELECT endpoint_id FROM swept)

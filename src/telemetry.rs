@@ -1,0 +1,611 @@
+//! OpenTelemetry traces, exported over OTLP/HTTP (protobuf) when an endpoint is set in
+//! the standard environment (`OTEL_EXPORTER_OTLP_ENDPOINT`, or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`); off otherwise.
+//!
+//! Off costs nothing beyond one atomic load per would-be span: no layer is installed and
+//! every span here is `Span::none()`. Only the incoming `traceparent` is still read and
+//! validated (one header lookup), so that it is stored with the event either way.
+//!
+//! The W3C context follows the webhook: it is stored with the event
+//! (`events.traceparent`, `events.tracestate`), each delivery attempt's span links to it
+//! (a link, not a parent: retries run hours later, on any replica), and the outbound
+//! request carries a `traceparent` of the attempt's own HTTP client span, so the
+//! subscriber's trace joins the attempt's. With tracing off nothing is forwarded.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue};
+use opentelemetry::trace::{
+    Span as _, SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer as _,
+    TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_otlp::WithHttpConfig;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The `tracing` target of every span meant for OpenTelemetry; the log output filters it
+/// out, so turning tracing on does not change the logs.
+pub const TARGET: &str = "otel";
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static TRACER: OnceLock<SdkTracer> = OnceLock::new();
+
+/// Whether spans are exported (decided once at start-up).
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// The exporter, running: [`Telemetry::shutdown`] flushes what is still queued.
+pub struct Telemetry {
+    provider: SdkTracerProvider,
+}
+
+impl fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Telemetry")
+    }
+}
+
+impl Telemetry {
+    /// Export what is left and stop the exporter. Blocks (up to the export timeout); call
+    /// it outside the runtime's tasks, while the runtime still runs (the exporter's
+    /// requests are sent on it).
+    pub fn shutdown(self) {
+        if let Err(e) = self.provider.shutdown() {
+            eprintln!("webhook-gateway: exporting the last spans failed: {e}");
+        }
+    }
+}
+
+/// Why tracing could not be set up as configured.
+#[derive(Debug, thiserror::Error)]
+#[error("OpenTelemetry: {0}")]
+pub struct SetupError(String);
+
+/// Whether the environment asks for traces: an OTLP endpoint is set, and neither
+/// `OTEL_SDK_DISABLED=true` nor `OTEL_TRACES_EXPORTER=none` says otherwise.
+pub fn requested(env: impl Fn(&str) -> Option<String>) -> bool {
+    let set = |name: &str| env(name).is_some_and(|v| !v.trim().is_empty());
+    let endpoint = set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") || set("OTEL_EXPORTER_OTLP_ENDPOINT");
+    let disabled = env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    let no_exporter = env("OTEL_TRACES_EXPORTER").is_some_and(|v| v.trim().eq_ignore_ascii_case("none"));
+    endpoint && !disabled && !no_exporter
+}
+
+/// Build the OTLP exporter and tracer from the standard environment, if it asks for
+/// traces (see [`requested`]); `runtime` sends the exporter's requests. Returns the
+/// running exporter and the tracer for [`layer`].
+pub fn from_env(runtime: tokio::runtime::Handle) -> Result<Option<(Telemetry, SdkTracer)>, SetupError> {
+    let env = |name: &str| std::env::var(name).ok();
+    if !requested(env) {
+        return Ok(None);
+    }
+    for name in ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"] {
+        if let Some(protocol) = env(name).filter(|v| !v.trim().is_empty()) {
+            if protocol.trim() != "http/protobuf" {
+                return Err(SetupError(format!(
+                    "{name}={protocol} is not supported: this build exports OTLP over HTTP with protobuf only \
+                     (http/protobuf, usually port 4318)"
+                )));
+            }
+            break;
+        }
+    }
+    let client = ExportClient::new(runtime)?;
+    // The exporter reads the endpoint, headers, timeout and compression variables itself.
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_http_client(client)
+        .build()
+        .map_err(|e| SetupError(e.to_string()))?;
+    let mut resource = Resource::builder().with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")));
+    // The SDK takes OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES' service.name; without
+    // either it would say `unknown_service`.
+    let named = env("OTEL_SERVICE_NAME").is_some_and(|v| !v.is_empty())
+        || env("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|v| v.contains("service.name="));
+    if !named {
+        resource = resource.with_service_name("webhook-gateway");
+    }
+    // The batch processor reads OTEL_BSP_* (schedule delay, queue and batch sizes) and
+    // runs on a thread of its own; the sampler follows OTEL_TRACES_SAMPLER.
+    let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource.build()).build();
+    let tracer = provider.tracer("webhook-gateway");
+    let _ = TRACER.set(tracer.clone());
+    ENABLED.store(true, Ordering::Relaxed);
+    Ok(Some((Telemetry { provider }, tracer)))
+}
+
+/// The `tracing` layer that turns this module's spans into OpenTelemetry spans. Only
+/// spans of [`TARGET`] become spans; warnings and errors logged inside them become span
+/// events. Nothing else (the request log span, debug events) is exported.
+pub fn layer<S>(tracer: SdkTracer) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::Layer as _;
+    tracing_opentelemetry::layer().with_tracer(tracer).with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+        meta.target() == TARGET || (meta.is_event() && *meta.level() <= tracing::Level::WARN)
+    }))
+}
+
+/// Sends the exporter's requests with the reqwest (rustls) the gateway already builds, on
+/// the tokio runtime: the batch processor's own thread has no runtime to run them on.
+/// Not the egress client: a collector on a private address is the operator's choice.
+#[derive(Debug)]
+struct ExportClient {
+    http: reqwest::Client,
+    runtime: tokio::runtime::Handle,
+    failing: Arc<AtomicBool>,
+}
+
+/// A collector's answer is read up to this much (it is a small protobuf status).
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+impl ExportClient {
+    fn new(runtime: tokio::runtime::Handle) -> Result<ExportClient, SetupError> {
+        // The exporter's own clients take the OTLP timeout (milliseconds, default 10 s).
+        let timeout = ["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"]
+            .iter()
+            .find_map(|name| std::env::var(name).ok()?.trim().parse::<u64>().ok())
+            .map_or(Duration::from_secs(10), Duration::from_millis);
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| SetupError(format!("cannot build the exporter's HTTP client: {e}")))?;
+        Ok(ExportClient { http, runtime, failing: Arc::default() })
+    }
+}
+
+#[async_trait::async_trait]
+impl opentelemetry_http::HttpClient for ExportClient {
+    async fn send_bytes(
+        &self,
+        request: http::Request<Bytes>,
+    ) -> Result<http::Response<Bytes>, opentelemetry_http::HttpError> {
+        let http = self.http.clone();
+        let failing = self.failing.clone();
+        let task = self.runtime.spawn(async move {
+            let request = reqwest::Request::try_from(request)?;
+            let result = async {
+                let mut response = http.execute(request).await?;
+                let status = response.status();
+                let headers = std::mem::take(response.headers_mut());
+                let mut body = Vec::new();
+                while let Some(chunk) = response.chunk().await? {
+                    body.extend_from_slice(&chunk[..chunk.len().min(MAX_ANSWER_BYTES.saturating_sub(body.len()))]);
+                    if body.len() >= MAX_ANSWER_BYTES {
+                        break;
+                    }
+                }
+                Ok::<_, reqwest::Error>((status, headers, Bytes::from(body)))
+            }
+            .await;
+            // Said once when exporting starts failing and once when it recovers: a
+            // collector that is down must not flood the log.
+            let ok = matches!(&result, Ok((status, ..)) if status.is_success());
+            if !ok && !failing.swap(true, Ordering::Relaxed) {
+                match &result {
+                    Err(e) => tracing::warn!(error = %e, "exporting spans failed; such batches are dropped until the collector answers"),
+                    Ok((status, ..)) => {
+                        tracing::warn!(%status, "the OTLP collector refused spans; such batches are dropped until it accepts them")
+                    }
+                }
+            } else if ok && failing.swap(false, Ordering::Relaxed) {
+                tracing::info!("exporting spans works again");
+            }
+            let (status, headers, body) = result?;
+            let mut answer = http::Response::new(body);
+            *answer.status_mut() = status;
+            *answer.headers_mut() = headers;
+            Ok::<_, opentelemetry_http::HttpError>(answer)
+        });
+        task.await?
+    }
+}
+
+/// A W3C `traceparent`, validated (Trace Context Level 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceParent {
+    /// The trace.
+    pub trace_id: TraceId,
+    /// The caller's span.
+    pub span_id: SpanId,
+    /// The trace flags (bit 0: sampled).
+    pub flags: u8,
+}
+
+impl TraceParent {
+    /// Parse a `traceparent` value strictly: lower-case hex, no all-zero ids, version
+    /// `ff` refused; a later version is read by its version-00 prefix, as the
+    /// specification asks. `None` for anything else.
+    pub fn parse(value: &str) -> Option<TraceParent> {
+        let b = value.as_bytes();
+        if b.len() < 55 {
+            return None;
+        }
+        let version = &value[0..2];
+        if !lower_hex(version) || version == "ff" {
+            return None;
+        }
+        if version == "00" && b.len() != 55 {
+            return None;
+        }
+        if b.len() > 55 && b[55] != b'-' {
+            return None;
+        }
+        if b[2] != b'-' || b[35] != b'-' || b[52] != b'-' {
+            return None;
+        }
+        let (trace, span, flags) = (&value[3..35], &value[36..52], &value[53..55]);
+        if !lower_hex(trace) || !lower_hex(span) || !lower_hex(flags) {
+            return None;
+        }
+        let trace_id = TraceId::from_hex(trace).ok().filter(|id| *id != TraceId::INVALID)?;
+        let span_id = SpanId::from_hex(span).ok().filter(|id| *id != SpanId::INVALID)?;
+        let flags = u8::from_str_radix(flags, 16).ok()?;
+        Some(TraceParent { trace_id, span_id, flags })
+    }
+
+    /// The header value, version 00.
+    pub fn header(&self) -> String {
+        format!("00-{}-{}-{:02x}", self.trace_id, self.span_id, self.flags)
+    }
+
+    /// The context a span links to (remote: it came from elsewhere, or from the past).
+    pub fn span_context(&self, tracestate: Option<&str>) -> SpanContext {
+        let state = tracestate.and_then(|s| s.parse::<TraceState>().ok()).unwrap_or_default();
+        SpanContext::new(self.trace_id, self.span_id, TraceFlags::new(self.flags), true, state)
+    }
+
+    fn of(context: &SpanContext) -> Option<TraceParent> {
+        context.is_valid().then(|| TraceParent {
+            trace_id: context.trace_id(),
+            span_id: context.span_id(),
+            flags: context.trace_flags().to_u8(),
+        })
+    }
+}
+
+fn lower_hex(s: &str) -> bool {
+    s.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+}
+
+/// A `tracestate` value, validated and normalised (members joined by `,`): at most 32
+/// members, 512 bytes, keys and values as the specification's grammar says, no key
+/// twice. `None` when invalid or empty; an invalid one is dropped, the `traceparent`
+/// stays.
+pub fn parse_tracestate(value: &str) -> Option<String> {
+    if value.len() > 512 {
+        return None;
+    }
+    let mut members: Vec<&str> = Vec::new();
+    for member in value.split(',').map(|m| m.trim_matches([' ', '\t'])) {
+        if member.is_empty() {
+            continue;
+        }
+        let (key, val) = member.split_once('=')?;
+        if !tracestate_key(key) || !tracestate_value(val) {
+            return None;
+        }
+        if members.iter().any(|m| m.split_once('=').is_some_and(|(k, _)| k == key)) {
+            return None;
+        }
+        members.push(member);
+    }
+    (!members.is_empty() && members.len() <= 32).then(|| members.join(","))
+}
+
+fn tracestate_key(key: &str) -> bool {
+    let tail = |s: &str, max: usize| {
+        s.len() <= max
+            && s.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'_' | b'-' | b'*' | b'/'))
+    };
+    match key.split_once('@') {
+        None => key.as_bytes().first().is_some_and(u8::is_ascii_lowercase) && tail(key, 256),
+        Some((tenant, system)) => {
+            tenant.as_bytes().first().is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && tail(tenant, 241)
+                && system.as_bytes().first().is_some_and(u8::is_ascii_lowercase)
+                && tail(system, 14)
+        }
+    }
+}
+
+fn tracestate_value(value: &str) -> bool {
+    let ok = |c: u8| (0x20..=0x7e).contains(&c) && c != b',' && c != b'=';
+    !value.is_empty() && value.len() <= 256 && value.bytes().all(ok) && !value.ends_with(' ')
+}
+
+/// The incoming `traceparent` and `tracestate` of a request, validated. Several
+/// `traceparent` fields are invalid; several `tracestate` fields are one list.
+pub fn incoming(headers: &HeaderMap) -> Option<(TraceParent, Option<String>)> {
+    let mut parents = headers.get_all("traceparent").iter();
+    let parent = parents.next()?;
+    if parents.next().is_some() {
+        return None;
+    }
+    let parent = TraceParent::parse(parent.to_str().ok()?)?;
+    let states: Vec<&str> = headers.get_all("tracestate").iter().filter_map(|v| v.to_str().ok()).collect();
+    let state = if states.is_empty() { None } else { parse_tracestate(&states.join(",")) };
+    Some((parent, state))
+}
+
+/// The trace context stored with an event: its deliveries' attempts link to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventTrace {
+    /// A version-00 `traceparent`.
+    pub traceparent: String,
+    /// Its `tracestate`, when there was a valid one.
+    pub tracestate: Option<String>,
+}
+
+impl EventTrace {
+    /// What to store for a request with `headers`, handled inside the current span: with
+    /// tracing on, the ingest span's context (a child of the producer's, so the same
+    /// trace); off, the producer's own context, validated; `None` without either.
+    pub fn for_request(headers: &HeaderMap) -> Option<EventTrace> {
+        if enabled() {
+            let context = Span::current().context();
+            let span = context.span();
+            if let Some(own) = TraceParent::of(span.span_context()) {
+                let state = span.span_context().trace_state().header();
+                return Some(EventTrace { traceparent: own.header(), tracestate: parse_tracestate(&state) });
+            }
+        }
+        incoming(headers).map(|(parent, tracestate)| EventTrace { traceparent: parent.header(), tracestate })
+    }
+}
+
+/// The server span of an ingest request (`POST /ingest/{source}`, `POST /v1/events`):
+/// a child of the producer's `traceparent` when it sent a valid one.
+pub fn server_span(route: &'static str, headers: &HeaderMap) -> Span {
+    if !enabled() {
+        return Span::none();
+    }
+    let name = match route {
+        "/v1/events" => "POST /v1/events",
+        _ => "POST /ingest/{source}",
+    };
+    let span = tracing::info_span!(target: TARGET, parent: None, "ingest", otel.name = name, otel.kind = "server",
+        http.request.method = "POST", http.route = route, http.response.status_code = tracing::field::Empty,
+        webhook.event_id = tracing::field::Empty, webhook.duplicate = tracing::field::Empty);
+    if let Some((parent, state)) = incoming(headers) {
+        let context = Context::new().with_remote_span_context(parent.span_context(state.as_deref()));
+        let _ = span.set_parent(context);
+    }
+    span
+}
+
+/// A child span of the current one (verify, store) with a static name; none when off.
+pub fn step(name: &'static str) -> Span {
+    if !enabled() {
+        return Span::none();
+    }
+    match name {
+        "verify" => tracing::info_span!(target: TARGET, "verify", webhook.source = tracing::field::Empty),
+        _ => tracing::info_span!(target: TARGET, "store", db.system.name = "postgresql",
+            db.operation.name = "INSERT", db.collection.name = "events", webhook.batch_size = tracing::field::Empty),
+    }
+}
+
+/// The group-commit writer's span for one batch: linked to each event's `store` span.
+pub fn commit_span<'a>(events: impl Iterator<Item = &'a Span>, size: usize) -> Span {
+    if !enabled() {
+        return Span::none();
+    }
+    let span = tracing::info_span!(target: TARGET, parent: None, "commit", otel.name = "INSERT events",
+        db.system.name = "postgresql", db.operation.name = "INSERT", db.collection.name = "events",
+        webhook.batch_size = size);
+    for event in events {
+        event.record("webhook.batch_size", size);
+        span.follows_from(event);
+    }
+    span
+}
+
+/// The claim span: made after the fact, and only for a claim that took something, so an
+/// idle dispatcher's polls export nothing. Its context is linked from each attempt.
+pub fn claim_span(started: SystemTime, claimed: usize, probes: usize) -> Option<SpanContext> {
+    if !enabled() || claimed == 0 {
+        return None;
+    }
+    let tracer = TRACER.get()?;
+    let mut span = tracer
+        .span_builder("claim deliveries")
+        .with_kind(SpanKind::Internal)
+        .with_start_time(started)
+        .with_attributes([
+            KeyValue::new("db.system.name", "postgresql"),
+            KeyValue::new("db.operation.name", "claim"),
+            KeyValue::new("db.collection.name", "deliveries"),
+            KeyValue::new("webhook.claimed", claimed as i64),
+            KeyValue::new("webhook.probes", probes as i64),
+        ])
+        .start_with_context(tracer, &Context::new());
+    let context = span.span_context().clone();
+    span.end();
+    Some(context)
+}
+
+/// The span of one delivery attempt: a root (each attempt is its own trace), linked to
+/// the event's stored context and to the claim that took it.
+pub fn attempt_span(job: &crate::queue::Claimed, claim: Option<&SpanContext>) -> Span {
+    if !enabled() {
+        return Span::none();
+    }
+    let span = tracing::info_span!(target: TARGET, parent: None, "attempt", otel.name = "deliver",
+        webhook.delivery_id = %job.id, webhook.event_id = %job.event_id, webhook.endpoint_id = %job.endpoint_id,
+        webhook.attempt = job.attempt, webhook.source = %job.source_name, webhook.event_type = %job.event_type,
+        webhook.outcome = tracing::field::Empty);
+    if let Some(parent) = job.traceparent.as_deref().and_then(TraceParent::parse) {
+        span.add_link(parent.span_context(job.tracestate.as_deref()));
+    }
+    if let Some(claim) = claim {
+        span.add_link(claim.clone());
+    }
+    span
+}
+
+/// The HTTP client span of an attempt's request (a child of the current span), named
+/// by the method as the HTTP conventions ask.
+pub fn client_span(url: &url::Url) -> Span {
+    if !enabled() {
+        return Span::none();
+    }
+    tracing::info_span!(target: TARGET, "POST", otel.kind = "client", http.request.method = "POST",
+        url.full = %redacted_url(url), server.address = url.host_str().unwrap_or_default(),
+        server.port = url.port_or_known_default().map(i64::from).unwrap_or_default(),
+        http.response.status_code = tracing::field::Empty, "error.type" = tracing::field::Empty)
+}
+
+/// The `traceparent` a request sent inside `span` carries; `None` when tracing is off.
+pub fn traceparent_of(span: &Span) -> Option<HeaderValue> {
+    if !enabled() {
+        return None;
+    }
+    let context = span.context();
+    let parent = TraceParent::of(context.span().span_context())?;
+    HeaderValue::from_str(&parent.header()).ok()
+}
+
+/// The URL as recorded in `url.full`: no user info, and no query or fragment (they often
+/// hold tokens: `?key=...`).
+pub fn redacted_url(url: &url::Url) -> String {
+    let mut shown = url.clone();
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
+    if shown.query().is_some() {
+        shown.set_query(Some("REDACTED"));
+    }
+    shown.set_fragment(None);
+    shown.to_string()
+}
+
+/// The recorder's span for one batch of outcomes, linked to each attempt's span.
+pub fn record_span<'a>(attempts: impl Iterator<Item = &'a Span>, size: usize) -> Span {
+    if !enabled() {
+        return Span::none();
+    }
+    let span = tracing::info_span!(target: TARGET, parent: None, "record", otel.name = "record attempts",
+        db.system.name = "postgresql", db.operation.name = "record", db.collection.name = "attempts",
+        webhook.batch_size = size);
+    for attempt in attempts {
+        span.follows_from(attempt);
+    }
+    span
+}
+
+/// A janitor pass's span.
+pub fn janitor_span() -> Span {
+    if !enabled() {
+        return Span::none();
+    }
+    tracing::info_span!(target: TARGET, parent: None, "janitor", otel.name = "janitor pass",
+        db.system.name = "postgresql", db.operation.name = "DELETE", webhook.janitor.status = tracing::field::Empty,
+        webhook.janitor.events = tracing::field::Empty, webhook.janitor.deliveries = tracing::field::Empty,
+        webhook.janitor.attempts = tracing::field::Empty)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_valid_traceparent_round_trips() {
+        let parent = TraceParent::parse(GOOD).expect("valid");
+        assert_eq!(parent.trace_id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(parent.span_id.to_string(), "00f067aa0ba902b7");
+        assert_eq!(parent.flags, 1);
+        assert_eq!(parent.header(), GOOD);
+    }
+
+    #[test]
+    fn malformed_traceparents_are_refused() {
+        let bad = [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1z",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+            "0-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-011",
+            " 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0",
+        ];
+        for value in bad {
+            assert_eq!(TraceParent::parse(value), None, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn a_later_version_is_read_by_its_version_00_prefix() {
+        let later = "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-the-future-holds";
+        assert_eq!(TraceParent::parse(later).map(|p| p.header()).as_deref(), Some(GOOD));
+        assert!(TraceParent::parse("cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").is_some());
+    }
+
+    #[test]
+    fn tracestate_is_validated_and_normalised() {
+        assert_eq!(
+            parse_tracestate("rojo=00f067aa0ba902b7, congo=t61rcWkgMzE").as_deref(),
+            Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE")
+        );
+        assert_eq!(parse_tracestate("tenant@vendor=x,,a=b").as_deref(), Some("tenant@vendor=x,a=b"));
+        for bad in ["", "Rojo=1", "rojo", "rojo=1,rojo=2", "rojo=a=b", "a=b ", &format!("a={}", "x".repeat(600))] {
+            assert_eq!(parse_tracestate(bad), None, "{bad:?}");
+        }
+        let many: Vec<String> = (0..33).map(|i| format!("k{i}=v")).collect();
+        assert_eq!(parse_tracestate(&many.join(",")), None, "33 members");
+    }
+
+    #[test]
+    fn incoming_context_needs_exactly_one_valid_traceparent() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(incoming(&headers), None);
+        headers.insert("traceparent", HeaderValue::from_static(GOOD));
+        headers.append("tracestate", HeaderValue::from_static("a=1"));
+        headers.append("tracestate", HeaderValue::from_static("b=2"));
+        let (parent, state) = incoming(&headers).expect("valid");
+        assert_eq!((parent.header().as_str(), state.as_deref()), (GOOD, Some("a=1,b=2")));
+        headers.append("traceparent", HeaderValue::from_static(GOOD));
+        assert_eq!(incoming(&headers), None, "two traceparent fields");
+        headers.remove("traceparent");
+        headers.insert("traceparent", HeaderValue::from_static("garbage"));
+        assert_eq!(incoming(&headers), None);
+    }
+
+    #[test]
+    fn tracing_is_requested_only_by_an_endpoint_and_can_be_vetoed() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| (*v).to_owned())
+        };
+        assert!(!requested(env(&[])));
+        assert!(!requested(env(&[("OTEL_SERVICE_NAME", "x")])));
+        assert!(!requested(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "")])));
+        assert!(requested(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")])));
+        assert!(requested(env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:4318/v1/traces")])));
+        assert!(!requested(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c"), ("OTEL_SDK_DISABLED", "true")])));
+        assert!(!requested(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c"), ("OTEL_TRACES_EXPORTER", "none")])));
+    }
+
+    #[test]
+    fn recorded_urls_hide_credentials_and_queries() {
+        let url = url::Url::parse("https://user:pw@example.com:8443/hook?token=s3cret#frag").expect("url");
+        assert_eq!(redacted_url(&url), "https://example.com:8443/hook?REDACTED");
+        let plain = url::Url::parse("http://example.com/hook").expect("url");
+        assert_eq!(redacted_url(&plain), "http://example.com/hook");
+    }
+}

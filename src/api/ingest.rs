@@ -151,6 +151,10 @@ where
         }
         Err(e) => {
             span.record("http.response.status_code", e.status.as_u16());
+            // A server span fails on a 5xx only: a 4xx is the client's mistake.
+            if e.status.is_server_error() {
+                span.record("otel.status_code", "ERROR");
+            }
         }
     }
 }

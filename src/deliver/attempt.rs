@@ -200,12 +200,15 @@ async fn send(
         match (&observed, status) {
             (_, Some(status)) => {
                 span.record("http.response.status_code", status);
+                // The HTTP conventions: a client span with a 4xx or 5xx answer failed.
                 if status >= 400 {
                     span.record("error.type", status.to_string());
+                    span.record("otel.status_code", "ERROR");
                 }
             }
             (Observed::Transport { kind, .. } | Observed::Refused { kind, .. }, None) => {
                 span.record("error.type", *kind);
+                span.record("otel.status_code", "ERROR");
             }
             _ => {}
         }

@@ -248,6 +248,7 @@ pub fn server_span(route: &'static str, headers: &HeaderMap) -> Span {
     };
     let span = tracing::info_span!(target: TARGET, parent: None, "ingest", otel.name = name, otel.kind = "server",
         http.request.method = "POST", http.route = route, http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
         webhook.event_id = tracing::field::Empty, webhook.duplicate = tracing::field::Empty);
     if let Some((parent, state)) = incoming(headers) {
         let context = Context::new().with_remote_span_context(parent.span_context(state.as_deref()));
@@ -335,7 +336,8 @@ pub fn client_span(url: &url::Url) -> Span {
     tracing::info_span!(target: TARGET, "POST", otel.kind = "client", http.request.method = "POST",
         url.full = %redacted_url(url), server.address = url.host_str().unwrap_or_default(),
         server.port = url.port_or_known_default().map(i64::from).unwrap_or_default(),
-        http.response.status_code = tracing::field::Empty, "error.type" = tracing::field::Empty)
+        http.response.status_code = tracing::field::Empty, "error.type" = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty)
 }
 
 /// The `traceparent` a request sent inside `span` carries; `None` when tracing is off.

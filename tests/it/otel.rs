@@ -190,6 +190,8 @@ async fn otel_spans_follow_a_webhook_from_the_producer_to_the_subscriber() {
         assert_eq!(client.attr("server.address").as_deref(), Some("127.0.0.1"));
         assert_eq!(client.attr("server.port"), Some(sink.addr.port().to_string()));
         assert_eq!(client.attr("http.response.status_code").as_deref(), Some(["500", "200"][n]));
+        let status = client.span.status.as_ref().map_or(0, |s| s.code);
+        assert_eq!(status, [2, 0][n], "the failed request's span has status ERROR (2), the other none set");
         let request = sent
             .iter()
             .find(|r| r.header("webhook-attempt") == (n + 1).to_string())

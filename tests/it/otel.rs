@@ -243,3 +243,43 @@ async fn otel_off_exports_nothing_and_forwards_nothing() {
         sqlx::query_scalar("SELECT traceparent FROM events").fetch_one(&db.pool).await.expect("event");
     assert_eq!(traceparent, Some(format!("00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-01")), "the producer's, as sent");
 }
+
+/// `POST /v1/events` stores a valid context like a webhook does, and ignores a malformed
+/// one without refusing the event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otel_published_events_keep_a_valid_traceparent_and_ignore_a_bad_one() {
+    let db = TestDb::new().await;
+    let mut gateway = Gateway::start(&db, &[]).await;
+    let sent = [
+        ("good", format!("00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-00")),
+        ("upper", format!("00-{}-{PRODUCER_SPAN}-01", PRODUCER_TRACE.to_uppercase())),
+        ("zero", format!("00-{}-{PRODUCER_SPAN}-01", "0".repeat(32))),
+    ];
+    for (id, traceparent) in &sent {
+        let resp = gateway
+            .http
+            .post(gateway.url("/v1/events"))
+            .bearer_auth(ADMIN_TOKEN)
+            .header("traceparent", traceparent)
+            .header("tracestate", "Bad Key=1")
+            .json(&json!({"event_id": id, "event_type": "t", "payload": {}}))
+            .send()
+            .await
+            .expect("publish");
+        assert_eq!(resp.status().as_u16(), 200, "{id}");
+    }
+    let stored: Vec<(String, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT dedupe_key, traceparent, tracestate FROM events ORDER BY dedupe_key")
+            .fetch_all(&db.pool)
+            .await
+            .expect("events");
+    assert_eq!(
+        stored,
+        vec![
+            ("good".to_owned(), Some(sent[0].1.clone()), None),
+            ("upper".to_owned(), None, None),
+            ("zero".to_owned(), None, None),
+        ]
+    );
+    assert!(tokio::task::spawn_blocking(move || gateway.process.terminate()).await.expect("join"));
+}

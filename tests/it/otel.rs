@@ -283,3 +283,39 @@ async fn otel_published_events_keep_a_valid_traceparent_and_ignore_a_bad_one() {
     );
     assert!(tokio::task::spawn_blocking(move || gateway.process.terminate()).await.expect("join"));
 }
+
+/// SIGTERM flushes the exporter: with an export interval far longer than the test, no
+/// span leaves before the signal, and every one has arrived when the process has exited.
+/// Also the `POST /v1/events` server span, a child of the producer's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otel_sigterm_flushes_the_spans_still_queued() {
+    let db = TestDb::new().await;
+    let collector = Collector::start().await;
+    let endpoint = collector.endpoint();
+    // Ten minutes, and far fewer than the 512 spans that would trigger an export.
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "600000")];
+    let mut gateway = Gateway::start(&db, &env).await;
+    let resp = gateway
+        .http
+        .post(gateway.url("/v1/events"))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("traceparent", format!("00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-01"))
+        .json(&json!({"event_id": "e-1", "event_type": "t", "payload": {}}))
+        .send()
+        .await
+        .expect("publish");
+    assert_eq!(resp.status().as_u16(), 200);
+    let event_id = resp.json::<Value>().await.expect("json")["event_id"].as_str().expect("id").to_owned();
+    assert_eq!(collector.requests(), 0, "nothing exported before the interval or the signal");
+    assert!(tokio::task::spawn_blocking(move || gateway.process.terminate()).await.expect("join"), "clean exit");
+    let spans = collector.spans();
+    let publish = one(&spans, "POST /v1/events");
+    assert_eq!((publish.trace_id(), publish.parent_id()), (PRODUCER_TRACE.to_owned(), PRODUCER_SPAN.to_owned()));
+    assert_eq!(publish.attr("http.route").as_deref(), Some("/v1/events"));
+    assert_eq!(publish.attr("webhook.event_id"), Some(event_id));
+    let store = one(&spans, "store");
+    assert_eq!(store.parent_id(), publish.span_id());
+    let traceparent: Option<String> =
+        sqlx::query_scalar("SELECT traceparent FROM events").fetch_one(&db.pool).await.expect("event");
+    assert_eq!(traceparent, Some(format!("00-{PRODUCER_TRACE}-{}-01", publish.span_id())));
+}

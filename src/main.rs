@@ -58,15 +58,19 @@ fn main() -> ExitCode {
                 return fail(&e.to_string());
             }
             // Traces only for `serve`: the one-shot commands have nothing worth a trace.
-            let (telemetry, tracer) = match webhook_gateway::telemetry::from_env(runtime.handle().clone()) {
+            let endpoint = args.otel_endpoint.as_deref();
+            let (telemetry, tracer) = match webhook_gateway::telemetry::start(endpoint, runtime.handle().clone()) {
                 Ok(exporting) => exporting.unzip(),
                 Err(e) => return fail(&e.to_string()),
             };
             init_tracing(args.log_format, tracer);
             if telemetry.is_some() {
                 tracing::info!(
-                    endpoint = std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-                        .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT"))
+                    endpoint = args
+                        .otel_endpoint
+                        .clone()
+                        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").ok())
+                        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
                         .unwrap_or_default(),
                     "OpenTelemetry traces exported over OTLP/HTTP"
                 );

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use opentelemetry::trace::{Span as _, SpanContext, SpanKind, TraceContextExt, Tracer as _, TracerProvider as _};
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_otlp::WithHttpConfig;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use tracing::Span;
@@ -69,22 +69,27 @@ impl Telemetry {
 #[error("OpenTelemetry: {0}")]
 pub struct SetupError(String);
 
-/// Whether the environment asks for traces: an OTLP endpoint is set, and neither
-/// `OTEL_SDK_DISABLED=true` nor `OTEL_TRACES_EXPORTER=none` says otherwise.
-pub fn requested(env: impl Fn(&str) -> Option<String>) -> bool {
+/// Whether traces are asked for: an OTLP endpoint is configured (`configured`, from
+/// `--otel-endpoint`) or set in the environment, and neither `OTEL_SDK_DISABLED=true` nor
+/// `OTEL_TRACES_EXPORTER=none` says otherwise.
+pub fn requested(configured: bool, env: impl Fn(&str) -> Option<String>) -> bool {
     let set = |name: &str| env(name).is_some_and(|v| !v.trim().is_empty());
-    let endpoint = set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") || set("OTEL_EXPORTER_OTLP_ENDPOINT");
+    let endpoint = configured || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") || set("OTEL_EXPORTER_OTLP_ENDPOINT");
     let disabled = env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
     let no_exporter = env("OTEL_TRACES_EXPORTER").is_some_and(|v| v.trim().eq_ignore_ascii_case("none"));
     endpoint && !disabled && !no_exporter
 }
 
-/// Build the OTLP exporter and tracer from the standard environment, if it asks for
-/// traces (see [`requested`]); `runtime` sends the exporter's requests. Returns the
-/// running exporter and the tracer for [`layer`].
-pub fn from_env(runtime: tokio::runtime::Handle) -> Result<Option<(Telemetry, SdkTracer)>, SetupError> {
+/// Build the OTLP exporter and tracer from `endpoint` (`--otel-endpoint`, a base URL)
+/// and the standard environment, if traces are asked for (see [`requested`]); `runtime`
+/// sends the exporter's requests. Returns the running exporter and the tracer for
+/// [`layer`].
+pub fn start(
+    endpoint: Option<&str>,
+    runtime: tokio::runtime::Handle,
+) -> Result<Option<(Telemetry, SdkTracer)>, SetupError> {
     let env = |name: &str| std::env::var(name).ok();
-    if !requested(env) {
+    if !requested(endpoint.is_some(), env) {
         return Ok(None);
     }
     for name in ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"] {
@@ -100,11 +105,12 @@ pub fn from_env(runtime: tokio::runtime::Handle) -> Result<Option<(Telemetry, Sd
     }
     let client = ExportClient::new(runtime)?;
     // The exporter reads the endpoint, headers, timeout and compression variables itself.
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_http_client(client)
-        .build()
-        .map_err(|e| SetupError(e.to_string()))?;
+    let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_http().with_http_client(client);
+    if let Some(base) = endpoint {
+        // A URL given in code is used as is: the signal's path is ours to add.
+        exporter = exporter.with_endpoint(format!("{}/v1/traces", base.trim_end_matches('/')));
+    }
+    let exporter = exporter.build().map_err(|e| SetupError(e.to_string()))?;
     let mut resource = Resource::builder().with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")));
     // The SDK takes OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES' service.name; without
     // either it would say `unknown_service`.
@@ -397,13 +403,14 @@ mod tests {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
             move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| (*v).to_owned())
         };
-        assert!(!requested(env(&[])));
-        assert!(!requested(env(&[("OTEL_SERVICE_NAME", "x")])));
-        assert!(!requested(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "")])));
-        assert!(requested(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")])));
-        assert!(requested(env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:4318/v1/traces")])));
-        assert!(!requested(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c"), ("OTEL_SDK_DISABLED", "true")])));
-        assert!(!requested(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c"), ("OTEL_TRACES_EXPORTER", "none")])));
+        assert!(!requested(false, env(&[])));
+        assert!(!requested(false, env(&[("OTEL_SERVICE_NAME", "x")])));
+        assert!(!requested(false, env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "")])));
+        assert!(requested(false, env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")])));
+        assert!(requested(false, env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:4318/v1/traces")])));
+        assert!(requested(true, env(&[])), "--otel-endpoint");
+        assert!(!requested(false, env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c"), ("OTEL_SDK_DISABLED", "true")])));
+        assert!(!requested(true, env(&[("OTEL_TRACES_EXPORTER", "none")])));
     }
 
     #[test]

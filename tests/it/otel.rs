@@ -21,8 +21,9 @@ struct Gateway {
 }
 
 impl Gateway {
-    async fn start(db: &TestDb, env: &[(&str, &str)]) -> Gateway {
-        let extra = ["--backoff-base-ms", "100", "--janitor-interval-secs", "1"];
+    async fn start(db: &TestDb, env: &[(&str, &str)], flags: &[&str]) -> Gateway {
+        let mut extra = vec!["--backoff-base-ms", "100", "--janitor-interval-secs", "1"];
+        extra.extend_from_slice(flags);
         let process = GatewayProcess::start_with_env(&db.url, &extra, env);
         let gateway = Gateway { process, http: reqwest::Client::new() };
         eventually(WAIT, "the gateway is ready", || async {
@@ -116,7 +117,7 @@ async fn otel_spans_follow_a_webhook_from_the_producer_to_the_subscriber() {
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ("OTEL_SERVICE_NAME", "wg-otel-test"),
     ];
-    let mut gateway = Gateway::start(&db, &env).await;
+    let mut gateway = Gateway::start(&db, &env, &[]).await;
     let endpoint_id = gateway.route("shop", &sink.url("/hook")).await;
     let event_id = gateway.ingest("shop", "order-1").await;
     delivered(&db).await;
@@ -230,7 +231,7 @@ async fn otel_off_exports_nothing_and_forwards_nothing() {
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ("OTEL_SDK_DISABLED", "true"),
     ];
-    let mut gateway = Gateway::start(&db, &env).await;
+    let mut gateway = Gateway::start(&db, &env, &[]).await;
     gateway.route("shop", &sink.url("/hook")).await;
     gateway.ingest("shop", "order-1").await;
     delivered(&db).await;
@@ -249,7 +250,7 @@ async fn otel_off_exports_nothing_and_forwards_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn otel_published_events_keep_a_valid_traceparent_and_ignore_a_bad_one() {
     let db = TestDb::new().await;
-    let mut gateway = Gateway::start(&db, &[]).await;
+    let mut gateway = Gateway::start(&db, &[], &[]).await;
     let sent = [
         ("good", format!("00-{PRODUCER_TRACE}-{PRODUCER_SPAN}-00")),
         ("upper", format!("00-{}-{PRODUCER_SPAN}-01", PRODUCER_TRACE.to_uppercase())),
@@ -286,15 +287,17 @@ async fn otel_published_events_keep_a_valid_traceparent_and_ignore_a_bad_one() {
 
 /// SIGTERM flushes the exporter: with an export interval far longer than the test, no
 /// span leaves before the signal, and every one has arrived when the process has exited.
-/// Also the `POST /v1/events` server span, a child of the producer's.
+/// Also the `POST /v1/events` server span, a child of the producer's, and the endpoint
+/// given by `--otel-endpoint`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn otel_sigterm_flushes_the_spans_still_queued() {
     let db = TestDb::new().await;
     let collector = Collector::start().await;
     let endpoint = collector.endpoint();
-    // Ten minutes, and far fewer than the 512 spans that would trigger an export.
-    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "600000")];
-    let mut gateway = Gateway::start(&db, &env).await;
+    // Ten minutes, and far fewer than the 512 spans that would trigger an export. The
+    // endpoint by the flag this time.
+    let env = [("OTEL_BSP_SCHEDULE_DELAY", "600000")];
+    let mut gateway = Gateway::start(&db, &env, &["--otel-endpoint", &endpoint]).await;
     let resp = gateway
         .http
         .post(gateway.url("/v1/events"))

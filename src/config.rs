@@ -352,6 +352,12 @@ settings! {
         #[arg(long, env = "WEBHOOK_GATEWAY_LOG_FORMAT", value_enum, default_value = "pretty")]
         pub log_format: LogFormat,
 
+        /// OTLP/HTTP collector for traces, a base URL as OTEL_EXPORTER_OTLP_ENDPOINT takes it (spans go to
+        /// <url>/v1/traces); wins over the OTEL_EXPORTER_OTLP_*ENDPOINT variables. Unset: traces only when those
+        /// are set. The other OTEL_* variables apply either way.
+        #[arg(long, env = "WEBHOOK_GATEWAY_OTEL_ENDPOINT")]
+        pub otel_endpoint: Option<String>,
+
         /// Days an event is kept, with its deliveries and attempts; never while a delivery is pending.
         #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_EVENTS_DAYS", default_value_t = janitor::DEFAULT_RETENTION_EVENTS_DAYS)]
         pub retention_events_days: u32,
@@ -506,6 +512,12 @@ impl ServeArgs {
     /// Check cross-field rules. Called once at start-up.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let fail = |m: String| Err(ConfigError(m));
+        if let Some(endpoint) = &self.otel_endpoint {
+            match url::Url::parse(endpoint) {
+                Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
+                _ => return fail(format!("otel-endpoint must be an http(s) URL, got {endpoint:?}")),
+            }
+        }
         if self.max_body_bytes == 0 {
             return fail("max-body-bytes must be at least 1".into());
         }
@@ -729,6 +741,15 @@ mod tests {
         }
         for fine in ["10.0.0.0/8", "192.168.1.0/24", "127.0.0.1/32", "fd00::/8", "::1/128"] {
             allow(&["--egress-allow", fine]).unwrap();
+        }
+    }
+
+    #[test]
+    fn an_otel_endpoint_must_be_an_http_url() {
+        assert!(parse(&["webhook-gateway", "serve", "--otel-endpoint", "http://collector:4318"]).is_ok());
+        for bad in ["collector:4318", "grpc://collector:4317", "http://"] {
+            let err = parse(&["webhook-gateway", "serve", "--otel-endpoint", bad]).unwrap_err();
+            assert!(err.contains("otel-endpoint must be an http(s) URL"), "{bad}: {err}");
         }
     }
 

@@ -26,5 +26,6 @@ pub mod sanitize;
 pub mod secrets;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod verify;
 pub mod wake;

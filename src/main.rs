@@ -26,7 +26,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Migrate(args) => {
-            init_tracing(LogFormat::Pretty);
+            init_tracing(LogFormat::Pretty, None);
             runtime.block_on(async {
                 let pool = db::connect(&args.database_url, 2).await?;
                 db::migrate(&pool).await?;
@@ -45,7 +45,7 @@ fn main() -> ExitCode {
                     }
                     Err(e) => return fail(&e.to_string()),
                 };
-                init_tracing(LogFormat::Pretty);
+                init_tracing(LogFormat::Pretty, None);
                 runtime.block_on(reencrypt(args, keyring))
             }
         },
@@ -57,8 +57,30 @@ fn main() -> ExitCode {
             if let Err(e) = args.merge_file(sub).and_then(|()| args.validate()) {
                 return fail(&e.to_string());
             }
-            init_tracing(args.log_format);
-            runtime.block_on(serve(args))
+            // Traces only for `serve`: the one-shot commands have nothing worth a trace.
+            let endpoint = args.otel_endpoint.as_deref();
+            let (telemetry, tracer) = match webhook_gateway::telemetry::start(endpoint, runtime.handle().clone()) {
+                Ok(exporting) => exporting.unzip(),
+                Err(e) => return fail(&e.to_string()),
+            };
+            init_tracing(args.log_format, tracer);
+            if telemetry.is_some() {
+                tracing::info!(
+                    endpoint = args
+                        .otel_endpoint
+                        .clone()
+                        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").ok())
+                        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
+                        .unwrap_or_default(),
+                    "OpenTelemetry traces exported over OTLP/HTTP"
+                );
+            }
+            let result = runtime.block_on(serve(args));
+            // After the last span ended, while the runtime that sends the export still runs.
+            if let Some(telemetry) = telemetry {
+                telemetry.shutdown();
+            }
+            result
         }
     };
     match result {
@@ -73,16 +95,26 @@ fn fail(message: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
-fn init_tracing(format: LogFormat) {
+/// Logs on stderr, and spans to OpenTelemetry when `otel` is given. The spans meant for
+/// OpenTelemetry (target `otel`) are kept out of the logs, so the log lines are the same
+/// with tracing on or off.
+fn init_tracing(format: LogFormat, otel: Option<opentelemetry_sdk::trace::SdkTracer>) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let filter = match format!("{}=off", webhook_gateway::telemetry::TARGET).parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(colours(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref()));
-    match format {
-        LogFormat::Pretty => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let fmt = match format {
+        LogFormat::Pretty => fmt.with_filter(filter).boxed(),
+        LogFormat::Json => fmt.json().with_filter(filter).boxed(),
+    };
+    tracing_subscriber::registry().with(fmt).with(otel.map(webhook_gateway::telemetry::layer)).init();
 }
 
 /// Colours only for a person at a terminal: escape codes in a file (a service manager's

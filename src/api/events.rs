@@ -63,9 +63,22 @@ pub struct PublishEvent {
 )]
 pub async fn publish(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     // The payload is data, stored as bytes: NUL inside it is fine. The text fields are
     // checked here.
     ApiJson(body): ApiJson<PublishEvent, true>,
+) -> Result<Json<IngestResponse>, ApiError> {
+    use tracing::Instrument as _;
+    let span = crate::telemetry::server_span("/v1/events", &headers);
+    let answer = publish_traced(state, &headers, body).instrument(span.clone()).await;
+    super::ingest::traced_answer(&span, &answer);
+    answer
+}
+
+async fn publish_traced(
+    state: AppState,
+    headers: &axum::http::HeaderMap,
+    body: PublishEvent,
 ) -> Result<Json<IngestResponse>, ApiError> {
     if body.event_id.len() > MAX_EVENT_ID_BYTES {
         return Err(ApiError::validation("event_id", format!("must be 1-{MAX_EVENT_ID_BYTES} bytes")));
@@ -99,6 +112,7 @@ pub async fn publish(
                 headers: serde_json::Value::Object(serde_json::Map::new()),
                 payload: payload.into(),
                 ordering_key,
+                trace: crate::telemetry::EventTrace::for_request(headers),
             },
             deadline,
         )

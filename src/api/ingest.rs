@@ -7,6 +7,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
+use tracing::Instrument as _;
 use utoipa::ToSchema;
 
 use super::AppState;
@@ -126,6 +127,65 @@ pub async fn ingest(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<IngestAnswer>, ApiError> {
+    let span = crate::telemetry::server_span("/ingest/{source}", &headers);
+    let answer = receive(state, &source_name, &headers, body).instrument(span.clone()).await;
+    traced_answer(&span, &answer);
+    answer
+}
+
+/// Records the answer on the ingest span (nothing when tracing is off).
+pub fn traced_answer<T>(span: &tracing::Span, answer: &Result<Json<T>, ApiError>)
+where
+    T: Traced,
+{
+    if span.is_none() {
+        return;
+    }
+    match answer {
+        Ok(Json(answer)) => {
+            span.record("http.response.status_code", 200);
+            if let Some(stored) = answer.stored() {
+                span.record("webhook.event_id", tracing::field::display(stored.event_id));
+                span.record("webhook.duplicate", stored.duplicate);
+            }
+        }
+        Err(e) => {
+            span.record("http.response.status_code", e.status.as_u16());
+            // A server span fails on a 5xx only: a 4xx is the client's mistake.
+            if e.status.is_server_error() {
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+    }
+}
+
+/// An answer that may name a stored event (for the ingest span's attributes).
+pub trait Traced {
+    /// The stored event, if the answer is about one.
+    fn stored(&self) -> Option<&IngestResponse>;
+}
+
+impl Traced for IngestResponse {
+    fn stored(&self) -> Option<&IngestResponse> {
+        Some(self)
+    }
+}
+
+impl Traced for IngestAnswer {
+    fn stored(&self) -> Option<&IngestResponse> {
+        match self {
+            IngestAnswer::Stored(stored) => Some(stored),
+            IngestAnswer::Challenge(_) => None,
+        }
+    }
+}
+
+async fn receive(
+    state: AppState,
+    source_name: &str,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<IngestAnswer>, ApiError> {
     // The database gets `--db-timeout-secs` from here: the source lookup and the commit.
     let deadline = tokio::time::Instant::now() + state.db_timeout;
     let body = body.map_err(|rejection| {
@@ -135,6 +195,6 @@ pub async fn ingest(
             ApiError::bad_request("bad_request", rejection.body_text())
         }
     })?;
-    let received = state.intake.webhook(&source_name, &headers, body, deadline).await.map_err(refused)?;
+    let received = state.intake.webhook(source_name, headers, body, deadline).await.map_err(refused)?;
     Ok(Json(received.into()))
 }

@@ -5,8 +5,10 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use opentelemetry::trace::SpanContext;
 use sqlx::PgPool;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tracing::Instrument as _;
 use url::Url;
 
 use super::DeliverySettings;
@@ -18,6 +20,7 @@ use crate::egress::{EgressClient, SendError};
 use crate::queue::{self, AttemptRecord, Claimed, Outcome};
 use crate::sanitize;
 use crate::secrets::{Keyring, Place};
+use crate::telemetry;
 
 /// Everything a worker needs.
 #[derive(Clone)]
@@ -39,8 +42,14 @@ pub struct Context {
 pub const UNREADABLE_SECRET_RETRY: chrono::Duration = chrono::Duration::seconds(30);
 
 /// One attempt of one claimed delivery; the slot goes with the outcome to the recorder
-/// and is freed once the outcome is written.
-pub async fn run(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit) {
+/// and is freed once the outcome is written. `claim` is the claim's span context, linked
+/// from the attempt's span (tracing on).
+pub async fn run(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, claim: Option<SpanContext>) {
+    let span = telemetry::attempt_span(&job, claim.as_ref());
+    attempt(ctx, job, slot, span.clone()).instrument(span).await
+}
+
+async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, span: tracing::Span) {
     let settings = &ctx.settings;
     // The budget counts attempts since the last manual redelivery.
     let budget_attempt = job.attempt - job.attempts_base;
@@ -95,6 +104,7 @@ pub async fn run(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit) {
     let (outcome, next_attempt_at, next_reason) = schedule(&verdict.decision, Utc::now());
     let judged = judge(&observed, &verdict);
     tracing::debug!(delivery_id = %job.id, attempt = job.attempt, outcome = outcome.as_str(), reason = %verdict.reason, "attempt finished");
+    span.record("webhook.outcome", outcome.as_str());
     crate::metrics::attempt(outcome.as_str(), judged.class, clock.elapsed());
     let record = AttemptRecord {
         delivery_id: job.id,
@@ -112,7 +122,8 @@ pub async fn run(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit) {
         endpoint_id: job.endpoint_id,
         ordered: job.ordered,
     };
-    let finished = Finished { record, signal: judged.signal, probe_token: job.probe_token };
+    // The span goes with the outcome: it ends once the outcome is recorded.
+    let finished = Finished { record, signal: judged.signal, probe_token: job.probe_token, span };
     if ctx.outcomes.send((finished, slot)).await.is_err() {
         tracing::error!(delivery_id = %job.id, "outcome recorder is gone; the lease will bring this delivery back");
     }
@@ -178,8 +189,40 @@ async fn send(
         Ok(url) => url,
         Err(e) => return (Observed::Refused { kind: "invalid_url", message: format!("invalid_url: {e}") }, None, None),
     };
-    let headers = request::headers(job, secrets, timestamp);
-    match egress.post(&url, headers, Bytes::copy_from_slice(&job.payload)).await {
+    let span = telemetry::client_span(&url);
+    let mut headers = request::headers(job, secrets, timestamp);
+    // Tracing off: no trace headers at all (see README, Tracing).
+    if let Some(traceparent) = telemetry::traceparent_of(&span) {
+        headers.insert(http::HeaderName::from_static("traceparent"), traceparent);
+    }
+    let (observed, status, excerpt) = exchange(egress, &url, headers, &job.payload).instrument(span.clone()).await;
+    if !span.is_none() {
+        match (&observed, status) {
+            (_, Some(status)) => {
+                span.record("http.response.status_code", status);
+                // The HTTP conventions: a client span with a 4xx or 5xx answer failed.
+                if status >= 400 {
+                    span.record("error.type", status.to_string());
+                    span.record("otel.status_code", "ERROR");
+                }
+            }
+            (Observed::Transport { kind, .. } | Observed::Refused { kind, .. }, None) => {
+                span.record("error.type", *kind);
+                span.record("otel.status_code", "ERROR");
+            }
+            _ => {}
+        }
+    }
+    (observed, status, excerpt)
+}
+
+async fn exchange(
+    egress: &EgressClient,
+    url: &Url,
+    headers: http::HeaderMap,
+    payload: &[u8],
+) -> (Observed, Option<i32>, Option<String>) {
+    match egress.post(url, headers, Bytes::copy_from_slice(payload)).await {
         Ok(response) => {
             let status = response.status().as_u16();
             let retry_after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);

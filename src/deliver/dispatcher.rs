@@ -84,6 +84,7 @@ async fn run(
         // Raced against stop: a claim sent into a network partition must not hold
         // shutdown until the connection gives up. A claim that committed unseen is a
         // crashed claim: its lease brings the rows back.
+        let claim_started = std::time::SystemTime::now();
         let claimed = tokio::select! {
             claimed = claim(&pool, want, &settings, &mut last_probe_check) => claimed,
             _ = stop.wait_for(|s| *s) => break,
@@ -107,6 +108,8 @@ async fn run(
         // Fewer than asked: no more claimable work right now (none due, or what is due is
         // at its endpoint's limit or waiting in its line).
         let drained = claimed.len() < want;
+        let probes = claimed.iter().filter(|job| job.probe_token.is_some()).count();
+        let claim_span = crate::telemetry::claim_span(claim_started, claimed.len(), probes);
         let mut permits = std::iter::once(first).chain(std::iter::from_fn(|| slots.clone().try_acquire_owned().ok()));
         for job in claimed {
             // Only this loop acquires slots, and it counted them: a permit is there.
@@ -114,7 +117,7 @@ async fn run(
                 tracing::error!(delivery_id = %job.id, "no free slot for a claimed delivery; its lease will bring it back");
                 continue;
             };
-            in_flight.spawn(attempt::run(ctx.clone(), job, permit));
+            in_flight.spawn(attempt::run(ctx.clone(), job, permit, claim_span.clone()));
         }
         drop(permits);
         if drained {

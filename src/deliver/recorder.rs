@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
+use tracing::Instrument as _;
 
 use crate::circuit::{self, CircuitConfig, Observation, Signal};
 use crate::db;
@@ -63,6 +64,9 @@ pub struct Finished {
     pub signal: Signal,
     /// The probe token, when the attempt was its endpoint's half-open probe.
     pub probe_token: Option<i64>,
+    /// The attempt's span (none when tracing is off), kept open until the outcome is
+    /// written: the record span links to it.
+    pub span: tracing::Span,
 }
 
 impl std::borrow::Borrow<AttemptRecord> for Finished {
@@ -100,7 +104,8 @@ pub async fn run(
                 Err(_) => break,
             }
         }
-        write(&pool, &batch, &cfg, &patience).await;
+        let span = crate::telemetry::record_span(batch.iter().map(|f: &Finished| &f.span), batch.len());
+        write(&pool, &batch, &cfg, &patience).instrument(span).await;
         batch.clear();
         slots.clear();
         written.notify_one();

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use sqlx::PgPool;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::db;
 use crate::store::events::{self, OwnedEvent, Stored};
@@ -63,6 +64,8 @@ impl From<&sqlx::Error> for StoreError {
 
 struct Job {
     event: OwnedEvent,
+    /// The requester's `store` span (none when tracing is off): the commit links to it.
+    span: tracing::Span,
     deadline: Instant,
     reply: oneshot::Sender<Result<Stored, StoreError>>,
 }
@@ -89,7 +92,9 @@ impl Batcher {
     /// to a writer).
     pub async fn store(&self, event: OwnedEvent, deadline: Instant) -> Result<Stored, StoreError> {
         let (reply, answer) = oneshot::channel();
-        match tokio::time::timeout_at(deadline, self.jobs.send(Job { event, deadline, reply })).await {
+        // Off: not even a clone of the current (request log) span.
+        let span = if crate::telemetry::enabled() { tracing::Span::current() } else { tracing::Span::none() };
+        match tokio::time::timeout_at(deadline, self.jobs.send(Job { event, span, deadline, reply })).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => {
                 tracing::error!("ingest writers are gone");
@@ -129,8 +134,9 @@ async fn write_loop(pool: PgPool, queue: Arc<Mutex<mpsc::Receiver<Job>>>) {
         // was not told they are stored, and the producer retries.
         batch.retain(|job| !job.reply.is_closed());
         let Some(deadline) = batch.iter().map(|job| job.deadline).max() else { continue };
+        let span = crate::telemetry::commit_span(batch.iter().map(|job| &job.span), batch.len());
         let (events, replies): (Vec<OwnedEvent>, Vec<_>) = batch.drain(..).map(|job| (job.event, job.reply)).unzip();
-        let results = match tokio::time::timeout_at(deadline, write(&pool, &events)).await {
+        let results = match tokio::time::timeout_at(deadline, write(&pool, &events).instrument(span)).await {
             Ok(results) => results,
             Err(_) => {
                 // The statement may have reached the server. The connection goes back

@@ -18,6 +18,7 @@ use http::{HeaderMap, header};
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::secrets::Keyring;
 use crate::store::events::{OwnedEvent, Stored};
@@ -104,10 +105,12 @@ impl Intake {
         if spec.kind == Kind::Internal {
             return Err(Refused::NotIngestible);
         }
-        let verified = verify::verify(spec, headers, &body, chrono::Utc::now().timestamp()).map_err(|e| {
-            // Counted under the stored name (the source exists), logged rate-limited.
-            rejections::record(&source.name, &e);
-            Refused::Verify(e)
+        let verified = crate::telemetry::step("verify").in_scope(|| {
+            verify::verify(spec, headers, &body, chrono::Utc::now().timestamp()).map_err(|e| {
+                // Counted under the stored name (the source exists), logged rate-limited.
+                rejections::record(&source.name, &e);
+                Refused::Verify(e)
+            })
         })?;
         if let Some(challenge) = verified.challenge {
             return Ok(Received::Challenge(challenge));
@@ -123,6 +126,7 @@ impl Intake {
             headers: redacted_headers(headers, spec.hmac.as_ref().map(|h| h.header.as_str())),
             payload: body,
             ordering_key: verified.ordering_key,
+            trace: crate::telemetry::EventTrace::for_request(headers),
         };
         let stored = self.accept(&source.name, event, deadline).await.map_err(Refused::Store)?;
         Ok(Received::Stored(stored))
@@ -131,7 +135,7 @@ impl Intake {
     /// Store an accepted event with its fan-out by `deadline`, and wake this process's
     /// workers when it created deliveries. Shared by webhooks and `POST /v1/events`.
     pub async fn accept(&self, source_name: &str, event: OwnedEvent, deadline: Instant) -> Result<Stored, StoreError> {
-        let stored = self.batcher.store(event, deadline).await?;
+        let stored = self.batcher.store(event, deadline).instrument(crate::telemetry::step("store")).await?;
         if stored.deliveries > 0 {
             self.wake.notify_one();
         }

@@ -37,6 +37,7 @@ use rand::Rng;
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 pub use report::{IndexStorage, JanitorRun, StorageReport, TableStorage, storage_report};
@@ -213,8 +214,9 @@ async fn run(pool: PgPool, settings: JanitorSettings, instance: String, mut stop
         // SHUTDOWN_WAIT is abandoned with its connection (its batch rolls back, the lock
         // goes with the session, and the next pass marks the run abandoned).
         let mut stopping = stop.clone();
+        let span = crate::telemetry::janitor_span();
         let outcome = tokio::select! {
-            outcome = pass(&pool, &settings, &instance, &stop) => outcome,
+            outcome = pass(&pool, &settings, &instance, &stop).instrument(span.clone()) => outcome,
             () = async {
                 let _ = stopping.wait_for(|s| *s).await;
                 tokio::time::sleep(SHUTDOWN_WAIT).await;
@@ -223,6 +225,7 @@ async fn run(pool: PgPool, settings: JanitorSettings, instance: String, mut stop
                 break;
             }
         };
+        traced_pass(&span, &outcome);
         match outcome {
             Ok(PassOutcome::Skipped) => tracing::debug!("janitor pass skipped: another instance holds the lock"),
             Ok(PassOutcome::Ran(report)) => {
@@ -248,6 +251,27 @@ async fn run(pool: PgPool, settings: JanitorSettings, instance: String, mut stop
                 }
             }
             Err(e) => tracing::warn!(error = %e, "janitor pass failed; retrying at the next interval"),
+        }
+    }
+}
+
+/// The pass's result on its span (nothing when tracing is off).
+fn traced_pass(span: &tracing::Span, outcome: &Result<PassOutcome, sqlx::Error>) {
+    if span.is_none() {
+        return;
+    }
+    match outcome {
+        Ok(PassOutcome::Skipped) => {
+            span.record("webhook.janitor.status", "skipped");
+        }
+        Ok(PassOutcome::Ran(report)) => {
+            span.record("webhook.janitor.status", report.status.as_str());
+            span.record("webhook.janitor.events", report.events_deleted);
+            span.record("webhook.janitor.deliveries", report.deliveries_deleted);
+            span.record("webhook.janitor.attempts", report.attempts_deleted);
+        }
+        Err(_) => {
+            span.record("webhook.janitor.status", "error");
         }
     }
 }

@@ -51,6 +51,11 @@ pub struct Claimed {
     pub ordered: bool,
     /// Set when this attempt is its endpoint's half-open probe: the probe's fencing token.
     pub probe_token: Option<i64>,
+    /// The event's stored W3C `traceparent` (the producer's or the ingest span's), which
+    /// the attempt's span links to.
+    pub traceparent: Option<String>,
+    /// The `tracestate` stored with it.
+    pub tracestate: Option<String>,
 }
 
 /// Columns a worker needs, from the claimed delivery `d`, its event `e`, endpoint `ep`
@@ -60,7 +65,8 @@ const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count 
      CASE WHEN cardinality(ep.previous_secrets) = 0 THEN ARRAY[]::text[] \
           ELSE ARRAY(SELECT p.s FROM unnest(ep.previous_secrets, ep.previous_secrets_until) AS p(s, u) \
                      WHERE p.u > now() ORDER BY p.u DESC) END AS previous_secrets, \
-     e.event_type, s.name AS source_name, e.content_type, e.payload, d.ordering_key IS NOT NULL AS ordered";
+     e.event_type, s.name AS source_name, e.content_type, e.payload, d.ordering_key IS NOT NULL AS ordered, \
+     e.traceparent, e.tracestate";
 
 /// How a claim shares the workers among endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

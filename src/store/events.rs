@@ -25,6 +25,8 @@ pub struct NewEvent<'a> {
     pub payload: &'a [u8],
     /// The ordering key, when the source defines one and the request carried it.
     pub ordering_key: Option<&'a str>,
+    /// The trace context the deliveries link to (`crate::telemetry::EventTrace`).
+    pub trace: Option<&'a crate::telemetry::EventTrace>,
 }
 
 /// The result of storing an event.
@@ -83,16 +85,17 @@ const FANOUT: &str = "
         )";
 
 /// The single-event ingest statement (`$1` source id, `$2` dedupe key, `$3` event type,
-/// `$4` content type, `$5` headers, `$6` payload, `$7` ordering key): public so the
-/// benchmark's pgbench runs exactly this.
+/// `$4` content type, `$5` headers, `$6` payload, `$7` ordering key, `$8` traceparent,
+/// `$9` tracestate): public so the benchmark's pgbench runs exactly this.
 pub fn insert_sql() -> String {
     // The duplicate branch usually answers in the same round trip. It reads the
     // statement's snapshot, so a twin committed after our statement began is invisible
     // there (ON CONFLICT still saw it): then zero rows come back and we look again.
     format!(
         "WITH ev AS (
-            INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload, ordering_key)
-            VALUES ($1, $2, $3, $4, $5, $6, $7)
+            INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload, ordering_key,
+                                traceparent, tracestate)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
             ON CONFLICT ON CONSTRAINT events_dedupe DO NOTHING
             RETURNING id, source_id, event_type, ordering_key, 0 AS ord
         ), {FANOUT}
@@ -126,6 +129,8 @@ where
             .bind(Json(event.headers))
             .bind(event.payload)
             .bind(event.ordering_key)
+            .bind(event.trace.map(|t| t.traceparent.as_str()))
+            .bind(event.trace.and_then(|t| t.tracestate.as_deref()))
             .fetch_optional(db)
             .await?;
         if let Some((event_id, duplicate, deliveries)) = row {
@@ -157,6 +162,8 @@ pub struct OwnedEvent {
     pub payload: bytes::Bytes,
     /// The ordering key, when the source defines one and the request carried it.
     pub ordering_key: Option<String>,
+    /// The trace context its deliveries link to, when there is one.
+    pub trace: Option<crate::telemetry::EventTrace>,
 }
 
 impl OwnedEvent {
@@ -170,6 +177,7 @@ impl OwnedEvent {
             headers: &self.headers,
             payload: &self.payload,
             ordering_key: self.ordering_key.as_deref(),
+            trace: self.trace.as_ref(),
         }
     }
 }
@@ -194,15 +202,22 @@ pub async fn insert_batch_with_fanout(pool: &sqlx::PgPool, events: &[OwnedEvent]
     // The order events arrived in (the batch's input order), which orders the deliveries
     // of one line; `ord` is the (source, key) order the rows are inserted in.
     let arrivals: Vec<i32> = unique.iter().map(|&i| i32::try_from(i).unwrap_or(i32::MAX)).collect();
+    let traceparents: Vec<Option<&str>> =
+        unique.iter().map(|&i| events[i].trace.as_ref().map(|t| t.traceparent.as_str())).collect();
+    let tracestates: Vec<Option<&str>> =
+        unique.iter().map(|&i| events[i].trace.as_ref().and_then(|t| t.tracestate.as_deref())).collect();
 
     let rows: Vec<(i32, Option<EventId>, bool, i64)> = sqlx::query_as(&format!(
         "WITH input AS (
             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::int4[],
-                                 $8::text[], $9::int4[])
-                AS i(source_id, dedupe_key, event_type, content_type, headers, payload, ord, ordering_key, arrival)
+                                 $8::text[], $9::int4[], $10::text[], $11::text[])
+                AS i(source_id, dedupe_key, event_type, content_type, headers, payload, ord, ordering_key, arrival,
+                     traceparent, tracestate)
         ), ins AS (
-            INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload, ordering_key)
-            SELECT source_id, dedupe_key, event_type, content_type, headers::jsonb, payload, ordering_key
+            INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload, ordering_key,
+                                traceparent, tracestate)
+            SELECT source_id, dedupe_key, event_type, content_type, headers::jsonb, payload, ordering_key,
+                   traceparent, tracestate
             FROM input ORDER BY ord
             ON CONFLICT ON CONSTRAINT events_dedupe DO NOTHING
             RETURNING id, source_id, dedupe_key, event_type, ordering_key
@@ -227,6 +242,8 @@ pub async fn insert_batch_with_fanout(pool: &sqlx::PgPool, events: &[OwnedEvent]
     .bind(&ords)
     .bind(&ordering_keys)
     .bind(&arrivals)
+    .bind(&traceparents)
+    .bind(&tracestates)
     .fetch_all(pool)
     .await?;
 
@@ -434,6 +451,7 @@ mod tests {
             headers: serde_json::json!({}),
             payload: bytes::Bytes::new(),
             ordering_key: None,
+            trace: None,
         }
     }
 

@@ -216,6 +216,7 @@ fn owned(source: webhook_gateway::ids::SourceId, key: &str, event_type: &str) ->
         headers: json!({"x": key}),
         payload: format!("{{\"k\":\"{key}\"}}").into_bytes().into(),
         ordering_key: None,
+        trace: None,
     }
 }
 

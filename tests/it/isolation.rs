@@ -43,6 +43,7 @@ fn finished(records: Vec<queue::AttemptRecord>) -> Vec<recorder::Finished> {
             record,
             signal: webhook_gateway::circuit::Signal::Healthy,
             probe_token: None,
+            span: tracing::Span::none(),
         })
         .collect()
 }

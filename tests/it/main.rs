@@ -23,6 +23,7 @@ mod metrics;
 mod openapi;
 mod operator;
 mod ordering;
+mod otel;
 mod quickstart;
 mod replicas;
 mod secrets;

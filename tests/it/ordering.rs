@@ -266,6 +266,7 @@ async fn a_batch_keeps_arrival_order_within_a_line() {
             headers: json!({}),
             payload: bytes::Bytes::from(dedupe.to_string()),
             ordering_key: Some("one".into()),
+            trace: None,
         })
         .collect();
     insert_batch_with_fanout(&app.db.pool, &events).await.expect("batch");

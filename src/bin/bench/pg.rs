@@ -261,8 +261,8 @@ pub fn parse_claim_durations(text: &str) -> Vec<u64> {
 /// always runs exactly what the gateway runs for one event.
 pub fn ingest_statement() -> anyhow::Result<String> {
     let sql = webhook_gateway::store::events::insert_sql();
-    if !sql.contains("INSERT INTO events") || !sql.contains("INSERT INTO deliveries") || sql.contains("$8") {
-        bail!("store::events::insert_sql() no longer looks like the event + fan-out statement with 7 parameters");
+    if !sql.contains("INSERT INTO events") || !sql.contains("INSERT INTO deliveries") || sql.contains("$10") {
+        bail!("store::events::insert_sql() no longer looks like the event + fan-out statement with 9 parameters");
     }
     Ok(sql)
 }
@@ -300,8 +300,12 @@ pub async fn explain_claim(pool: &PgPool, limit: i64) -> String {
 /// The pgbench script: a random dedupe key per transaction and the ingest statement with
 /// its parameters as pgbench variables (sent as bind parameters with `-M prepared`).
 pub fn pgbench_script() -> anyhow::Result<String> {
-    // The gateway binds NULL as the ordering key of an event without one (the bench's).
-    let mut sql = ingest_statement()?.replace("$7", "NULL::text");
+    // The gateway binds NULL as the ordering key and trace context of an event without
+    // them (the bench's: its requests carry no traceparent).
+    let mut sql = ingest_statement()?;
+    for n in [9, 8, 7] {
+        sql = sql.replace(&format!("${n}"), "NULL::text");
+    }
     for (n, var) in [(6, "payload"), (5, "headers"), (4, "ctype"), (3, "etype"), (2, "k"), (1, "source")] {
         sql = sql.replace(&format!("${n}"), &format!(":{var}"));
     }
@@ -567,7 +571,12 @@ mod tests {
     fn the_ingest_statement_is_found_and_parameterised() {
         let script = pgbench_script().unwrap();
         assert!(script.starts_with("\\set k random("));
-        assert!(script.contains("VALUES (:source, :k, :etype, :ctype, :headers, :payload, NULL::text)"), "{script}");
+        assert!(
+            script.contains(
+                "VALUES (:source, :k, :etype, :ctype, :headers, :payload, NULL::text, NULL::text, NULL::text)"
+            ),
+            "{script}"
+        );
         assert!(!script.contains('$'), "{script}");
     }
 

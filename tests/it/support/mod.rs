@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod otlp;
 pub mod proxy;
 pub mod raw_sink;
 pub mod signing;
@@ -286,6 +287,13 @@ impl GatewayProcess {
     /// Start `webhook-gateway serve --database-url db_url <extra>` with test defaults
     /// (loopback egress allowed, fast polling); `extra` flags come last and win.
     pub fn start(db_url: &str, extra: &[&str]) -> GatewayProcess {
+        Self::start_with_env(db_url, extra, &[])
+    }
+
+    /// [`GatewayProcess::start`] with environment variables set for the process. An OTLP
+    /// endpoint in the test's own environment is never inherited: tracing is on only
+    /// where a test asks for it.
+    pub fn start_with_env(db_url: &str, extra: &[&str], env: &[(&str, &str)]) -> GatewayProcess {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
         let log_path = std::env::temp_dir().join(format!("wg-proc-{port}.log"));
@@ -295,6 +303,9 @@ impl GatewayProcess {
             .args(["--egress-allow", "127.0.0.1/32", "--poll-interval-ms", "50", "--db-pool-size", "8"])
             .args(extra)
             .env("RUST_LOG", "info,sqlx=warn")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()

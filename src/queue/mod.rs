@@ -118,7 +118,8 @@ pub async fn claim(pool: &sqlx::PgPool, limit: i64, lease: Duration) -> Result<V
 ///    them, so it sees every lease another claimer committed before letting go: each
 ///    endpoint's room is its `max_in_flight` (or the default) minus its live leases
 ///    (`deliveries_in_flight`; a crashed worker's lease stops counting when it runs out),
-///    and, with a rate limit, the whole tokens in its bucket. Up to its room per endpoint,
+///    and, with a rate limit, the whole tokens in its bucket. Up to its room (and its
+///    share of the claim, `limit` / endpoints with room, rounded up) per endpoint,
 ///    oldest due first, `SKIP LOCKED`; then in turns (every endpoint's first row before
 ///    anyone's second), at most `limit`. The rows go onto the lease (`claim_token` + 1,
 ///    `attempt_count` + 1) and rate-limited endpoints pay their tokens.
@@ -187,7 +188,7 @@ pub const CLAIM_LOCK_SQL: &str = "WITH head AS (
 /// what workers run.
 pub fn claim_sql() -> String {
     format!(
-        "WITH room AS (
+        "WITH room_n AS (
              SELECT ep.id, ep.rate_limit_per_sec, tokens.now AS tokens,
                     LEAST($1,
                           COALESCE(ep.max_in_flight, $3)
@@ -202,6 +203,14 @@ pub fn claim_sql() -> String {
                                 * ep.rate_limit_per_sec) AS now
              ) tokens
              WHERE ep.id = ANY($4)
+         ), room AS (
+             -- Each endpoint's share of this claim: with k endpoints that have room, no
+             -- endpoint can get more than about $1 / k of the rows in turns, so only that
+             -- many are looked at and locked (not up to $1 of each: with 1,000 endpoints
+             -- that was 100,000 rows locked for a claim of 128).
+             SELECT room_n.*,
+                    ceil($1::float8 / GREATEST(count(*) FILTER (WHERE room_n.n > 0) OVER (), 1)) AS share
+             FROM room_n
          ), picked AS (
              SELECT p.id, p.next_attempt_at,
                     row_number() OVER (PARTITION BY room.id ORDER BY p.next_attempt_at) AS turn
@@ -210,7 +219,7 @@ pub fn claim_sql() -> String {
                  WHERE d.endpoint_id = room.id AND d.status = 'pending' AND NOT d.parked AND NOT d.waiting
                    AND d.next_attempt_at <= now()
                  ORDER BY d.next_attempt_at
-                 LIMIT GREATEST(room.n, 0)
+                 LIMIT GREATEST(LEAST(room.n, room.share), 0)
                  FOR UPDATE SKIP LOCKED
              ) p
          ), due AS (

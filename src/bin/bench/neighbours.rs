@@ -198,6 +198,15 @@ pub async fn ordered(ctx: &Ctx) -> anyhow::Result<()> {
         };
         d.claim_cells(&mut row);
         ctx.row(row);
+        if let Some(s) = &d.statements {
+            ctx.appendix(
+                format!(
+                    "pg_stat_statements: ordered drain, {}",
+                    keys.map_or("unordered".into(), |k| format!("{k} keys"))
+                ),
+                s.clone(),
+            );
+        }
     }
     Ok(())
 }

@@ -495,7 +495,11 @@ fn encode(encoding: SignatureEncoding, mac: &[u8]) -> String {
 /// requires (Stripe's `id`, Slack's `event_id` / `challenge`).
 fn acceptable(result: &Result<Verified, VerifyError>) -> bool {
     match result {
-        Ok(v) => !v.dedupe_key.is_empty() && !v.event_type.is_empty(),
+        Ok(v) => {
+            !v.dedupe_key.is_empty()
+                && !v.event_type.is_empty()
+                && v.ordering_key.as_ref().is_none_or(|k| !k.is_empty())
+        }
         // The signature held, but the body lacks what the kind requires (Stripe's id,
         // Slack's event_id) or holds a key or type that cannot be used as sent (any
         // kind: a present key is refused, never replaced by a fallback).
@@ -534,6 +538,8 @@ proptest! {
             (Ok(v), _) => {
                 prop_assert!(matches!(spec.kind, Kind::None | Kind::Internal), "{:?} accepted a forgery: {v:?}", spec.kind);
                 prop_assert!(!v.dedupe_key.is_empty() && !v.event_type.is_empty(), "{v:?}");
+                // An ordering key, when there is one, is as storable as the dedupe key.
+                prop_assert!(v.ordering_key.as_ref().is_none_or(|k| crate::sanitize::dedupe_key(k.clone()).as_ref() == Ok(k)), "{v:?}");
                 prop_assert!(v.challenge.is_none());
             }
             // Unsigned kinds refuse only a key or type that is present but unusable.

@@ -33,13 +33,15 @@ fn h(name: &str, value: impl Into<Vec<u8>>) -> (String, Vec<u8>) {
     (name.to_owned(), value.into())
 }
 
-/// A `none` source keyed by the `X-Key` header and `/id`, typed by `X-Type` and `/type`.
+/// A `none` source keyed by the `X-Key` header and `/id`, typed by `X-Type` and `/type`,
+/// ordered by `X-Order` and `/account`.
 async fn keyed_source(app: &TestApp, name: &str) {
     app.admin_post(
         "/v1/sources",
         json!({"name": name, "kind": "none",
                "dedupe": {"header": "X-Key", "json_pointer": "/id"},
-               "event_type": {"header": "X-Type", "json_pointer": "/type"}}),
+               "event_type": {"header": "X-Type", "json_pointer": "/type"},
+               "ordering_key": {"header": "X-Order", "json_pointer": "/account"}}),
         201,
     )
     .await;
@@ -115,6 +117,15 @@ async fn unusable_keys_and_event_types_are_refused_with_a_reason_and_store_nothi
         ("empty header key", vec![h("X-Key", "")], b"{}".to_vec()),
         ("two different header keys", vec![h("X-Key", "a"), h("X-Key", "b")], b"{}".to_vec()),
         ("tab in a header event type", vec![h("X-Key", "k4"), h("X-Type", "a\tb")], b"{}".to_vec()),
+        ("NUL in a JSON ordering key", vec![h("X-Key", "k5")], json_body(json!({"account": "acct\u{0}1"}))),
+        ("empty JSON ordering key", vec![h("X-Key", "k6")], json_body(json!({"account": ""}))),
+        ("object as an ordering key", vec![h("X-Key", "k7")], json_body(json!({"account": {"id": 1}}))),
+        ("ordering key header not UTF-8", vec![h("X-Key", "k8"), h("X-Order", b"a\xFFb".to_vec())], b"{}".to_vec()),
+        (
+            "two different ordering key headers",
+            vec![h("X-Key", "k9"), h("X-Order", "a"), h("X-Order", "b")],
+            b"{}".to_vec(),
+        ),
     ];
     for (what, headers, body) in cases {
         let (status, answer) = post(&app, "src", &headers, &body).await;
@@ -132,6 +143,39 @@ async fn unusable_keys_and_event_types_are_refused_with_a_reason_and_store_nothi
     assert_eq!(event["dedupe_key"], "clé-ünïcode-1");
 }
 
+/// A 5,000-byte incompressible ordering key, delivered to an ordered subscription: stored
+/// as its digest (the line's primary key stays within the b-tree's row limit), and the same
+/// key again joins the same line.
+#[tokio::test]
+async fn a_long_ordering_key_is_stored_as_its_digest_and_keeps_its_line() {
+    let app = TestApp::ingest_only().await;
+    keyed_source(&app, "src").await;
+    let ep = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/"}), 201).await;
+    let sub = json!({"endpoint_id": ep["id"], "source": "src", "ordered": {"on_dead": "block"}});
+    app.admin_post("/v1/subscriptions", sub, 201).await;
+    let key = incompressible_key(5_000, 7);
+    for (n, request) in [
+        (vec![h("X-Key", "e1"), h("X-Order", key.clone())], b"{}".to_vec()),
+        (vec![h("X-Key", "e2")], serde_json::to_vec(&json!({"account": key.clone()})).unwrap()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (headers, body) = request;
+        let (status, answer) = post(&app, "src", &headers, &body).await;
+        assert_eq!(status, 200, "event {n}: {answer}");
+    }
+    let keys: Vec<(String, bool)> = sqlx::query_as("SELECT ordering_key, waiting FROM deliveries ORDER BY line_seq")
+        .fetch_all(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(keys[0].0.starts_with("key-sha256:") && keys[0].0.len() == 75, "{keys:?}");
+    assert_eq!(keys[0].0, keys[1].0, "header and body carry the same key: one line");
+    assert_eq!((keys[0].1, keys[1].1), (false, true), "the first is the head, the second waits");
+    assert_eq!(app.db.count("order_lines").await, 1);
+}
+
 /// `POST /v1/events` follows the same rules: a control character in the caller's id or
 /// type is a 422 naming the field, never a 5xx.
 #[tokio::test]
@@ -141,6 +185,8 @@ async fn published_events_with_control_characters_are_refused() {
         ("event_id", json!({"event_id": "a\u{0}b", "event_type": "t", "payload": {}})),
         ("event_type", json!({"event_id": "a", "event_type": "t\u{0}", "payload": {}})),
         ("event_type", json!({"event_id": "a", "event_type": "t\r\n", "payload": {}})),
+        ("ordering_key", json!({"event_id": "a", "event_type": "t", "ordering_key": "k\u{0}", "payload": {}})),
+        ("ordering_key", json!({"event_id": "a", "event_type": "t", "ordering_key": "", "payload": {}})),
     ] {
         let (status, answer) = app.admin(reqwest::Method::POST, "/v1/events", Some(body)).await;
         assert_eq!(status, 422, "{answer}");
@@ -179,6 +225,7 @@ async fn fuzz_sources(app: &TestApp) {
             if custom {
                 spec["dedupe"] = json!({"header": "X-Key", "json_pointer": "/id"});
                 spec["event_type"] = json!({"header": "X-Type", "json_pointer": "/type"});
+                spec["ordering_key"] = json!({"header": "X-Order", "json_pointer": "/account"});
             }
             app.admin_post("/v1/sources", spec, 201).await;
         }
@@ -315,7 +362,7 @@ fn request(case: &Case) -> (String, Headers, Vec<u8>) {
                 nest = json!([nest]);
             }
             serde_json::to_vec(&json!({
-                "id": case.key, "event_id": case.key, "type": case.event_type,
+                "id": case.key, "event_id": case.key, "account": case.key, "type": case.event_type,
                 "event": {"type": case.event_type}, "nest": nest, "pad": pad,
             }))
             .expect("json")
@@ -330,7 +377,7 @@ fn request(case: &Case) -> (String, Headers, Vec<u8>) {
         }
     };
     if case.key_in_header {
-        for name in ["X-Key", "X-GitHub-Delivery", "X-Shopify-Webhook-Id"] {
+        for name in ["X-Key", "X-GitHub-Delivery", "X-Shopify-Webhook-Id", "X-Order"] {
             push(&mut headers, name, case.key.as_bytes());
         }
     }

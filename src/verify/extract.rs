@@ -2,6 +2,7 @@
 
 use http::HeaderMap;
 use serde_json::Value;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use super::{Locator, VerifyError};
@@ -17,30 +18,37 @@ pub fn body_sha256_hex(body: &[u8]) -> String {
 /// request is refused: a present key is never silently replaced by a fallback).
 pub(crate) type Found = Result<Option<String>, VerifyError>;
 
-/// The body parsed as JSON, computed at most once per request.
+/// The body as JSON, checked at most once per request; values are read out of it by
+/// pointer without building a document tree (see [`pointer`](super::pointer)).
 pub(crate) struct LazyJson<'a> {
     body: &'a [u8],
-    parsed: Option<Option<Value>>,
+    root: Option<Option<&'a RawValue>>,
 }
 
 impl<'a> LazyJson<'a> {
     pub(crate) fn new(body: &'a [u8]) -> Self {
-        Self { body, parsed: None }
+        Self { body, root: None }
     }
 
-    /// The parsed body, or `None` when it is not JSON.
-    pub(crate) fn get(&mut self) -> Option<&Value> {
+    /// The value at an RFC 6901 pointer, parsed; `None` when the body is not JSON or the
+    /// pointer finds nothing.
+    pub(crate) fn value_at(&mut self, pointer: &str) -> Option<Value> {
         let body = self.body;
-        self.parsed.get_or_insert_with(|| serde_json::from_slice(body).ok()).as_ref()
+        let root = (*self.root.get_or_insert_with(|| super::pointer::root(body)))?;
+        let raw = super::pointer::lookup(root, pointer)?;
+        // Only the (small) value found is parsed. A value serde_json cannot hold (nested
+        // past its recursion limit, a number out of range) is absent, as it was when
+        // the whole body had to parse.
+        serde_json::from_str(raw.get()).ok()
     }
 
     /// A string (or number) at an RFC 6901 pointer. Absent when the body is not JSON or
     /// the pointer finds nothing or `null`; refused when it finds anything else that is
     /// not a non-empty string or a number.
     pub(crate) fn pointer(&mut self, pointer: &str) -> Found {
-        match self.get().and_then(|v| v.pointer(pointer)) {
+        match self.value_at(pointer) {
             None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
+            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
             // Integers only: without arbitrary precision, serde_json parses an integer
             // past 64 bits as a float, so two different big ids would print as the same
             // `1.2345678901234568e22` and the second event would be a false duplicate.
@@ -50,7 +58,7 @@ impl<'a> LazyJson<'a> {
             ))),
             Some(other) => Err(VerifyError::MalformedBody(format!(
                 "the value at {pointer} is {}, not a non-empty string or a number",
-                json_kind(other)
+                json_kind(&other)
             ))),
         }
     }

@@ -39,7 +39,8 @@ impl Verifier for Github {
             .unwrap_or_else(|| body_sha256_hex(body));
         let event_type = resolve(&spec.event_type, headers, &mut json, |json| {
             let Some(event) = header_string(headers, EVENT_HEADER)? else { return Ok(None) };
-            let action = json.get().and_then(|v| v.get("action")).and_then(Value::as_str).filter(|a| !a.is_empty());
+            let action = json.value_at("/action");
+            let action = action.as_ref().and_then(Value::as_str).filter(|a| !a.is_empty());
             Ok(Some(match action {
                 Some(action) => format!("{event}.{action}"),
                 None => event,

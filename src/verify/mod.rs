@@ -18,6 +18,7 @@ mod github;
 mod hmac;
 mod mac;
 mod none;
+mod pointer;
 mod shopify;
 mod slack;
 mod standard;

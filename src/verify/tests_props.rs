@@ -822,6 +822,65 @@ proptest! {
         }
     }
 
+    /// The raw walk (verify/pointer.rs) answers what `serde_json::Value::pointer` answers
+    /// on the parsed body, for any body that parses and any pointer: paths that exist
+    /// (with escapes), near misses (an index past the end, a leading zero, a sign, a
+    /// trailing slash) and garbage.
+    #[test]
+    fn the_raw_walk_agrees_with_value_pointer(
+        value in json_value(),
+        choices in vec(any::<Index>(), 0..6),
+        tweak in 0u8..6,
+        garbage in "\\PC{0,12}",
+    ) {
+        let mut at = &value;
+        let mut pointer = String::new();
+        for choice in choices {
+            match at {
+                Value::Array(items) if !items.is_empty() => {
+                    let i = choice.index(items.len());
+                    pointer.push_str(&format!("/{i}"));
+                    at = &items[i];
+                }
+                Value::Object(map) if !map.is_empty() => {
+                    let (key, next) = map.iter().nth(choice.index(map.len())).expect("in range");
+                    pointer.push('/');
+                    pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
+                    at = next;
+                }
+                _ => break,
+            }
+        }
+        match tweak {
+            1 => pointer.push_str("/0"),
+            2 => pointer.push_str("/01"),
+            3 => pointer.push_str("/+0"),
+            4 => pointer.push('/'),
+            5 => pointer = garbage,
+            _ => {}
+        }
+        let body = serde_json::to_vec_pretty(&value).expect("serialize");
+        let parsed: Value = serde_json::from_slice(&body).expect("round trip");
+        prop_assert_eq!(LazyJson::new(&body).value_at(&pointer), parsed.pointer(&pointer).cloned(), "pointer {:?}", pointer);
+    }
+
+    /// Over arbitrary bodies (most not JSON), wherever serde_json parses the body the raw
+    /// walk agrees with it, and where it does not, the walk finds nothing.
+    #[test]
+    fn the_raw_walk_agrees_on_arbitrary_bodies(body in body(), pointer in prop_oneof!["\\PC{0,24}", "(/[a-z0-9~_-]{0,4}){0,8}"]) {
+        let found = LazyJson::new(&body).value_at(&pointer);
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(parsed) => prop_assert_eq!(found, parsed.pointer(&pointer).cloned()),
+            Err(_) => {
+                // Only what serde_json refuses for its own limits (nesting, number range)
+                // may still be read; a syntax error never is.
+                if found.is_some() {
+                    prop_assert!(serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok(), "found {:?} in a body that is not JSON", found);
+                }
+            }
+        }
+    }
+
     /// Arrays nested far past serde_json's recursion limit: no stack overflow, and the
     /// leaf is found while the depth is within the limit.
     #[test]

@@ -19,13 +19,22 @@ use crate::role::Role;
 
 /// Delivery workers per CPU core when `--workers` is not set. Outbound requests are async
 /// tasks parked on sockets, so the limit is not the CPU but what subscribers and the
-/// database see. Measured on 2 cores (bench, 50,000-delivery drain to one fast endpoint,
-/// which may use half the workers; peak RSS in brackets): 32 per core 2,840/s (16 MiB),
-/// 128 per core 5,958/s, 256 per core 8,773/s, 512 per core 11,246/s (27 MiB). 256 keeps
-/// most of that while one endpoint gets at most 128 requests per core at once by default
-/// (`--endpoint-max-in-flight`, or per endpoint, lowers it for a subscriber that wants
-/// fewer).
-pub const DEFAULT_WORKERS_PER_CORE: usize = 256;
+/// database see. A worker stays busy from claim to recorded outcome, so the workers one
+/// endpoint needs are its rate × (its answer time + the claim and record round trips),
+/// and under load the round trips grow. Measured on 2 cores (bench; peak RSS in
+/// brackets):
+/// - drain of 50,000 to one fast endpoint (which may use half the workers): 32 per core
+///   2,840/s (16 MiB), 128 per core 5,958/s, 256 per core 8,773/s, 512 per core
+///   11,246/s (27 MiB);
+/// - sustained end to end (open loop, ingest and delivery in one process, bench
+///   scenario 11): 256 per core held 4,000/s and fell behind at 5,000/s, where the one
+///   endpoint sat at its limit of 256 in flight; 512 per core held 5,000/s (twice).
+///
+/// A worker costs memory only while it holds a delivery: the claimed row (body shared
+/// with the request, not copied) and the connection's buffers. The bound is workers ×
+/// the largest body (`--max-body-bytes`), reached only if every in-flight delivery
+/// carries a maximum-size body; lower `--workers` where that matters.
+pub const DEFAULT_WORKERS_PER_CORE: usize = 512;
 
 /// The `webhook-gateway` command line.
 #[derive(Debug, Parser)]
@@ -258,7 +267,7 @@ settings! {
         #[arg(long, env = "WEBHOOK_GATEWAY_ROLE", value_enum, default_value = "all")]
         pub role: Role,
 
-        /// Concurrent outbound deliveries per process. Default: 256 per CPU core (each is an
+        /// Concurrent outbound deliveries per process. Default: 512 per CPU core (each is an
         /// async task waiting on a socket, not a thread).
         #[arg(long, env = "WEBHOOK_GATEWAY_WORKERS")]
         pub workers: Option<usize>,

@@ -195,7 +195,8 @@ async fn send(
     if let Some(traceparent) = telemetry::traceparent_of(&span) {
         headers.insert(http::HeaderName::from_static("traceparent"), traceparent);
     }
-    let (observed, status, excerpt) = exchange(egress, &url, headers, &job.payload).instrument(span.clone()).await;
+    let (observed, status, excerpt) =
+        exchange(egress, &url, headers, job.payload.clone()).instrument(span.clone()).await;
     if !span.is_none() {
         match (&observed, status) {
             (_, Some(status)) => {
@@ -220,9 +221,9 @@ async fn exchange(
     egress: &EgressClient,
     url: &Url,
     headers: http::HeaderMap,
-    payload: &[u8],
+    payload: Bytes,
 ) -> (Observed, Option<i32>, Option<String>) {
-    match egress.post(url, headers, Bytes::copy_from_slice(payload)).await {
+    match egress.post(url, headers, payload).await {
         Ok(response) => {
             let status = response.status().as_u16();
             let retry_after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);

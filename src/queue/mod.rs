@@ -46,7 +46,9 @@ pub struct Claimed {
     /// The producer's content type, replayed (`application/json` when absent).
     pub content_type: Option<String>,
     /// The body exactly as it was received.
-    pub payload: Vec<u8>,
+    // Shared, not copied, by each attempt's request body (and its memory bound).
+    #[sqlx(try_from = "Vec<u8>")]
+    pub payload: bytes::Bytes,
     /// Whether the delivery is in an ordering line (its outcome may move the line on).
     pub ordered: bool,
     /// Set when this attempt is its endpoint's half-open probe: the probe's fencing token.

@@ -1,23 +1,83 @@
-//! Scenario 5: end-to-end latency at a steady offered load. A `--role all` gateway (one
-//! process ingesting and delivering, the default deployment) takes webhooks due at a
-//! fixed rate; each body carries a sequence number, and the sink timestamps the first
-//! delivery of each. Latency = sink receipt − the time the request was due (not when it
-//! was sent, so a lagging generator cannot hide queueing).
+//! Scenarios 5 and 11: end-to-end latency at steady offered loads, and the highest
+//! offered load the gateway sustains. A `--role all` gateway (one process ingesting and
+//! delivering, the default deployment) takes webhooks due at a fixed rate; each body
+//! carries a sequence number, and the sink timestamps the first delivery of each.
+//! Latency = sink receipt − the time the request was due (not when it was sent, so a
+//! lagging generator cannot hide queueing).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
 
 use crate::Ctx;
 use crate::gateway::{Gateway, Role};
 use crate::loadgen::{self, Ticket};
 use crate::pg;
 use crate::report::{Row, verdict};
-use crate::stats::{CpuMark, Latency, fmt_dur, fmt_rate, thousands};
+use crate::stats::{CpuMark, CpuShare, Latency, fmt_dur, fmt_rate, thousands};
 
 const DB: &str = "bench_e2e";
+const SUSTAINED_DB: &str = "bench_sustained";
 
 /// When each webhook of a run was due, and whether it is in the measured window.
 type DueTimes = Arc<Mutex<Vec<Option<(Instant, bool)>>>>;
+
+/// A sustained step holds when the gateway answered at least this share of the offered
+/// rate ...
+const KEEPS_PACE: f64 = 0.97;
+/// ... and delivery kept up: every measured webhook arrived with a p99 within this (a
+/// queue that grows through a 10 s window puts its p99 seconds behind).
+const LAG_FLAT_P99: Duration = Duration::from_millis(500);
+
+/// One offered load held for a warm-up and a measured window.
+struct Step {
+    rate: u64,
+    /// Answered rate over the measured webhooks.
+    accepted: f64,
+    /// Commit-to-sink latency of the measured webhooks that arrived.
+    e2e: Latency,
+    delivered: usize,
+    measured: usize,
+    ingest: Latency,
+    failures: String,
+    cpu: CpuShare,
+}
+
+impl Step {
+    /// `ingest answer p50 … / p99 …; N of M measured webhooks delivered[; failures]`.
+    fn note(&self) -> String {
+        format!(
+            "ingest answer p50 {} / p99 {}; {} of {} measured webhooks delivered{}",
+            fmt_dur(self.ingest.p50),
+            fmt_dur(self.ingest.p99),
+            thousands(self.delivered as u64),
+            thousands(self.measured as u64),
+            match self.failures.as_str() {
+                "" => String::new(),
+                n => format!("; {n}"),
+            }
+        )
+    }
+
+    /// Gateway and PostgreSQL CPU per webhook (ingest + its delivery), in µs.
+    fn cpu_note(&self) -> Option<String> {
+        let us = |cores: f64| cores / self.accepted.max(1e-9) * 1e6;
+        Some(format!(
+            "server CPU per webhook, ingest and delivery: gateway {:.0} µs + PostgreSQL {:.0} µs",
+            us(self.cpu.gateway?),
+            us(self.cpu.postgres?)
+        ))
+    }
+
+    /// Whether the gateway sustained this step (see [`KEEPS_PACE`], [`LAG_FLAT_P99`]).
+    fn sustained(&self) -> bool {
+        self.failures.is_empty()
+            && self.accepted >= KEEPS_PACE * self.rate as f64
+            && self.delivered == self.measured
+            && self.e2e.p99 <= LAG_FLAT_P99
+    }
+}
 
 /// Run scenario 5 at each offered rate.
 pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
@@ -27,75 +87,27 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
     result
 }
 
-async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
-    let log = ctx.work_dir.join("gateway-e2e.log");
-    let gw = Gateway::start(&ctx.gateway_bin, url, Role::All, &ctx.gateway_args(), &log).await?;
+/// Scenario 11: step the offered rate up until a step is not sustained.
+pub async fn sustained(ctx: &Ctx) -> anyhow::Result<()> {
+    let url = ctx.server.create_db(SUSTAINED_DB).await?;
+    let result = sustained_on(ctx, &url).await;
+    ctx.server.drop_db(SUSTAINED_DB).await;
+    result
+}
+
+async fn start(ctx: &Ctx, url: &str, log: &str) -> anyhow::Result<(Gateway, PgPool)> {
+    let gw = Gateway::start(&ctx.gateway_bin, url, Role::All, &ctx.gateway_args(), &ctx.work_dir.join(log)).await?;
     gw.admin_post("/v1/sources", crate::payload::source_spec()).await?;
     gw.subscribe(&ctx.sink.ok_url(0)).await?;
-    let pool = pg::pool(url, 2).await?;
-    let postmaster = ctx.server.postmaster();
-    let host = gw.addr.to_string();
-    let (warmup, measure) = (ctx.warmup(), ctx.measure());
+    Ok((gw, pg::pool(url, 2).await?))
+}
+
+async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
+    let (gw, pool) = start(ctx, url, "gateway-e2e.log").await?;
     for &rate in &ctx.args.rates {
+        let step = offer(ctx, &gw, &pool, rate, ctx.args.e2e_conns).await?;
         let setting = format!("{}/s offered", thousands(rate));
-        crate::ingest::checkpoint(&pool).await;
-        ctx.sink.reset(true);
-        let n = (rate as f64 * (warmup + measure).as_secs_f64()).ceil() as u64 + 1;
-        let base = ctx.reserve(n);
-        let due: DueTimes = Arc::new(Mutex::new(vec![None; n as usize]));
-        let (h, run) = (host.clone(), ctx.run_id.clone());
-        let make = Arc::new(move |seq: u64| crate::payload::http_request(&h, &run, seq));
-        let record = due.clone();
-        let on_due = Arc::new(move |t: Ticket| {
-            if let Some(slot) = record.lock().expect("due lock").get_mut((t.seq - base) as usize) {
-                *slot = Some((t.due, t.measured));
-            }
-        });
-        let mark = CpuMark::now(Some(gw.pid), postmaster);
-        let plan = loadgen::OpenLoop {
-            addr: gw.addr,
-            conns: ctx.args.e2e_conns,
-            rate: rate as f64,
-            warmup,
-            measure,
-            first_seq: base,
-        };
-        let mut out = loadgen::open_loop(plan, make, on_due).await;
-        let share = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
-        let measured: Vec<(u64, Instant)> = due
-            .lock()
-            .expect("due lock")
-            .iter()
-            .enumerate()
-            .filter_map(|(i, d)| d.filter(|(_, m)| *m).map(|(at, _)| (base + i as u64, at)))
-            .collect();
-        // Let the tail of the run arrive.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline && measured.iter().any(|(s, _)| ctx.sink.seen_at(*s).is_none()) {
-            if ctx.sink.counts().ok == 0 && Instant::now() + Duration::from_secs(20) > deadline {
-                break; // nothing at all arrives: no delivery engine
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let mut e2e: Vec<u64> = measured
-            .iter()
-            .filter_map(|(s, at)| Some(ctx.sink.seen_at(*s)?.saturating_duration_since(*at).as_micros() as u64))
-            .collect();
-        let delivered = e2e.len();
-        let e2e = Latency::from_micros(&mut e2e);
-        let ingest = Latency::from_micros(&mut out.latencies);
-        let ingest_note = format!(
-            "ingest answer p50 {} / p99 {}; {} of {} measured webhooks delivered{}",
-            fmt_dur(ingest.p50),
-            fmt_dur(ingest.p99),
-            thousands(delivered as u64),
-            thousands(measured.len() as u64),
-            match out.failure_note() {
-                n if n.is_empty() => String::new(),
-                n => format!("; {n}"),
-            }
-        );
-        if delivered == 0 {
+        if step.delivered == 0 {
             ctx.row(Row {
                 id: "5".into(),
                 scenario: "End-to-end latency (producer → sink)".into(),
@@ -105,36 +117,168 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
                 p99: "—".into(),
                 max: "—".into(),
                 target: "—".into(),
-                cpu: share.cell(),
-                note: format!("nothing reached the sink (no delivery engine in this build?); {ingest_note}"),
+                cpu: step.cpu.cell(),
+                note: format!("nothing reached the sink (no delivery engine in this build?); {}", step.note()),
             });
             continue;
         }
         // Open loop: the answers to the window's webhooks came in over a longer span when
         // the gateway could not keep up: the offered rate is above what it sustains.
-        let overload = if out.rate() < 0.95 * rate as f64 { " (overloaded: falls behind)" } else { "" };
+        let overload = if step.accepted < 0.95 * rate as f64 { " (overloaded: falls behind)" } else { "" };
+        let target = match rate {
+            500 => verdict(step.e2e.p50 < Duration::from_millis(50), "p50 < 50 ms"),
+            1000 => verdict(
+                step.e2e.p50 <= Duration::from_millis(10) && step.e2e.p99 <= Duration::from_millis(50),
+                "p50 ≤ 10 ms, p99 ≤ 50 ms",
+            ),
+            _ => "—".into(),
+        };
         ctx.row(Row {
             id: "5".into(),
             scenario: "End-to-end latency (producer → sink)".into(),
             setting,
-            result: format!("{} accepted{overload}", fmt_rate(out.rate())),
-            p50: fmt_dur(e2e.p50),
-            p99: fmt_dur(e2e.p99),
-            max: fmt_dur(e2e.max),
-            target: if rate == 500 {
-                verdict(e2e.p50 < Duration::from_millis(50), "p50 < 50 ms")
-            } else {
-                "—".into()
-            },
-            cpu: share.cell(),
-            note: ingest_note,
+            result: format!("{} accepted{overload}", fmt_rate(step.accepted)),
+            p50: fmt_dur(step.e2e.p50),
+            p99: fmt_dur(step.e2e.p99),
+            max: fmt_dur(step.e2e.max),
+            target,
+            cpu: step.cpu.cell(),
+            note: [Some(step.note()), step.cpu_note()].into_iter().flatten().collect::<Vec<_>>().join("; "),
         });
-        // Start the next rate on an empty queue.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline && pg::pending(&pool).await? > 0 {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
     }
     gw.stop(Duration::from_secs(40)).await;
     Ok(())
+}
+
+async fn sustained_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
+    let (gw, pool) = start(ctx, url, "gateway-sustained.log").await?;
+    let statements = ctx.server.stat_statements && pg::reset_statements(&pool).await;
+    let mut best: Option<Step> = None;
+    let mut first_failed: Option<Step> = None;
+    for &rate in &ctx.args.sustained_rates {
+        if statements {
+            pg::reset_statements(&pool).await;
+        }
+        let step = offer(ctx, &gw, &pool, rate, ctx.args.sustained_conns).await?;
+        if statements {
+            let table = crate::ingest::statements_table(&pool).await;
+            ctx.appendix(format!("pg_stat_statements: sustained end to end, {}/s offered", thousands(rate)), table);
+        }
+        let holds = step.sustained();
+        eprintln!(
+            "bench: sustained {rate}/s: accepted {:.0}/s, e2e p99 {}, {}/{} delivered: {}",
+            step.accepted,
+            fmt_dur(step.e2e.p99),
+            step.delivered,
+            step.measured,
+            if holds { "holds" } else { "does not hold" }
+        );
+        ctx.row(step_row(&step, if holds { "holds" } else { "❌ falls behind" }));
+        if holds {
+            best = Some(step);
+        } else {
+            first_failed = Some(step);
+            break;
+        }
+    }
+    let summary = match (&best, &first_failed) {
+        (Some(b), Some(f)) => {
+            format!("highest step held: {}/s; {}/s did not hold", thousands(b.rate), thousands(f.rate))
+        }
+        (Some(b), None) => {
+            format!("every step held, up to {}/s: step higher with --sustained-rates", thousands(b.rate))
+        }
+        (None, _) => "no step held".into(),
+    };
+    ctx.row(Row {
+        id: "11".into(),
+        scenario: "Highest sustained end to end (open loop)".into(),
+        setting: "summary".into(),
+        result: best.as_ref().map(|b| format!("{}/s", thousands(b.rate))).unwrap_or_else(|| "none".into()),
+        target: verdict(best.as_ref().is_some_and(|b| b.rate >= 6000), "≥ 6,000/s"),
+        note: format!(
+            "{summary}. A step holds when ≥ {:.0} % of the offered rate is answered 200, every measured webhook is \
+             delivered and the delivery p99 stays ≤ {} (a backlog that grows through the window pushes it to seconds)",
+            KEEPS_PACE * 100.0,
+            fmt_dur(LAG_FLAT_P99)
+        ),
+        ..Row::default()
+    });
+    gw.stop(Duration::from_secs(40)).await;
+    Ok(())
+}
+
+fn step_row(step: &Step, verdict_cell: &str) -> Row {
+    Row {
+        id: "11".into(),
+        scenario: "Highest sustained end to end (open loop)".into(),
+        setting: format!("{}/s offered", thousands(step.rate)),
+        result: format!("{} accepted", fmt_rate(step.accepted)),
+        p50: fmt_dur(step.e2e.p50),
+        p99: fmt_dur(step.e2e.p99),
+        max: fmt_dur(step.e2e.max),
+        target: verdict_cell.into(),
+        cpu: step.cpu.cell(),
+        note: [Some(step.note()), step.cpu_note()].into_iter().flatten().collect::<Vec<_>>().join("; "),
+    }
+}
+
+/// Offer `rate` webhooks/s for the warm-up and the measured window, wait for the
+/// measured ones to arrive (30 s at most), and leave the queue empty for the next step.
+async fn offer(ctx: &Ctx, gw: &Gateway, pool: &PgPool, rate: u64, conns: usize) -> anyhow::Result<Step> {
+    let (warmup, measure) = (ctx.warmup(), ctx.measure());
+    crate::ingest::checkpoint(pool).await;
+    ctx.sink.reset(true);
+    let n = (rate as f64 * (warmup + measure).as_secs_f64()).ceil() as u64 + 1;
+    let base = ctx.reserve(n);
+    let due: DueTimes = Arc::new(Mutex::new(vec![None; n as usize]));
+    let (h, run) = (gw.addr.to_string(), ctx.run_id.clone());
+    let make = Arc::new(move |seq: u64| crate::payload::http_request(&h, &run, seq));
+    let record = due.clone();
+    let on_due = Arc::new(move |t: Ticket| {
+        if let Some(slot) = record.lock().expect("due lock").get_mut((t.seq - base) as usize) {
+            *slot = Some((t.due, t.measured));
+        }
+    });
+    let postmaster = ctx.server.postmaster();
+    let plan = loadgen::OpenLoop { addr: gw.addr, conns, rate: rate as f64, warmup, measure, first_seq: base };
+    // The CPU window is the load's: ingest and the delivery that keeps pace with it.
+    let mark = CpuMark::now(Some(gw.pid), postmaster);
+    let mut out = loadgen::open_loop(plan, make, on_due).await;
+    let cpu = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
+    let measured: Vec<(u64, Instant)> = due
+        .lock()
+        .expect("due lock")
+        .iter()
+        .enumerate()
+        .filter_map(|(i, d)| d.filter(|(_, m)| *m).map(|(at, _)| (base + i as u64, at)))
+        .collect();
+    // Let the tail of the run arrive.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline && measured.iter().any(|(s, _)| ctx.sink.seen_at(*s).is_none()) {
+        if ctx.sink.counts().ok == 0 && Instant::now() + Duration::from_secs(20) > deadline {
+            break; // nothing at all arrives: no delivery engine
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut e2e: Vec<u64> = measured
+        .iter()
+        .filter_map(|(s, at)| Some(ctx.sink.seen_at(*s)?.saturating_duration_since(*at).as_micros() as u64))
+        .collect();
+    let step = Step {
+        rate,
+        accepted: out.rate(),
+        delivered: e2e.len(),
+        measured: measured.len(),
+        e2e: Latency::from_micros(&mut e2e),
+        ingest: Latency::from_micros(&mut out.latencies),
+        failures: out.failure_note(),
+        cpu,
+    };
+    // Start the next rate on an empty queue.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline && pg::pending(pool).await? > 0 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(step)
 }

@@ -48,6 +48,8 @@ enum Scenario {
     Fairness,
     /// 10: ordered delivery: the drain in 100 and in 10,000 keys next to the unordered one.
     Ordered,
+    /// 11: the highest sustained end-to-end rate: open-loop steps until delivery falls behind.
+    Sustained,
 }
 
 /// The webhook-gateway benchmark harness.
@@ -73,8 +75,16 @@ pub struct Args {
     #[arg(long, default_value_t = 50_000)]
     pub ordered_deliveries: u64,
     /// Offered loads (webhooks/s) for the end-to-end scenario.
-    #[arg(long, value_delimiter = ',', default_values_t = vec![500, 2000])]
+    #[arg(long, value_delimiter = ',', default_values_t = vec![500, 1000, 2000])]
     pub rates: Vec<u64>,
+    /// Offered loads (webhooks/s) the sustained scenario steps through, until one does not hold.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000])]
+    pub sustained_rates: Vec<u64>,
+    /// Connections the sustained scenario's load generator may use: enough that the
+    /// generator's own concurrency never caps the offered rate (64 connections at a 15 ms
+    /// answer carry at most ~4,300/s).
+    #[arg(long, default_value_t = 256)]
+    pub sustained_conns: usize,
     /// Connections the end-to-end load generator may use.
     #[arg(long, default_value_t = 64)]
     pub e2e_conns: usize,
@@ -197,6 +207,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Failing,
             Scenario::Fairness,
             Scenario::Ordered,
+            Scenario::Sustained,
         ];
     }
     scenarios.dedup();
@@ -243,6 +254,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Failing => delivery::failing(&ctx).await,
             Scenario::Fairness => neighbours::fairness(&ctx).await,
             Scenario::Ordered => neighbours::ordered(&ctx).await,
+            Scenario::Sustained => e2e::sustained(&ctx).await,
             Scenario::All => Ok(()),
         };
         if let Err(e) = result {

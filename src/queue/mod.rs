@@ -148,6 +148,7 @@ pub async fn claim_fair(
         tx.commit().await?;
         return Ok(Vec::new());
     }
+    crate::db::keep_one_plan(&mut tx).await?;
     let claimed = sqlx::query_as(&claim_sql())
         .bind(limit)
         .bind(lease.as_secs_f64())

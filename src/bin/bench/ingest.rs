@@ -239,15 +239,18 @@ pub async fn statements_table(pool: &PgPool) -> String {
     if rows.is_empty() {
         return "(no statistics)".into();
     }
-    let mut out =
-        String::from("| calls | total ms | mean ms | max ms | rows | statement |\n|---|---|---|---|---|---|\n");
+    let mut out = String::from(
+        "| calls | total ms | mean ms | max ms | plans | plan ms | rows | statement |\n|---|---|---|---|---|---|---|---|\n",
+    );
     for s in rows {
         out.push_str(&format!(
-            "| {} | {:.0} | {:.3} | {:.1} | {} | `{}` |\n",
+            "| {} | {:.0} | {:.3} | {:.1} | {} | {:.0} | {} | `{}` |\n",
             s.calls,
             s.total_ms,
             s.mean_ms,
             s.max_ms,
+            s.plans,
+            s.plan_ms,
             s.rows,
             pg::shorten(&s.query, 110).replace('|', "\\|").replace('`', "'")
         ));

@@ -167,8 +167,13 @@ pub async fn server_facts(pool: &PgPool) -> anyhow::Result<Vec<(String, String)>
     Ok(out)
 }
 
-/// Create the extension in a scenario database and reset its counters.
+/// Create the extension in a scenario database and reset its counters. Planning is
+/// tracked too (where the server lets us turn it on): a statement planned at every
+/// execution costs CPU that `total_exec_time` does not show.
 pub async fn reset_statements(pool: &PgPool) -> bool {
+    if pool.execute("ALTER SYSTEM SET pg_stat_statements.track_planning = on").await.is_ok() {
+        let _ = pool.execute("SELECT pg_reload_conf()").await;
+    }
     pool.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await.is_ok()
         && pool.execute("SELECT pg_stat_statements_reset()").await.is_ok()
 }
@@ -184,6 +189,10 @@ pub struct StatementStats {
     pub mean_ms: f64,
     /// Longest execution.
     pub max_ms: f64,
+    /// Total planning time (0 when planning is not tracked).
+    pub plan_ms: f64,
+    /// Times it was planned.
+    pub plans: i64,
     /// Rows returned or affected.
     pub rows: i64,
     /// The statement (as normalised by pg_stat_statements).
@@ -193,7 +202,8 @@ pub struct StatementStats {
 /// The statements of this database by total execution time.
 pub async fn top_statements(pool: &PgPool, limit: i64) -> Vec<StatementStats> {
     let rows: Result<Vec<StatementStats>, _> = sqlx::query_as(
-        "SELECT calls, total_exec_time AS total_ms, mean_exec_time AS mean_ms, max_exec_time AS max_ms, rows, query
+        "SELECT calls, total_exec_time AS total_ms, mean_exec_time AS mean_ms, max_exec_time AS max_ms,
+                total_plan_time AS plan_ms, plans, rows, query
          FROM pg_stat_statements
          WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
            AND query NOT ILIKE '%pg_stat_statements%'

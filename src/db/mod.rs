@@ -116,12 +116,12 @@ fn with_server_bounds(options: PgConnectOptions) -> PgConnectOptions {
 /// statement instead of planning at every execution.
 ///
 /// PostgreSQL's default (`plan_cache_mode = auto`) keeps planning a statement whenever
-/// its custom plans look cheaper than the generic one, which is always the case for the
-/// hot `= ANY($1)` / `unnest($1)` batch statements: the bench's pg_stat_statements counted
-/// a plan per execution for the claim (1.24 ms of planning against 0.74 ms of execution)
-/// and for the recorder's outcome and circuit statements. Their generic plans are the
-/// same index probes (tests/it/janitor.rs checks the claim's), so the delivery path's
-/// transactions ask for them.
+/// its custom plans look cheaper than the generic one, which is the case for the
+/// recorder's `= ANY($1)` / `unnest($1)` batch statements: the bench's pg_stat_statements
+/// counted 4,795 plans in 8,080 outcome writes and a plan per circuit read (1.4 s of
+/// planning for 0.1 s of execution). Their generic plans are primary-key probes, measured
+/// as fast as the custom ones, so the recorder's transaction asks for them. Not for the
+/// claim: its generic plan was measured 5-8 times slower with a backlog (bench/PROFILE.md).
 pub async fn keep_one_plan(tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
     sqlx::query("SET LOCAL plan_cache_mode = force_generic_plan").execute(tx).await.map(|_| ())
 }

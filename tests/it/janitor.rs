@@ -443,31 +443,6 @@ async fn the_claim_and_the_janitor_use_their_indexes() {
     // how many endpoints there are); never a scan of the table.
     assert!(uses(&claim, "deliveries_due") || uses(&claim, "deliveries_endpoint_unparked"), "claim plan: {claim:?}");
     assert!(seq_scans(&claim, "deliveries").is_empty(), "claim plan: {claim:?}");
-    // The generic plan, which the claim's transaction asks for (db::keep_one_plan): the
-    // same probes, never a scan of the table.
-    let endpoints: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM endpoints").fetch_all(pool).await.unwrap();
-    let mut conn = pool.acquire().await.unwrap();
-    sqlx::raw_sql(&format!("PREPARE generic_claim(int8, float8, int4, uuid[]) AS {}", queue::claim_sql()))
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan").execute(&mut *conn).await.unwrap();
-    let array = endpoints.iter().map(|id| format!("'{id}'")).collect::<Vec<_>>().join(",");
-    let explain = format!(
-        "EXPLAIN (FORMAT JSON) EXECUTE generic_claim(128, 60, {}, ARRAY[{array}]::uuid[])",
-        queue::DEFAULT_MAX_IN_FLIGHT
-    );
-    let generic: sqlx::types::Json<Value> = sqlx::query_scalar(&explain).fetch_one(&mut *conn).await.unwrap();
-    let mut generic_nodes = Vec::new();
-    for top in generic.0.as_array().unwrap() {
-        plan_nodes(top, &mut generic_nodes);
-    }
-    drop(conn.detach());
-    assert!(
-        uses(&generic_nodes, "deliveries_due") || uses(&generic_nodes, "deliveries_endpoint_unparked"),
-        "generic claim plan: {generic_nodes:?}"
-    );
-    assert!(seq_scans(&generic_nodes, "deliveries").is_empty(), "generic claim plan: {generic_nodes:?}");
 
     let retention = JanitorSettings::default();
     let secs = |d: Duration| d.as_secs_f64();

@@ -112,20 +112,6 @@ fn with_server_bounds(options: PgConnectOptions) -> PgConnectOptions {
     if missing.is_empty() { options } else { options.options(missing) }
 }
 
-/// Make the rest of the current transaction reuse one (generic) plan per prepared
-/// statement instead of planning at every execution.
-///
-/// PostgreSQL's default (`plan_cache_mode = auto`) keeps planning a statement whenever
-/// its custom plans look cheaper than the generic one, which is the case for the
-/// recorder's `= ANY($1)` / `unnest($1)` batch statements: the bench's pg_stat_statements
-/// counted 4,795 plans in 8,080 outcome writes and a plan per circuit read (1.4 s of
-/// planning for 0.1 s of execution). Their generic plans are primary-key probes, measured
-/// as fast as the custom ones, so the recorder's transaction asks for them. Not for the
-/// claim: its generic plan was measured 5-8 times slower with a backlog (bench/PROFILE.md).
-pub async fn keep_one_plan(tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
-    sqlx::query("SET LOCAL plan_cache_mode = force_generic_plan").execute(tx).await.map(|_| ())
-}
-
 /// Apply pending migrations, on a connection without a statement timeout (building an
 /// index on a large table may take longer than any statement of the running gateway).
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {

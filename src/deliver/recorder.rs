@@ -173,7 +173,6 @@ async fn write_retrying(
 /// recorded it).
 async fn write_once(pool: &PgPool, batch: &[Finished], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    crate::db::keep_one_plan(&mut tx).await?;
     let recorded = queue::record(&mut tx, batch).await?;
     let fresh: HashSet<DeliveryId> = recorded.fresh.iter().copied().collect();
     let mut observations: BTreeMap<EndpointId, Observation> = BTreeMap::new();

@@ -112,6 +112,21 @@ fn with_server_bounds(options: PgConnectOptions) -> PgConnectOptions {
     if missing.is_empty() { options } else { options.options(missing) }
 }
 
+/// Make the rest of the current transaction plan each statement for its parameters
+/// (`plan_cache_mode = force_custom_plan`), never with a cached generic plan.
+///
+/// The claim and the recorder's outcome write join `unnest($1)` / `= ANY($1)` batches
+/// against `deliveries`. Their generic plans (built without the batch's size) are
+/// sometimes a hash join over the whole table: measured in the bench, 25.8 ms per claim
+/// at 100,000 pending (3-5 ms custom) and 18-44 ms per outcome write (about 5 ms custom),
+/// enough to halve the drain and to let delivery fall seconds behind ingest. PostgreSQL's
+/// default (`auto`) may switch a prepared statement to its generic plan at any time, and
+/// did, mid-run, for the outcome write. Planning costs ~0.3-1.2 ms per call; a stable
+/// plan is worth it. bench/PROFILE.md has the figures.
+pub async fn plan_each_time(tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan").execute(tx).await.map(|_| ())
+}
+
 /// Apply pending migrations, on a connection without a statement timeout (building an
 /// index on a large table may take longer than any statement of the running gateway).
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {

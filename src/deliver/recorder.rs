@@ -173,6 +173,7 @@ async fn write_retrying(
 /// recorded it).
 async fn write_once(pool: &PgPool, batch: &[Finished], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
     let mut tx = pool.begin().await?;
+    crate::db::plan_each_time(&mut tx).await?;
     let recorded = queue::record(&mut tx, batch).await?;
     let fresh: HashSet<DeliveryId> = recorded.fresh.iter().copied().collect();
     let mut observations: BTreeMap<EndpointId, Observation> = BTreeMap::new();

@@ -148,9 +148,7 @@ pub async fn claim_fair(
         tx.commit().await?;
         return Ok(Vec::new());
     }
-    // Planned at every execution (about 1.2 ms of planning per claim at low load), but
-    // its generic plan was measured much worse with a backlog (25.8 ms per claim against
-    // 3-5 ms at 100,000 pending; bench/PROFILE.md): PostgreSQL's choice stays.
+    crate::db::plan_each_time(&mut tx).await?;
     let claimed = sqlx::query_as(&claim_sql())
         .bind(limit)
         .bind(lease.as_secs_f64())

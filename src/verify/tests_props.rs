@@ -778,6 +778,31 @@ fn expected_at(at: &Value) -> Found {
     }
 }
 
+/// Walk `value` by `choices` (an element of an array, a member of an object, until a
+/// scalar or an empty container): the RFC 6901 pointer of the path, escaped, and the
+/// value it leads to.
+fn path_into<'v>(value: &'v Value, choices: &[Index]) -> (String, &'v Value) {
+    let mut at = value;
+    let mut pointer = String::new();
+    for choice in choices {
+        match at {
+            Value::Array(items) if !items.is_empty() => {
+                let i = choice.index(items.len());
+                pointer.push_str(&format!("/{i}"));
+                at = &items[i];
+            }
+            Value::Object(map) if !map.is_empty() => {
+                let (key, next) = map.iter().nth(choice.index(map.len())).expect("in range");
+                pointer.push('/');
+                pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
+                at = next;
+            }
+            _ => break,
+        }
+    }
+    (pointer, at)
+}
+
 proptest! {
     #![proptest_config(config(512))]
 
@@ -796,24 +821,7 @@ proptest! {
     /// value at that path, for keys with `~`, `/`, control characters and any Unicode.
     #[test]
     fn an_escaped_path_finds_its_value(value in json_value(), choices in vec(any::<Index>(), 0..6)) {
-        let mut at = &value;
-        let mut pointer = String::new();
-        for choice in choices {
-            match at {
-                Value::Array(items) if !items.is_empty() => {
-                    let i = choice.index(items.len());
-                    pointer.push_str(&format!("/{i}"));
-                    at = &items[i];
-                }
-                Value::Object(map) if !map.is_empty() => {
-                    let (key, next) = map.iter().nth(choice.index(map.len())).expect("in range");
-                    pointer.push('/');
-                    pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
-                    at = next;
-                }
-                _ => break,
-            }
-        }
+        let (pointer, at) = path_into(&value, &choices);
         let body = serde_json::to_vec(&value).expect("serialize");
         let found = LazyJson::new(&body).pointer(&pointer);
         match (found, expected_at(at)) {
@@ -833,24 +841,7 @@ proptest! {
         tweak in 0u8..6,
         garbage in "\\PC{0,12}",
     ) {
-        let mut at = &value;
-        let mut pointer = String::new();
-        for choice in choices {
-            match at {
-                Value::Array(items) if !items.is_empty() => {
-                    let i = choice.index(items.len());
-                    pointer.push_str(&format!("/{i}"));
-                    at = &items[i];
-                }
-                Value::Object(map) if !map.is_empty() => {
-                    let (key, next) = map.iter().nth(choice.index(map.len())).expect("in range");
-                    pointer.push('/');
-                    pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
-                    at = next;
-                }
-                _ => break,
-            }
-        }
+        let (mut pointer, _) = path_into(&value, &choices);
         match tweak {
             1 => pointer.push_str("/0"),
             2 => pointer.push_str("/01"),

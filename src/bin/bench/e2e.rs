@@ -60,6 +60,11 @@ impl Step {
         )
     }
 
+    /// [`Step::note`] and, where measured, [`Step::cpu_note`].
+    fn full_note(&self) -> String {
+        [Some(self.note()), self.cpu_note()].into_iter().flatten().collect::<Vec<_>>().join("; ")
+    }
+
     /// Gateway and PostgreSQL CPU per webhook (ingest + its delivery), in µs.
     fn cpu_note(&self) -> Option<String> {
         let us = |cores: f64| cores / self.accepted.max(1e-9) * 1e6;
@@ -143,7 +148,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
             max: fmt_dur(step.e2e.max),
             target,
             cpu: step.cpu.cell(),
-            note: [Some(step.note()), step.cpu_note()].into_iter().flatten().collect::<Vec<_>>().join("; "),
+            note: step.full_note(),
         });
     }
     gw.stop(Duration::from_secs(40)).await;
@@ -219,7 +224,7 @@ fn step_row(step: &Step, verdict_cell: &str) -> Row {
         max: fmt_dur(step.e2e.max),
         target: verdict_cell.into(),
         cpu: step.cpu.cell(),
-        note: [Some(step.note()), step.cpu_note()].into_iter().flatten().collect::<Vec<_>>().join("; "),
+        note: step.full_note(),
     }
 }
 

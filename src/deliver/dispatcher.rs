@@ -183,16 +183,21 @@ async fn claim(
         }
     }
     let rest = want - claimed.len();
+    let mut took_all_due = false;
     if rest > 0 {
         // The housekeeping tick sweeps every endpoint with due work.
         let fairness = queue::Fairness { default_max_in_flight: settings.endpoint_max_in_flight, sweep: housekeeping };
-        claimed.extend(queue::claim_fair(pool, rest as i64, settings.lease, fairness).await?);
+        let batch = queue::claim_batch(pool, rest as i64, settings.lease, fairness).await?;
+        took_all_due = batch.took_all_due();
+        claimed.extend(batch.claimed);
     }
     let rest = want - claimed.len();
-    if rest > 0 && !housekeeping {
+    if rest > 0 && !housekeeping && !took_all_due {
         // Short without a sweep: the oldest due rows may all belong to endpoints at their
         // limits, hiding other endpoints' due rows behind them. Look past them before
-        // sleeping, so those wait for no tick (one more statement only when short).
+        // sleeping, so those wait for no tick (one more claim only when short and the
+        // first one left due rows behind; at low load it took them all, and a second
+        // claim would be a transaction for nothing).
         let fairness = queue::Fairness { default_max_in_flight: settings.endpoint_max_in_flight, sweep: true };
         claimed.extend(queue::claim_fair(pool, rest as i64, settings.lease, fairness).await?);
     }

@@ -138,18 +138,45 @@ pub async fn claim_fair(
     lease: Duration,
     fairness: Fairness,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
+    Ok(claim_batch(pool, limit, lease, fairness).await?.claimed)
+}
+
+/// What one claim took, and what it saw of the due work.
+#[derive(Debug, Default)]
+pub struct ClaimBatch {
+    /// The deliveries now leased to the caller.
+    pub claimed: Vec<Claimed>,
+    /// Due rows in the head window (at most `head_window`).
+    pub head_rows: i64,
+    /// How many due rows the head window could hold.
+    pub head_window: i64,
+}
+
+impl ClaimBatch {
+    /// Whether this claim took every row that was due when it looked: the head window
+    /// was not full, so it held every due row, and all of them were claimed. Another
+    /// claim now, sweep or not, would find only what arrived since.
+    pub fn took_all_due(&self) -> bool {
+        self.head_rows < self.head_window && self.claimed.len() as i64 >= self.head_rows
+    }
+}
+
+/// [`claim_fair`], also telling what the claim saw ([`ClaimBatch::took_all_due`]).
+pub async fn claim_batch(
+    pool: &sqlx::PgPool,
+    limit: i64,
+    lease: Duration,
+    fairness: Fairness,
+) -> Result<ClaimBatch, sqlx::Error> {
+    let window = limit * HEAD_WINDOW_FACTOR;
     let mut tx = pool.begin().await?;
-    let endpoints: Vec<EndpointId> = sqlx::query_scalar(CLAIM_LOCK_SQL)
-        .bind(limit * HEAD_WINDOW_FACTOR)
-        .bind(fairness.sweep)
-        .fetch_all(&mut *tx)
-        .await?;
+    let (endpoints, head_rows): (Vec<EndpointId>, i64) =
+        sqlx::query_as(CLAIM_LOCK_SQL).bind(window).bind(fairness.sweep).fetch_one(&mut *tx).await?;
     if endpoints.is_empty() {
         tx.commit().await?;
-        return Ok(Vec::new());
+        return Ok(ClaimBatch { claimed: Vec::new(), head_rows, head_window: window });
     }
-    crate::db::plan_each_time(&mut tx).await?;
-    let claimed = sqlx::query_as(&claim_sql())
+    let claimed = sqlx::query_as(claim_sql())
         .bind(limit)
         .bind(lease.as_secs_f64())
         .bind(fairness.default_max_in_flight)
@@ -157,11 +184,12 @@ pub async fn claim_fair(
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;
-    Ok(claimed)
+    Ok(ClaimBatch { claimed, head_rows, head_window: window })
 }
 
 /// The first statement of a claim (`$1` head window, `$2` sweep): lock the runnable
-/// endpoints it will serve.
+/// endpoints it will serve. One row: those endpoints' ids, in id order, and how many due
+/// rows the head window held.
 pub const CLAIM_LOCK_SQL: &str = "WITH head AS (
          SELECT d.endpoint_id FROM deliveries d
          WHERE d.status = 'pending' AND NOT d.parked AND NOT d.waiting AND d.next_attempt_at <= now()
@@ -179,17 +207,24 @@ pub const CLAIM_LOCK_SQL: &str = "WITH head AS (
              LIMIT 1
          ) due
          WHERE $2 AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
+     ), locked AS (
+         SELECT ep.id FROM endpoints ep
+         WHERE ep.id IN (SELECT endpoint_id FROM head UNION SELECT endpoint_id FROM swept)
+           AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
+         ORDER BY ep.id
+         FOR NO KEY UPDATE OF ep
      )
-     SELECT ep.id FROM endpoints ep
-     WHERE ep.id IN (SELECT endpoint_id FROM head UNION SELECT endpoint_id FROM swept)
-       AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
-     ORDER BY ep.id
-     FOR NO KEY UPDATE OF ep";
+     SELECT ARRAY(SELECT id FROM locked ORDER BY id), (SELECT count(*) FROM head)";
 
 /// The claim itself (`$1` limit, `$2` lease in seconds, `$3` default max in flight, `$4`
 /// the endpoints [`CLAIM_LOCK_SQL`] locked), public so tests and the benchmark run exactly
 /// what workers run.
-pub fn claim_sql() -> String {
+pub fn claim_sql() -> &'static str {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(claim_sql_text);
+    &SQL
+}
+
+fn claim_sql_text() -> String {
     format!(
         "WITH room_n AS (
              SELECT ep.id, ep.rate_limit_per_sec, tokens.now AS tokens,
@@ -228,15 +263,19 @@ pub fn claim_sql() -> String {
          ), due AS (
              SELECT id FROM picked ORDER BY turn, next_attempt_at LIMIT $1
          ), claimed AS (
+             -- `= ANY(ARRAY(...))`: the rows are fetched by primary key whatever the
+             -- planner thinks `due` holds. A generic plan estimates `LIMIT $1` as a tenth
+             -- of its input, a tenth of the backlog, and at 100,000 pending that estimate
+             -- turned a join with `due` into a hash join over the whole table.
              UPDATE deliveries d
              SET next_attempt_at = now() + make_interval(secs => $2),
                  leased_until = now() + make_interval(secs => $2),
                  claim_token = d.claim_token + 1,
                  attempt_count = d.attempt_count + 1,
                  updated_at = now()
-             FROM due, events e, endpoints ep, sources s
-             WHERE d.id = due.id AND e.id = d.event_id AND ep.id = d.endpoint_id AND s.id = e.source_id
-             RETURNING {CLAIMED_COLUMNS}, NULL::int8 AS probe_token
+             WHERE d.id = ANY(ARRAY(SELECT id FROM due))
+             RETURNING d.id, d.event_id, d.endpoint_id, d.attempt_count, d.attempts_base, d.claim_token,
+                       d.ordering_key
          ), paid AS (
              UPDATE endpoints ep
              SET rate_tokens = room.tokens - spent.n, rate_tokens_at = now()
@@ -244,7 +283,9 @@ pub fn claim_sql() -> String {
                   ON spent.endpoint_id = room.id
              WHERE ep.id = room.id AND room.rate_limit_per_sec IS NOT NULL
          )
-         SELECT * FROM claimed"
+         SELECT {CLAIMED_COLUMNS}, NULL::int8 AS probe_token
+         FROM claimed d JOIN events e ON e.id = d.event_id JOIN endpoints ep ON ep.id = d.endpoint_id
+              JOIN sources s ON s.id = e.source_id"
     )
 }
 

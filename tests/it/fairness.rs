@@ -174,3 +174,42 @@ async fn limits_are_set_shown_changed_and_validated_through_the_api() {
     let listed = app.admin_get("/v1/endpoints").await;
     assert_eq!(listed["data"][0]["limits"]["max_in_flight_is_default"], true);
 }
+
+/// A claim tells when it took every row that was due (the dispatcher then skips a second
+/// look before it sleeps), and not when due rows are left behind it: a full head window,
+/// an endpoint at its limit.
+#[tokio::test]
+async fn a_claim_tells_whether_it_took_everything_that_was_due() {
+    use webhook_gateway::queue;
+    let db = crate::support::TestDb::new().await;
+    let pool = &db.pool;
+    let lease = Duration::from_secs(60);
+    let limit = |max| queue::Fairness { default_max_in_flight: max, sweep: false };
+
+    let nothing = queue::claim_batch(pool, 16, lease, limit(100)).await.unwrap();
+    assert_eq!((nothing.claimed.len(), nothing.head_rows), (0, 0));
+    assert!(nothing.took_all_due(), "nothing due, nothing left");
+
+    let a = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/a").await;
+    seed_deliveries(pool, &a, 5).await;
+    let few = queue::claim_batch(pool, 16, lease, limit(100)).await.unwrap();
+    assert_eq!((few.claimed.len(), few.head_rows), (5, 5));
+    assert!(few.took_all_due(), "five due, five claimed");
+
+    // 40 due: a claim of 16 looks at a window of 32, full, so it cannot know what is behind.
+    let b = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/b").await;
+    seed_deliveries(pool, &b, 40).await;
+    let window_full = queue::claim_batch(pool, 16, lease, limit(100)).await.unwrap();
+    assert_eq!((window_full.claimed.len(), window_full.head_rows), (16, 32));
+    assert!(!window_full.took_all_due(), "the window was full");
+    let rest = queue::claim_batch(pool, 64, lease, limit(100)).await.unwrap();
+    assert_eq!((rest.claimed.len(), rest.head_rows), (24, 24));
+    assert!(rest.took_all_due());
+
+    // An endpoint at its limit of 2: five due rows seen, two claimed, three left due.
+    let c = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/c").await;
+    seed_deliveries(pool, &c, 5).await;
+    let capped = queue::claim_batch(pool, 16, lease, limit(2)).await.unwrap();
+    assert_eq!((capped.claimed.len(), capped.head_rows), (2, 5));
+    assert!(!capped.took_all_due(), "three rows of the capped endpoint are still due");
+}

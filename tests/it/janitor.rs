@@ -429,7 +429,7 @@ async fn the_claim_and_the_janitor_use_their_indexes() {
     assert_eq!(crate::support::count_status(pool, "pending").await, 1000);
 
     let sql = |statement: &str| format!("EXPLAIN (FORMAT JSON) {statement}");
-    let claim_sql = sql(&queue::claim_sql());
+    let claim_sql = sql(queue::claim_sql());
     let claim = plan(
         pool,
         sqlx::query_scalar(&claim_sql)

@@ -24,6 +24,7 @@ mod openapi;
 mod operator;
 mod ordering;
 mod otel;
+mod plans;
 mod quickstart;
 mod replicas;
 mod secrets;

@@ -282,7 +282,7 @@ pub fn ingest_statement() -> anyhow::Result<String> {
 /// The gateway's claim statement (`$1` = how many, `$2` = lease in seconds, `$3` default
 /// max in flight, `$4` the endpoints served), exactly as the workers run it.
 pub fn claim_statement() -> Option<String> {
-    let sql = webhook_gateway::queue::claim_sql();
+    let sql = webhook_gateway::queue::claim_sql().to_owned();
     (is_claim(&sql) && sql.contains("$4") && !sql.contains("$5")).then_some(sql)
 }
 

@@ -176,6 +176,7 @@ pub async fn claim_batch(
         tx.commit().await?;
         return Ok(ClaimBatch { claimed: Vec::new(), head_rows, head_window: window });
     }
+    crate::db::plan_each_time(&mut tx).await?;
     let claimed = sqlx::query_as(claim_sql())
         .bind(limit)
         .bind(lease.as_secs_f64())

@@ -35,6 +35,8 @@ pub struct Context {
     pub outcomes: mpsc::Sender<(Finished, OwnedSemaphorePermit)>,
     /// Opens the claimed endpoint secrets (encrypted at rest when a key is set).
     pub secrets: Keyring,
+    /// Endpoint URLs, parsed once each.
+    pub urls: super::urls::UrlCache,
 }
 
 /// How long a delivery whose signing secret this process cannot open waits before it is
@@ -92,7 +94,7 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, span: t
 
     let started_at = Utc::now();
     let clock = std::time::Instant::now();
-    let (observed, status_code, excerpt) = send(&ctx.egress, &job, &secrets, started_at.timestamp()).await;
+    let (observed, status_code, excerpt) = send(&ctx.egress, &ctx.urls, &job, &secrets, started_at.timestamp()).await;
     let duration_ms = clock.elapsed().as_millis().min(i32::MAX as u128) as i32;
     let policy = Policy {
         max_attempts: settings.max_attempts,
@@ -181,11 +183,12 @@ pub fn schedule(decision: &Decision, now: DateTime<Utc>) -> (Outcome, Option<Dat
 /// [`Observed`].
 async fn send(
     egress: &EgressClient,
+    urls: &super::urls::UrlCache,
     job: &Claimed,
     secrets: &[&str],
     timestamp: i64,
 ) -> (Observed, Option<i32>, Option<String>) {
-    let url = match Url::parse(&job.url) {
+    let url = match urls.parse(&job.url) {
         Ok(url) => url,
         Err(e) => return (Observed::Refused { kind: "invalid_url", message: format!("invalid_url: {e}") }, None, None),
     };

@@ -64,7 +64,8 @@ async fn run(
     // (leases end) and may promote ordered deliveries, work that a claim which came back
     // short (an endpoint at its limit, a line's next delivery not yet its head) left due.
     let recorder = tokio::spawn(recorder::run(pool.clone(), records, settings.circuit, patience, wake.clone()));
-    let ctx = Context { pool: pool.clone(), egress, settings: settings.clone(), outcomes, secrets };
+    let ctx =
+        Context { pool: pool.clone(), egress, settings: settings.clone(), outcomes, secrets, urls: Default::default() };
     let mut in_flight = JoinSet::new();
     let mut claim_failures = 0u32;
     let mut last_probe_check = tokio::time::Instant::now() - PROBE_CHECK_INTERVAL;

@@ -11,7 +11,8 @@
 //!   the recorder (its decisions are pure functions: [`attempt::judge`],
 //!   [`attempt::schedule`]);
 //! - [`recorder`]: batched, fenced, idempotent outcome writes;
-//! - [`policy`] and [`backoff`] (pure), [`request`] and [`sign`] (the outbound request).
+//! - [`policy`] and [`backoff`] (pure), [`request`] and [`sign`] (the outbound request),
+//!   [`urls`] (endpoint URLs parsed once).
 
 pub mod attempt;
 pub mod backoff;
@@ -23,6 +24,7 @@ mod settings;
 pub mod sign;
 #[cfg(test)]
 mod tests_props;
+pub mod urls;
 
 pub use dispatcher::{Dispatcher, MAX_CLAIM_BATCH};
 pub use settings::DeliverySettings;

@@ -15,8 +15,12 @@ use crate::egress::EgressClient;
 use crate::queue::{self, Claimed};
 use crate::secrets::Keyring;
 
-/// Most deliveries claimed by one statement.
-pub const MAX_CLAIM_BATCH: usize = 128;
+/// Most deliveries claimed by one statement. Each claim pays fixed costs (two statements,
+/// the claim's planning, a commit) whatever its size; in the bench drain of 100,000, 256
+/// delivered 12,600-12,700/s at fan-out 1 and 13,800-13,900/s at fan-out 4, against
+/// 11,000-11,800/s for 128 (same machine, alternating runs). Idle workers cost nothing:
+/// a claim asks for as many rows as there are free workers, up to this.
+pub const MAX_CLAIM_BATCH: usize = 256;
 
 /// A running dispatcher. [`Dispatcher::shutdown`] stops claiming, lets in-flight requests
 /// finish (up to the grace period), records them and returns.

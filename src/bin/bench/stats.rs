@@ -104,17 +104,41 @@ pub fn pid_cpu(pid: u32, children: bool) -> Option<f64> {
 
 /// CPU seconds of a PostgreSQL cluster: the postmaster with its reaped backends, plus
 /// every live child. `None` when the postmaster is not a local process we can see.
+///
+/// The two reads are not one snapshot: a backend reaped after the postmaster's total was
+/// read and before the live children were listed is in neither, and a whole connection's
+/// CPU went missing that way (a pgbench window read PostgreSQL as 0 cores). So the
+/// postmaster's reaped total is read again after the listing, and the reading is taken
+/// only when no child was reaped in between.
 pub fn cluster_cpu(postmaster: u32) -> Option<f64> {
-    let mut total = pid_cpu(postmaster, true)?;
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        if let Some(f) = stat_fields(pid)
-            && f[1] == u64::from(postmaster)
-        {
-            total += (f[11] + f[12]) as f64 / clock_ticks();
+    let mut reading = None;
+    for _ in 0..20 {
+        let before = stat_fields(postmaster)?;
+        let live = live_children_ticks(postmaster);
+        let after = stat_fields(postmaster)?;
+        // utime, stime, cutime, cstime are indexes 11-14 (see `pid_cpu`).
+        let total = after[11] + after[12] + after[13] + after[14] + live;
+        reading = Some(total as f64 / clock_ticks());
+        if (before[13], before[14]) == (after[13], after[14]) {
+            break;
         }
     }
-    Some(total)
+    reading
+}
+
+/// User + system ticks of the live children of `parent`.
+fn live_children_ticks(parent: u32) -> u64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+    let mut ticks = 0;
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        if let Some(f) = stat_fields(pid)
+            && f[1] == u64::from(parent)
+        {
+            ticks += f[11] + f[12];
+        }
+    }
+    ticks
 }
 
 /// The postmaster's pid from `postmaster.pid` in a data directory.
@@ -237,6 +261,30 @@ mod tests {
         assert_eq!(fmt_dur(Duration::from_micros(850)), "850 µs");
         assert_eq!(fmt_dur(Duration::from_micros(2_345)), "2.35 ms");
         assert_eq!(fmt_dur(Duration::from_micros(45_600)), "45.6 ms");
+    }
+
+    /// Children that burn CPU and are reaped while the cluster total is read over and
+    /// over: the total never goes down (a child reaped between the two reads used to
+    /// vanish from it).
+    #[test]
+    fn a_process_tree_s_cpu_never_goes_down_while_children_come_and_go() {
+        let me = std::process::id();
+        let spawner = std::thread::spawn(|| {
+            for _ in 0..40 {
+                let mut child = std::process::Command::new("sh")
+                    .args(["-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"])
+                    .spawn()
+                    .expect("spawn a busy child");
+                child.wait().expect("reap it");
+            }
+        });
+        let mut last = cluster_cpu(me).expect("this process is visible");
+        while !spawner.is_finished() {
+            let now = cluster_cpu(me).expect("this process is visible");
+            assert!(now + 1e-9 >= last, "the tree's CPU went from {last} s to {now} s");
+            last = now;
+        }
+        spawner.join().expect("spawner");
     }
 
     #[test]

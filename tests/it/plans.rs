@@ -97,23 +97,6 @@ async fn add_history(pool: &PgPool, endpoint: Uuid, n: i64) {
     .unwrap();
 }
 
-/// Add `n` more pending deliveries to `endpoint`, due now.
-async fn add_pending(pool: &PgPool, endpoint: Uuid, n: i64) {
-    sqlx::query(
-        "WITH ev AS (
-             INSERT INTO events (source_id, dedupe_key, event_type, headers, payload)
-             SELECT (SELECT id FROM sources WHERE name = 'api'), 'more-' || g, 't', '{}', convert_to(repeat('x', 200), 'UTF8')
-             FROM generate_series(1, $1) g
-             RETURNING id)
-         INSERT INTO deliveries (event_id, endpoint_id) SELECT id, $2 FROM ev",
-    )
-    .bind(n)
-    .bind(endpoint)
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
 /// At 1,000 pending and at 61,000 pending (with 20,000 delivered beside them), a claim of
 /// 16 touches about the same number of buffers, with a custom plan and with the generic
 /// one. A generic plan that hashes `deliveries` or `events` (as one did: 25.8 ms per
@@ -131,7 +114,7 @@ async fn a_claim_costs_the_same_at_any_backlog_under_either_plan() {
     }
 
     add_history(pool, endpoint, 20_000).await;
-    add_pending(pool, endpoint, 60_000).await;
+    seed_deliveries(pool, &endpoint.to_string(), 60_000).await;
     sqlx::query("ANALYZE").execute(pool).await.unwrap();
     for (mode, small) in MODES.into_iter().zip(small) {
         let large = claim_cost(pool, mode, endpoint).await;

@@ -350,11 +350,12 @@ impl Drop for GatewayProcess {
 }
 
 /// Insert `n` events of source `api`, each with one delivery to `endpoint_id`, due now.
+/// Each call's dedupe keys are its own, so one endpoint can be seeded more than once.
 pub async fn seed_deliveries(pool: &PgPool, endpoint_id: &str, n: i64) {
     sqlx::query(
         "WITH ev AS (
              INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload)
-             SELECT (SELECT id FROM sources WHERE name = 'api'), 'seed-' || $2 || '-' || g, 'seed.created', 'application/json',
+             SELECT (SELECT id FROM sources WHERE name = 'api'), 'seed-' || $3 || '-' || g, 'seed.created', 'application/json',
                     '{}'::jsonb, convert_to('{\"n\": ' || g || '}', 'UTF8')
              FROM generate_series(1, $1) g
              RETURNING id)
@@ -362,6 +363,7 @@ pub async fn seed_deliveries(pool: &PgPool, endpoint_id: &str, n: i64) {
     )
     .bind(n)
     .bind(endpoint_id)
+    .bind(uuid::Uuid::new_v4().to_string())
     .execute(pool)
     .await
     .expect("seed deliveries");

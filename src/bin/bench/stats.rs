@@ -111,19 +111,19 @@ pub fn pid_cpu(pid: u32, children: bool) -> Option<f64> {
 /// postmaster's reaped total is read again after the listing, and the reading is taken
 /// only when no child was reaped in between.
 pub fn cluster_cpu(postmaster: u32) -> Option<f64> {
-    let mut reading = None;
+    // utime, stime, cutime, cstime are indexes 11-14 (see `pid_cpu`).
+    let mut before = stat_fields(postmaster)?;
+    let mut reading = 0;
     for _ in 0..20 {
-        let before = stat_fields(postmaster)?;
         let live = live_children_ticks(postmaster);
         let after = stat_fields(postmaster)?;
-        // utime, stime, cutime, cstime are indexes 11-14 (see `pid_cpu`).
-        let total = after[11] + after[12] + after[13] + after[14] + live;
-        reading = Some(total as f64 / clock_ticks());
+        reading = after[11] + after[12] + after[13] + after[14] + live;
         if (before[13], before[14]) == (after[13], after[14]) {
             break;
         }
+        before = after;
     }
-    reading
+    Some(reading as f64 / clock_ticks())
 }
 
 /// User + system ticks of the live children of `parent`.

@@ -1,6 +1,7 @@
 //! An operator's round through the console in headless Chromium (the system's
 //! `chromium` and `chromedriver`; `.ci/run` installs them), driven over WebDriver.
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -14,7 +15,8 @@ use crate::support::{ADMIN_TOKEN, TestApp, eventually};
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
 
-/// A chromedriver on a free port, killed on drop.
+/// A chromedriver on a free port. It leads its own process group, so the browsers it
+/// starts go with it on drop even when a session could not be shut down cleanly.
 struct Driver {
     child: Child,
     port: u16,
@@ -31,6 +33,7 @@ impl Driver {
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
             .expect("start chromedriver");
         let driver = Driver { child, port };
@@ -71,8 +74,19 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // The whole group: chromedriver and every Chromium process it started.
+        unsafe { libc::killpg(self.child.id() as libc::pid_t, libc::SIGKILL) };
         let _ = self.child.wait();
+    }
+}
+
+/// End a browser session. The console has been checked by then; on a loaded machine
+/// chromedriver can fail to shut Chromium down in time (a CI run failed here after every
+/// assertion had passed), so a failed shutdown is reported, not a test failure: the
+/// driver's drop kills what is left.
+async fn close(browser: Client) {
+    if let Err(e) = browser.close().await {
+        eprintln!("closing the browser session failed ({e}); the driver's drop kills it");
     }
 }
 
@@ -239,7 +253,7 @@ async fn an_operator_works_through_the_console_in_a_real_browser() {
     assert_eq!(path(&browser).await, "/console/login");
     browser.goto(&app.url("/console")).await.unwrap();
     assert_eq!(path(&browser).await, "/console/login");
-    browser.close().await.expect("close the browser");
+    close(browser).await;
 
     // The same console in the dark (prefers-color-scheme: dark).
     let dark = driver.browser_with(&["--force-dark-mode", "--blink-settings=preferredColorScheme=0"]).await;
@@ -251,5 +265,5 @@ async fn an_operator_works_through_the_console_in_a_real_browser() {
     screenshot(&dark, "overview-dark").await;
     dark.goto(&app.url(&format!("/console/endpoints/{b}"))).await.unwrap();
     screenshot(&dark, "endpoint-dark").await;
-    dark.close().await.expect("close the browser");
+    close(dark).await;
 }

@@ -1,0 +1,332 @@
+//! Claiming due deliveries: fairly across endpoints, within each endpoint's limits, onto a
+//! lease with a fresh fencing token; and the circuit's half-open probes.
+
+use std::time::Duration;
+
+use sqlx::PgExecutor;
+
+use crate::ids::{DeliveryId, EndpointId, EventId};
+
+/// A claimed delivery: everything needed to send it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Claimed {
+    /// Delivery id (its `webhook-id` derives from it).
+    pub id: DeliveryId,
+    /// The event whose body is sent.
+    pub event_id: EventId,
+    /// Where it goes (and whose circuit the attempt informs).
+    pub endpoint_id: EndpointId,
+    /// This attempt's number (1-based), already counted.
+    pub attempt: i32,
+    /// Attempts spent before the last manual redelivery (the budget counts from here).
+    pub attempts_base: i32,
+    /// Fencing token of this claim.
+    pub claim_token: i64,
+    /// The endpoint's URL as stored (checked again by egress before sending).
+    pub url: String,
+    /// The endpoint's current signing secret, as stored (sealed when a secrets key is set).
+    pub secret: String,
+    /// The secrets it replaced whose rotation grace periods still last (newest first).
+    pub previous_secrets: Vec<String>,
+    /// Sent as `webhook-event-type`.
+    pub event_type: String,
+    /// Sent as `webhook-source`.
+    pub source_name: String,
+    /// The producer's content type, replayed (`application/json` when absent).
+    pub content_type: Option<String>,
+    /// The body exactly as it was received.
+    // Shared, not copied, by each attempt's request body (and its memory bound).
+    #[sqlx(try_from = "Vec<u8>")]
+    pub payload: bytes::Bytes,
+    /// Whether the delivery is in an ordering line (its outcome may move the line on).
+    pub ordered: bool,
+    /// Set when this attempt is its endpoint's half-open probe: the probe's fencing token.
+    pub probe_token: Option<i64>,
+    /// The event's stored W3C `traceparent` (the producer's or the ingest span's), which
+    /// the attempt's span links to.
+    pub traceparent: Option<String>,
+    /// The `tracestate` stored with it.
+    pub tracestate: Option<String>,
+}
+
+/// Columns a worker needs, from the claimed delivery `d`, its event `e`, endpoint `ep`
+/// and source `s`.
+const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.attempts_base, \
+     d.claim_token, ep.url, ep.secret, \
+     CASE WHEN cardinality(ep.previous_secrets) = 0 THEN ARRAY[]::text[] \
+          ELSE ARRAY(SELECT p.s FROM unnest(ep.previous_secrets, ep.previous_secrets_until) AS p(s, u) \
+                     WHERE p.u > now() ORDER BY p.u DESC) END AS previous_secrets, \
+     e.event_type, s.name AS source_name, e.content_type, e.payload, d.ordering_key IS NOT NULL AS ordered, \
+     e.traceparent, e.tracestate";
+
+/// How a claim shares the workers among endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fairness {
+    /// Concurrent requests an endpoint without its own `max_in_flight` may have, across
+    /// every replica (`--endpoint-max-in-flight`).
+    pub default_max_in_flight: i32,
+    /// Also look at every runnable endpoint with due work, not only those at the head of
+    /// the due index (the dispatcher's housekeeping tick sets it): an endpoint whose due
+    /// deliveries sit behind another's capped backlog is served within one tick.
+    pub sweep: bool,
+}
+
+/// The default of [`Fairness::default_max_in_flight`] when no worker count is known.
+pub const DEFAULT_MAX_IN_FLIGHT: i32 = 32;
+
+/// The default per-endpoint cap for a process with `workers` delivery workers: half of
+/// them, so one endpoint, however slow, leaves the other half to everyone else.
+pub fn default_max_in_flight(workers: usize) -> i32 {
+    i32::try_from(workers / 2).unwrap_or(i32::MAX).max(1)
+}
+
+impl Default for Fairness {
+    fn default() -> Self {
+        Fairness { default_max_in_flight: DEFAULT_MAX_IN_FLIGHT, sweep: false }
+    }
+}
+
+/// Due rows the claim looks at to find the endpoints it serves (besides a sweep):
+/// twice the batch, so a batch is filled even when half the head is one capped endpoint.
+const HEAD_WINDOW_FACTOR: i64 = 2;
+
+/// Claim up to `limit` due deliveries for `lease`, fairly, with the default
+/// [`Fairness`] (tests and tools).
+pub async fn claim(pool: &sqlx::PgPool, limit: i64, lease: Duration) -> Result<Vec<Claimed>, sqlx::Error> {
+    claim_fair(pool, limit, lease, Fairness::default()).await
+}
+
+/// Claim up to `limit` due deliveries for `lease`, each endpoint within its limits, in
+/// turns across endpoints. One transaction of two statements:
+///
+/// 1. **Which endpoints** ([`CLAIM_LOCK_SQL`]): those owning the first `2 × limit` due
+///    rows (the head of `deliveries_due`), plus, on a sweep, every runnable endpoint with
+///    a due row (one probe each on `deliveries_endpoint_unparked`); only runnable ones
+///    (circuit closed, not paused, not deleted: blocked endpoints' rows are parked by
+///    [`park_blocked`](super::park_blocked)). Their rows are locked `FOR NO KEY UPDATE` in id order, so
+///    concurrent claimers of one endpoint take turns.
+/// 2. **The claim** ([`claim_sql`]), under those locks and with a snapshot taken after
+///    them, so it sees every lease another claimer committed before letting go: each
+///    endpoint's room is its `max_in_flight` (or the default) minus its live leases
+///    (`deliveries_in_flight`; a crashed worker's lease stops counting when it runs out),
+///    and, with a rate limit, the whole tokens in its bucket. Up to its room (and its
+///    share of the claim, `limit` / endpoints with room, rounded up) per endpoint,
+///    oldest due first, `SKIP LOCKED`; then in turns (every endpoint's first row before
+///    anyone's second), at most `limit`. The rows go onto the lease (`claim_token` + 1,
+///    `attempt_count` + 1) and rate-limited endpoints pay their tokens.
+///
+/// (One statement cannot do both: under READ COMMITTED a statement that waits for a row
+/// lock keeps its older snapshot for everything else, so it would count another
+/// claimer's fresh leases as free room.)
+///
+/// An endpoint at its limit is simply not claimed: its rows spend no attempt and keep
+/// their place in line (their due time does not move).
+pub async fn claim_fair(
+    pool: &sqlx::PgPool,
+    limit: i64,
+    lease: Duration,
+    fairness: Fairness,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    Ok(claim_batch(pool, limit, lease, fairness).await?.claimed)
+}
+
+/// What one claim took, and what it saw of the due work.
+#[derive(Debug, Default)]
+pub struct ClaimBatch {
+    /// The deliveries now leased to the caller.
+    pub claimed: Vec<Claimed>,
+    /// Due rows in the head window (at most `head_window`).
+    pub head_rows: i64,
+    /// How many due rows the head window could hold.
+    pub head_window: i64,
+}
+
+impl ClaimBatch {
+    /// Whether this claim took every row that was due when it looked: the head window
+    /// was not full, so it held every due row, and all of them were claimed. Another
+    /// claim now, sweep or not, would find only what arrived since.
+    pub fn took_all_due(&self) -> bool {
+        self.head_rows < self.head_window && self.claimed.len() as i64 >= self.head_rows
+    }
+}
+
+/// [`claim_fair`], also telling what the claim saw ([`ClaimBatch::took_all_due`]).
+pub async fn claim_batch(
+    pool: &sqlx::PgPool,
+    limit: i64,
+    lease: Duration,
+    fairness: Fairness,
+) -> Result<ClaimBatch, sqlx::Error> {
+    let window = limit * HEAD_WINDOW_FACTOR;
+    let mut tx = pool.begin().await?;
+    let (endpoints, head_rows): (Vec<EndpointId>, i64) =
+        sqlx::query_as(CLAIM_LOCK_SQL).bind(window).bind(fairness.sweep).fetch_one(&mut *tx).await?;
+    if endpoints.is_empty() {
+        tx.commit().await?;
+        return Ok(ClaimBatch { claimed: Vec::new(), head_rows, head_window: window });
+    }
+    crate::db::plan_each_time(&mut tx).await?;
+    let claimed = sqlx::query_as(claim_sql())
+        .bind(limit)
+        .bind(lease.as_secs_f64())
+        .bind(fairness.default_max_in_flight)
+        .bind(&endpoints)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(ClaimBatch { claimed, head_rows, head_window: window })
+}
+
+/// The first statement of a claim (`$1` head window, `$2` sweep): lock the runnable
+/// endpoints it will serve. One row: those endpoints' ids, in id order, and how many due
+/// rows the head window held.
+pub const CLAIM_LOCK_SQL: &str = "WITH head AS (
+         SELECT d.endpoint_id FROM deliveries d
+         WHERE d.status = 'pending' AND NOT d.parked AND NOT d.waiting AND d.next_attempt_at <= now()
+         ORDER BY d.next_attempt_at
+         LIMIT $1
+     ), swept AS (
+         -- One index probe per runnable endpoint (LATERAL ... LIMIT 1: a generic plan
+         -- cannot turn it into a scan of every pending row, as it did an EXISTS).
+         SELECT ep.id AS endpoint_id FROM endpoints ep
+         CROSS JOIN LATERAL (
+             SELECT 1 FROM deliveries d
+             WHERE d.endpoint_id = ep.id AND d.status = 'pending' AND NOT d.parked AND NOT d.waiting
+               AND d.next_attempt_at <= now()
+             ORDER BY d.next_attempt_at
+             LIMIT 1
+         ) due
+         WHERE $2 AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
+     ), locked AS (
+         SELECT ep.id FROM endpoints ep
+         WHERE ep.id IN (SELECT endpoint_id FROM head UNION SELECT endpoint_id FROM swept)
+           AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
+         ORDER BY ep.id
+         FOR NO KEY UPDATE OF ep
+     )
+     SELECT ARRAY(SELECT id FROM locked ORDER BY id), (SELECT count(*) FROM head)";
+
+/// The claim itself (`$1` limit, `$2` lease in seconds, `$3` default max in flight, `$4`
+/// the endpoints [`CLAIM_LOCK_SQL`] locked), public so tests and the benchmark run exactly
+/// what workers run.
+pub fn claim_sql() -> &'static str {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(claim_sql_text);
+    &SQL
+}
+
+fn claim_sql_text() -> String {
+    format!(
+        "WITH room_n AS (
+             SELECT ep.id, ep.rate_limit_per_sec, tokens.now AS tokens,
+                    LEAST($1,
+                          COALESCE(ep.max_in_flight, $3)
+                          - (SELECT count(*) FROM deliveries f
+                             WHERE f.endpoint_id = ep.id AND f.status = 'pending'
+                               AND f.leased_until IS NOT NULL AND f.leased_until > now()),
+                          CASE WHEN ep.rate_limit_per_sec IS NULL THEN $1 ELSE floor(tokens.now) END) AS n
+             FROM endpoints ep CROSS JOIN LATERAL (
+                 SELECT LEAST(ep.rate_limit_burst::float8,
+                              COALESCE(ep.rate_tokens, ep.rate_limit_burst)
+                              + extract(epoch FROM now() - COALESCE(ep.rate_tokens_at, now()))
+                                * ep.rate_limit_per_sec) AS now
+             ) tokens
+             WHERE ep.id = ANY($4)
+         ), room AS (
+             -- Each endpoint's share of this claim: with k endpoints that have room, no
+             -- endpoint can get more than about $1 / k of the rows in turns, so only that
+             -- many are looked at and locked (not up to $1 of each: with 1,000 endpoints
+             -- that was 100,000 rows locked for a claim of 128).
+             SELECT room_n.*,
+                    ceil($1::float8 / GREATEST(count(*) FILTER (WHERE room_n.n > 0) OVER (), 1)) AS share
+             FROM room_n
+         ), picked AS (
+             SELECT p.id, p.next_attempt_at,
+                    row_number() OVER (PARTITION BY room.id ORDER BY p.next_attempt_at) AS turn
+             FROM room CROSS JOIN LATERAL (
+                 SELECT d.id, d.next_attempt_at FROM deliveries d
+                 WHERE d.endpoint_id = room.id AND d.status = 'pending' AND NOT d.parked AND NOT d.waiting
+                   AND d.next_attempt_at <= now()
+                 ORDER BY d.next_attempt_at
+                 LIMIT GREATEST(LEAST(room.n, room.share), 0)
+                 FOR UPDATE SKIP LOCKED
+             ) p
+         ), due AS (
+             SELECT id FROM picked ORDER BY turn, next_attempt_at LIMIT $1
+         ), claimed AS (
+             -- `= ANY(ARRAY(...))`: the rows are fetched by primary key whatever the
+             -- planner thinks `due` holds. A generic plan estimates `LIMIT $1` as a tenth
+             -- of its input, a tenth of the backlog, and at 100,000 pending that estimate
+             -- turned a join with `due` into a hash join over the whole table.
+             UPDATE deliveries d
+             SET next_attempt_at = now() + make_interval(secs => $2),
+                 leased_until = now() + make_interval(secs => $2),
+                 claim_token = d.claim_token + 1,
+                 attempt_count = d.attempt_count + 1,
+                 updated_at = now()
+             WHERE d.id = ANY(ARRAY(SELECT id FROM due))
+             RETURNING d.id, d.event_id, d.endpoint_id, d.attempt_count, d.attempts_base, d.claim_token,
+                       d.ordering_key
+         ), paid AS (
+             UPDATE endpoints ep
+             SET rate_tokens = room.tokens - spent.n, rate_tokens_at = now()
+             FROM room JOIN (SELECT endpoint_id, count(*) AS n FROM claimed GROUP BY endpoint_id) spent
+                  ON spent.endpoint_id = room.id
+             WHERE ep.id = room.id AND room.rate_limit_per_sec IS NOT NULL
+         )
+         SELECT {CLAIMED_COLUMNS}, NULL::int8 AS probe_token
+         FROM claimed d JOIN events e ON e.id = d.event_id JOIN endpoints ep ON ep.id = d.endpoint_id
+              JOIN sources s ON s.id = e.source_id"
+    )
+}
+
+/// Admit one probe for each of up to `limit` half-open endpoints: claim the endpoint row
+/// (its cool-down is over and no live probe holds it) together with its oldest pending
+/// delivery, parked or not. The endpoint's `probe_until` is the probe's lease, so a
+/// prober that dies does not wedge the circuit; `probe_token` fences its outcome.
+/// Row locks with `SKIP LOCKED` on the endpoint make this exactly one probe per window
+/// across every worker and replica.
+pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) -> Result<Vec<Claimed>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "WITH ready AS (
+             SELECT id FROM endpoints
+             WHERE circuit_state = 'open' AND NOT paused AND reopen_at <= now()
+               AND (probe_until IS NULL OR probe_until <= now())
+             ORDER BY reopen_at
+             LIMIT $1
+             FOR UPDATE SKIP LOCKED
+         ), pick AS (
+             SELECT p.id AS delivery_id, ready.id AS endpoint_id
+             FROM ready CROSS JOIN LATERAL (
+                 SELECT COALESCE(
+                     (SELECT id FROM deliveries
+                      WHERE endpoint_id = ready.id AND status = 'pending' AND parked
+                      ORDER BY id LIMIT 1),
+                     (SELECT id FROM deliveries
+                      WHERE endpoint_id = ready.id AND status = 'pending' AND NOT parked AND NOT waiting
+                        AND (leased_until IS NULL OR leased_until <= now())
+                      ORDER BY next_attempt_at LIMIT 1)) AS id
+             ) p
+             WHERE p.id IS NOT NULL
+         ), probe AS (
+             UPDATE endpoints ep
+             SET probe_until = now() + make_interval(secs => $2), probe_token = ep.probe_token + 1
+             FROM pick WHERE ep.id = pick.endpoint_id
+             RETURNING ep.id, ep.probe_token
+         )
+         UPDATE deliveries d
+         SET parked = false,
+             next_attempt_at = now() + make_interval(secs => $2),
+             leased_until = now() + make_interval(secs => $2),
+             claim_token = d.claim_token + 1,
+             attempt_count = d.attempt_count + 1,
+             updated_at = now()
+         FROM pick, probe, events e, endpoints ep, sources s
+         WHERE d.id = pick.delivery_id AND probe.id = pick.endpoint_id AND d.status = 'pending'
+           AND e.id = d.event_id AND ep.id = d.endpoint_id AND s.id = e.source_id
+         RETURNING {CLAIMED_COLUMNS}, probe.probe_token"
+    ))
+    .bind(limit)
+    .bind(lease.as_secs_f64())
+    .fetch_all(db)
+    .await
+}

@@ -1,0 +1,302 @@
+//! Outcomes of claimed deliveries: recorded, released or buried, each fenced by its
+//! claim token.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+
+use super::lines;
+use crate::ids::{DeliveryId, EndpointId};
+
+/// What a dead delivery does to its ordering line (`subscriptions.ordered_on_dead`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum OnDead {
+    /// The line waits behind it until an operator redelivers it (and it is delivered) or
+    /// unblocks the line.
+    Block,
+    /// The line moves on to its next delivery (the dead one stays in the dead-letter queue).
+    Skip,
+}
+
+/// A delivery's state (`deliveries.status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryStatus {
+    /// Waiting for an attempt (due, leased, retrying or parked).
+    Pending,
+    /// A 2xx was recorded.
+    Delivered,
+    /// Dead-lettered: no more automatic attempts.
+    Dead,
+}
+
+impl DeliveryStatus {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Delivered => "delivered",
+            DeliveryStatus::Dead => "dead",
+        }
+    }
+}
+
+/// Final or intermediate state after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// 2xx: done.
+    Delivered,
+    /// Try again at `next_attempt_at`.
+    Retry,
+    /// Dead-lettered: no more automatic attempts.
+    Dead,
+}
+
+impl Outcome {
+    /// Name stored in `attempts.outcome`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Delivered => "delivered",
+            Outcome::Retry => "retry",
+            Outcome::Dead => "dead",
+        }
+    }
+
+    /// The delivery's state after it.
+    pub fn status(self) -> DeliveryStatus {
+        match self {
+            Outcome::Delivered => DeliveryStatus::Delivered,
+            Outcome::Retry => DeliveryStatus::Pending,
+            Outcome::Dead => DeliveryStatus::Dead,
+        }
+    }
+}
+
+/// What one attempt produced, ready to record.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    /// The delivery attempted.
+    pub delivery_id: DeliveryId,
+    /// Token of the claim this attempt ran under (the fence).
+    pub claim_token: i64,
+    /// The attempt's number, as the claim counted it (`webhook-attempt`).
+    pub attempt: i32,
+    /// When the request started.
+    pub started_at: DateTime<Utc>,
+    /// Milliseconds from the request's start to the end of reading the answer.
+    pub duration_ms: i32,
+    /// The subscriber's HTTP status; `None` when no response came back.
+    pub status_code: Option<i32>,
+    /// `timeout`, `connect`, `forbidden_address`, ... when no response came back.
+    pub error_kind: Option<String>,
+    /// What happens to the delivery next.
+    pub outcome: Outcome,
+    /// Human-readable reason, stored with the attempt (and as the dead reason); bounded.
+    pub reason: String,
+    /// The start of the subscriber's body, storable and bounded (`sanitize`).
+    pub response_excerpt: Option<String>,
+    /// When the next attempt is due (retries only).
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// `backoff` or `retry_after` (retries only).
+    pub next_attempt_reason: Option<String>,
+    /// The delivery's endpoint.
+    pub endpoint_id: EndpointId,
+    /// Whether the delivery is in an ordering line ([`Claimed::ordered`](super::Claimed::ordered)): the recorder
+    /// then moves its line on when the outcome finishes it ([`lines::release_heads`]).
+    pub ordered: bool,
+}
+
+/// What [`record`] did with a batch.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// Outcomes written by this call.
+    pub fresh: Vec<DeliveryId>,
+    /// Outcomes whose attempt was already on record: an earlier write of the same batch
+    /// committed although its caller saw an error (an ambiguous commit). Nothing was
+    /// written again.
+    pub already: Vec<DeliveryId>,
+}
+
+/// Record a batch of outcomes, each fenced by its claim token, in one statement.
+///
+/// Idempotent per claim: an outcome whose claim token is already the delivery's
+/// `recorded_token` is reported in [`Recorded::already`] and not written again, so
+/// retrying a batch after an ambiguous commit neither records an attempt twice nor calls
+/// it fenced. Any other id
+/// of the batch that is in neither list was fenced (its lease was taken over by a newer
+/// claim) and nothing about it was written.
+///
+/// An ordered delivery that this call finishes (delivered, or dead) moves its line on in
+/// the same transaction ([`lines::release_heads`], [`lines::promote`]); when the batch
+/// holds one and `conn` is not in a transaction, this call opens one.
+pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
+    conn: &mut sqlx::PgConnection,
+    batch: &[R],
+) -> Result<Recorded, sqlx::Error> {
+    use sqlx::Connection as _;
+    if batch.is_empty() {
+        return Ok(Recorded::default());
+    }
+    if !batch.iter().any(|r| r.borrow().ordered && r.borrow().outcome != Outcome::Retry) {
+        return record_outcomes(conn, batch).await;
+    }
+    let mut tx = conn.begin().await?;
+    let recorded = record_outcomes(&mut *tx, batch).await?;
+    let finished: Vec<DeliveryId> = batch
+        .iter()
+        .map(|r| r.borrow())
+        .filter(|r| r.ordered && r.outcome != Outcome::Retry && recorded.fresh.contains(&r.delivery_id))
+        .map(|r| r.delivery_id)
+        .collect();
+    let released = lines::release_heads(&mut tx, &finished).await?;
+    lines::promote(&mut tx, &released).await?;
+    tx.commit().await?;
+    Ok(recorded)
+}
+
+/// The outcomes of [`record`], in one statement.
+async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
+    db: impl PgExecutor<'_>,
+    batch: &[R],
+) -> Result<Recorded, sqlx::Error> {
+    fn col<'a, R: std::borrow::Borrow<AttemptRecord>, T>(batch: &'a [R], f: impl Fn(&'a AttemptRecord) -> T) -> Vec<T> {
+        batch.iter().map(|r| f(r.borrow())).collect()
+    }
+    let ids: Vec<DeliveryId> = col(batch, |r| r.delivery_id);
+    let tokens: Vec<i64> = col(batch, |r| r.claim_token);
+    let attempts: Vec<i32> = col(batch, |r| r.attempt);
+    let started: Vec<DateTime<Utc>> = col(batch, |r| r.started_at);
+    let durations: Vec<i32> = col(batch, |r| r.duration_ms);
+    let codes: Vec<Option<i32>> = col(batch, |r| r.status_code);
+    let kinds: Vec<Option<&str>> = col(batch, |r| r.error_kind.as_deref());
+    let outcomes: Vec<&str> = col(batch, |r| r.outcome.as_str());
+    let statuses: Vec<&str> = col(batch, |r| r.outcome.status().as_str());
+    let reasons: Vec<&str> = col(batch, |r| r.reason.as_str());
+    let excerpts: Vec<Option<&str>> = col(batch, |r| r.response_excerpt.as_deref());
+    let next_at: Vec<Option<DateTime<Utc>>> = col(batch, |r| r.next_attempt_at);
+    let next_why: Vec<Option<&str>> = col(batch, |r| r.next_attempt_reason.as_deref());
+
+    // `prior` reads the statement's snapshot, before `upd`: the rows an earlier write of
+    // this same claim recorded. Only `deliveries` is read, by primary key; `attempts_once`
+    // (one row per delivery and attempt number) backs it up.
+    let rows: Vec<(DeliveryId, bool)> = sqlx::query_as(
+        "WITH o AS (
+             SELECT * FROM unnest($1::uuid[], $2::int8[], $3::int4[], $4::timestamptz[], $5::int4[],
+                                  $6::int4[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
+                                  $12::timestamptz[], $13::text[])
+                 AS o(id, token, attempt, started_at, duration_ms, status_code, error_kind, outcome,
+                      status, reason, excerpt, next_at, next_why)
+         ), upd AS (
+             UPDATE deliveries d
+             SET status = o.status,
+                 next_attempt_at = COALESCE(o.next_at, d.next_attempt_at),
+                 leased_until = NULL,
+                 recorded_token = o.token,
+                 dead_reason = CASE WHEN o.status = 'dead' THEN o.reason END,
+                 finished_at = CASE WHEN o.status = 'pending' THEN NULL ELSE now() END,
+                 updated_at = now()
+             FROM o
+             WHERE d.id = o.id AND d.claim_token = o.token AND d.status = 'pending'
+               AND d.recorded_token IS DISTINCT FROM o.token
+             RETURNING d.id
+         ), ins AS (
+             INSERT INTO attempts (delivery_id, attempt_number, started_at, duration_ms, status_code, error_kind,
+                                   outcome, reason, response_excerpt, next_attempt_at, next_attempt_reason)
+             SELECT o.id, o.attempt, o.started_at, o.duration_ms, o.status_code, o.error_kind, o.outcome,
+                    o.reason, o.excerpt, o.next_at, o.next_why
+             FROM o JOIN upd ON upd.id = o.id
+             RETURNING delivery_id
+         ), prior AS (
+             SELECT o.id FROM o JOIN deliveries d ON d.id = o.id
+             WHERE d.claim_token = o.token AND d.recorded_token = o.token
+         )
+         SELECT delivery_id, true FROM ins
+         UNION ALL
+         SELECT id, false FROM prior",
+    )
+    .bind(ids)
+    .bind(tokens)
+    .bind(attempts)
+    .bind(started)
+    .bind(durations)
+    .bind(codes)
+    .bind(kinds)
+    .bind(outcomes)
+    .bind(statuses)
+    .bind(reasons)
+    .bind(excerpts)
+    .bind(next_at)
+    .bind(next_why)
+    .fetch_all(db)
+    .await?;
+    let mut recorded = Recorded::default();
+    for (id, fresh) in rows {
+        if fresh { recorded.fresh.push(id) } else { recorded.already.push(id) }
+    }
+    Ok(recorded)
+}
+
+/// Give a claim back without spending its attempt (e.g. the circuit opened between the
+/// claim and the send, or the process is shutting down before it sent anything).
+/// Fenced like [`record`]; returns whether the release applied.
+pub async fn release(
+    db: impl PgExecutor<'_>,
+    id: DeliveryId,
+    claim_token: i64,
+    due_at: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE deliveries
+         SET attempt_count = attempt_count - 1, next_attempt_at = $3, leased_until = NULL, updated_at = now()
+         WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
+    )
+    .bind(id)
+    .bind(claim_token)
+    .bind(due_at)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Whether the claim being buried sent its attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Burial {
+    /// Nothing was sent under this claim (the budget was spent by attempts whose
+    /// workers died holding the lease): the claim's attempt is given back.
+    Unsent,
+    /// The attempt was sent but its outcome cannot be written at all (the recorder's
+    /// last resort): without the burial the lease would bring the delivery back, it
+    /// would be sent again and fail to record again, forever. An operator can redeliver.
+    Unrecordable,
+}
+
+/// Dead-letter a claimed delivery with `reason`, fenced like [`record`]. Returns whether
+/// it applied.
+pub async fn bury(
+    pool: &sqlx::PgPool,
+    id: DeliveryId,
+    claim_token: i64,
+    reason: &str,
+    burial: Burial,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let done = sqlx::query(
+        "UPDATE deliveries
+         SET status = 'dead', attempt_count = attempt_count - $4, dead_reason = $3, leased_until = NULL,
+             finished_at = now(), updated_at = now()
+         WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
+    )
+    .bind(id)
+    .bind(claim_token)
+    .bind(reason)
+    .bind(i32::from(burial == Burial::Unsent))
+    .execute(&mut *tx)
+    .await?;
+    // A dead head of a line that skips the dead lets the next one go.
+    let released = lines::release_heads(&mut tx, &[id]).await?;
+    lines::promote(&mut tx, &released).await?;
+    tx.commit().await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -1,0 +1,486 @@
+//! Command line, environment and TOML configuration, validated once at start-up.
+//!
+//! Precedence: command line > environment > `--config FILE` > built-in default.
+//! Every `serve` setting is declared once, in the `settings!` list below: its flag,
+//! environment variable, default and `--help` text, and by its name its key in the TOML
+//! file (the flag name with dashes replaced by underscores: `max_body_bytes = 2097152`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+use crate::deliver::DeliverySettings;
+use crate::janitor::{self, JanitorSettings};
+use crate::role::Role;
+
+/// Delivery workers per CPU core when `--workers` is not set. Outbound requests are async
+/// tasks parked on sockets, so the limit is not the CPU but what subscribers and the
+/// database see. A worker stays busy from claim to recorded outcome, so the workers one
+/// endpoint needs are its rate × (its answer time + the claim and record round trips),
+/// and under load the round trips grow. Measured on 2 cores (bench; peak RSS in
+/// brackets):
+/// - drain of 50,000 to one fast endpoint (which may use half the workers): 32 per core
+///   2,840/s (16 MiB), 128 per core 5,958/s, 256 per core 8,773/s, 512 per core
+///   11,246/s (27 MiB);
+/// - sustained end to end (open loop, ingest and delivery in one process, bench
+///   scenario 11): 256 per core held 4,000/s and fell behind at 5,000/s, where the one
+///   endpoint sat at its limit of 256 in flight; 512 per core held 5,000/s (twice).
+///
+/// A worker costs memory only while it holds a delivery: the claimed row (body shared
+/// with the request, not copied) and the connection's buffers. The bound is workers ×
+/// the largest body (`--max-body-bytes`), reached only if every in-flight delivery
+/// carries a maximum-size body; lower `--workers` where that matters.
+pub const DEFAULT_WORKERS_PER_CORE: usize = 512;
+
+/// The `webhook-gateway` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "webhook-gateway",
+    version,
+    about = "Durable webhook ingestion and delivery on PostgreSQL",
+    after_help = "First run (no database to set up: a private PostgreSQL starts in ./.webhook-gateway):\n  \
+                  webhook-gateway serve\n  \
+                  # then in another terminal, in the same directory:\n  \
+                  export WEBHOOK_GATEWAY_ADMIN_TOKEN=$(webhook-gateway admin-token show)\n  \
+                  curl -sS http://127.0.0.1:8080/v1/sources -H \"Authorization: Bearer $WEBHOOK_GATEWAY_ADMIN_TOKEN\"\n\n\
+                  `webhook-gateway serve --help` lists every setting (each also an environment variable and a \
+                  --config file key).",
+    args_override_self = true
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once at start-up; boxing buys nothing
+pub enum Command {
+    /// Run the gateway (ingest, admin API and delivery workers).
+    Serve(ServeArgs),
+    /// Apply database migrations to DATABASE_URL and exit.
+    Migrate(MigrateArgs),
+    /// Secrets at rest: `secrets reencrypt` rewrites every stored secret under the current key.
+    Secrets(SecretsArgs),
+    /// The generated admin token kept in --data-dir: `admin-token show` prints it, `admin-token rotate` replaces it.
+    AdminToken(AdminTokenArgs),
+}
+
+/// `webhook-gateway admin-token`.
+#[derive(Debug, Args)]
+pub struct AdminTokenArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: AdminTokenAction,
+
+    /// The data directory `serve` uses (where the token is kept).
+    #[arg(long, env = "WEBHOOK_GATEWAY_DATA_DIR", default_value = crate::db::DEFAULT_DATA_DIR, global = true)]
+    pub data_dir: PathBuf,
+}
+
+/// `webhook-gateway admin-token ...` subcommands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
+pub enum AdminTokenAction {
+    /// Print the token (only the token, for `export WEBHOOK_GATEWAY_ADMIN_TOKEN=$(webhook-gateway admin-token show)`).
+    Show,
+    /// Replace it with a fresh one and print it; a running gateway keeps the old one until it restarts.
+    Rotate,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `webhook-gateway migrate`.
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// PostgreSQL connection URL.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+}
+
+/// `webhook-gateway secrets`.
+#[derive(Debug, Args)]
+pub struct SecretsArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: SecretsAction,
+}
+
+/// `webhook-gateway secrets ...` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum SecretsAction {
+    /// Rewrite every stored source and endpoint secret under the current key (plaintext ones
+    /// and those under a previous key), in short transactions; safe to repeat and to run
+    /// while the gateway serves (with the embedded database: stop the gateway first).
+    Reencrypt(ReencryptArgs),
+}
+
+/// `webhook-gateway secrets reencrypt`.
+#[derive(Debug, Args)]
+pub struct ReencryptArgs {
+    /// PostgreSQL connection URL. Unset: the embedded cluster in --data-dir (gateway stopped).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Where the embedded PostgreSQL cluster lives (used only without a database URL).
+    #[arg(long, env = "WEBHOOK_GATEWAY_DATA_DIR", default_value = crate::db::DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+
+    /// Rows rewritten per transaction.
+    #[arg(long, default_value_t = 100)]
+    pub batch_size: u32,
+
+    /// The keys: the current one encrypts, previous ones only decrypt.
+    #[command(flatten)]
+    pub keys: SecretsKeyArgs,
+}
+
+/// Declares the `serve` settings once. A setting is one field: its doc comment is its
+/// `--help` text, its `#[arg]` its flag, environment variable and default, its name its
+/// key in the `--config` file. From the one list this generates:
+///
+/// - the clap structs: `ServeArgs` (its first field, `config`, ended by `;`, is the file's
+///   own path and no setting) and the group of settings it flattens last (the secrets keys,
+///   also flattened into `secrets reencrypt`, which reads no file);
+/// - `FileConfig`: every setting as an optional key, unknown keys refused;
+/// - `ServeArgs::take_file`: the file's value of every setting given neither on the
+///   command line nor in the environment;
+/// - for the tests, `ServeArgs::settings`: every setting with a way to read it back
+///   (`tests::every_setting_is_reachable_from_the_command_line_the_environment_and_the_file`).
+macro_rules! settings {
+    (
+        $(#[$serve_meta:meta])*
+        pub struct $serve:ident {
+            $(#[$config_meta:meta])*
+            pub config: Option<PathBuf>;
+            $( $(#[$meta:meta])* pub $field:ident: $ty:ty, )+
+        }
+
+        $(#[$group_meta:meta])*
+        pub struct $group_ty:ident flattened as $group:ident {
+            $( $(#[$group_field_meta:meta])* pub $group_field:ident: $group_field_ty:ty, )+
+        }
+    ) => {
+        $(#[$serve_meta])*
+        pub struct $serve {
+            $(#[$config_meta])*
+            pub config: Option<PathBuf>,
+            $( $(#[$meta])* pub $field: $ty, )+
+            #[doc = concat!("The settings declared with [`", stringify!($group_ty), "`].")]
+            #[command(flatten)]
+            pub $group: $group_ty,
+        }
+
+        $(#[$group_meta])*
+        pub struct $group_ty {
+            $( $(#[$group_field_meta])* pub $group_field: $group_field_ty, )+
+        }
+
+        /// The `--config` file: every setting's name is a key, every key optional; unknown
+        /// keys are an error (typos must not pass).
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        struct FileConfig {
+            $( $field: Option<$ty>, )+
+            $( $group_field: Option<$group_field_ty>, )+
+        }
+
+        impl $serve {
+            /// Take the file's value of every setting for which `explicit` (given on the
+            /// command line or in the environment) is false.
+            fn take_file(&mut self, file: FileConfig, explicit: impl Fn(&str) -> bool) {
+                $(
+                    if let Some(value) = file.$field
+                        && !explicit(stringify!($field))
+                    {
+                        self.$field = value;
+                    }
+                )+
+                $(
+                    if let Some(value) = file.$group_field
+                        && !explicit(stringify!($group_field))
+                    {
+                        self.$group.$group_field = value;
+                    }
+                )+
+            }
+
+            /// Every setting, as the reachability test drives it.
+            #[cfg(test)]
+            fn settings() -> Vec<tests::Setting> {
+                vec![
+                    $( tests::Setting::new::<$ty>(stringify!($field), |s| format!("{:?}", s.$field)), )+
+                    $(
+                        tests::Setting::new::<$group_field_ty>(stringify!($group_field), |s| {
+                            format!("{:?}", s.$group.$group_field)
+                        }),
+                    )+
+                ]
+            }
+        }
+    };
+}
+
+settings! {
+    /// `webhook-gateway serve`.
+    #[derive(Debug, Clone, Args)]
+    pub struct ServeArgs {
+        /// TOML file with the same keys as the flags (underscores for dashes).
+        #[arg(long, env = "WEBHOOK_GATEWAY_CONFIG")]
+        pub config: Option<PathBuf>;
+
+        /// Address to listen on.
+        #[arg(long, env = "WEBHOOK_GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
+        pub listen: SocketAddr,
+
+        /// PostgreSQL connection URL. Unset: start a private PostgreSQL cluster in --data-dir.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        pub database_url: Option<String>,
+
+        /// Where the embedded PostgreSQL cluster (<data-dir>/pg, without a database URL) and the generated admin
+        /// token (without --admin-token) are kept.
+        #[arg(long, env = "WEBHOOK_GATEWAY_DATA_DIR", default_value = crate::db::DEFAULT_DATA_DIR)]
+        pub data_dir: PathBuf,
+
+        /// Bearer token for the admin API (16+ characters). Unset: one is generated on the first start and kept in
+        /// <data-dir>/admin-token (0600); `webhook-gateway admin-token show` prints it.
+        #[arg(long, env = "WEBHOOK_GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
+        pub admin_token: Option<String>,
+
+        /// Largest accepted request body, in bytes.
+        #[arg(long, env = "WEBHOOK_GATEWAY_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+        pub max_body_bytes: usize,
+
+        /// Which parts to run.
+        #[arg(long, env = "WEBHOOK_GATEWAY_ROLE", value_enum, default_value = "all")]
+        pub role: Role,
+
+        /// Concurrent outbound deliveries per process. Default: 512 per CPU core (each is an
+        /// async task waiting on a socket, not a thread).
+        #[arg(long, env = "WEBHOOK_GATEWAY_WORKERS")]
+        pub workers: Option<usize>,
+
+        /// Concurrent requests per endpoint across every replica, for endpoints without their
+        /// own `max_in_flight`. Default: half of this process's workers.
+        #[arg(long, env = "WEBHOOK_GATEWAY_ENDPOINT_MAX_IN_FLIGHT")]
+        pub endpoint_max_in_flight: Option<u32>,
+
+        /// Lease on a claimed delivery, in seconds; must exceed the request timeout plus margin.
+        #[arg(long, env = "WEBHOOK_GATEWAY_LEASE_SECS", default_value_t = 60)]
+        pub lease_secs: u64,
+
+        /// Outbound connect timeout, in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_CONNECT_TIMEOUT_SECS", default_value_t = 5)]
+        pub connect_timeout_secs: u64,
+
+        /// Outbound whole-request timeout, in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_REQUEST_TIMEOUT_SECS", default_value_t = 15)]
+        pub request_timeout_secs: u64,
+
+        /// Attempts per delivery before it is dead-lettered.
+        #[arg(long, env = "WEBHOOK_GATEWAY_MAX_ATTEMPTS", default_value_t = 8)]
+        pub max_attempts: u32,
+
+        /// Backoff base, in milliseconds (full jitter: random(0, min(cap, base * 2^attempt))).
+        #[arg(long, env = "WEBHOOK_GATEWAY_BACKOFF_BASE_MS", default_value_t = 5_000)]
+        pub backoff_base_ms: u64,
+
+        /// Backoff cap, in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_BACKOFF_CAP_SECS", default_value_t = 6 * 3600)]
+        pub backoff_cap_secs: u64,
+
+        /// Longest Retry-After the gateway honours, in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_RETRY_AFTER_CAP_SECS", default_value_t = 24 * 3600)]
+        pub retry_after_cap_secs: u64,
+
+        /// How often idle workers look for due deliveries, in milliseconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_POLL_INTERVAL_MS", default_value_t = 250)]
+        pub poll_interval_ms: u64,
+
+        /// On shutdown, how long in-flight deliveries may take to finish, in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
+        pub shutdown_grace_secs: u64,
+
+        /// Open an outbound address range (CIDR), e.g. 127.0.0.1/32. Repeatable; env is comma-separated.
+        /// Host bits must be zero; ranges wider than /8 need --egress-allow-wide.
+        #[arg(long = "egress-allow", env = "WEBHOOK_GATEWAY_EGRESS_ALLOW", value_delimiter = ',')]
+        pub egress_allow: Vec<ipnet::IpNet>,
+
+        /// Confirm --egress-allow ranges wider than /8 (e.g. 0.0.0.0/0 opens every address).
+        #[arg(long, env = "WEBHOOK_GATEWAY_EGRESS_ALLOW_WIDE")]
+        pub egress_allow_wide: bool,
+
+        /// Refuse plain-http endpoints.
+        #[arg(long, env = "WEBHOOK_GATEWAY_EGRESS_HTTPS_ONLY")]
+        pub egress_https_only: bool,
+
+        /// Consecutive retryable failures that open an endpoint's circuit.
+        #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_FAILURE_THRESHOLD", default_value_t = 5)]
+        pub circuit_failure_threshold: u32,
+
+        /// First circuit cool-down, in milliseconds; doubles with each re-open.
+        #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_COOLDOWN_MS", default_value_t = 30_000)]
+        pub circuit_cooldown_ms: u64,
+
+        /// Longest circuit cool-down, in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_COOLDOWN_CAP_SECS", default_value_t = 600)]
+        pub circuit_cooldown_cap_secs: u64,
+
+        /// Parked deliveries released per second when a circuit closes or an endpoint resumes.
+        #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_RELEASE_PER_SEC", default_value_t = 200)]
+        pub circuit_release_per_sec: u32,
+
+        /// How often queue depth, lag and circuit gauges are sampled from the database, seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_METRICS_SAMPLE_SECS", default_value_t = 15)]
+        pub metrics_sample_secs: u64,
+
+        /// PostgreSQL connections per process.
+        #[arg(long, env = "WEBHOOK_GATEWAY_DB_POOL_SIZE", default_value_t = 16)]
+        pub db_pool_size: u32,
+
+        /// How long an HTTP request (ingest, admin API) waits for the database before it is
+        /// answered 503 with Retry-After, in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_DB_TIMEOUT_SECS", default_value_t = crate::db::DEFAULT_REQUEST_TIMEOUT.as_secs())]
+        pub db_timeout_secs: u64,
+
+        /// Seconds a client has to send a request's headers, counted from when its connection is
+        /// ready for a request (so also the keep-alive idle limit).
+        #[arg(long, env = "WEBHOOK_GATEWAY_HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10)]
+        pub http_header_timeout_secs: u64,
+
+        /// Seconds a request's body may take to arrive and the request to be answered (408 past it).
+        #[arg(long, env = "WEBHOOK_GATEWAY_HTTP_REQUEST_TIMEOUT_SECS", default_value_t = 30)]
+        pub http_request_timeout_secs: u64,
+
+        /// Inbound connections open at once; at the cap new ones wait to be accepted.
+        #[arg(long, env = "WEBHOOK_GATEWAY_HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
+        pub http_max_connections: usize,
+
+        /// Log format (on stderr). `pretty` is coloured only on a terminal, and never with NO_COLOR set.
+        #[arg(long, env = "WEBHOOK_GATEWAY_LOG_FORMAT", value_enum, default_value = "pretty")]
+        pub log_format: LogFormat,
+
+        /// OTLP/HTTP collector for traces, a base URL as OTEL_EXPORTER_OTLP_ENDPOINT takes it (spans go to
+        /// <url>/v1/traces); wins over the OTEL_EXPORTER_OTLP_*ENDPOINT variables. Unset: traces only when those
+        /// are set. The other OTEL_* variables apply either way.
+        #[arg(long, env = "WEBHOOK_GATEWAY_OTEL_ENDPOINT")]
+        pub otel_endpoint: Option<String>,
+
+        /// Days an event is kept, with its deliveries and attempts; never while a delivery is pending.
+        #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_EVENTS_DAYS", default_value_t = janitor::DEFAULT_RETENTION_EVENTS_DAYS)]
+        pub retention_events_days: u32,
+
+        /// Days an attempt record is kept.
+        #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_ATTEMPTS_DAYS", default_value_t = janitor::DEFAULT_RETENTION_ATTEMPTS_DAYS)]
+        pub retention_attempts_days: u32,
+
+        /// Days a delivered delivery is kept (a dead one stays until its event expires).
+        #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_DELIVERED_DAYS", default_value_t = janitor::DEFAULT_RETENTION_DELIVERED_DAYS)]
+        pub retention_delivered_days: u32,
+
+        /// How often each replica tries a retention pass (one replica at a time does it), in seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_JANITOR_INTERVAL_SECS", default_value_t = janitor::DEFAULT_INTERVAL_SECS)]
+        pub janitor_interval_secs: u64,
+
+        /// Rows per retention delete statement (each its own short transaction).
+        #[arg(long, env = "WEBHOOK_GATEWAY_JANITOR_BATCH_SIZE", default_value_t = janitor::DEFAULT_BATCH_SIZE)]
+        pub janitor_batch_size: u32,
+
+        /// Serve the web console at /console (sign in with the admin token); `--console=false`
+        /// turns it off.
+        #[arg(long, env = "WEBHOOK_GATEWAY_CONSOLE", default_value_t = Enabled(true), action = clap::ArgAction::Set)]
+        pub console: Enabled,
+    }
+
+    /// The operator key that encrypts source and endpoint secrets at rest (see
+    /// [`crate::secrets`]). Shared by `serve` and `secrets reencrypt`; `Debug` shows no key.
+    #[derive(Clone, Default, Args)]
+    pub struct SecretsKeyArgs flattened as secrets {
+        /// Key that encrypts source and endpoint secrets in the database: 32 bytes in base64
+        /// (`openssl rand -base64 32`). Unset: secrets are stored in plaintext.
+        #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY", hide_env_values = true)]
+        pub secrets_key: Option<String>,
+
+        /// File holding the secrets key (instead of --secrets-key).
+        #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY_FILE")]
+        pub secrets_key_file: Option<PathBuf>,
+
+        /// Earlier secrets key(s), decrypt only, during a rotation. Repeatable; env is comma-separated.
+        #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY_PREVIOUS", hide_env_values = true, value_delimiter = ',')]
+        pub secrets_key_previous: Vec<String>,
+
+        /// File(s) holding earlier secrets keys (instead of --secrets-key-previous). Repeatable; env is comma-separated.
+        #[arg(long, env = "WEBHOOK_GATEWAY_SECRETS_KEY_PREVIOUS_FILE", value_delimiter = ',')]
+        pub secrets_key_previous_file: Vec<PathBuf>,
+    }
+}
+
+impl std::fmt::Debug for SecretsKeyArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretsKeyArgs")
+            .field("secrets_key", &self.secrets_key.as_ref().map(|_| "<hidden>"))
+            .field("secrets_key_file", &self.secrets_key_file)
+            .field("secrets_key_previous", &self.secrets_key_previous.len())
+            .field("secrets_key_previous_file", &self.secrets_key_previous_file)
+            .finish()
+    }
+}
+
+impl SecretsKeyArgs {
+    /// The keyring these settings describe (reads the key file).
+    pub fn keyring(&self) -> Result<crate::secrets::Keyring, ConfigError> {
+        crate::secrets::keyring_from(
+            self.secrets_key.as_deref(),
+            self.secrets_key_file.as_deref(),
+            &self.secrets_key_previous,
+            &self.secrets_key_previous_file,
+        )
+        .map_err(ConfigError)
+    }
+}
+
+/// An on/off setting whose default is on: written `--flag=false` on the command line,
+/// `false` in the environment, `flag = false` in the file. (A plain `bool` setting is a
+/// bare flag that can only turn something on.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Enabled(pub bool);
+
+impl std::str::FromStr for Enabled {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "true" | "on" | "yes" | "1" => Ok(Enabled(true)),
+            "false" | "off" | "no" | "0" => Ok(Enabled(false)),
+            _ => Err(format!("expected true or false, not {s:?}")),
+        }
+    }
+}
+
+impl std::fmt::Display for Enabled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A configuration problem, reported as one line and a non-zero exit.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+mod serve;
+#[cfg(test)]
+mod tests;
+
+pub use serve::*;

@@ -1,0 +1,248 @@
+//! From parsed `serve` arguments to checked settings: the `--config` file merged under
+//! the command line and environment, every value validated once, and the settings each
+//! subsystem is started with.
+
+use clap::ArgMatches;
+use clap::parser::ValueSource;
+
+use super::*;
+
+/// Widest `--egress-allow` prefix accepted without `--egress-allow-wide` (either family):
+/// a /8 is a whole private network (`10.0.0.0/8`, `fd00::/8`); anything wider is most
+/// likely a mistake that opens the metadata service and every internal host.
+pub const EGRESS_ALLOW_WIDEST_PREFIX: u8 = 8;
+
+/// An allow-list entry with host bits set (`127.0.0.1/0`) silently means its whole
+/// network: refused, with the two readings spelled out. A range wider than
+/// [`EGRESS_ALLOW_WIDEST_PREFIX`] needs `wide` (`--egress-allow-wide`).
+fn validate_egress_allow(allow: &[ipnet::IpNet], wide: bool) -> Result<(), ConfigError> {
+    for net in allow {
+        if net.addr() != net.network() {
+            return Err(ConfigError(format!(
+                "egress-allow {net} has host bits set, so it would open all of {}: write {} for that network, or {}/{} \
+                 for the one address",
+                net.trunc(),
+                net.trunc(),
+                net.addr(),
+                net.max_prefix_len()
+            )));
+        }
+        if net.prefix_len() < EGRESS_ALLOW_WIDEST_PREFIX && !wide {
+            return Err(ConfigError(format!(
+                "egress-allow {net} is wider than /{EGRESS_ALLOW_WIDEST_PREFIX} and would open far more than one private \
+                 network (cloud metadata included); narrow it, or confirm with --egress-allow-wide"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl ServeArgs {
+    /// Fill in values from `--config FILE` for every key not given on the command line or
+    /// in the environment.
+    pub fn merge_file(&mut self, matches: &ArgMatches) -> Result<(), ConfigError> {
+        let Some(path) = self.config.clone() else {
+            return Ok(());
+        };
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| ConfigError(format!("cannot read config file {}: {e}", path.display())))?;
+        let file: FileConfig = toml::from_str(&text).map_err(|e| {
+            let msg = e.message().to_owned();
+            ConfigError(format!("config file {}: {msg}", path.display()))
+        })?;
+        let explicit =
+            |id: &str| matches!(matches.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable));
+        self.take_file(file, explicit);
+        Ok(())
+    }
+
+    /// Check cross-field rules. Called once at start-up.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError(m));
+        if let Some(endpoint) = &self.otel_endpoint {
+            match url::Url::parse(endpoint) {
+                Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
+                _ => return fail(format!("otel-endpoint must be an http(s) URL, got {endpoint:?}")),
+            }
+        }
+        if self.max_body_bytes == 0 {
+            return fail("max-body-bytes must be at least 1".into());
+        }
+        if self.workers == Some(0) {
+            return fail("workers must be at least 1".into());
+        }
+        if self.max_attempts == 0 {
+            return fail("max-attempts must be at least 1".into());
+        }
+        if self.request_timeout_secs == 0 || self.connect_timeout_secs == 0 {
+            return fail("connect-timeout-secs and request-timeout-secs must be at least 1".into());
+        }
+        // A lease shorter than a request lets a second worker send the same delivery while
+        // the first still waits on the subscriber: the margin covers recording the outcome.
+        let needed = self.request_timeout_secs + LEASE_MARGIN_SECS;
+        if self.lease_secs < needed {
+            return fail(format!(
+                "lease-secs ({}) must be at least request-timeout-secs ({}) + {LEASE_MARGIN_SECS} s margin = {needed}",
+                self.lease_secs, self.request_timeout_secs
+            ));
+        }
+        if self.backoff_base_ms == 0 || self.backoff_cap_secs == 0 {
+            return fail("backoff-base-ms and backoff-cap-secs must be at least 1".into());
+        }
+        if self.poll_interval_ms == 0 {
+            return fail("poll-interval-ms must be at least 1".into());
+        }
+        if self.endpoint_max_in_flight.is_some_and(|n| !(1..=10_000).contains(&n)) {
+            return fail("endpoint-max-in-flight must be between 1 and 10000".into());
+        }
+        if self.circuit_failure_threshold == 0 || self.circuit_cooldown_ms == 0 || self.circuit_release_per_sec == 0 {
+            return fail(
+                "circuit-failure-threshold, circuit-cooldown-ms and circuit-release-per-sec must be at least 1".into(),
+            );
+        }
+        if self.metrics_sample_secs == 0 {
+            return fail("metrics-sample-secs must be at least 1".into());
+        }
+        if self.db_pool_size < 2 {
+            return fail("db-pool-size must be at least 2".into());
+        }
+        // Above the pool's acquire timeout: an answer "nothing was stored" (no connection
+        // could be had) must be able to come before the request's own deadline.
+        let min_db_timeout = crate::db::ACQUIRE_TIMEOUT.as_secs() + 1;
+        if !(min_db_timeout..=MAX_DB_TIMEOUT_SECS).contains(&self.db_timeout_secs) {
+            return fail(format!(
+                "db-timeout-secs must be between {min_db_timeout} (above the {} s pool acquire timeout) and \
+                 {MAX_DB_TIMEOUT_SECS}",
+                crate::db::ACQUIRE_TIMEOUT.as_secs()
+            ));
+        }
+        if let Some(token) = &self.admin_token
+            && token.len() < 16
+        {
+            return fail("admin-token must be at least 16 characters".into());
+        }
+        validate_egress_allow(&self.egress_allow, self.egress_allow_wide)?;
+        if !(1..=3600).contains(&self.http_header_timeout_secs) || !(1..=3600).contains(&self.http_request_timeout_secs)
+        {
+            return fail("http-header-timeout-secs and http-request-timeout-secs must be between 1 and 3600".into());
+        }
+        if self.http_max_connections == 0 {
+            return fail("http-max-connections must be at least 1".into());
+        }
+        self.secrets.keyring()?;
+        self.validate_retention()
+    }
+
+    fn validate_retention(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError(m));
+        for (name, days) in [
+            ("retention-events-days", self.retention_events_days),
+            ("retention-attempts-days", self.retention_attempts_days),
+            ("retention-delivered-days", self.retention_delivered_days),
+        ] {
+            if !(1..=MAX_RETENTION_DAYS).contains(&days) {
+                return fail(format!("{name} must be between 1 and {MAX_RETENTION_DAYS}"));
+            }
+        }
+        // Deleting an event deletes its deliveries and attempts: a longer window for them
+        // would silently not hold.
+        for (name, days) in [
+            ("retention-attempts-days", self.retention_attempts_days),
+            ("retention-delivered-days", self.retention_delivered_days),
+        ] {
+            if days > self.retention_events_days {
+                return fail(format!(
+                    "{name} ({days}) must not exceed retention-events-days ({}): deleting an event deletes its \
+                     deliveries and attempts",
+                    self.retention_events_days
+                ));
+            }
+        }
+        // At most daily: a larger value would look like retention while barely running.
+        if !(1..=86_400).contains(&self.janitor_interval_secs) {
+            return fail("janitor-interval-secs must be between 1 and 86400".into());
+        }
+        // Larger batches mean longer transactions and more rows locked at once.
+        if !(1..=MAX_JANITOR_BATCH).contains(&self.janitor_batch_size) {
+            return fail(format!("janitor-batch-size must be between 1 and {MAX_JANITOR_BATCH}"));
+        }
+        Ok(())
+    }
+
+    /// Concurrent deliveries for this process.
+    pub fn worker_count(&self) -> usize {
+        self.workers.unwrap_or_else(|| {
+            DEFAULT_WORKERS_PER_CORE * std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
+        })
+    }
+
+    /// The outbound client settings derived from the flags.
+    pub fn egress(&self) -> crate::egress::EgressConfig {
+        crate::egress::EgressConfig {
+            allow: self.egress_allow.clone(),
+            https_only: self.egress_https_only,
+            connect_timeout: Duration::from_secs(self.connect_timeout_secs),
+            request_timeout: Duration::from_secs(self.request_timeout_secs),
+            ..Default::default()
+        }
+    }
+
+    /// The inbound HTTP limits derived from the flags.
+    pub fn http(&self) -> crate::server::HttpLimits {
+        crate::server::HttpLimits {
+            header_timeout: Duration::from_secs(self.http_header_timeout_secs),
+            request_timeout: Duration::from_secs(self.http_request_timeout_secs),
+            max_connections: self.http_max_connections,
+        }
+    }
+
+    /// The janitor (retention) settings derived from the flags.
+    pub fn janitor(&self) -> JanitorSettings {
+        let days = |d: u32| Duration::from_secs(u64::from(d) * 24 * 3600);
+        JanitorSettings {
+            events_retention: days(self.retention_events_days),
+            attempts_retention: days(self.retention_attempts_days),
+            delivered_retention: days(self.retention_delivered_days),
+            interval: Duration::from_secs(self.janitor_interval_secs),
+            batch_size: self.janitor_batch_size,
+            ..JanitorSettings::default()
+        }
+    }
+
+    /// The delivery settings derived from the flags.
+    pub fn delivery(&self) -> DeliverySettings {
+        DeliverySettings {
+            workers: self.worker_count(),
+            lease: Duration::from_secs(self.lease_secs),
+            max_attempts: self.max_attempts,
+            backoff_base: Duration::from_millis(self.backoff_base_ms),
+            backoff_cap: Duration::from_secs(self.backoff_cap_secs),
+            retry_after_cap: Duration::from_secs(self.retry_after_cap_secs),
+            poll_interval: Duration::from_millis(self.poll_interval_ms),
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+            endpoint_max_in_flight: match self.endpoint_max_in_flight {
+                // Validated to 1-10000.
+                Some(n) => i32::try_from(n).unwrap_or(i32::MAX),
+                None => crate::queue::default_max_in_flight(self.worker_count()),
+            },
+            circuit: crate::circuit::CircuitConfig {
+                failure_threshold: self.circuit_failure_threshold,
+                cooldown: Duration::from_millis(self.circuit_cooldown_ms),
+                cooldown_cap: Duration::from_secs(self.circuit_cooldown_cap_secs),
+                release_per_sec: self.circuit_release_per_sec,
+            },
+        }
+    }
+}
+
+/// Longest accepted retention, in days (a century: a typo guard, not a policy).
+pub const MAX_RETENTION_DAYS: u32 = 36_500;
+
+/// Largest accepted `--db-timeout-secs`.
+pub const MAX_DB_TIMEOUT_SECS: u64 = 300;
+
+/// Largest accepted `--janitor-batch-size`.
+pub const MAX_JANITOR_BATCH: u32 = 100_000;
+
+/// Margin between the request timeout and the lease, for recording the outcome.
+pub const LEASE_MARGIN_SECS: u64 = 10;

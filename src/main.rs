@@ -203,8 +203,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         data_dir: args.data_dir.clone(),
         sources: Vec::new(),
     };
+    let mut stop = std::pin::pin!(stop);
     let result = async {
-        let pool = db::connect(&url, args.db_pool_size).await?;
+        let pool = tokio::select! {
+            pool = db::connect(&url, args.db_pool_size) => pool?,
+            () = stop.as_mut() => {
+                stopped_during_start_up();
+                return Ok(());
+            }
+        };
         // Closed on every path, before the cluster stops: a pool whose server vanishes
         // under it logs connection errors.
         let result = run(args, &pool, listener, keyring, metrics, banner, stop).await;
@@ -276,6 +283,15 @@ async fn reencrypt(args: ReencryptArgs, keyring: Keyring) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// A stop signal came before the gateway served anything: nothing to finish.
+fn stopped_during_start_up() {
+    tracing::info!("stop signal during start-up: exiting before serving");
+}
+
+/// Start the gateway on `pool` and serve until `stop`. A stop during the start-up ends it
+/// at once: the start-up waits on the database (migrations wait for locks without a
+/// statement timeout), and a supervisor's SIGTERM must not wait for a database that may
+/// be partitioned away or locked by another deploy's migration.
 async fn run(
     args: ServeArgs,
     pool: &sqlx::PgPool,
@@ -283,8 +299,31 @@ async fn run(
     keyring: Keyring,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     mut banner: Banner,
-    stop: impl std::future::Future<Output = ()>,
+    mut stop: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
 ) -> anyhow::Result<()> {
+    let running = tokio::select! {
+        running = start(args, pool, listener, keyring, metrics, &mut banner) => running?,
+        () = stop.as_mut() => {
+            stopped_during_start_up();
+            return Ok(());
+        }
+    };
+    print(&banner.render(std::io::stdout().is_terminal()));
+    stop.await;
+    tracing::info!("shutting down: no new requests or claims; finishing in-flight work");
+    running.shutdown().await
+}
+
+/// Everything between the first connection and serving: migrations, the stored secrets'
+/// check, the banner's sources, the gateway's tasks.
+async fn start(
+    args: ServeArgs,
+    pool: &sqlx::PgPool,
+    listener: tokio::net::TcpListener,
+    keyring: Keyring,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    banner: &mut Banner,
+) -> anyhow::Result<app::Running> {
     db::migrate(pool).await?;
     secrets::check_stored(pool, &keyring).await?;
     match keyring.current_key_id() {
@@ -330,11 +369,7 @@ async fn run(
     if let Some(limit) = webhook_gateway::server::raise_open_file_limit() {
         tracing::debug!(open_files = limit, "open-file limit");
     }
-    let running = app::start_on(pool.clone(), settings, listener).await?;
-    print(&banner.render(std::io::stdout().is_terminal()));
-    stop.await;
-    tracing::info!("shutting down: no new requests or claims; finishing in-flight work");
-    running.shutdown().await
+    app::start_on(pool.clone(), settings, listener).await
 }
 
 /// Start listening for SIGINT and SIGTERM now (the handlers are installed by this call),

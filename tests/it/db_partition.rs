@@ -360,3 +360,36 @@ async fn sigterm_during_a_partition_exits_in_bounded_time() {
     assert!(exited.is_some(), "still running {took:?} after SIGTERM during a partition");
     proxy.heal();
 }
+
+/// SIGTERM while the start-up waits on the database (here: its migration check waits for
+/// a lock another session holds, as behind a deploy's long migration; a partition at
+/// start-up looks the same): the process exits at once, 0, without waiting for the
+/// database. It used to wait for the start-up to finish, which a partition or a held lock
+/// can delay forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_the_start_up_waits_on_the_database_exits_at_once() {
+    let db = TestDb::new().await;
+    let mut blocker = db.pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE _sqlx_migrations IN ACCESS EXCLUSIVE MODE").execute(&mut *blocker).await.expect("lock");
+    let mut gateway =
+        crate::support::GatewayProcess::start(&db.url, &["--role", "worker", "--shutdown-grace-secs", "2"]);
+    eventually(WAIT, "the gateway's start-up waits for the lock", || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = 'webhook-gateway' AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("pg_stat_activity");
+        (waiting > 0).then_some(())
+    })
+    .await;
+    let signalled = Instant::now();
+    let exited =
+        tokio::task::spawn_blocking(move || gateway.terminate_within(Duration::from_secs(30))).await.expect("join");
+    let took = signalled.elapsed();
+    blocker.rollback().await.expect("rollback");
+    eprintln!("SIGTERM during start-up: exited after {took:?} ({exited:?})");
+    let status = exited.unwrap_or_else(|| panic!("still running {took:?} after SIGTERM during start-up"));
+    assert!(status.success(), "a stop during start-up is a clean exit: {status:?}");
+}

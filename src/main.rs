@@ -212,11 +212,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 return Ok(());
             }
         };
-        // Closed on every path, before the cluster stops: a pool whose server vanishes
-        // under it logs connection errors.
-        let result = run(args, &pool, listener, keyring, metrics, banner, stop).await;
-        pool.close().await;
-        result
+        match run(args, &pool, listener, keyring, metrics, banner, stop).await {
+            // A start-up statement may still be waiting on the database: closing the pool
+            // waits for every connection to come back, so it would wait for that
+            // statement. Dropping the pool closes the sockets instead.
+            Ok(Ending::StoppedDuringStartUp) => Ok(()),
+            // Closed on every other path, before the cluster stops: a pool whose server
+            // vanishes under it logs connection errors.
+            result => {
+                pool.close().await;
+                result.map(|_| ())
+            }
+        }
     }
     .await;
     stop_embedded(cluster).await?;
@@ -288,6 +295,14 @@ fn stopped_during_start_up() {
     tracing::info!("stop signal during start-up: exiting before serving");
 }
 
+/// How [`run`] ended (when it did not fail).
+enum Ending {
+    /// It served, then shut down on a stop signal.
+    Served,
+    /// A stop signal came during the start-up, which was abandoned where it was.
+    StoppedDuringStartUp,
+}
+
 /// Start the gateway on `pool` and serve until `stop`. A stop during the start-up ends it
 /// at once: the start-up waits on the database (migrations wait for locks without a
 /// statement timeout), and a supervisor's SIGTERM must not wait for a database that may
@@ -300,18 +315,19 @@ async fn run(
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     mut banner: Banner,
     mut stop: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Ending> {
     let running = tokio::select! {
         running = start(args, pool, listener, keyring, metrics, &mut banner) => running?,
         () = stop.as_mut() => {
             stopped_during_start_up();
-            return Ok(());
+            return Ok(Ending::StoppedDuringStartUp);
         }
     };
     print(&banner.render(std::io::stdout().is_terminal()));
     stop.await;
     tracing::info!("shutting down: no new requests or claims; finishing in-flight work");
-    running.shutdown().await
+    running.shutdown().await?;
+    Ok(Ending::Served)
 }
 
 /// Everything between the first connection and serving: migrations, the stored secrets'

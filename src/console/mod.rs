@@ -4,7 +4,7 @@
 //! - **One path to the database.** Every action calls the same functions as the admin API
 //!   ([`crate::api::actions`], the store and queue functions its handlers call); a page
 //!   adds no SQL of its own. Every list is a keyset page with a limit.
-//! - **Sessions** ([`session`]): a signed, stateless cookie (HttpOnly, SameSite=Strict,
+//! - **Sessions** (`session`): a signed, stateless cookie (HttpOnly, SameSite=Strict,
 //!   Secure behind https), keyed by the admin token, so rotating the token signs everyone
 //!   out. Every POST carries the session's CSRF token in a hidden field.
 //! - **Escaping**: askama escapes every value in the `.html` templates (payloads and

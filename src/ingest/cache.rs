@@ -40,7 +40,7 @@ pub enum LookupError {
     Unreadable,
 }
 
-/// Sources by name, each entry trusted for [`TTL`].
+/// Sources by name, each entry trusted for `TTL` (1 s).
 #[derive(Debug, Default)]
 pub struct SourceCache {
     entries: Mutex<HashMap<String, Entry>>,

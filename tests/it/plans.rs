@@ -49,6 +49,22 @@ fn cost_of(explain: &Value, table: &str) -> Cost {
     }
 }
 
+/// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of `sql` run as a prepared statement
+/// (parameter types `types`, arguments `args` as SQL literals), the way sqlx runs it, so
+/// that the session's `plan_cache_mode` decides its plan. The statement runs: call it in
+/// a transaction that is rolled back.
+async fn explain_prepared(conn: &mut sqlx::PgConnection, sql: &str, types: &str, args: &str) -> Value {
+    sqlx::query(&format!("PREPARE measured({types}) AS {sql}")).execute(&mut *conn).await.unwrap();
+    let explain: Value =
+        sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured({args})"))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    // PREPARE outlives a rollback; the connection goes back to the pool.
+    sqlx::query("DEALLOCATE measured").execute(&mut *conn).await.unwrap();
+    explain
+}
+
 /// Run the claim the workers run, prepared and executed in `mode`, inside a transaction
 /// that is rolled back.
 async fn claim_cost(pool: &PgPool, mode: &str, endpoint: Uuid) -> Cost {
@@ -58,19 +74,13 @@ async fn claim_cost(pool: &PgPool, mode: &str, endpoint: Uuid) -> Cost {
     let (locked, _head_rows): (Vec<Uuid>, i64) =
         sqlx::query_as(queue::CLAIM_LOCK_SQL).bind(CLAIM_ROWS * 2).bind(false).fetch_one(&mut *tx).await.unwrap();
     assert_eq!(locked, vec![endpoint], "the head of the due index is the one endpoint's");
-    sqlx::query(&format!("PREPARE measured_claim(int8, float8, int4, uuid[]) AS {}", queue::claim_sql()))
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let explain: Value = sqlx::query_scalar(&format!(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured_claim({CLAIM_ROWS}, 60, {}, '{{{endpoint}}}')",
-        queue::DEFAULT_MAX_IN_FLIGHT
-    ))
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
-    // PREPARE outlives a rollback; the connection goes back to the pool.
-    sqlx::query("DEALLOCATE measured_claim").execute(&mut *tx).await.unwrap();
+    let explain = explain_prepared(
+        &mut tx,
+        queue::claim_sql(),
+        "int8, float8, int4, uuid[]",
+        &format!("{CLAIM_ROWS}, 60, {}, '{{{endpoint}}}'", queue::DEFAULT_MAX_IN_FLIGHT),
+    )
+    .await;
     tx.rollback().await.unwrap();
     cost_of(&explain, "deliveries")
 }
@@ -144,8 +154,8 @@ async fn a_claim_costs_the_same_at_any_backlog_under_either_plan() {
 /// table in a nested loop, handles the table.
 fn rows_handled(plan: &Value) -> f64 {
     let n = |k: &str| plan[k].as_f64().unwrap_or(0.0);
-    let own = n("Actual Rows") * n("Actual Loops").max(1.0)
-        + (n("Rows Removed by Filter") + n("Rows Removed by Join Filter")) * n("Actual Loops").max(1.0);
+    let own = (n("Actual Rows") + n("Rows Removed by Filter") + n("Rows Removed by Join Filter"))
+        * n("Actual Loops").max(1.0);
     own + plan["Plans"].as_array().map_or(0.0, |children| children.iter().map(rows_handled).sum())
 }
 
@@ -175,17 +185,13 @@ async fn move_lines_on(pool: &PgPool) -> (f64, f64) {
         .await
         .unwrap();
     let array = |items: Vec<String>| format!("'{{{}}}'", items.join(","));
-    sqlx::query(&format!("PREPARE measured_release(uuid[]) AS {}", lines::RELEASE_HEADS_SQL))
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let release: Value = sqlx::query_scalar(&format!(
-        "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE measured_release({})",
-        array(heads.iter().map(Uuid::to_string).collect())
-    ))
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
+    let release = explain_prepared(
+        &mut tx,
+        lines::RELEASE_HEADS_SQL,
+        "uuid[]",
+        &array(heads.iter().map(Uuid::to_string).collect()),
+    )
+    .await;
     assert_eq!(release[0]["Plan"]["Actual Rows"], LINE_BATCH, "every finished head released its line: {release}");
     let released: Vec<(Uuid, String)> =
         sqlx::query_as("SELECT endpoint_id, ordering_key FROM deliveries WHERE id = ANY($1)")
@@ -194,18 +200,13 @@ async fn move_lines_on(pool: &PgPool) -> (f64, f64) {
             .await
             .unwrap();
     let (endpoints, keys): (Vec<String>, Vec<String>) = released.into_iter().map(|(e, k)| (e.to_string(), k)).unzip();
-    sqlx::query(&format!("PREPARE measured_promote(uuid[], text[]) AS {}", lines::PROMOTE_SQL))
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let promote: Value = sqlx::query_scalar(&format!(
-        "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE measured_promote({}, {})",
-        array(endpoints),
-        array(keys.clone())
-    ))
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
+    let promote = explain_prepared(
+        &mut tx,
+        lines::PROMOTE_SQL,
+        "uuid[], text[]",
+        &format!("{}, {}", array(endpoints), array(keys.clone())),
+    )
+    .await;
     let promoted: i64 =
         sqlx::query_scalar("SELECT count(*) FROM order_lines WHERE ordering_key = ANY($1) AND head_id IS NOT NULL")
             .bind(&keys)
@@ -213,9 +214,6 @@ async fn move_lines_on(pool: &PgPool) -> (f64, f64) {
             .await
             .unwrap();
     assert_eq!(promoted, LINE_BATCH, "every released line has its next head");
-    for statement in ["measured_release", "measured_promote"] {
-        sqlx::query(&format!("DEALLOCATE {statement}")).execute(&mut *tx).await.unwrap();
-    }
     tx.rollback().await.unwrap();
     (rows_handled(&release[0]["Plan"]), rows_handled(&promote[0]["Plan"]))
 }

@@ -393,3 +393,26 @@ async fn sigterm_while_the_start_up_waits_on_the_database_exits_at_once() {
     let status = exited.unwrap_or_else(|| panic!("still running {took:?} after SIGTERM during start-up"));
     assert!(status.success(), "a stop during start-up is a clean exit: {status:?}");
 }
+
+/// SIGTERM while the very first connection hangs (the partition is there before the
+/// process starts: connections are accepted and never answered): the process exits 0 at
+/// once instead of waiting for the connection to time out and failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_the_first_connection_hangs_exits_at_once() {
+    let db = TestDb::new().await;
+    let proxy = Proxy::start(server_addr(&db.url)).await;
+    proxy.blackhole();
+    let mut gateway = crate::support::GatewayProcess::start(
+        &proxy.url_for(&db.url),
+        &["--role", "worker", "--shutdown-grace-secs", "2"],
+    );
+    eventually(WAIT, "the gateway is connecting", || async { (proxy.accepted() > 0).then_some(()) }).await;
+    let signalled = Instant::now();
+    let exited =
+        tokio::task::spawn_blocking(move || gateway.terminate_within(Duration::from_secs(30))).await.expect("join");
+    let took = signalled.elapsed();
+    eprintln!("SIGTERM while connecting: exited after {took:?} ({exited:?})");
+    let status = exited.unwrap_or_else(|| panic!("still running {took:?} after SIGTERM while connecting"));
+    assert!(status.success(), "a stop while connecting is a clean exit, not a connection error: {status:?}");
+    proxy.heal();
+}

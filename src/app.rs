@@ -4,9 +4,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::db::Pool;
 use anyhow::Context;
 use metrics_exporter_prometheus::PrometheusHandle;
-use sqlx::PgPool;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
@@ -90,7 +90,7 @@ impl Running {
 
 /// Bind `settings.listen`, and start the HTTP server (and the workers, for roles that run
 /// them).
-pub async fn start(pool: PgPool, settings: Settings) -> anyhow::Result<Running> {
+pub async fn start(pool: Pool, settings: Settings) -> anyhow::Result<Running> {
     let listener = bind(settings.listen).await?;
     start_on(pool, settings, listener).await
 }
@@ -114,7 +114,7 @@ pub async fn bind(listen: SocketAddr) -> anyhow::Result<tokio::net::TcpListener>
 }
 
 /// [`start`] on a listener bound beforehand (with [`bind`]); `settings.listen` is not used.
-pub async fn start_on(pool: PgPool, settings: Settings, listener: tokio::net::TcpListener) -> anyhow::Result<Running> {
+pub async fn start_on(pool: Pool, settings: Settings, listener: tokio::net::TcpListener) -> anyhow::Result<Running> {
     let wake = Arc::new(Notify::new());
     let state = AppState {
         pool: pool.clone(),

@@ -17,6 +17,7 @@ pub mod fanout;
 pub mod ids;
 pub mod ingest;
 pub mod janitor;
+pub mod lease;
 pub mod metrics;
 #[cfg(test)]
 mod props;

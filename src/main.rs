@@ -28,7 +28,8 @@ fn main() -> ExitCode {
         Command::Migrate(args) => {
             init_tracing(LogFormat::Pretty, None);
             runtime.block_on(async {
-                let pool = db::connect(&args.database_url, 2).await?;
+                let target = db::DbConfig { pooler: args.db_pooler, ..db::DbConfig::direct(&args.database_url, 2) };
+                let pool = db::open(&target).await?;
                 db::migrate(&pool).await?;
                 println!("migrations applied");
                 Ok(())
@@ -203,10 +204,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         data_dir: args.data_dir.clone(),
         sources: Vec::new(),
     };
+    let target = db::DbConfig {
+        url: url.clone(),
+        pool_size: args.db_pool_size,
+        pooler: args.db_pooler,
+        session_url: args.db_session_url.clone(),
+    };
     let mut stop = std::pin::pin!(stop);
     let result = async {
         let pool = tokio::select! {
-            pool = db::connect(&url, args.db_pool_size) => pool?,
+            pool = db::open(&target) => pool?,
             () = stop.as_mut() => {
                 stopped_during_start_up();
                 return Ok(());
@@ -265,7 +272,7 @@ async fn stop_embedded(cluster: Option<embedded::Cluster>) -> anyhow::Result<()>
 async fn reencrypt(args: ReencryptArgs, keyring: Keyring) -> anyhow::Result<()> {
     let (url, cluster) = database(args.database_url.as_deref(), &args.data_dir).await?;
     let result = async {
-        let pool = db::connect(&url, 2).await?;
+        let pool = db::open(&db::DbConfig { pooler: args.db_pooler, ..db::DbConfig::direct(&url, 2) }).await?;
         let done = secrets::reencrypt(&pool, &keyring, args.batch_size).await?;
         pool.close().await;
         anyhow::Ok(done)
@@ -309,7 +316,7 @@ enum Ending {
 /// be partitioned away or locked by another deploy's migration.
 async fn run(
     args: ServeArgs,
-    pool: &sqlx::PgPool,
+    pool: &crate::db::Pool,
     listener: tokio::net::TcpListener,
     keyring: Keyring,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
@@ -334,7 +341,7 @@ async fn run(
 /// check, the banner's sources, the gateway's tasks.
 async fn start(
     args: ServeArgs,
-    pool: &sqlx::PgPool,
+    pool: &crate::db::Pool,
     listener: tokio::net::TcpListener,
     keyring: Keyring,
     metrics: metrics_exporter_prometheus::PrometheusHandle,

@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
+use crate::db::Pool;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use sqlx::PgPool;
 use tokio::sync::watch;
 
 /// Webhooks received, by source and outcome (`accepted`, `duplicate`, `rejected`).
@@ -81,7 +81,7 @@ pub fn attempt(outcome: &'static str, class: String, duration: Duration) {
 
 /// Refresh the sampled gauges until `stop` (`default_max_in_flight`: the in-flight cap of
 /// endpoints without their own, to tell throttled endpoints).
-pub async fn sample(pool: PgPool, every: Duration, default_max_in_flight: i32, mut stop: watch::Receiver<bool>) {
+pub async fn sample(pool: Pool, every: Duration, default_max_in_flight: i32, mut stop: watch::Receiver<bool>) {
     loop {
         if let Err(e) = sample_once(&pool, every, default_max_in_flight).await {
             tracing::debug!(error = %e, "metrics sampling failed");
@@ -93,7 +93,7 @@ pub async fn sample(pool: PgPool, every: Duration, default_max_in_flight: i32, m
     }
 }
 
-async fn sample_once(pool: &PgPool, every: Duration, default_max_in_flight: i32) -> Result<(), sqlx::Error> {
+async fn sample_once(pool: &Pool, every: Duration, default_max_in_flight: i32) -> Result<(), sqlx::Error> {
     let idle = pool.num_idle() as f64;
     gauge!(DB_POOL, "state" => "idle").set(idle);
     gauge!(DB_POOL, "state" => "in_use").set(f64::from(pool.size()) - idle);

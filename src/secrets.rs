@@ -29,6 +29,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use crate::db::Pool;
 use base64::Engine;
 use base64::engine::DecodePaddingMode;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
@@ -36,7 +37,6 @@ use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use sqlx::PgPool;
 
 /// The prefix of every encrypted value (version 1 of the format).
 pub const PREFIX: &str = "enc:v1:";
@@ -352,8 +352,8 @@ const STORED_VALUES: &str = "
 /// Refuse to start when the database holds a secret this keyring cannot open by its key
 /// id: encrypted under a key that is neither current nor previous, or encrypted at all
 /// when there is no key. The message is one line naming the key ids and what to do.
-pub async fn check_stored(pool: &PgPool, keyring: &Keyring) -> anyhow::Result<()> {
-    let found: Vec<(String, i64)> = sqlx::query_as(&format!(
+pub async fn check_stored(pool: &Pool, keyring: &Keyring) -> anyhow::Result<()> {
+    let found: Vec<(String, i64)> = crate::db::query_as(&format!(
         "SELECT split_part(v, ':', 3) AS key_id, count(*)::int8 FROM ({STORED_VALUES}) stored
          WHERE v LIKE 'enc:v1:%' GROUP BY 1 ORDER BY 1"
     ))
@@ -430,13 +430,13 @@ impl Reencrypted {
 /// checked) and left alone. Rows are locked and rewritten `batch` at a time, each batch
 /// its own transaction; running it again rewrites nothing. A value that cannot be opened
 /// is left as it is and reported; the rest still proceed.
-pub async fn reencrypt(pool: &PgPool, keyring: &Keyring, batch: u32) -> Result<Reencrypted, sqlx::Error> {
+pub async fn reencrypt(pool: &Pool, keyring: &Keyring, batch: u32) -> Result<Reencrypted, sqlx::Error> {
     let mut done = Reencrypted::default();
     let batch = i64::from(batch.max(1));
     let mut after: Option<uuid::Uuid> = None;
     loop {
         let mut tx = pool.begin().await?;
-        let rows: Vec<(uuid::Uuid, String, Vec<String>)> = sqlx::query_as(
+        let rows: Vec<(uuid::Uuid, String, Vec<String>)> = crate::db::query_as(
             "SELECT id, secret, previous_secrets FROM endpoints
              WHERE $1::uuid IS NULL OR id > $1 ORDER BY id LIMIT $2 FOR UPDATE",
         )
@@ -449,7 +449,7 @@ pub async fn reencrypt(pool: &PgPool, keyring: &Keyring, batch: u32) -> Result<R
             let what = format!("endpoint {id}");
             if let Some((values, n)) = rewrite_row(keyring, Place::EndpointSecret, &values, &what, &mut done) {
                 done.endpoint_values += n;
-                sqlx::query("UPDATE endpoints SET secret = $2, previous_secrets = $3 WHERE id = $1")
+                crate::db::query("UPDATE endpoints SET secret = $2, previous_secrets = $3 WHERE id = $1")
                     .bind(id)
                     .bind(&values[0])
                     .bind(&values[1..])
@@ -466,7 +466,7 @@ pub async fn reencrypt(pool: &PgPool, keyring: &Keyring, batch: u32) -> Result<R
     let mut after: Option<uuid::Uuid> = None;
     loop {
         let mut tx = pool.begin().await?;
-        let rows: Vec<(uuid::Uuid, String, Option<sqlx::types::Json<serde_json::Value>>)> = sqlx::query_as(
+        let rows: Vec<(uuid::Uuid, String, Option<sqlx::types::Json<serde_json::Value>>)> = crate::db::query_as(
             "SELECT id, name, spec -> 'secrets' FROM sources
              WHERE ($1::uuid IS NULL OR id > $1) ORDER BY id LIMIT $2 FOR UPDATE",
         )
@@ -485,7 +485,7 @@ pub async fn reencrypt(pool: &PgPool, keyring: &Keyring, batch: u32) -> Result<R
             };
             if let Some((values, n)) = rewrite_row(keyring, Place::SourceSecret, &values, &what, &mut done) {
                 done.source_values += n;
-                sqlx::query("UPDATE sources SET spec = jsonb_set(spec, '{secrets}', $2) WHERE id = $1")
+                crate::db::query("UPDATE sources SET spec = jsonb_set(spec, '{secrets}', $2) WHERE id = $1")
                     .bind(id)
                     .bind(sqlx::types::Json(&values))
                     .execute(&mut *tx)

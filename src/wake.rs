@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
+use crate::db::Pool;
 use sqlx::postgres::PgListener;
 use tokio::sync::{Notify, watch};
 
@@ -22,13 +22,13 @@ pub const CHANNEL: &str = "webhook_gateway_wake";
 pub const COALESCE: Duration = Duration::from_millis(5);
 
 /// Ingest side: turn local wake-ups into (coalesced) notifications until `stop`.
-pub async fn notify_others(pool: PgPool, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
+pub async fn notify_others(pool: Pool, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             () = wake.notified() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        if let Err(e) = sqlx::query("SELECT pg_notify($1, '')").bind(CHANNEL).execute(&pool).await {
+        if let Err(e) = crate::db::query("SELECT pg_notify($1, '')").bind(CHANNEL).execute(&pool).await {
             tracing::debug!(error = %e, "wake notification failed; workers fall back to polling");
         }
         tokio::time::sleep(COALESCE).await;
@@ -37,8 +37,21 @@ pub async fn notify_others(pool: PgPool, wake: Arc<Notify>, mut stop: watch::Rec
 
 /// Worker side: wake the local dispatcher on every notification until `stop`. The
 /// listener reconnects by itself after a connection loss.
-pub async fn listen(pool: PgPool, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
-    let mut listener = match PgListener::connect_with(&pool).await {
+///
+/// `LISTEN` needs a session of its own: behind a transaction pooler the registration
+/// would stay on a server connection the listener no longer holds, and no notification
+/// would ever arrive (with no error). There it listens through the direct session URL
+/// (`--db-session-url`), and without one it does not listen: the workers poll (every
+/// `--poll-interval-ms`), which the log says once.
+pub async fn listen(pool: Pool, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
+    let Some(session) = crate::db::session_pool(&pool) else {
+        tracing::warn!(
+            "behind a transaction pooler without --db-session-url: no LISTEN for wake-ups from ingest processes; \
+             workers find new deliveries by polling"
+        );
+        return;
+    };
+    let mut listener = match PgListener::connect_with(&session).await {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!(error = %e, "cannot LISTEN for wake-ups; workers rely on polling");

@@ -1,5 +1,5 @@
-//! `/healthz` (the process is alive) and `/readyz` (the database is reachable and
-//! migrated: safe to send traffic here).
+//! `/healthz` (the process is alive) and `/readyz` (the database is reachable, migrated
+//! and takes writes: safe to send traffic here).
 
 use axum::Json;
 use axum::extract::State;
@@ -22,7 +22,9 @@ pub struct Health {
 /// The answer of `GET /readyz`, for 200 and 503 alike (not the error body).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Readiness {
-    /// Why the process is not ready (503 only): `migrations not applied` or `database unreachable`.
+    /// Why the process is not ready (503 only): `migrations not applied`, `database unreachable`,
+    /// `database read-only` (a standby, a demoted primary) or `database refusing writes` (a
+    /// write was refused in the last few seconds: disk full, too many connections, shutting down).
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'static str>,
     /// `ready` or `not_ready`.
@@ -45,7 +47,7 @@ pub async fn healthz() -> Json<Health> {
     get, path = "/readyz", tag = "operations", operation_id = "readyz",
     summary = "Readiness",
     responses(
-        (status = 200, description = "The database is reachable and migrated", body = Readiness),
+        (status = 200, description = "The database is reachable, migrated and takes writes", body = Readiness),
         (status = 503, description = "Not ready (`reason` says why)", body = Readiness,
             headers(("Retry-After" = u32, description = "Seconds to wait"))),
     ),
@@ -57,9 +59,9 @@ pub async fn readyz(
         let retry = Some([(header::RETRY_AFTER, "5")]);
         (StatusCode::SERVICE_UNAVAILABLE, retry, Json(Readiness { reason: Some(reason), status: "not_ready" }))
     };
-    match db::migrations_applied(&state.pool).await {
-        Ok(true) => (StatusCode::OK, None, Json(Readiness { reason: None, status: "ready" })),
-        Ok(false) => not_ready("migrations not applied"),
+    match db::readiness(&state.pool).await {
+        Ok(Ok(())) => (StatusCode::OK, None, Json(Readiness { reason: None, status: "ready" })),
+        Ok(Err(why)) => not_ready(why.reason()),
         Err(e) => {
             // The details (host, port, error) go to the log, not to a public endpoint.
             tracing::warn!(error = %e, "readiness check: database unreachable");

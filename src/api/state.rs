@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::db::Pool;
 use ipnet::IpNet;
 use metrics_exporter_prometheus::PrometheusHandle;
-use sqlx::PgPool;
 use tokio::sync::Notify;
 use url::Url;
 
@@ -18,7 +18,7 @@ use crate::secrets::Keyring;
 #[derive(Clone)]
 pub struct AppState {
     /// The database, for the admin API's reads and writes.
-    pub pool: PgPool,
+    pub pool: Pool,
     /// The bearer token every `/v1` call must present (`--admin-token`).
     pub admin_token: Arc<str>,
     /// Largest accepted request body in bytes (`--max-body-bytes`), also named in 413s.

@@ -55,14 +55,15 @@ impl CircuitConfig {
 
 /// The stored state of a circuit (`endpoints.circuit_state`). Half-open is not stored: it
 /// is an open circuit whose cool-down has ended (see [`Circuit::display_state`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CircuitState {
     /// Deliveries flow.
     Closed,
     /// Nothing is sent; due deliveries are parked.
     Open,
 }
+
+crate::db::text_enum!(CircuitState { Closed => "closed", Open => "open" });
 
 /// A circuit as operators see it: half-open is an open circuit whose cool-down is over
 /// (the next claim admits its one probe).

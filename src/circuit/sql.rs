@@ -28,7 +28,7 @@ pub async fn observe(
     let all: Vec<EndpointId> = observations.keys().copied().collect();
     let attention: Vec<EndpointId> =
         observations.iter().filter(|(_, o)| o.trailing_failures > 0 || o.probe.is_some()).map(|(id, _)| *id).collect();
-    let rows: Vec<(EndpointId, Circuit)> = sqlx::query_as::<_, CircuitRow>(&format!(
+    let rows: Vec<(EndpointId, Circuit)> = crate::db::query_as::<CircuitRow>(&format!(
         "SELECT id, {CIRCUIT_COLUMNS} FROM endpoints
          WHERE id = ANY($1) AND (id = ANY($2) OR consecutive_failures > 0 OR circuit_state = 'open')
          ORDER BY id
@@ -50,7 +50,7 @@ pub async fn observe(
         if change == Change::None {
             continue;
         }
-        sqlx::query(
+        crate::db::query(
             "UPDATE endpoints SET circuit_state = $2, consecutive_failures = $3, open_count = $4, opened_at = $5,
                                   reopen_at = $6, probe_until = $7, release_pending = release_pending OR $8,
                                   updated_at = now()

@@ -107,6 +107,10 @@ pub struct MigrateArgs {
     /// PostgreSQL connection URL.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
+
+    /// What sits between the gateway and PostgreSQL (as for `serve`).
+    #[arg(long, value_enum, env = "WEBHOOK_GATEWAY_DB_POOLER", default_value_t = crate::db::Pooler::None)]
+    pub db_pooler: crate::db::Pooler,
 }
 
 /// `webhook-gateway secrets`.
@@ -140,6 +144,10 @@ pub struct ReencryptArgs {
     /// Rows rewritten per transaction.
     #[arg(long, default_value_t = 100)]
     pub batch_size: u32,
+
+    /// What sits between the gateway and PostgreSQL (as for `serve`).
+    #[arg(long, value_enum, env = "WEBHOOK_GATEWAY_DB_POOLER", default_value_t = crate::db::Pooler::None)]
+    pub db_pooler: crate::db::Pooler,
 
     /// The keys: the current one encrypts, previous ones only decrypt.
     #[command(flatten)]
@@ -348,6 +356,19 @@ settings! {
         /// PostgreSQL connections per process.
         #[arg(long, env = "WEBHOOK_GATEWAY_DB_POOL_SIZE", default_value_t = 16)]
         pub db_pool_size: u32,
+
+        /// What sits between the gateway and PostgreSQL: `none` (PostgreSQL itself, or a pooler in session mode) or
+        /// `transaction` (a pooler that hands the server connection to another client after each transaction:
+        /// PgBouncer pool_mode=transaction, pgcat, Supavisor, RDS Proxy). With `transaction` no session state is
+        /// relied on: unnamed statements, every statement in a transaction.
+        #[arg(long, value_enum, env = "WEBHOOK_GATEWAY_DB_POOLER", default_value_t = crate::db::Pooler::None)]
+        pub db_pooler: crate::db::Pooler,
+
+        /// Behind a transaction pooler: a URL that reaches PostgreSQL directly (or through a session-mode pooler),
+        /// for the one feature that needs a session of its own: LISTEN, which wakes worker processes at once when an
+        /// ingest process stores a webhook. Unset: workers find new deliveries by polling (--poll-interval-ms).
+        #[arg(long, env = "WEBHOOK_GATEWAY_DB_SESSION_URL", hide_env_values = true)]
+        pub db_session_url: Option<String>,
 
         /// How long an HTTP request (ingest, admin API) waits for the database before it is
         /// answered 503 with Retry-After, in seconds.

@@ -289,6 +289,7 @@ macro_rules! sample_value_enum {
 sample_value_enum! {
     Role: Role::Worker, Role::Ingest;
     LogFormat: LogFormat::Json, LogFormat::Pretty;
+    crate::db::Pooler: crate::db::Pooler::Transaction, crate::db::Pooler::None;
 }
 
 impl Sample for PathBuf {

@@ -25,13 +25,24 @@
 //! parameters unless told to ignore them, and then they do not apply).
 
 pub mod embedded;
+mod failure;
+mod pool;
 pub mod tcp;
+mod text_enum;
 
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::{ConnectOptions, Connection, PgConnection, Row};
+
+pub use failure::{
+    CONFLICT_TRIES, Health, REFUSAL_MEMORY, Refusal, Unavailable, classify_sqlstate, is_conflict, is_unavailable,
+    no_answer, retry_conflicts, unavailable,
+};
+pub use pool::{Pool, Pooler, query, query_as, query_scalar};
+pub(crate) use text_enum::text_enum;
 
 /// Default `--data-dir`: the embedded cluster lives in its `pg`, the generated admin
 /// token in its `admin-token` (relative to the working directory, like a project's
@@ -67,34 +78,156 @@ pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 /// gateway vanished ends after about 25 s.
 pub const SERVER_KEEPALIVE: (u32, u32, u32) = (10, 5, 3);
 
-/// Open a pool of at most `size` connections to `url`, with the bounds above.
-pub async fn connect(url: &str, size: u32) -> anyhow::Result<PgPool> {
-    let options: PgConnectOptions = url.parse().map_err(|e| anyhow::anyhow!("invalid database URL: {e}"))?;
+/// The `BEGIN` of every transaction behind a transaction pooler: the server-side bounds
+/// of [`STATEMENT_TIMEOUT`] and [`IDLE_IN_TRANSACTION_TIMEOUT`] for the transaction (a
+/// direct connection gets them once, as startup options), in the same round trip.
+const POOLED_BEGIN: &str =
+    "BEGIN; SET LOCAL statement_timeout = '30000ms'; SET LOCAL idle_in_transaction_session_timeout = '60000ms'";
+
+/// Asks a new connection whether its node takes writes (one round trip per connection,
+/// as the simple query protocol, which every pooler passes whole).
+const WRITABLE: &str = "SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on')";
+
+/// How to reach PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct DbConfig {
+    /// The connection URL (the pooler's, behind one).
+    pub url: String,
+    /// Connections in the pool.
+    pub pool_size: u32,
+    /// What sits between the gateway and PostgreSQL.
+    pub pooler: Pooler,
+    /// A direct URL for what needs a session behind a transaction pooler (`LISTEN`).
+    pub session_url: Option<String>,
+}
+
+impl DbConfig {
+    /// A direct connection to `url` with `pool_size` connections.
+    pub fn direct(url: &str, pool_size: u32) -> DbConfig {
+        DbConfig { url: url.to_owned(), pool_size, pooler: Pooler::None, session_url: None }
+    }
+}
+
+/// Open a pool of at most `size` connections straight to `url`, with the bounds above.
+pub async fn connect(url: &str, size: u32) -> anyhow::Result<Pool> {
+    open(&DbConfig::direct(url, size)).await
+}
+
+/// Open the pool `config` describes.
+///
+/// The first connection is made here, and start-up fails with a clear message when the
+/// server cannot be reached or does not take writes (a standby). Every connection the
+/// pool opens later is checked the same way and refused when its node is read-only (the
+/// pool then tries again until its acquire timeout); and a connection opened before the
+/// pool's [`Health`] heard of a read-only or departing node is discarded when it is next
+/// taken, so a failover heals by itself.
+pub async fn open(config: &DbConfig) -> anyhow::Result<Pool> {
+    let options: PgConnectOptions = config.url.parse().map_err(|e| anyhow::anyhow!("invalid database URL: {e}"))?;
     // Statement logging at INFO would print every claim; keep it for slow statements only.
-    let options = with_server_bounds(options)
+    // No `extra_float_digits` startup parameter: PgBouncer refuses it unless configured to
+    // ignore it, and PostgreSQL 12+ prints floats exactly without it (the gateway reads
+    // its values in binary anyway).
+    let options = options
+        .extra_float_digits(None)
         .log_statements(log::LevelFilter::Trace)
         .log_slow_statements(log::LevelFilter::Warn, Duration::from_secs(1))
         .application_name("webhook-gateway");
+    let options = match config.pooler {
+        Pooler::None => with_server_bounds(options),
+        // No startup `options` (PgBouncer refuses them; POOLED_BEGIN sets the bounds) and
+        // no statement cache (see `pool`).
+        Pooler::Transaction => options.statement_cache_capacity(0),
+    };
+    let session = match &config.session_url {
+        Some(url) => Some(with_server_bounds(
+            url.parse::<PgConnectOptions>()
+                .map_err(|e| anyhow::anyhow!("invalid session database URL: {e}"))?
+                .application_name("webhook-gateway session"),
+        )),
+        None => None,
+    };
+    check_first_connection(&options).await?;
     let target = tcp::Target::of(&options);
+    let health = Arc::new(Health::default());
+    let stale = health.clone();
     // No ping before every checkout (sqlx's default): it doubles the round trips of a
     // one-statement ingest. A connection that died is found by the statement that uses
-    // it, which fails (503 at ingest: the producer retries) and drops the connection.
-    let pool = PgPoolOptions::new()
-        .max_connections(size)
+    // it, which fails (503 at ingest: the producer retries), drops the connection and
+    // marks the older ones stale (`before_acquire`).
+    let inner = PgPoolOptions::new()
+        .max_connections(config.pool_size)
         .min_connections(0)
         .test_before_acquire(false)
         .acquire_timeout(ACQUIRE_TIMEOUT)
-        .after_connect(move |_conn, _meta| {
+        .before_acquire(move |_conn, meta| {
+            let keep = !stale.is_stale(meta.age);
+            Box::pin(async move { Ok(keep) })
+        })
+        .after_connect(move |conn, _meta| {
             let target = target.clone();
             Box::pin(async move {
                 tcp::harden(&target);
-                Ok(())
+                match writable(conn).await? {
+                    true => Ok(()),
+                    false => Err(read_only_error()),
+                }
             })
         })
-        .connect_with(options)
+        .connect_lazy_with(options);
+    Ok(Pool::new(inner, health, config.pooler, session))
+}
+
+/// A pool of one connection that keeps its session, for `LISTEN` (sqlx's listener opens
+/// and reopens its connection through a pool): to PostgreSQL directly, or through the
+/// session URL behind a transaction pooler; `None` behind a pooler without one.
+pub fn session_pool(pool: &Pool) -> Option<sqlx::PgPool> {
+    let options = pool.session_options()?;
+    let target = tcp::Target::of(&options);
+    Some(
+        PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .after_connect(move |_conn, _meta| {
+                let target = target.clone();
+                Box::pin(async move {
+                    tcp::harden(&target);
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(options),
+    )
+}
+
+/// The first connection, made by hand so that its failure says what is wrong.
+async fn check_first_connection(options: &PgConnectOptions) -> anyhow::Result<()> {
+    let mut conn = tokio::time::timeout(ACQUIRE_TIMEOUT * 3, options.connect())
         .await
+        .map_err(|_| anyhow::anyhow!("cannot connect to PostgreSQL: no answer within {:?}", ACQUIRE_TIMEOUT * 3))?
         .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL: {e}"))?;
-    Ok(pool)
+    let writable = writable(&mut conn).await.map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL: {e}"));
+    let _ = conn.close().await;
+    if !writable? {
+        anyhow::bail!(
+            "the PostgreSQL server at {}:{} does not take writes (a standby, or default_transaction_read_only is \
+             on): the gateway needs the primary",
+            options.get_host(),
+            options.get_port()
+        );
+    }
+    Ok(())
+}
+
+/// Whether `conn`'s node takes writes.
+async fn writable(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    use sqlx::Executor as _;
+    let row = conn.fetch_one(sqlx::raw_sql(WRITABLE)).await?;
+    row.try_get(0)
+}
+
+/// The error a connection to a read-only node is refused with (the pool logs it and
+/// tries again until its acquire timeout).
+fn read_only_error() -> sqlx::Error {
+    sqlx::Error::Protocol("the server does not take writes (a standby, or default_transaction_read_only is on)".into())
 }
 
 /// `options` with the server-side bounds added, except those its URL already sets.
@@ -126,81 +259,96 @@ fn with_server_bounds(options: PgConnectOptions) -> PgConnectOptions {
 /// about 5 ms). Planning costs ~0.3-1.2 ms per call; a plan that cannot go stale is worth
 /// it. bench/PROFILE.md has the figures.
 pub async fn plan_each_time(tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
-    sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan").execute(tx).await.map(|_| ())
+    query("SET LOCAL plan_cache_mode = force_custom_plan").execute(tx).await.map(|_| ())
 }
 
-/// Apply pending migrations, on a connection without a statement timeout (building an
-/// index on a large table may take longer than any statement of the running gateway).
-pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
-    let mut conn = pool.acquire().await.map_err(|e| anyhow::anyhow!("migrations failed: {e}"))?;
-    sqlx::query("SET statement_timeout = 0").execute(&mut *conn).await?;
-    let result = MIGRATOR.run(&mut *conn).await.map_err(|e| anyhow::anyhow!("migrations failed: {e}"));
-    // Not back into the pool with the session setting changed.
+/// The migrations, applied by [`migrate`] under its own transaction-level lock.
+static UNLOCKED_MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
+    let mut migrator = sqlx::migrate!("./migrations");
+    migrator.set_locking(false);
+    migrator
+});
+
+/// Key of the transaction-level advisory lock [`migrate`] holds ("wgmigrat").
+const MIGRATION_LOCK_KEY: i64 = 0x7767_6d69_6772_6174;
+
+/// Apply pending migrations: all of them in one transaction, on a connection of their
+/// own, without a statement timeout (building an index on a large table may take longer
+/// than any statement of the running gateway).
+///
+/// One transaction, so it works behind a transaction pooler too: two replicas starting
+/// at once serialize on a transaction-level advisory lock (sqlx's own lock is a session
+/// lock, which a pooler would leave on a server connection), and a failed migration
+/// leaves nothing half-applied. sqlx's migrator prepares named statements: they are
+/// deallocated before the commit, and any left on the server connection by a migration
+/// that died are deallocated first, so none survives on a pooled server connection.
+pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
+    let fail = |e: &dyn std::fmt::Display| anyhow::anyhow!("migrations failed: {e}");
+    let mut conn = PgConnection::connect_with(&pool.connect_options()).await.map_err(|e| fail(&e))?;
+    let result = async {
+        let mut tx = conn.begin_with("BEGIN; DEALLOCATE ALL; SET LOCAL statement_timeout = 0").await?;
+        query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATION_LOCK_KEY).execute(&mut *tx).await?;
+        UNLOCKED_MIGRATOR.run(&mut *tx).await?;
+        sqlx::raw_sql("DEALLOCATE ALL").execute(&mut *tx).await?;
+        tx.commit().await?;
+        anyhow::Ok(())
+    }
+    .await
+    .map_err(|e| fail(&e));
     let _ = conn.close().await;
     result
 }
 
-/// Whether every embedded migration is applied (for `/readyz`); at most
-/// [`DEFAULT_REQUEST_TIMEOUT`], then an error.
-pub async fn migrations_applied(pool: &PgPool) -> Result<bool, sqlx::Error> {
-    let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
-    let applied = tokio::time::timeout(
-        DEFAULT_REQUEST_TIMEOUT,
-        sqlx::query_scalar::<_, Option<i64>>("SELECT max(version) FROM _sqlx_migrations WHERE success").fetch_one(pool),
-    )
-    .await
-    .map_err(|_| no_answer("the readiness check"))??;
-    Ok(applied.unwrap_or(0) >= latest)
-}
-
-/// The error of a call abandoned by its caller's timeout: classified
-/// [`Unavailable::Unconfirmed`], since the statement may have reached the server.
-pub fn no_answer(what: &str) -> sqlx::Error {
-    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what}: no answer from the database")))
-}
-
-/// What a call that failed because the database was not reachable can have left behind.
+/// Why a process is not ready for traffic (`/readyz`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unavailable {
-    /// Nothing of it was committed: no connection could be had (pool timeout, connect
-    /// refused, server not accepting connections), or the server answered that it
-    /// cancelled the statement.
-    NotCommitted,
-    /// The connection failed, or went silent, after the statement may have reached the
-    /// server: it may have been committed. A retry must be idempotent.
-    Unconfirmed,
+pub enum NotReady {
+    /// The schema is older than this binary.
+    MigrationsNotApplied,
+    /// The node the pool reaches does not take writes (a standby, a demoted primary,
+    /// `default_transaction_read_only`).
+    ReadOnly,
+    /// Writes were refused within [`REFUSAL_MEMORY`] (a full disk, too many
+    /// connections, a server shutting down).
+    RefusingWrites,
 }
 
-/// Whether an error means "the database is not reachable right now" (answer 503 and let
-/// the producer retry) rather than a bug or a constraint (answer 500), and if so, what
-/// the failed call can have committed.
-pub fn unavailable(err: &sqlx::Error) -> Option<Unavailable> {
-    match err {
-        // Raised before a statement is sent: by the pool, or while opening a connection.
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => Some(Unavailable::NotCommitted),
-        // A socket error can end a statement whose commit the server already made.
-        sqlx::Error::Io(_) => Some(Unavailable::Unconfirmed),
-        sqlx::Error::Database(db) => {
-            let code = db.code()?;
-            match &*code {
-                // Refused before a session existed: too many connections, starting up or
-                // shutting down, connection rejected; the statement was cancelled
-                // (statement_timeout) and its transaction rolled back.
-                "53300" | "57P03" | "08001" | "08004" | "57014" => Some(Unavailable::NotCommitted),
-                // Class 08 is connection exceptions (08007: transaction resolution unknown);
-                // 57P01/57P02 end the session, possibly after a local commit (a wait for a
-                // synchronous standby cut short).
-                c if c.starts_with("08") || c.starts_with("57P") => Some(Unavailable::Unconfirmed),
-                _ => None,
-            }
+impl NotReady {
+    /// The reason `/readyz` gives.
+    pub fn reason(self) -> &'static str {
+        match self {
+            NotReady::MigrationsNotApplied => "migrations not applied",
+            NotReady::ReadOnly => "database read-only",
+            NotReady::RefusingWrites => "database refusing writes",
         }
-        _ => None,
     }
 }
 
-/// Whether an error means the database is not reachable right now (see [`unavailable`]).
-pub fn is_unavailable(err: &sqlx::Error) -> bool {
-    unavailable(err).is_some()
+/// Whether the database can take this process's traffic (for `/readyz`): reachable,
+/// migrated, writable, and no write refused lately. At most [`DEFAULT_REQUEST_TIMEOUT`],
+/// then an error.
+pub async fn readiness(pool: &Pool) -> Result<Result<(), NotReady>, sqlx::Error> {
+    let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let row = tokio::time::timeout(
+        DEFAULT_REQUEST_TIMEOUT,
+        query(
+            "SELECT (SELECT max(version) FROM _sqlx_migrations WHERE success),
+                    pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'",
+        )
+        .fetch_one(pool),
+    )
+    .await
+    .map_err(|_| no_answer("the readiness check"))??;
+    let applied: Option<i64> = row.try_get(0)?;
+    let read_only: bool = row.try_get(1)?;
+    Ok(if applied.unwrap_or(0) < latest {
+        Err(NotReady::MigrationsNotApplied)
+    } else if read_only {
+        Err(NotReady::ReadOnly)
+    } else if pool.health().refusing_writes().is_some() {
+        Err(NotReady::RefusingWrites)
+    } else {
+        Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -208,14 +356,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn what_a_failure_can_have_committed() {
-        assert_eq!(unavailable(&sqlx::Error::PoolTimedOut), Some(Unavailable::NotCommitted));
-        assert_eq!(unavailable(&sqlx::Error::PoolClosed), Some(Unavailable::NotCommitted));
-        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
-        assert_eq!(unavailable(&sqlx::Error::Io(reset)), Some(Unavailable::Unconfirmed));
-        assert_eq!(unavailable(&no_answer("a test")), Some(Unavailable::Unconfirmed));
-        assert_eq!(unavailable(&sqlx::Error::RowNotFound), None);
-        assert_eq!(unavailable(&sqlx::Error::Protocol("bug".into())), None);
+    fn a_pooled_begin_sets_the_bounds_a_direct_connection_gets_at_start_up() {
+        assert!(POOLED_BEGIN.starts_with("BEGIN;"));
+        assert!(POOLED_BEGIN.contains(&format!("statement_timeout = '{}ms'", STATEMENT_TIMEOUT.as_millis())));
+        assert!(POOLED_BEGIN.contains(&format!(
+            "idle_in_transaction_session_timeout = '{}ms'",
+            IDLE_IN_TRANSACTION_TIMEOUT.as_millis()
+        )));
     }
 
     #[test]

@@ -3,10 +3,10 @@
 
 use std::time::SystemTime;
 
+use crate::db::Pool;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use opentelemetry::trace::SpanContext;
-use sqlx::PgPool;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tracing::Instrument as _;
 use url::Url;
@@ -26,7 +26,7 @@ use crate::telemetry;
 #[derive(Clone)]
 pub struct Context {
     /// The database.
-    pub pool: PgPool,
+    pub pool: Pool,
     /// The outbound client.
     pub egress: EgressClient,
     /// Delivery settings (budget, backoff, lease).

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
+use crate::db::Pool;
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -33,7 +33,7 @@ impl Dispatcher {
     /// Start the dispatcher. `wake` is notified when new deliveries were created; `secrets`
     /// opens the endpoint secrets each claim returns.
     pub fn spawn(
-        pool: PgPool,
+        pool: Pool,
         egress: EgressClient,
         settings: DeliverySettings,
         wake: Arc<Notify>,
@@ -54,7 +54,7 @@ impl Dispatcher {
 }
 
 async fn run(
-    pool: PgPool,
+    pool: Pool,
     egress: EgressClient,
     settings: DeliverySettings,
     wake: Arc<Notify>,
@@ -100,6 +100,8 @@ async fn run(
                 claimed
             }
             Err(e) => {
+                // A read-only or departing node: the pool drops its older connections.
+                pool.note(&e);
                 claim_failures += 1;
                 let pause = claim_retry_pause(claim_failures);
                 tracing::warn!(error = %e, retry_in = ?pause, "claiming deliveries failed");
@@ -165,7 +167,7 @@ const PROBE_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// endpoints have due, release the backlogs of endpoints that became runnable, admit
 /// half-open probes. Then due deliveries, `want` in all.
 async fn claim(
-    pool: &PgPool,
+    pool: &Pool,
     want: usize,
     settings: &DeliverySettings,
     last_probe_check: &mut tokio::time::Instant,

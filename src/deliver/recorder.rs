@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
+use crate::db::Pool;
 use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
 use tracing::Instrument as _;
 
@@ -92,7 +92,7 @@ impl std::borrow::Borrow<AttemptRecord> for Finished {
 /// notified: the claim loop looks again (slots and endpoint room were freed, ordered
 /// deliveries may have become their lines' heads).
 pub async fn run(
-    pool: PgPool,
+    pool: Pool,
     mut rx: mpsc::Receiver<(Finished, OwnedSemaphorePermit)>,
     cfg: CircuitConfig,
     patience: Patience,
@@ -143,7 +143,7 @@ async fn gather<T>(rx: &mut mpsc::Receiver<T>, first: T, batch: &mut Vec<T>, urg
 /// outcome ends written, written without its details, dead-lettered with a reason, or,
 /// only while the database is unreachable, left to its lease. Public so tests can
 /// drive it with batches they build.
-pub async fn write(pool: &PgPool, batch: &[Finished], cfg: &CircuitConfig, patience: &Patience) {
+pub async fn write(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig, patience: &Patience) {
     match write_retrying(pool, batch, cfg, patience).await {
         Ok(recorded) => report(batch, &recorded),
         Err(e) if transient(&e) => unrecorded(batch, &e),
@@ -162,17 +162,17 @@ pub async fn write(pool: &PgPool, batch: &[Finished], cfg: &CircuitConfig, patie
     }
 }
 
-/// Errors worth trying the same write again for: the database unreachable, or a
-/// serialization failure or deadlock (which a retry resolves).
+/// Errors worth trying the same write again for: the database unreachable or refusing
+/// writes (a failover, a full disk), or a serialization failure or deadlock (which a
+/// retry resolves).
 fn transient(err: &sqlx::Error) -> bool {
-    db::is_unavailable(err)
-        || matches!(err, sqlx::Error::Database(e) if e.code().is_some_and(|c| c == "40001" || c == "40P01"))
+    db::is_unavailable(err) || db::is_conflict(err)
 }
 
 /// [`write_once`], tried again with a doubling pause (up to [`MAX_RETRY_PAUSE`]) while
 /// the error is [`transient`], for as long as `patience` allows.
 async fn write_retrying(
-    pool: &PgPool,
+    pool: &Pool,
     batch: &[Finished],
     cfg: &CircuitConfig,
     patience: &Patience,
@@ -198,18 +198,26 @@ async fn write_retrying(
 /// One transaction: the fenced outcomes, then the circuits of their endpoints (only for
 /// outcomes this call wrote: an already-recorded one was observed by the write that
 /// recorded it).
-async fn write_once(pool: &PgPool, batch: &[Finished], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    crate::db::plan_each_time(&mut tx).await?;
-    let recorded = queue::record(&mut tx, batch).await?;
-    let fresh: HashSet<DeliveryId> = recorded.fresh.iter().copied().collect();
-    let mut observations: BTreeMap<EndpointId, Observation> = BTreeMap::new();
-    for f in batch.iter().filter(|f| fresh.contains(&f.record.delivery_id)) {
-        observations.entry(f.record.endpoint_id).or_default().add(f.signal, f.probe_token);
+/// A failure is reported to the pool's health (a read-only node, a departing one).
+async fn write_once(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
+    let written = async {
+        let mut tx = pool.begin().await?;
+        crate::db::plan_each_time(&mut tx).await?;
+        let recorded = queue::record(&mut tx, batch).await?;
+        let fresh: HashSet<DeliveryId> = recorded.fresh.iter().copied().collect();
+        let mut observations: BTreeMap<EndpointId, Observation> = BTreeMap::new();
+        for f in batch.iter().filter(|f| fresh.contains(&f.record.delivery_id)) {
+            observations.entry(f.record.endpoint_id).or_default().add(f.signal, f.probe_token);
+        }
+        circuit::sql::observe(&mut tx, &observations, cfg).await?;
+        tx.commit().await?;
+        Ok(recorded)
     }
-    circuit::sql::observe(&mut tx, &observations, cfg).await?;
-    tx.commit().await?;
-    Ok(recorded)
+    .await;
+    if let Err(e) = &written {
+        pool.note(e);
+    }
+    written
 }
 
 /// Log (and count) what a successful write did not record because it was fenced.
@@ -251,7 +259,7 @@ const ERROR_IN_REASON_BYTES: usize = 300;
 
 /// A row PostgreSQL refused on its own: record the outcome without anything that came
 /// from outside; failing that, dead-letter the delivery with the reason.
-async fn salvage(pool: &PgPool, finished: &Finished, cfg: &CircuitConfig, refused: &sqlx::Error, patience: &Patience) {
+async fn salvage(pool: &Pool, finished: &Finished, cfg: &CircuitConfig, refused: &sqlx::Error, patience: &Patience) {
     let row = &finished.record;
     let error = sanitize::bounded(&refused.to_string(), ERROR_IN_REASON_BYTES);
     let plain = Finished { record: without_details(row, &error), ..finished.clone() };

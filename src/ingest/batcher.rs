@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use sqlx::PgPool;
+use crate::db::Pool;
 use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::Instrument as _;
@@ -99,7 +99,7 @@ pub struct Batcher {
 
 impl Batcher {
     /// Start `writers` writer tasks on `pool`. They end when every handle is dropped.
-    pub fn start(pool: PgPool, writers: usize) -> Batcher {
+    pub fn start(pool: Pool, writers: usize) -> Batcher {
         let (jobs, queue) = mpsc::channel::<Job>(MAX_BATCH * writers.max(1) * 4);
         let shared =
             Arc::new(Writers { queue: Mutex::new(queue), committing: AtomicUsize::new(0), finished: Notify::new() });
@@ -190,7 +190,7 @@ fn take_queued(queue: &mut mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
     }
 }
 
-async fn write_loop(pool: PgPool, writers: Arc<Writers>) {
+async fn write_loop(pool: Pool, writers: Arc<Writers>) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     loop {
         if !writers.collect(&mut batch).await {
@@ -224,11 +224,13 @@ async fn write_loop(pool: PgPool, writers: Arc<Writers>) {
     }
 }
 
-async fn write(pool: &PgPool, events: &[OwnedEvent]) -> Vec<Result<Stored, StoreError>> {
+async fn write(pool: &Pool, events: &[OwnedEvent]) -> Vec<Result<Stored, StoreError>> {
     if events.len() == 1 {
-        return vec![events::insert_with_fanout(pool, &events[0].as_new()).await.map_err(|e| StoreError::from(&e))];
+        let event = events[0].as_new();
+        let stored = db::retry_conflicts(|| events::insert_with_fanout(pool, &event)).await;
+        return vec![stored.map_err(|e| StoreError::from(&e))];
     }
-    match events::insert_batch_with_fanout(pool, events).await {
+    match db::retry_conflicts(|| events::insert_batch_with_fanout(pool, events)).await {
         Ok(stored) => stored.into_iter().map(Ok).collect(),
         Err(e) if db::is_unavailable(&e) => {
             let verdict = StoreError::from(&e);

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
+use crate::db::Pool;
 
 use crate::secrets::{Keyring, Place};
 use crate::store::{self, sources::Source};
@@ -56,7 +56,7 @@ impl SourceCache {
     /// The source called `name`, from the cache or the database, its secrets in plaintext.
     /// A source whose secrets this process cannot open is an error (logged; the sender
     /// gets a 500 and retries), never a source that refuses every signature.
-    pub async fn get(&self, pool: &PgPool, name: &str) -> Result<Option<Arc<Source>>, LookupError> {
+    pub async fn get(&self, pool: &Pool, name: &str) -> Result<Option<Arc<Source>>, LookupError> {
         let now = Instant::now();
         if let Some((at, source)) = self.lock().get(name)
             && now.duration_since(*at) < TTL

@@ -13,9 +13,9 @@ pub mod rejections;
 
 use std::sync::Arc;
 
+use crate::db::Pool;
 use bytes::Bytes;
 use http::{HeaderMap, header};
-use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument as _;
@@ -64,7 +64,7 @@ pub enum Refused {
 /// wake-up of this process's workers. Cheap to clone.
 #[derive(Clone)]
 pub struct Intake {
-    pool: PgPool,
+    pool: Pool,
     sources: Arc<SourceCache>,
     batcher: Batcher,
     wake: Arc<Notify>,
@@ -73,7 +73,7 @@ pub struct Intake {
 impl Intake {
     /// Start `writers` group-commit writers on `pool`. Sources' secrets are opened with
     /// `secrets`; `wake` is signalled whenever an event creates deliveries.
-    pub fn start(pool: PgPool, writers: usize, secrets: Keyring, wake: Arc<Notify>) -> Intake {
+    pub fn start(pool: Pool, writers: usize, secrets: Keyring, wake: Arc<Notify>) -> Intake {
         Intake {
             sources: Arc::new(SourceCache::new(secrets)),
             batcher: Batcher::start(pool.clone(), writers),

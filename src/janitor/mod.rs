@@ -1,14 +1,13 @@
 //! Retention and queue hygiene: the janitor deletes expired history in bounded batches.
 //!
-//! Every replica runs a janitor. Each pass first takes a session-level advisory lock
-//! ([`LOCK_KEY`]) on a connection of its own, so exactly one replica does a pass at a
-//! time and the others skip quietly. Session-level, not transaction-level: a pass is many
-//! short transactions (one per batch), and a transaction-level lock would be released
-//! after the first batch, letting another replica start a second pass in between; holding
-//! one transaction open for the whole pass instead would be the long transaction this
-//! module exists to avoid. The lock lives and dies with that dedicated connection: it is
-//! closed at the end of every pass, so a pass that is cancelled, fails or whose process
-//! dies can never leave the lock behind on a pooled connection.
+//! Every replica runs a janitor. Each pass first takes the `janitor` lease
+//! ([`crate::lease`]), so exactly one replica does a pass at a time and the others skip
+//! quietly. A pass is many short transactions (one per batch), and each of them holds the
+//! lease in the same transaction as its deletes: a pass whose lease expired and was taken
+//! over (a frozen process) cannot commit another batch beside its successor. The lease is
+//! released at the end of every pass; a pass that dies leaves it to expire
+//! ([`LEASE_TTL`]). Rows and transactions only, no session state (advisory locks, `SET`),
+//! so it works the same behind a transaction pooler.
 //!
 //! A pass runs four phases, each as delete statements of at most `batch_size` rows (one
 //! statement = one transaction, with a lock timeout and a statement timeout), a pause
@@ -32,9 +31,10 @@ mod report;
 
 use std::time::{Duration, Instant};
 
+use crate::db::Pool;
+use crate::lease::{self, Lease};
 use chrono::{DateTime, Utc};
 use rand::Rng;
-use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
@@ -53,11 +53,16 @@ pub const DEFAULT_INTERVAL_SECS: u64 = 300;
 /// Default `--janitor-batch-size`.
 pub const DEFAULT_BATCH_SIZE: u32 = 5000;
 
-/// Key of the advisory lock a pass holds ("wgjanitr"). Advisory lock keys are global to
-/// the database: no other part of the gateway uses this one.
-pub const LOCK_KEY: i64 = 0x7767_6a61_6e69_7472;
+/// Name of the janitor's lease.
+pub const LEASE_NAME: &str = "janitor";
 
-/// Settings of the janitor's session (closed after each pass, so they go with it).
+/// How long the janitor's lease lasts without renewal: every batch renews it, and a batch
+/// is bounded by its 60 s statement timeout, so a live pass never loses it; a pass that
+/// died frees it after this.
+pub const LEASE_TTL: Duration = Duration::from_secs(120);
+
+/// Settings of each batch's transaction (`SET LOCAL`: they end with it, and never reach
+/// a pooled connection's other users).
 ///
 /// `lock_timeout`: longest a batch waits for a row lock (a recorder or a redelivery holding
 /// a delivery of an expiring event); failing the pass and retrying at the next one beats
@@ -73,15 +78,13 @@ pub const LOCK_KEY: i64 = 0x7767_6a61_6e69_7472;
 /// (300,000 deliveries, 600,000 dead tuples): a delivered batch 1.2 s instead of 0.09 s,
 /// an events batch 1.8 s (up to 19 s with bitmaps alone off) instead of 0.21 s. Both are
 /// only discouraged: without a usable index the planner still scans.
-const SESSION_SETTINGS: &str = "SELECT set_config('lock_timeout', '5s', false), \
-     set_config('statement_timeout', '60s', false), set_config('enable_seqscan', 'off', false), \
-     set_config('enable_bitmapscan', 'off', false)";
-/// Longest the janitor waits for its connection.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+///
+/// `application_name`: the batch shows as `webhook-gateway janitor` in `pg_stat_activity`.
+const BATCH_SETTINGS: &str = "SELECT set_config('lock_timeout', '5s', true), \
+     set_config('statement_timeout', '60s', true), set_config('enable_seqscan', 'off', true), \
+     set_config('enable_bitmapscan', 'off', true), set_config('application_name', 'webhook-gateway janitor', true)";
 /// On shutdown, longest a statement in progress may still run.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
-/// A frozen janitor process (connection open, nothing sent) loses the lock after this.
-const IDLE_SESSION_SETTING: &str = "SELECT set_config('idle_session_timeout', '5min', false)";
 
 /// Janitor settings.
 #[derive(Debug, Clone)]
@@ -100,7 +103,7 @@ pub struct JanitorSettings {
     /// Pause between two batches, so deletes never run back to back against the hot path.
     pub batch_pause: Duration,
     /// Most batches per phase in one pass; a capped pass is followed by another one after
-    /// `batch_pause` rather than after `interval`, with the lock released in between.
+    /// `batch_pause` rather than after `interval`, with the lease released in between.
     pub max_batches_per_phase: u32,
 }
 
@@ -168,9 +171,9 @@ pub struct PassReport {
 /// The result of trying a pass.
 #[derive(Debug, Clone)]
 pub enum PassOutcome {
-    /// This instance held the lock and did the pass.
+    /// This instance took the lease and did the pass.
     Ran(PassReport),
-    /// Another instance holds the lock (its pass is running): nothing done.
+    /// Another instance holds the lease (its pass is running): nothing done.
     Skipped,
 }
 
@@ -184,7 +187,7 @@ impl Janitor {
     /// Start the janitor of this process. The first pass comes at a random point within
     /// the first interval (replicas deployed together do not all try at once), then one
     /// pass per interval, or sooner while a capped pass left work behind.
-    pub fn spawn(pool: PgPool, settings: JanitorSettings) -> Janitor {
+    pub fn spawn(pool: Pool, settings: JanitorSettings) -> Janitor {
         let (stop, stopped) = watch::channel(false);
         let instance = instance_id();
         let task = tokio::spawn(run(pool, settings, instance, stopped));
@@ -192,7 +195,7 @@ impl Janitor {
     }
 
     /// Stop: an ongoing pass finishes its current batch, records itself as stopped and
-    /// releases the lock; a batch still running after 5 s is abandoned (rolled back).
+    /// releases the lease; a batch still running after 5 s is abandoned (rolled back).
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         if let Err(e) = self.task.await {
@@ -201,7 +204,7 @@ impl Janitor {
     }
 }
 
-async fn run(pool: PgPool, settings: JanitorSettings, instance: String, mut stop: watch::Receiver<bool>) {
+async fn run(pool: Pool, settings: JanitorSettings, instance: String, mut stop: watch::Receiver<bool>) {
     let mut next = settings.interval.mul_f64(rand::rng().random_range(0.1..1.0));
     tracing::info!(%instance, interval = ?settings.interval, first_pass_in = ?next, "janitor started");
     loop {
@@ -211,8 +214,8 @@ async fn run(pool: PgPool, settings: JanitorSettings, instance: String, mut stop
         }
         next = settings.interval;
         // On shutdown the pass stops at its next pause; a statement still running after
-        // SHUTDOWN_WAIT is abandoned with its connection (its batch rolls back, the lock
-        // goes with the session, and the next pass marks the run abandoned).
+        // SHUTDOWN_WAIT is abandoned (its batch rolls back, the lease expires by itself,
+        // and the next pass marks the run abandoned).
         let mut stopping = stop.clone();
         let span = crate::telemetry::janitor_span();
         let outcome = tokio::select! {
@@ -227,7 +230,7 @@ async fn run(pool: PgPool, settings: JanitorSettings, instance: String, mut stop
         };
         traced_pass(&span, &outcome);
         match outcome {
-            Ok(PassOutcome::Skipped) => tracing::debug!("janitor pass skipped: another instance holds the lock"),
+            Ok(PassOutcome::Skipped) => tracing::debug!("janitor pass skipped: another instance holds the lease"),
             Ok(PassOutcome::Ran(report)) => {
                 let fields = (report.events_deleted, report.deliveries_deleted, report.attempts_deleted);
                 match report.status {
@@ -277,66 +280,52 @@ fn traced_pass(span: &tracing::Span, outcome: &Result<PassOutcome, sqlx::Error>)
 }
 
 /// Try one pass now, as instance `instance`: [`PassOutcome::Skipped`] if another instance
-/// holds the lock. Errors are those before the pass was recorded (no connection, lock
+/// holds the lease. Errors are those before the pass was recorded (no connection, lease
 /// query failed); a statement failing during the pass is a [`RunStatus::Failed`] report.
-pub async fn run_pass(pool: &PgPool, settings: &JanitorSettings, instance: &str) -> Result<PassOutcome, sqlx::Error> {
+pub async fn run_pass(pool: &Pool, settings: &JanitorSettings, instance: &str) -> Result<PassOutcome, sqlx::Error> {
     // Never signalled: an explicit pass runs to its end (its bounds still apply).
     let (_keep, stop) = watch::channel(false);
     pass(pool, settings, instance, &stop).await
 }
 
 async fn pass(
-    pool: &PgPool,
+    pool: &Pool,
     settings: &JanitorSettings,
     instance: &str,
     stop: &watch::Receiver<bool>,
 ) -> Result<PassOutcome, sqlx::Error> {
-    let options = (*pool.connect_options()).clone().application_name("webhook-gateway janitor");
-    let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
-        .await
-        .map_err(|_| sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "janitor connection")))??;
-    // Not a pooled connection: give its socket the pool's keepalive and user timeout.
-    crate::db::tcp::harden(&crate::db::tcp::Target::of(&options));
-    let result = locked_pass(&mut conn, settings, instance, stop).await;
-    // Closing the session releases the advisory lock whatever happened above; if the
-    // close itself fails, the server drops the session (and the lock) with the socket.
-    if let Err(e) = conn.close().await {
-        tracing::debug!(error = %e, "closing the janitor connection");
+    let Some(lease) = lease::acquire(pool, LEASE_NAME, instance, LEASE_TTL).await? else {
+        return Ok(PassOutcome::Skipped);
+    };
+    let result = leased_pass(pool, &lease, settings, instance, stop).await;
+    // A release that fails leaves the lease to expire.
+    if let Err(e) = lease.release(pool).await {
+        tracing::debug!(error = %e, "releasing the janitor lease");
     }
     result
 }
 
-async fn locked_pass(
-    conn: &mut PgConnection,
+async fn leased_pass(
+    pool: &Pool,
+    lease: &Lease,
     settings: &JanitorSettings,
     instance: &str,
     stop: &watch::Receiver<bool>,
 ) -> Result<PassOutcome, sqlx::Error> {
-    let locked: bool =
-        sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(LOCK_KEY).fetch_one(&mut *conn).await?;
-    if !locked {
-        return Ok(PassOutcome::Skipped);
-    }
-    sqlx::query(SESSION_SETTINGS).execute(&mut *conn).await?;
-    // PostgreSQL 14+; on an older server the other bounds still hold.
-    if let Err(e) = sqlx::query(IDLE_SESSION_SETTING).execute(&mut *conn).await {
-        tracing::debug!(error = %e, "idle_session_timeout not available");
-    }
-
     let started = Instant::now();
-    // We hold the lock, so a run still marked running belongs to a process that died.
-    sqlx::query("UPDATE janitor_runs SET status = 'abandoned' WHERE status = 'running'").execute(&mut *conn).await?;
-    let run_id: i64 = sqlx::query_scalar("INSERT INTO janitor_runs (instance) VALUES ($1) RETURNING id")
+    // We hold the lease, so a run still marked running belongs to a process that died.
+    crate::db::query("UPDATE janitor_runs SET status = 'abandoned' WHERE status = 'running'").execute(pool).await?;
+    let run_id: i64 = crate::db::query_scalar("INSERT INTO janitor_runs (instance) VALUES ($1) RETURNING id")
         .bind(instance)
-        .fetch_one(&mut *conn)
+        .fetch_one(pool)
         .await?;
 
     let mut tally = Tally::default();
-    let (status, error) = match phases(conn, settings, stop, &mut tally).await {
+    let (status, error) = match phases(pool, lease, settings, stop, &mut tally).await {
         Ok(status) => (status, None),
         Err(e) => (RunStatus::Failed, Some(e.to_string())),
     };
-    sqlx::query(
+    crate::db::query(
         "UPDATE janitor_runs
          SET finished_at = now(), status = $2, events_deleted = $3, deliveries_deleted = $4,
              attempts_deleted = $5, batches = $6, error = $7
@@ -349,7 +338,7 @@ async fn locked_pass(
     .bind(tally.attempts)
     .bind(tally.batches as i32)
     .bind(&error)
-    .execute(&mut *conn)
+    .execute(pool)
     .await?;
     Ok(PassOutcome::Ran(PassReport {
         run_id,
@@ -390,7 +379,8 @@ enum Phase {
 }
 
 async fn phases(
-    conn: &mut PgConnection,
+    pool: &Pool,
+    lease: &Lease,
     settings: &JanitorSettings,
     stop: &watch::Receiver<bool>,
     tally: &mut Tally,
@@ -412,7 +402,7 @@ async fn phases(
                     return Ok(RunStatus::Stopped);
                 }
             }
-            let batch = run_batch(conn, phase, settings, resume_at).await?;
+            let batch = run_batch(pool, lease, phase, settings, resume_at).await?;
             tally.batches += 1;
             tally.events += batch.events;
             tally.deliveries += batch.deliveries;
@@ -427,14 +417,14 @@ async fn phases(
     }
     // The pass's own history, one bounded statement: a pass every few minutes over the
     // event retention is a few thousand rows at most.
-    sqlx::query(
+    crate::db::query(
         "DELETE FROM janitor_runs WHERE id IN (
              SELECT id FROM janitor_runs WHERE started_at < now() - make_interval(secs => $1)
              ORDER BY started_at LIMIT $2)",
     )
     .bind(settings.events_retention.as_secs_f64())
     .bind(i64::from(settings.batch_size))
-    .execute(&mut *conn)
+    .execute(pool)
     .await?;
     Ok(if capped { RunStatus::Capped } else { RunStatus::Complete })
 }
@@ -520,8 +510,11 @@ pub const ATTEMPTS_BATCH: &str = "
     )
     SELECT (SELECT count(*) FROM doomed), 0::int8, 0::int8, (SELECT count(*) FROM gone), NULL::timestamptz, NULL::uuid";
 
+/// One batch: its own transaction, which holds the lease (or fails: taken over), sets the
+/// batch's bounds and runs the phase's statement.
 async fn run_batch(
-    conn: &mut PgConnection,
+    pool: &Pool,
+    lease: &Lease,
     phase: Phase,
     settings: &JanitorSettings,
     resume_at: Option<(DateTime<Utc>, Uuid)>,
@@ -532,12 +525,21 @@ async fn run_batch(
         Phase::Attempts => (ATTEMPTS_BATCH, settings.attempts_retention),
     };
     type Row = (i64, i64, i64, i64, Option<DateTime<Utc>>, Option<Uuid>);
-    let mut query = sqlx::query_as::<_, Row>(sql).bind(retention.as_secs_f64()).bind(i64::from(settings.batch_size));
+    let mut query = crate::db::query_as::<Row>(sql).bind(retention.as_secs_f64()).bind(i64::from(settings.batch_size));
     if let Phase::Events = phase {
         // None: the first batch starts at the oldest event.
         query = query.bind(resume_at.map(|(at, _)| at)).bind(resume_at.map(|(_, id)| id));
     }
-    let (candidates, events, deliveries, attempts, at, id) = query.fetch_one(&mut *conn).await?;
+    let mut tx = pool.begin().await?;
+    if !lease.hold(&mut tx).await? {
+        return Err(sqlx::Error::Protocol(format!(
+            "the janitor lease of {} was taken over by another instance (this pass stalled past {LEASE_TTL:?})",
+            lease.holder()
+        )));
+    }
+    crate::db::query(BATCH_SETTINGS).execute(&mut *tx).await?;
+    let (candidates, events, deliveries, attempts, at, id) = query.fetch_one(&mut *tx).await?;
+    tx.commit().await?;
     Ok(Batch { candidates, events, deliveries, attempts, resume_at: at.zip(id) })
 }
 

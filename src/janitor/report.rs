@@ -2,9 +2,9 @@
 //! statistics views), and the janitor's latest pass. Read-only and cheap: catalog and
 //! statistics lookups, no table scans.
 
+use crate::db::Pool;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
 
 /// Sizes and tuple counts of the gateway's tables, and the janitor's latest pass.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -84,8 +84,8 @@ pub struct JanitorRun {
 }
 
 /// Report storage for the tables in the connection's current schema.
-pub async fn storage_report(pool: &PgPool) -> Result<StorageReport, sqlx::Error> {
-    let mut tables: Vec<TableStorage> = sqlx::query_as(
+pub async fn storage_report(pool: &Pool) -> Result<StorageReport, sqlx::Error> {
+    let mut tables: Vec<TableStorage> = crate::db::query_as(
         "SELECT s.relname::text AS table,
                 pg_total_relation_size(s.relid) AS total_bytes,
                 pg_table_size(s.relid) AS table_bytes,
@@ -102,7 +102,7 @@ pub async fn storage_report(pool: &PgPool) -> Result<StorageReport, sqlx::Error>
     )
     .fetch_all(pool)
     .await?;
-    let indexes: Vec<IndexStorage> = sqlx::query_as(
+    let indexes: Vec<IndexStorage> = crate::db::query_as(
         "SELECT i.relname::text AS table, i.indexrelname::text AS index,
                 pg_relation_size(i.indexrelid) AS bytes, i.idx_scan AS scans
          FROM pg_stat_user_indexes i
@@ -116,7 +116,7 @@ pub async fn storage_report(pool: &PgPool) -> Result<StorageReport, sqlx::Error>
             table.indexes.push(index);
         }
     }
-    let last_run = sqlx::query_as(
+    let last_run = crate::db::query_as(
         "SELECT id, instance, started_at, finished_at,
                 (extract(epoch FROM finished_at - started_at) * 1000)::int8 AS duration_ms,
                 status, events_deleted, deliveries_deleted, attempts_deleted, batches, error

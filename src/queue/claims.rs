@@ -92,7 +92,7 @@ const HEAD_WINDOW_FACTOR: i64 = 2;
 
 /// Claim up to `limit` due deliveries for `lease`, fairly, with the default
 /// [`Fairness`] (tests and tools).
-pub async fn claim(pool: &sqlx::PgPool, limit: i64, lease: Duration) -> Result<Vec<Claimed>, sqlx::Error> {
+pub async fn claim(pool: &crate::db::Pool, limit: i64, lease: Duration) -> Result<Vec<Claimed>, sqlx::Error> {
     claim_fair(pool, limit, lease, Fairness::default()).await
 }
 
@@ -122,7 +122,7 @@ pub async fn claim(pool: &sqlx::PgPool, limit: i64, lease: Duration) -> Result<V
 /// An endpoint at its limit is simply not claimed: its rows spend no attempt and keep
 /// their place in line (their due time does not move).
 pub async fn claim_fair(
-    pool: &sqlx::PgPool,
+    pool: &crate::db::Pool,
     limit: i64,
     lease: Duration,
     fairness: Fairness,
@@ -152,7 +152,7 @@ impl ClaimBatch {
 
 /// [`claim_fair`], also telling what the claim saw ([`ClaimBatch::took_all_due`]).
 pub async fn claim_batch(
-    pool: &sqlx::PgPool,
+    pool: &crate::db::Pool,
     limit: i64,
     lease: Duration,
     fairness: Fairness,
@@ -160,13 +160,13 @@ pub async fn claim_batch(
     let window = limit * HEAD_WINDOW_FACTOR;
     let mut tx = pool.begin().await?;
     let (endpoints, head_rows): (Vec<EndpointId>, i64) =
-        sqlx::query_as(CLAIM_LOCK_SQL).bind(window).bind(fairness.sweep).fetch_one(&mut *tx).await?;
+        crate::db::query_as(CLAIM_LOCK_SQL).bind(window).bind(fairness.sweep).fetch_one(&mut *tx).await?;
     if endpoints.is_empty() {
         tx.commit().await?;
         return Ok(ClaimBatch { claimed: Vec::new(), head_rows, head_window: window });
     }
     crate::db::plan_each_time(&mut tx).await?;
-    let claimed = sqlx::query_as(claim_sql())
+    let claimed = crate::db::query_as(claim_sql())
         .bind(limit)
         .bind(lease.as_secs_f64())
         .bind(fairness.default_max_in_flight)
@@ -286,7 +286,7 @@ fn claim_sql_text() -> String {
 /// Row locks with `SKIP LOCKED` on the endpoint make this exactly one probe per window
 /// across every worker and replica.
 pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) -> Result<Vec<Claimed>, sqlx::Error> {
-    sqlx::query_as(&format!(
+    crate::db::query_as(&format!(
         "WITH ready AS (
              SELECT id FROM endpoints
              WHERE circuit_state = 'open' AND NOT paused AND reopen_at <= now()

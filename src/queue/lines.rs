@@ -33,7 +33,7 @@ pub async fn release_heads(conn: &mut PgConnection, finished: &[DeliveryId]) -> 
     if finished.is_empty() {
         return Ok(Vec::new());
     }
-    sqlx::query_as(RELEASE_HEADS_SQL).bind(finished).fetch_all(&mut *conn).await
+    crate::db::query_as(RELEASE_HEADS_SQL).bind(finished).fetch_all(&mut *conn).await
 }
 
 /// [`release_heads`]' statement (`$1` the finished deliveries), public so that tests can
@@ -62,7 +62,7 @@ pub async fn promote(conn: &mut PgConnection, lines: &[Line]) -> Result<u64, sql
         return Ok(0);
     }
     let (endpoints, keys): (Vec<EndpointId>, Vec<&str>) = lines.iter().map(|(e, k)| (*e, k.as_str())).unzip();
-    let done = sqlx::query(PROMOTE_SQL).bind(&endpoints).bind(&keys).execute(&mut *conn).await?;
+    let done = crate::db::query(PROMOTE_SQL).bind(&endpoints).bind(&keys).execute(&mut *conn).await?;
     Ok(done.rows_affected())
 }
 
@@ -103,7 +103,7 @@ pub async fn lock(conn: &mut PgConnection, lines: &[Line]) -> Result<(), sqlx::E
         return Ok(());
     }
     let (endpoints, keys): (Vec<EndpointId>, Vec<&str>) = lines.iter().map(|(e, k)| (*e, k.as_str())).unzip();
-    sqlx::query(
+    crate::db::query(
         "INSERT INTO order_lines (endpoint_id, ordering_key, head_id)
          SELECT endpoint_id, ordering_key, NULL FROM unnest($1::uuid[], $2::text[]) AS t(endpoint_id, ordering_key)
          ORDER BY 1, 2
@@ -118,7 +118,7 @@ pub async fn lock(conn: &mut PgConnection, lines: &[Line]) -> Result<(), sqlx::E
 
 /// The lines of `deliveries` (ordered ones only).
 pub async fn of(conn: &mut PgConnection, deliveries: &[DeliveryId]) -> Result<Vec<Line>, sqlx::Error> {
-    sqlx::query_as(
+    crate::db::query_as(
         "SELECT DISTINCT endpoint_id, ordering_key FROM deliveries
          WHERE id = ANY($1) AND ordering_key IS NOT NULL ORDER BY 1, 2",
     )
@@ -136,7 +136,7 @@ pub async fn rejoin(conn: &mut PgConnection, revived: &[DeliveryId], lines: &[Li
     if lines.is_empty() {
         return Ok(());
     }
-    sqlx::query(
+    crate::db::query(
         "UPDATE deliveries d SET waiting = (l.head_id IS DISTINCT FROM d.id)
          FROM order_lines l
          WHERE d.id = ANY($1) AND d.ordering_key IS NOT NULL
@@ -152,7 +152,7 @@ pub async fn rejoin(conn: &mut PgConnection, revived: &[DeliveryId], lines: &[Li
 /// Unblock the line a dead delivery blocks: its next delivery becomes the head (the dead
 /// one stays dead). Returns whether `id` was blocking a line.
 pub async fn unblock(conn: &mut PgConnection, id: DeliveryId) -> Result<bool, sqlx::Error> {
-    let released: Vec<Line> = sqlx::query_as(
+    let released: Vec<Line> = crate::db::query_as(
         "UPDATE order_lines l SET head_id = NULL
          FROM deliveries d
          WHERE d.id = $1 AND l.head_id = d.id AND d.status = 'dead'

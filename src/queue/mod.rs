@@ -33,7 +33,7 @@ pub const PARK_BATCH: i64 = 1_000;
 /// resumed) while this statement runs waits for it, or is seen closed by it, so no row
 /// is parked after its endpoint's backlog release has looked for parked rows.
 pub async fn park_blocked(db: impl PgExecutor<'_>) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
+    let done = crate::db::query(
         "WITH blocked AS (
              SELECT id FROM endpoints WHERE (circuit_state = 'open' OR paused) AND deleted_at IS NULL
              FOR SHARE
@@ -58,7 +58,7 @@ pub async fn park_blocked(db: impl PgExecutor<'_>) -> Result<u64, sqlx::Error> {
 
 /// How many deliveries to `endpoint_id` are pending (parked ones included).
 pub async fn pending_of(db: impl PgExecutor<'_>, endpoint_id: EndpointId) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = $1 AND status = 'pending'")
+    crate::db::query_scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = $1 AND status = 'pending'")
         .bind(endpoint_id)
         .fetch_one(db)
         .await
@@ -72,7 +72,7 @@ pub async fn bury_all_of_endpoint(
     endpoint_id: EndpointId,
     reason: &str,
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
+    let done = crate::db::query(
         "UPDATE deliveries
          SET status = 'dead', dead_reason = $2, parked = false, leased_until = NULL,
              claim_token = claim_token + 1, finished_at = now(), updated_at = now()
@@ -83,7 +83,7 @@ pub async fn bury_all_of_endpoint(
     .execute(&mut *conn)
     .await?;
     // Nothing of the endpoint will be sent again: its lines go too.
-    sqlx::query("DELETE FROM order_lines WHERE endpoint_id = $1").bind(endpoint_id).execute(&mut *conn).await?;
+    crate::db::query("DELETE FROM order_lines WHERE endpoint_id = $1").bind(endpoint_id).execute(&mut *conn).await?;
     Ok(done.rows_affected())
 }
 
@@ -95,11 +95,11 @@ pub async fn bury_all_of_endpoint(
 /// An ordered delivery rejoins its line ([`lines::rejoin`]): it waits for the line's
 /// current head, if any, and then goes next (it keeps its place: its `line_seq` is older
 /// than the waiting ones'); a dead delivery blocking its line is its head and goes at once.
-pub async fn redeliver(pool: &sqlx::PgPool, id: DeliveryId) -> Result<bool, sqlx::Error> {
+pub async fn redeliver(pool: &crate::db::Pool, id: DeliveryId) -> Result<bool, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let lines = lines::of(&mut tx, &[id]).await?;
     lines::lock(&mut tx, &lines).await?;
-    let done = sqlx::query(
+    let done = crate::db::query(
         "UPDATE deliveries d
          SET status = 'pending', attempts_base = attempt_count, next_attempt_at = now(), parked = false,
              dead_reason = NULL, finished_at = NULL, leased_until = NULL, updated_at = now()
@@ -141,7 +141,7 @@ pub async fn release_parked(
     only: Option<EndpointId>,
 ) -> Result<u64, sqlx::Error> {
     let step = 1.0 / f64::from(per_sec.max(1));
-    let released: i64 = sqlx::query_scalar(
+    let released: i64 = crate::db::query_scalar(
         "WITH ep AS (
              SELECT id, GREATEST(now(), COALESCE(release_next_at, now())) AS start
              FROM endpoints
@@ -193,7 +193,7 @@ pub async fn release_parked(
 /// bounded rate, not all at once. Only rows still dead qualify, so calling again
 /// re-queues nothing new. Returns how many were re-queued.
 pub async fn requeue_dead(
-    pool: &sqlx::PgPool,
+    pool: &crate::db::Pool,
     endpoint_id: EndpointId,
     since: DateTime<Utc>,
     until: DateTime<Utc>,
@@ -221,7 +221,7 @@ pub async fn requeue_dead(
     loop {
         // Each batch in a transaction: recovered ordered deliveries rejoin their lines.
         let mut tx = pool.begin().await?;
-        let revived: Vec<DeliveryId> = sqlx::query_scalar(sql)
+        let revived: Vec<DeliveryId> = crate::db::query_scalar(sql)
             .bind(endpoint_id)
             .bind(REQUEUE_BATCH)
             .bind(start)

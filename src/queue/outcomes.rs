@@ -8,8 +8,7 @@ use super::lines;
 use crate::ids::{DeliveryId, EndpointId};
 
 /// What a dead delivery does to its ordering line (`subscriptions.ordered_on_dead`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OnDead {
     /// The line waits behind it until an operator redelivers it (and it is delivered) or
@@ -19,9 +18,10 @@ pub enum OnDead {
     Skip,
 }
 
+crate::db::text_enum!(OnDead { Block => "block", Skip => "skip" });
+
 /// A delivery's state (`deliveries.status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DeliveryStatus {
     /// Waiting for an attempt (due, leased, retrying or parked).
@@ -32,16 +32,7 @@ pub enum DeliveryStatus {
     Dead,
 }
 
-impl DeliveryStatus {
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeliveryStatus::Pending => "pending",
-            DeliveryStatus::Delivered => "delivered",
-            DeliveryStatus::Dead => "dead",
-        }
-    }
-}
+crate::db::text_enum!(DeliveryStatus { Pending => "pending", Delivered => "delivered", Dead => "dead" });
 
 /// Final or intermediate state after an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,7 +172,7 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
     // `prior` reads the statement's snapshot, before `upd`: the rows an earlier write of
     // this same claim recorded. Only `deliveries` is read, by primary key; `attempts_once`
     // (one row per delivery and attempt number) backs it up.
-    let rows: Vec<(DeliveryId, bool)> = sqlx::query_as(
+    let rows: Vec<(DeliveryId, bool)> = crate::db::query_as(
         "WITH o AS (
              SELECT * FROM unnest($1::uuid[], $2::int8[], $3::int4[], $4::timestamptz[], $5::int4[],
                                   $6::int4[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
@@ -247,7 +238,7 @@ pub async fn release(
     claim_token: i64,
     due_at: DateTime<Utc>,
 ) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(
+    let done = crate::db::query(
         "UPDATE deliveries
          SET attempt_count = attempt_count - 1, next_attempt_at = $3, leased_until = NULL, updated_at = now()
          WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
@@ -275,14 +266,14 @@ pub enum Burial {
 /// Dead-letter a claimed delivery with `reason`, fenced like [`record`]. Returns whether
 /// it applied.
 pub async fn bury(
-    pool: &sqlx::PgPool,
+    pool: &crate::db::Pool,
     id: DeliveryId,
     claim_token: i64,
     reason: &str,
     burial: Burial,
 ) -> Result<bool, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let done = sqlx::query(
+    let done = crate::db::query(
         "UPDATE deliveries
          SET status = 'dead', attempt_count = attempt_count - $4, dead_reason = $3, leased_until = NULL,
              finished_at = now(), updated_at = now()

@@ -103,8 +103,8 @@ pub struct Stats {
 }
 
 /// Sample [`Stats`]. The counts scan the pending rows (about 0.1 s per 100,000 pending).
-pub async fn stats(pool: &sqlx::PgPool) -> Result<Stats, sqlx::Error> {
-    let (pending, parked, due): (i64, i64, i64) = sqlx::query_as(
+pub async fn stats(pool: &crate::db::Pool) -> Result<Stats, sqlx::Error> {
+    let (pending, parked, due): (i64, i64, i64) = crate::db::query_as(
         "SELECT count(*) FILTER (WHERE NOT parked),
                 count(*) FILTER (WHERE parked),
                 count(*) FILTER (WHERE NOT parked AND NOT waiting AND next_attempt_at <= now() AND leased_until IS NULL)
@@ -114,13 +114,14 @@ pub async fn stats(pool: &sqlx::PgPool) -> Result<Stats, sqlx::Error> {
     .await?;
     // The first entry of the claim index: leased rows sit at their lease's end, so the
     // oldest due unleased row is first whenever anything is overdue.
-    let oldest_due_age_secs: Option<f64> = sqlx::query_scalar(
+    let oldest_due_age_secs: Option<f64> = crate::db::query_scalar(
         "SELECT extract(epoch FROM now() - next_attempt_at)::float8 FROM deliveries
          WHERE status = 'pending' AND NOT parked AND NOT waiting ORDER BY next_attempt_at LIMIT 1",
     )
     .fetch_optional(pool)
     .await?;
-    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'dead'").fetch_one(pool).await?;
+    let dead: i64 =
+        crate::db::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'dead'").fetch_one(pool).await?;
     Ok(Stats { pending, parked, due, dead, oldest_due_age_secs })
 }
 
@@ -142,7 +143,7 @@ pub async fn endpoint_loads(
     db: impl PgExecutor<'_>,
     default_max_in_flight: i32,
 ) -> Result<Vec<EndpointLoad>, sqlx::Error> {
-    sqlx::query_as(
+    crate::db::query_as(
         "SELECT id AS endpoint_id, in_flight,
                 due AND (in_flight >= cap OR (tokens IS NOT NULL AND tokens < 1)) AS throttled
          FROM (
@@ -169,7 +170,7 @@ pub async fn endpoint_loads(
 
 /// Deliveries to `endpoint_id` in flight now (live leases).
 pub async fn in_flight_of(db: impl PgExecutor<'_>, endpoint_id: EndpointId) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
+    crate::db::query_scalar(
         "SELECT count(*) FROM deliveries
          WHERE endpoint_id = $1 AND status = 'pending' AND leased_until IS NOT NULL AND leased_until > now()",
     )
@@ -180,7 +181,7 @@ pub async fn in_flight_of(db: impl PgExecutor<'_>, endpoint_id: EndpointId) -> R
 
 /// One delivery.
 pub async fn by_id(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<Option<Delivery>, sqlx::Error> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM deliveries WHERE id = $1")).bind(id).fetch_optional(db).await
+    crate::db::query_as(&format!("SELECT {COLUMNS} FROM deliveries WHERE id = $1")).bind(id).fetch_optional(db).await
 }
 
 /// How an endpoint has been doing lately, for the console.
@@ -202,8 +203,8 @@ pub const HEALTH_WINDOW: i64 = 200;
 
 /// [`EndpointHealth`] of one endpoint: two bounded index reads (`deliveries_endpoint`,
 /// newest first, and `deliveries_endpoint_unparked`).
-pub async fn endpoint_health(pool: &sqlx::PgPool, endpoint_id: EndpointId) -> Result<EndpointHealth, sqlx::Error> {
-    let (delivered, dead, pending): (i64, i64, i64) = sqlx::query_as(
+pub async fn endpoint_health(pool: &crate::db::Pool, endpoint_id: EndpointId) -> Result<EndpointHealth, sqlx::Error> {
+    let (delivered, dead, pending): (i64, i64, i64) = crate::db::query_as(
         "SELECT count(*) FILTER (WHERE status = 'delivered'), count(*) FILTER (WHERE status = 'dead'),
                 count(*) FILTER (WHERE status = 'pending')
          FROM (SELECT status FROM deliveries WHERE endpoint_id = $1 ORDER BY id DESC LIMIT $2) recent",
@@ -212,7 +213,7 @@ pub async fn endpoint_health(pool: &sqlx::PgPool, endpoint_id: EndpointId) -> Re
     .bind(HEALTH_WINDOW)
     .fetch_one(pool)
     .await?;
-    let lag_secs: Option<f64> = sqlx::query_scalar(
+    let lag_secs: Option<f64> = crate::db::query_scalar(
         "SELECT extract(epoch FROM now() - next_attempt_at)::float8 FROM deliveries
          WHERE endpoint_id = $1 AND status = 'pending' AND NOT parked AND NOT waiting AND next_attempt_at <= now()
          ORDER BY next_attempt_at LIMIT 1",
@@ -231,7 +232,7 @@ pub async fn dead_in_window(
     since: DateTime<Utc>,
     until: DateTime<Utc>,
 ) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
+    crate::db::query_scalar(
         "SELECT count(*) FROM deliveries
          WHERE endpoint_id = $1 AND status = 'dead' AND finished_at >= $2 AND finished_at < $3",
     )

@@ -35,7 +35,7 @@ pub struct Attempt {
 
 /// Attempts of one delivery, in order.
 pub async fn for_delivery(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<Vec<Attempt>, sqlx::Error> {
-    sqlx::query_as(
+    crate::db::query_as(
         "SELECT attempt_number, started_at, duration_ms, status_code, error_kind, outcome, reason,
                 response_excerpt, next_attempt_at, next_attempt_reason
          FROM attempts WHERE delivery_id = $1 ORDER BY id",
@@ -48,8 +48,10 @@ pub async fn for_delivery(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<Vec
 /// Attempts recorded at or after `since`, by outcome (`delivered`, `retry`, `dead`): one
 /// range scan of `attempts_recorded_at`, meant for short windows (the console's overview).
 pub async fn outcomes_since(db: impl PgExecutor<'_>, since: DateTime<Utc>) -> Result<Vec<(String, i64)>, sqlx::Error> {
-    sqlx::query_as("SELECT outcome, count(*) FROM attempts WHERE recorded_at >= $1 GROUP BY outcome ORDER BY outcome")
-        .bind(since)
-        .fetch_all(db)
-        .await
+    crate::db::query_as(
+        "SELECT outcome, count(*) FROM attempts WHERE recorded_at >= $1 GROUP BY outcome ORDER BY outcome",
+    )
+    .bind(since)
+    .fetch_all(db)
+    .await
 }

@@ -52,7 +52,7 @@ pub async fn insert(
     description: Option<&str>,
     limits: Limits,
 ) -> Result<Endpoint, sqlx::Error> {
-    sqlx::query_as(&format!(
+    crate::db::query_as(&format!(
         "INSERT INTO endpoints (url, secret, description, max_in_flight, rate_limit_per_sec, rate_limit_burst)
          VALUES ($1, $2, $3, $4, $5, $6) RETURNING {COLUMNS}"
     ))
@@ -68,7 +68,7 @@ pub async fn insert(
 
 /// An endpoint by id.
 pub async fn by_id(db: impl PgExecutor<'_>, id: EndpointId) -> Result<Option<Endpoint>, sqlx::Error> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM endpoints WHERE id = $1 AND deleted_at IS NULL"))
+    crate::db::query_as(&format!("SELECT {COLUMNS} FROM endpoints WHERE id = $1 AND deleted_at IS NULL"))
         .bind(id)
         .fetch_optional(db)
         .await
@@ -76,7 +76,9 @@ pub async fn by_id(db: impl PgExecutor<'_>, id: EndpointId) -> Result<Option<End
 
 /// All endpoints, oldest first.
 pub async fn list(db: impl PgExecutor<'_>) -> Result<Vec<Endpoint>, sqlx::Error> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM endpoints WHERE deleted_at IS NULL ORDER BY id")).fetch_all(db).await
+    crate::db::query_as(&format!("SELECT {COLUMNS} FROM endpoints WHERE deleted_at IS NULL ORDER BY id"))
+        .fetch_all(db)
+        .await
 }
 
 /// Pause or resume an endpoint; `None` if it does not exist.
@@ -85,7 +87,7 @@ pub async fn set_paused(
     id: EndpointId,
     paused: bool,
 ) -> Result<Option<Endpoint>, sqlx::Error> {
-    sqlx::query_as(&format!(
+    crate::db::query_as(&format!(
         "UPDATE endpoints SET paused = $2, release_pending = release_pending OR NOT $2, updated_at = now()
          WHERE id = $1 AND deleted_at IS NULL RETURNING {COLUMNS}"
     ))
@@ -116,7 +118,7 @@ pub async fn update(
     changes: &Changes<'_>,
 ) -> Result<Option<Endpoint>, sqlx::Error> {
     let rate = changes.rate_limit.flatten();
-    sqlx::query_as(&format!(
+    crate::db::query_as(&format!(
         "UPDATE endpoints
          SET url = COALESCE($2, url),
              description = CASE WHEN $3 THEN $4 ELSE description END,
@@ -154,7 +156,7 @@ pub async fn rotate_secret(
     secret: &str,
     grace: std::time::Duration,
 ) -> Result<Option<Endpoint>, sqlx::Error> {
-    sqlx::query_as(&format!(
+    crate::db::query_as(&format!(
         "WITH cur AS (
              SELECT id, secret, previous_secrets, previous_secrets_until FROM endpoints
              WHERE id = $1 AND deleted_at IS NULL
@@ -202,10 +204,10 @@ pub enum Deleted {
 /// Soft-delete an endpoint, in one transaction: its subscriptions go (no new deliveries),
 /// its history stays inspectable. With pending deliveries it refuses unless `force`,
 /// which dead-letters them with a reason.
-pub async fn delete(pool: &sqlx::PgPool, id: EndpointId, force: bool) -> Result<Deleted, sqlx::Error> {
+pub async fn delete(pool: &crate::db::Pool, id: EndpointId, force: bool) -> Result<Deleted, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let exists: Option<EndpointId> =
-        sqlx::query_scalar("SELECT id FROM endpoints WHERE id = $1 AND deleted_at IS NULL FOR UPDATE")
+        crate::db::query_scalar("SELECT id FROM endpoints WHERE id = $1 AND deleted_at IS NULL FOR UPDATE")
             .bind(id)
             .fetch_optional(&mut *tx)
             .await?;
@@ -217,11 +219,13 @@ pub async fn delete(pool: &sqlx::PgPool, id: EndpointId, force: bool) -> Result<
         return Ok(Deleted::HasPending(pending));
     }
     crate::queue::bury_all_of_endpoint(&mut tx, id, "endpoint deleted").await?;
-    sqlx::query("DELETE FROM subscriptions WHERE endpoint_id = $1").bind(id).execute(&mut *tx).await?;
-    sqlx::query("UPDATE endpoints SET deleted_at = now(), release_pending = false, updated_at = now() WHERE id = $1")
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
+    crate::db::query("DELETE FROM subscriptions WHERE endpoint_id = $1").bind(id).execute(&mut *tx).await?;
+    crate::db::query(
+        "UPDATE endpoints SET deleted_at = now(), release_pending = false, updated_at = now() WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(Deleted::Done(pending))
 }

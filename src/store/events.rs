@@ -121,7 +121,7 @@ where
     // Bounded: the only way round again is a twin that committed and was then deleted
     // (retention) between our two statements.
     for _ in 0..3 {
-        let row: Option<(EventId, bool, i64)> = sqlx::query_as(&insert)
+        let row: Option<(EventId, bool, i64)> = crate::db::query_as(&insert)
             .bind(event.source_id)
             .bind(event.dedupe_key)
             .bind(event.event_type)
@@ -137,7 +137,7 @@ where
             return Ok(Stored { event_id, duplicate, deliveries });
         }
         let existing: Option<EventId> =
-            sqlx::query_scalar(FIND).bind(event.source_id).bind(event.dedupe_key).fetch_optional(db).await?;
+            crate::db::query_scalar(FIND).bind(event.source_id).bind(event.dedupe_key).fetch_optional(db).await?;
         if let Some(event_id) = existing {
             return Ok(Stored { event_id, duplicate: true, deliveries: 0 });
         }
@@ -188,7 +188,10 @@ impl OwnedEvent {
 /// once and the others answered as duplicates. Rows go in (source, key) order so two
 /// concurrent batches wait on the unique index in the same order and cannot deadlock.
 /// Results come back in input order.
-pub async fn insert_batch_with_fanout(pool: &sqlx::PgPool, events: &[OwnedEvent]) -> Result<Vec<Stored>, sqlx::Error> {
+pub async fn insert_batch_with_fanout(
+    pool: &crate::db::Pool,
+    events: &[OwnedEvent],
+) -> Result<Vec<Stored>, sqlx::Error> {
     let BatchPlan { unique, representative } = plan_batch(events);
     let column = |f: &dyn Fn(&OwnedEvent) -> String| unique.iter().map(|&i| f(&events[i])).collect::<Vec<String>>();
     let source_ids: Vec<SourceId> = unique.iter().map(|&i| events[i].source_id).collect();
@@ -207,7 +210,7 @@ pub async fn insert_batch_with_fanout(pool: &sqlx::PgPool, events: &[OwnedEvent]
     let tracestates: Vec<Option<&str>> =
         unique.iter().map(|&i| events[i].trace.as_ref().and_then(|t| t.tracestate.as_deref())).collect();
 
-    let rows: Vec<(i32, Option<EventId>, bool, i64)> = sqlx::query_as(&format!(
+    let rows: Vec<(i32, Option<EventId>, bool, i64)> = crate::db::query_as(&format!(
         "WITH input AS (
             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::int4[],
                                  $8::text[], $9::int4[], $10::text[], $11::text[])
@@ -331,7 +334,7 @@ pub struct Event {
 
 /// An event by id, with its source's name.
 pub async fn by_id(db: impl PgExecutor<'_>, id: EventId) -> Result<Option<Event>, sqlx::Error> {
-    sqlx::query_as(
+    crate::db::query_as(
         "SELECT e.id, e.source_id, s.name AS source_name, e.dedupe_key, e.event_type, e.content_type,
                 e.headers, e.payload, e.received_at
          FROM events e JOIN sources s ON s.id = e.source_id WHERE e.id = $1",
@@ -412,7 +415,7 @@ pub async fn list(db: impl PgExecutor<'_>, filter: &Filter, limit: i64) -> Resul
 /// Events stored at or after `since` (one range scan of `events_received_at`: meant for
 /// short windows, such as the console's last few minutes).
 pub async fn received_since(db: impl PgExecutor<'_>, since: DateTime<Utc>) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM events WHERE received_at >= $1").bind(since).fetch_one(db).await
+    crate::db::query_scalar("SELECT count(*) FROM events WHERE received_at >= $1").bind(since).fetch_one(db).await
 }
 
 /// Store a synthetic test event in the `_test` source with one delivery, to `endpoint_id`
@@ -423,7 +426,7 @@ pub async fn insert_test(
     endpoint_id: EndpointId,
     payload: &[u8],
 ) -> Result<(EventId, DeliveryId), sqlx::Error> {
-    sqlx::query_as(
+    crate::db::query_as(
         "WITH ev AS (
              INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload)
              SELECT id, 'test:' || gen_random_uuid(), 'webhook.test', 'application/json', '{}'::jsonb, $2

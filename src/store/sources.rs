@@ -24,7 +24,7 @@ const COLUMNS: &str = "id, name, spec, created_at";
 
 /// Insert a source. A taken name fails with a unique violation on `sources_name_key`.
 pub async fn insert(db: impl PgExecutor<'_>, name: &str, spec: &SourceSpec) -> Result<Source, sqlx::Error> {
-    sqlx::query_as(&format!("INSERT INTO sources (name, kind, spec) VALUES ($1, $2, $3) RETURNING {COLUMNS}"))
+    crate::db::query_as(&format!("INSERT INTO sources (name, kind, spec) VALUES ($1, $2, $3) RETURNING {COLUMNS}"))
         .bind(name)
         .bind(spec.kind.as_str())
         .bind(Json(spec))
@@ -37,17 +37,17 @@ pub const NAME_UNIQUE: &str = "sources_name_key";
 
 /// A source by name.
 pub async fn by_name(db: impl PgExecutor<'_>, name: &str) -> Result<Option<Source>, sqlx::Error> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM sources WHERE name = $1")).bind(name).fetch_optional(db).await
+    crate::db::query_as(&format!("SELECT {COLUMNS} FROM sources WHERE name = $1")).bind(name).fetch_optional(db).await
 }
 
 /// A source by id.
 pub async fn by_id(db: impl PgExecutor<'_>, id: SourceId) -> Result<Option<Source>, sqlx::Error> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM sources WHERE id = $1")).bind(id).fetch_optional(db).await
+    crate::db::query_as(&format!("SELECT {COLUMNS} FROM sources WHERE id = $1")).bind(id).fetch_optional(db).await
 }
 
 /// All sources, by name (there are few).
 pub async fn list(db: impl PgExecutor<'_>) -> Result<Vec<Source>, sqlx::Error> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM sources ORDER BY name")).fetch_all(db).await
+    crate::db::query_as(&format!("SELECT {COLUMNS} FROM sources ORDER BY name")).fetch_all(db).await
 }
 
 /// Replace a source's spec (kind included, name unchanged).
@@ -56,7 +56,7 @@ pub async fn update_spec(
     id: SourceId,
     spec: &SourceSpec,
 ) -> Result<Option<Source>, sqlx::Error> {
-    sqlx::query_as(&format!(
+    crate::db::query_as(&format!(
         "UPDATE sources SET kind = $2, spec = $3, updated_at = now() WHERE id = $1 RETURNING {COLUMNS}"
     ))
     .bind(id)
@@ -68,10 +68,10 @@ pub async fn update_spec(
 
 /// How many events a source holds.
 pub async fn event_count(db: impl PgExecutor<'_>, id: SourceId) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM events WHERE source_id = $1").bind(id).fetch_one(db).await
+    crate::db::query_scalar("SELECT count(*) FROM events WHERE source_id = $1").bind(id).fetch_one(db).await
 }
 
 /// Delete a source; its events, deliveries and attempts go with it (ON DELETE CASCADE).
 pub async fn delete(db: impl PgExecutor<'_>, id: SourceId) -> Result<bool, sqlx::Error> {
-    Ok(sqlx::query("DELETE FROM sources WHERE id = $1").bind(id).execute(db).await?.rows_affected() == 1)
+    Ok(crate::db::query("DELETE FROM sources WHERE id = $1").bind(id).execute(db).await?.rows_affected() == 1)
 }

@@ -37,7 +37,7 @@ pub async fn insert(
     ordered: Option<crate::queue::OnDead>,
 ) -> Result<Subscription, sqlx::Error> {
     let likes: Option<Vec<String>> = event_types.map(|ts| ts.iter().map(|t| fanout::to_like(t)).collect());
-    sqlx::query_as(
+    crate::db::query_as(
         "WITH s AS (
              INSERT INTO subscriptions (endpoint_id, source_id, event_types, event_type_likes, ordered, ordered_on_dead)
              VALUES ($1, $2, $3, $4, $5, COALESCE($6, 'block'))
@@ -60,7 +60,7 @@ const SELECT: &str = "SELECT s.id, s.endpoint_id, s.source_id, s.event_types, s.
 
 /// Subscriptions, optionally of one endpoint, in creation order.
 pub async fn list(db: impl PgExecutor<'_>, endpoint_id: Option<EndpointId>) -> Result<Vec<Subscription>, sqlx::Error> {
-    sqlx::query_as(&format!("{SELECT} WHERE $1::uuid IS NULL OR s.endpoint_id = $1 ORDER BY s.id"))
+    crate::db::query_as(&format!("{SELECT} WHERE $1::uuid IS NULL OR s.endpoint_id = $1 ORDER BY s.id"))
         .bind(endpoint_id)
         .fetch_all(db)
         .await
@@ -68,7 +68,7 @@ pub async fn list(db: impl PgExecutor<'_>, endpoint_id: Option<EndpointId>) -> R
 
 /// One subscription.
 pub async fn by_id(db: impl PgExecutor<'_>, id: SubscriptionId) -> Result<Option<Subscription>, sqlx::Error> {
-    sqlx::query_as(&format!("{SELECT} WHERE s.id = $1")).bind(id).fetch_optional(db).await
+    crate::db::query_as(&format!("{SELECT} WHERE s.id = $1")).bind(id).fetch_optional(db).await
 }
 
 /// Change a subscription's source filter, patterns and/or ordering; `Some(None)` clears
@@ -82,7 +82,7 @@ pub async fn update(
 ) -> Result<Option<Subscription>, sqlx::Error> {
     let types: Option<Vec<String>> = event_types.flatten().map(<[String]>::to_vec);
     let likes: Option<Vec<String>> = types.as_ref().map(|ts| ts.iter().map(|t| fanout::to_like(t)).collect());
-    sqlx::query_as(
+    crate::db::query_as(
         "WITH s AS (
              UPDATE subscriptions
              SET source_id = CASE WHEN $2 THEN $3 ELSE source_id END,
@@ -108,5 +108,5 @@ pub async fn update(
 
 /// Delete a subscription (existing deliveries are not affected).
 pub async fn delete(db: impl PgExecutor<'_>, id: SubscriptionId) -> Result<bool, sqlx::Error> {
-    Ok(sqlx::query("DELETE FROM subscriptions WHERE id = $1").bind(id).execute(db).await?.rows_affected() == 1)
+    Ok(crate::db::query("DELETE FROM subscriptions WHERE id = $1").bind(id).execute(db).await?.rows_affected() == 1)
 }

@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sqlx::PgPool;
 use webhook_gateway::circuit::CircuitConfig;
+use webhook_gateway::db::Pool;
 use webhook_gateway::deliver::recorder;
 use webhook_gateway::queue::{self, Outcome};
 
@@ -16,7 +16,7 @@ use crate::support::sink::{Reply, Sink};
 use crate::support::{TestApp, TestDb, attempt_record, eventually, insert_endpoint, seed_deliveries};
 
 /// A trigger on `attempts` that raises for rows matching `condition` (on `NEW`).
-async fn refuse_attempts_where(pool: &PgPool, condition: &str) {
+async fn refuse_attempts_where(pool: &Pool, condition: &str) {
     sqlx::query(&format!(
         "CREATE FUNCTION refuse_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
@@ -69,7 +69,7 @@ async fn four_claimed(db: &TestDb) -> (String, Vec<queue::Claimed>) {
     (poisoned, claimed)
 }
 
-async fn status_of(pool: &PgPool, id: webhook_gateway::ids::DeliveryId) -> (String, Option<String>, i64) {
+async fn status_of(pool: &Pool, id: webhook_gateway::ids::DeliveryId) -> (String, Option<String>, i64) {
     sqlx::query_as(
         "SELECT status, dead_reason, (SELECT count(*) FROM attempts WHERE delivery_id = d.id)
          FROM deliveries d WHERE id = $1",

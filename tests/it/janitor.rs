@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use sqlx::PgPool;
 use sqlx::postgres::PgArguments;
 use tokio::sync::Barrier;
 use uuid::Uuid;
 use webhook_gateway::app::Settings;
 use webhook_gateway::db;
+use webhook_gateway::db::Pool;
 use webhook_gateway::janitor::{self, JanitorSettings, PassOutcome, PassReport, RunStatus};
 use webhook_gateway::queue;
 
@@ -22,7 +22,7 @@ fn settings(batch_size: u32) -> JanitorSettings {
     JanitorSettings { batch_size, batch_pause: Duration::from_millis(5), ..JanitorSettings::default() }
 }
 
-async fn endpoint(pool: &PgPool) -> Uuid {
+async fn endpoint(pool: &Pool) -> Uuid {
     sqlx::query_scalar(
         "INSERT INTO endpoints (url, secret) VALUES ('http://127.0.0.1:9/', 'whsec_dGVzdA==') RETURNING id",
     )
@@ -32,7 +32,7 @@ async fn endpoint(pool: &PgPool) -> Uuid {
 }
 
 /// An event received `days` ago.
-async fn event(pool: &PgPool, days: i32) -> Uuid {
+async fn event(pool: &Pool, days: i32) -> Uuid {
     sqlx::query_scalar(
         "INSERT INTO events (source_id, dedupe_key, event_type, headers, payload, received_at)
          VALUES ((SELECT id FROM sources WHERE name = 'api'), gen_random_uuid()::text, 't', '{}', '\\x00',
@@ -46,7 +46,7 @@ async fn event(pool: &PgPool, days: i32) -> Uuid {
 }
 
 /// A delivery in `status`, finished `finished_days` ago (None: not finished).
-async fn delivery(pool: &PgPool, event: Uuid, endpoint: Uuid, status: &str, finished_days: Option<i32>) -> Uuid {
+async fn delivery(pool: &Pool, event: Uuid, endpoint: Uuid, status: &str, finished_days: Option<i32>) -> Uuid {
     sqlx::query_scalar(
         "INSERT INTO deliveries (event_id, endpoint_id, status, finished_at, dead_reason, parked)
          VALUES ($1, $2, $3, now() - make_interval(days => $4), CASE WHEN $3 = 'dead' THEN 'test' END, $3 = 'pending')
@@ -62,7 +62,7 @@ async fn delivery(pool: &PgPool, event: Uuid, endpoint: Uuid, status: &str, fini
 }
 
 /// An attempt recorded `days` ago.
-async fn attempt(pool: &PgPool, delivery: Uuid, days: i32) -> i64 {
+async fn attempt(pool: &Pool, delivery: Uuid, days: i32) -> i64 {
     sqlx::query_scalar(
         "INSERT INTO attempts (delivery_id, attempt_number, started_at, duration_ms, outcome, reason, recorded_at)
          VALUES ($1, (SELECT count(*) + 1 FROM attempts WHERE delivery_id = $1), now() - make_interval(days => $2),
@@ -76,7 +76,7 @@ async fn attempt(pool: &PgPool, delivery: Uuid, days: i32) -> i64 {
     .unwrap()
 }
 
-async fn ids(pool: &PgPool, sql: &str) -> Vec<Uuid> {
+async fn ids(pool: &Pool, sql: &str) -> Vec<Uuid> {
     let mut ids: Vec<Uuid> = sqlx::query_scalar(sql).fetch_all(pool).await.unwrap();
     ids.sort();
     ids
@@ -375,7 +375,7 @@ fn plan_nodes(plan: &Value, out: &mut Vec<(String, String, String)>) {
 type Explain<'q> = sqlx::query::QueryScalar<'q, sqlx::Postgres, sqlx::types::Json<Value>, PgArguments>;
 
 /// The plan nodes of an `EXPLAIN (FORMAT JSON)` query (bound by the caller).
-async fn plan(pool: &PgPool, explain: Explain<'_>) -> Vec<(String, String, String)> {
+async fn plan(pool: &Pool, explain: Explain<'_>) -> Vec<(String, String, String)> {
     let plan = explain.fetch_one(pool).await.unwrap();
     let mut nodes = Vec::new();
     for top in plan.0.as_array().unwrap() {

@@ -1,6 +1,9 @@
 //! Integration tests: real PostgreSQL, real HTTP, one binary (so one embedded cluster per
 //! run when DATABASE_URL is unset).
 
+// Tests inspect and arrange the database with their own statements (plain sqlx).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 mod admin_api;
@@ -19,12 +22,14 @@ mod hostile_subscriber;
 mod ingest;
 mod isolation;
 mod janitor;
+mod leases;
 mod metrics;
 mod openapi;
 mod operator;
 mod ordering;
 mod otel;
 mod plans;
+mod pooler;
 mod quickstart;
 mod replicas;
 mod secrets;

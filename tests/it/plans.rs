@@ -6,8 +6,8 @@
 //! scans or hashes a table grows with the backlog, one that follows indexes does not.
 
 use serde_json::Value;
-use sqlx::PgPool;
 use uuid::Uuid;
+use webhook_gateway::db::Pool;
 use webhook_gateway::queue;
 
 use crate::support::{TestDb, insert_endpoint, seed_deliveries};
@@ -67,7 +67,7 @@ async fn explain_prepared(conn: &mut sqlx::PgConnection, sql: &str, types: &str,
 
 /// Run the claim the workers run, prepared and executed in `mode`, inside a transaction
 /// that is rolled back.
-async fn claim_cost(pool: &PgPool, mode: &str, endpoint: Uuid) -> Cost {
+async fn claim_cost(pool: &Pool, mode: &str, endpoint: Uuid) -> Cost {
     let mut tx = pool.begin().await.unwrap();
     sqlx::query(&format!("SET LOCAL plan_cache_mode = {mode}")).execute(&mut *tx).await.unwrap();
     // The first statement of the claim, as `claim_fair` runs it: it locks the endpoints.
@@ -86,7 +86,7 @@ async fn claim_cost(pool: &PgPool, mode: &str, endpoint: Uuid) -> Cost {
 }
 
 /// Add `n` delivered deliveries (history: finished, with one attempt each) to `endpoint`.
-async fn add_history(pool: &PgPool, endpoint: Uuid, n: i64) {
+async fn add_history(pool: &Pool, endpoint: Uuid, n: i64) {
     sqlx::query(
         "WITH ev AS (
              INSERT INTO events (source_id, dedupe_key, event_type, headers, payload)
@@ -167,7 +167,7 @@ const LINE_BATCH: i64 = 16;
 /// the recorder's statements ([`lines::RELEASE_HEADS_SQL`], then [`lines::PROMOTE_SQL`]),
 /// custom-planned as the recorder runs them, in a transaction that is rolled back. Returns
 /// the rows each plan handled.
-async fn move_lines_on(pool: &PgPool) -> (f64, f64) {
+async fn move_lines_on(pool: &Pool) -> (f64, f64) {
     use webhook_gateway::queue::lines;
     let mut tx = pool.begin().await.unwrap();
     sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan").execute(&mut *tx).await.unwrap();

@@ -125,8 +125,7 @@ async fn a_stale_worker_is_fenced() {
     assert_eq!(b[0].claim_token, a[0].claim_token + 1);
     assert_eq!((a[0].attempt, b[0].attempt), (1, 2));
 
-    let stale =
-        queue::record(&mut db.pool.acquire().await.unwrap(), &[record(&a[0], Outcome::Delivered)]).await.unwrap();
+    let stale = record_committed(&db.pool, &[record(&a[0], Outcome::Delivered)]).await.unwrap();
     assert_eq!(stale, queue::Recorded::default(), "A is fenced");
     let (status, attempts): (String, i32) =
         sqlx::query_as("SELECT status, attempt_count FROM deliveries").fetch_one(&db.pool).await.unwrap();
@@ -134,13 +133,11 @@ async fn a_stale_worker_is_fenced() {
     assert_eq!(db.count("attempts").await, 0);
     assert!(!queue::release(&db.pool, a[0].id, a[0].claim_token, chrono::Utc::now()).await.unwrap());
 
-    let fresh =
-        queue::record(&mut db.pool.acquire().await.unwrap(), &[record(&b[0], Outcome::Delivered)]).await.unwrap();
+    let fresh = record_committed(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
     assert_eq!(fresh, queue::Recorded { fresh: vec![b[0].id], already: vec![] });
     // Recording twice (a retried write) does not apply twice, and says so: it is not
     // mistaken for a fenced outcome.
-    let again =
-        queue::record(&mut db.pool.acquire().await.unwrap(), &[record(&b[0], Outcome::Delivered)]).await.unwrap();
+    let again = record_committed(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
     assert_eq!(again, queue::Recorded { fresh: vec![], already: vec![b[0].id] });
     assert_eq!(db.count("attempts").await, 1);
 }
@@ -161,12 +158,11 @@ async fn recording_a_retry_twice_records_one_attempt() {
     retry.next_attempt_at = Some(first_at);
     retry.next_attempt_reason = Some("backoff".into());
     let delivered = record(&claimed[1], Outcome::Delivered);
-    let first =
-        queue::record(&mut db.pool.acquire().await.unwrap(), &[retry.clone(), delivered.clone()]).await.unwrap();
+    let first = record_committed(&db.pool, &[retry.clone(), delivered.clone()]).await.unwrap();
     assert_eq!(first.fresh.len(), 2);
     // The same batch again, with a later schedule for the retry (a fresh draw).
     retry.next_attempt_at = Some(first_at + chrono::Duration::seconds(60));
-    let second = queue::record(&mut db.pool.acquire().await.unwrap(), &[retry, delivered]).await.unwrap();
+    let second = record_committed(&db.pool, &[retry, delivered]).await.unwrap();
     assert!(second.fresh.is_empty(), "{second:?}");
     assert_eq!(second.already.len(), 2);
     let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE delivery_id = $1")
@@ -254,4 +250,15 @@ async fn split_roles_wake_workers_by_notification() {
         (count_status(&app.db.pool, "delivered").await == 5).then_some(())
     })
     .await;
+}
+
+/// `queue::record` in a transaction of its own, committed.
+async fn record_committed(
+    pool: &webhook_gateway::db::Pool,
+    rows: &[webhook_gateway::queue::AttemptRecord],
+) -> Result<webhook_gateway::queue::Recorded, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let recorded = queue::record(&mut tx, rows).await?;
+    tx.commit().await?;
+    Ok(recorded)
 }

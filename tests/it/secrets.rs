@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use sqlx::PgPool;
+use webhook_gateway::db::Pool;
 use webhook_gateway::secrets::{self, Key, Keyring};
 
 use crate::support::signing::github_header;
@@ -93,7 +93,7 @@ async fn webhook_in_and_signed_delivery_out(
 }
 
 /// Every stored secret value, as the raw rows hold them.
-async fn stored_values(pool: &PgPool) -> Vec<String> {
+async fn stored_values(pool: &Pool) -> Vec<String> {
     sqlx::query_scalar(
         "SELECT secret FROM endpoints
          UNION ALL SELECT unnest(previous_secrets) FROM endpoints
@@ -106,7 +106,7 @@ async fn stored_values(pool: &PgPool) -> Vec<String> {
 
 /// No row of `endpoints` or `sources` holds any of `plaintexts` anywhere (whole rows as
 /// text), and every stored secret is encrypted under `key`.
-async fn assert_encrypted(pool: &PgPool, key: &Key, plaintexts: &[&str]) {
+async fn assert_encrypted(pool: &Pool, key: &Key, plaintexts: &[&str]) {
     for plaintext in plaintexts {
         let core = plaintext.trim_start_matches("whsec_");
         let found: i64 = sqlx::query_scalar(

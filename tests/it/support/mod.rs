@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod otlp;
+pub mod pgbouncer;
 pub mod proxy;
 pub mod raw_sink;
 pub mod signing;
@@ -20,9 +21,10 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
-use sqlx::{Connection, Executor, PgConnection, PgPool};
+use sqlx::{Connection, Executor, PgConnection};
 use webhook_gateway::app::{self, Running, Settings};
 use webhook_gateway::circuit::CircuitConfig;
+use webhook_gateway::db::Pool;
 use webhook_gateway::db::{self, embedded};
 use webhook_gateway::deliver::DeliverySettings;
 use webhook_gateway::egress::EgressConfig;
@@ -81,7 +83,7 @@ pub struct TestDb {
     /// Its connection URL.
     pub url: String,
     /// A pool for the test's own queries.
-    pub pool: PgPool,
+    pub pool: Pool,
 }
 
 impl TestDb {
@@ -93,6 +95,21 @@ impl TestDb {
         let pool = db::connect(&url, 8).await.expect("connect to test database");
         db::migrate(&pool).await.expect("migrate test database");
         TestDb { url, pool }
+    }
+
+    /// Create a new database and leave it empty (not migrated): for tests whose gateways
+    /// migrate it themselves.
+    pub async fn empty() -> TestDb {
+        let name = format!("wg_test_{}", uuid::Uuid::new_v4().simple());
+        create_database(&server_url("postgres"), &name).await;
+        let url = server_url(&name);
+        let pool = db::connect(&url, 8).await.expect("connect to test database");
+        TestDb { url, pool }
+    }
+
+    /// Its name.
+    pub fn name(&self) -> String {
+        url::Url::parse(&self.url).expect("test database URL").path().trim_start_matches('/').to_owned()
     }
 
     /// Count rows of a table.
@@ -351,7 +368,7 @@ impl Drop for GatewayProcess {
 
 /// Insert `n` events of source `api`, each with one delivery to `endpoint_id`, due now.
 /// Each call's dedupe keys are its own, so one endpoint can be seeded more than once.
-pub async fn seed_deliveries(pool: &PgPool, endpoint_id: &str, n: i64) {
+pub async fn seed_deliveries(pool: &Pool, endpoint_id: &str, n: i64) {
     sqlx::query(
         "WITH ev AS (
              INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload)
@@ -370,7 +387,7 @@ pub async fn seed_deliveries(pool: &PgPool, endpoint_id: &str, n: i64) {
 }
 
 /// Count deliveries by status.
-pub async fn count_status(pool: &PgPool, status: &str) -> i64 {
+pub async fn count_status(pool: &Pool, status: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = $1")
         .bind(status)
         .fetch_one(pool)
@@ -402,7 +419,7 @@ pub fn attempt_record(
 }
 
 /// Insert an endpoint row directly (no API, no validation); returns its id.
-pub async fn insert_endpoint(pool: &PgPool, url: &str) -> String {
+pub async fn insert_endpoint(pool: &Pool, url: &str) -> String {
     sqlx::query_scalar("INSERT INTO endpoints (url, secret) VALUES ($1, 'whsec_c2VjcmV0') RETURNING id::text")
         .bind(url)
         .fetch_one(pool)

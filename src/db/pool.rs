@@ -1,0 +1,280 @@
+//! [`Pool`]: the handle every part of the gateway reaches PostgreSQL through, and what
+//! lets it run behind a transaction pooler.
+//!
+//! # Transaction poolers
+//!
+//! PgBouncer in transaction mode (the default pooling of most managed PostgreSQL), pgcat,
+//! Supavisor and RDS Proxy hand the server connection to another client after every
+//! transaction. Nothing may then rely on session state outliving a transaction, and
+//! sqlx relies on two kinds by default:
+//!
+//! - **Named prepared statements**, cached per connection (`sqlx_s_1`, ...): the next
+//!   transaction may run on a server connection where another client prepared
+//!   `sqlx_s_1` (`prepared statement "sqlx_s_1" already exists`) or where it was never
+//!   prepared (`... does not exist`). With [`Pooler::Transaction`] every statement uses
+//!   the unnamed statement ([`query`], [`query_as`], [`query_scalar`] mark them; the pool
+//!   marks the rest) and the statement cache is off.
+//! - **Two round trips per statement.** sqlx parses and describes a statement, waits for
+//!   the server to be idle, then binds and executes it. Outside a transaction the pooler
+//!   may hand the server connection to someone else in between: the bind then fails, or
+//!   worse binds another client's unnamed statement. So with [`Pooler::Transaction`] a
+//!   statement run on the pool (not inside a transaction the caller began) runs inside
+//!   `BEGIN ... COMMIT`, which the pooler keeps on one server connection.
+//!
+//! The server-side bounds travel as the startup `options` parameter on a direct
+//! connection; PgBouncer refuses unknown startup parameters, so behind a pooler every
+//! transaction sets them with `SET LOCAL` in the same round trip as its `BEGIN`.
+//!
+//! Features that truly need a session (`LISTEN` for wake-ups across processes) use the
+//! optional direct session URL ([`Pool::session_options`]); without one they fall back
+//! to what works without a session (polling), and say so once in the log.
+//!
+//! What it costs: measured in the benchmark (README, "Behind a transaction pooler").
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures_util::future::BoxFuture;
+use futures_util::stream::{self, BoxStream};
+use futures_util::{FutureExt, StreamExt, TryFutureExt, TryStreamExt};
+use serde::Deserialize;
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgQueryResult, PgRow, PgStatement, PgTypeInfo};
+use sqlx::query::{Query, QueryAs, QueryScalar};
+use sqlx::{Either, Execute, Executor, PgPool, Postgres, Transaction};
+
+use super::failure::{Health, Unavailable};
+
+/// What sits between the gateway and PostgreSQL (`--db-pooler`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooler {
+    /// PostgreSQL itself, or a pooler in session mode: prepared statements are cached per
+    /// connection (one round trip per statement).
+    #[default]
+    None,
+    /// A pooler that hands the server connection to another client after each
+    /// transaction (PgBouncer `pool_mode = transaction`, pgcat, Supavisor, RDS Proxy): no
+    /// session state is relied on.
+    Transaction,
+}
+
+/// Whether statements are prepared as named, cached statements. Off once this process
+/// has opened a pool behind a transaction pooler (a process serves one database).
+static NAMED_STATEMENTS: AtomicBool = AtomicBool::new(true);
+
+fn named_statements() -> bool {
+    NAMED_STATEMENTS.load(Ordering::Relaxed)
+}
+
+/// `sqlx::query`, prepared the way this process's database allows (see the module doc).
+/// Every statement of the gateway is built with this or its two siblings.
+#[allow(clippy::disallowed_methods)]
+pub fn query(sql: &str) -> Query<'_, Postgres, PgArguments> {
+    sqlx::query(sql).persistent(named_statements())
+}
+
+/// `sqlx::query_as`, prepared as [`query`] is.
+#[allow(clippy::disallowed_methods)]
+pub fn query_as<'q, O>(sql: &'q str) -> QueryAs<'q, Postgres, O, PgArguments>
+where
+    O: for<'r> sqlx::FromRow<'r, PgRow>,
+{
+    sqlx::query_as(sql).persistent(named_statements())
+}
+
+/// `sqlx::query_scalar`, prepared as [`query`] is.
+#[allow(clippy::disallowed_methods)]
+pub fn query_scalar<'q, O>(sql: &'q str) -> QueryScalar<'q, Postgres, O, PgArguments>
+where
+    (O,): for<'r> sqlx::FromRow<'r, PgRow>,
+{
+    sqlx::query_scalar(sql).persistent(named_statements())
+}
+
+/// The gateway's connection pool: sqlx's pool, the [`Health`] its failures report to,
+/// and the way to reach PostgreSQL for what needs a session. Cheap to clone.
+///
+/// It is an executor (`query.fetch_one(&pool)`) like sqlx's pool; behind a transaction
+/// pooler each such statement runs in its own transaction (see the module doc).
+#[derive(Clone)]
+pub struct Pool {
+    inner: PgPool,
+    health: Arc<Health>,
+    pooler: Pooler,
+    session: Option<Arc<PgConnectOptions>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("pooler", &self.pooler).field("size", &self.inner.size()).finish()
+    }
+}
+
+impl Pool {
+    pub(super) fn new(inner: PgPool, health: Arc<Health>, pooler: Pooler, session: Option<PgConnectOptions>) -> Pool {
+        if pooler == Pooler::Transaction {
+            NAMED_STATEMENTS.store(false, Ordering::Relaxed);
+        }
+        Pool { inner, health, pooler, session: session.map(Arc::new) }
+    }
+
+    /// What sits between this pool and PostgreSQL.
+    pub fn pooler(&self) -> Pooler {
+        self.pooler
+    }
+
+    /// What failed calls have told this pool about its database.
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// Classify a failed call's error (as [`super::unavailable`]) and tell this pool's
+    /// [`Health`] what it says about the node. The hot write paths (ingest, claim, outcome
+    /// recorder) report their errors here; the pool's own statements do it themselves.
+    pub fn note(&self, err: &sqlx::Error) -> Option<Unavailable> {
+        self.health.note(err)
+    }
+
+    /// Options for a connection that keeps its session (`LISTEN`): the pool's own when it
+    /// reaches PostgreSQL directly, the session URL's behind a transaction pooler, `None`
+    /// behind a pooler without one.
+    pub fn session_options(&self) -> Option<PgConnectOptions> {
+        match self.pooler {
+            Pooler::None => Some((*self.inner.connect_options()).clone()),
+            Pooler::Transaction => self.session.as_deref().cloned(),
+        }
+    }
+
+    /// Options for a dedicated connection that runs ordinary transactions (not session
+    /// state): the pool's own.
+    pub fn connect_options(&self) -> Arc<PgConnectOptions> {
+        self.inner.connect_options()
+    }
+
+    /// Begin a transaction on a pooled connection. Behind a transaction pooler its
+    /// `BEGIN` also sets the server-side bounds for the transaction (same round trip).
+    pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        let result = match self.pooler {
+            Pooler::None => self.inner.begin().await,
+            Pooler::Transaction => self.inner.begin_with(super::POOLED_BEGIN).await,
+        };
+        result.inspect_err(|e| {
+            self.note(e);
+        })
+    }
+
+    /// Close every connection and refuse new calls.
+    pub async fn close(&self) {
+        self.inner.close().await;
+    }
+
+    /// Open connections (idle and in use).
+    pub fn size(&self) -> u32 {
+        self.inner.size()
+    }
+
+    /// Idle connections.
+    pub fn num_idle(&self) -> usize {
+        self.inner.num_idle()
+    }
+}
+
+/// A statement run as the unnamed statement, whatever its builder asked for.
+struct Unnamed<E>(E);
+
+impl<'q, E: Execute<'q, Postgres>> Execute<'q, Postgres> for Unnamed<E> {
+    fn sql(&self) -> &'q str {
+        self.0.sql()
+    }
+
+    fn statement(&self) -> Option<&PgStatement<'q>> {
+        self.0.statement()
+    }
+
+    fn take_arguments(&mut self) -> Result<Option<PgArguments>, sqlx::error::BoxDynError> {
+        self.0.take_arguments()
+    }
+
+    fn persistent(&self) -> bool {
+        false
+    }
+}
+
+type Item = Either<PgQueryResult, PgRow>;
+
+impl<'p> Executor<'p> for &'_ Pool {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(self, query: E) -> BoxStream<'e, Result<Item, sqlx::Error>>
+    where
+        'p: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let health = self.health.clone();
+        let items = match self.pooler {
+            Pooler::None => self.inner.fetch_many(query),
+            Pooler::Transaction => {
+                // The whole result is read inside the transaction: every statement of the
+                // gateway returns a bounded number of rows.
+                let pool = self.clone();
+                stream::once(async move {
+                    let mut tx = pool.inner.begin_with(super::POOLED_BEGIN).await?;
+                    let items: Vec<Item> = (&mut *tx).fetch_many(Unnamed(query)).try_collect().await?;
+                    tx.commit().await?;
+                    Ok::<_, sqlx::Error>(items)
+                })
+                .map_ok(|items| stream::iter(items.into_iter().map(Ok)))
+                .try_flatten()
+                .boxed()
+            }
+        };
+        items
+            .inspect_err(move |e| {
+                health.note(e);
+            })
+            .boxed()
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(self, query: E) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'p: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let health = self.health.clone();
+        let row = match self.pooler {
+            Pooler::None => self.inner.fetch_optional(query),
+            Pooler::Transaction => {
+                let pool = self.clone();
+                async move {
+                    let mut tx = pool.inner.begin_with(super::POOLED_BEGIN).await?;
+                    let row = (&mut *tx).fetch_optional(Unnamed(query)).await?;
+                    tx.commit().await?;
+                    Ok(row)
+                }
+                .boxed()
+            }
+        };
+        row.inspect_err(move |e| {
+            health.note(e);
+        })
+        .boxed()
+    }
+
+    fn prepare_with<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement<'q>, sqlx::Error>>
+    where
+        'p: 'e,
+    {
+        self.inner.prepare_with(sql, parameters)
+    }
+
+    fn describe<'e, 'q: 'e>(self, sql: &'q str) -> BoxFuture<'e, Result<sqlx::Describe<Postgres>, sqlx::Error>>
+    where
+        'p: 'e,
+    {
+        self.inner.describe(sql)
+    }
+}

@@ -1,0 +1,119 @@
+//! The distribution's PgBouncer, started by a test in transaction mode in front of the
+//! test server: the pooler most managed PostgreSQL offerings put before the database.
+//! Installed by `.ci/run` where missing; a test that needs it fails with a clear message
+//! when it is not there.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running PgBouncer; stopped on drop.
+pub struct PgBouncer {
+    child: Option<Child>,
+    /// Where clients connect.
+    pub port: u16,
+    dir: PathBuf,
+    /// Its log (stderr).
+    pub log: PathBuf,
+}
+
+/// The `pgbouncer` binary.
+fn binary() -> PathBuf {
+    ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer", "/usr/local/bin/pgbouncer"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .expect("pgbouncer is not installed (apt install pgbouncer; .ci/run installs it)")
+}
+
+impl PgBouncer {
+    /// PgBouncer in transaction mode with `server_connections` server connections per
+    /// database, in front of the server `server_url` points at (any database of it).
+    pub fn start(server_url: &str, server_connections: u32) -> PgBouncer {
+        let server = url::Url::parse(server_url).expect("server URL");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+        let dir = std::env::temp_dir().join(format!("wg-pgbouncer-{port}"));
+        std::fs::create_dir_all(&dir).expect("pgbouncer dir");
+        let password = server.password().map(|p| format!(" password={p}")).unwrap_or_default();
+        let ini = format!(
+            "[databases]\n* = host={host} port={sport} user={user}{password}\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+             auth_type = trust\nauth_file = {dir}/users.txt\npool_mode = transaction\n\
+             default_pool_size = {server_connections}\nmax_client_conn = 500\n\
+             server_login_retry = 1\nquery_wait_timeout = 30\n",
+            host = server.host_str().expect("host"),
+            sport = server.port().unwrap_or(5432),
+            user = server.username(),
+            dir = dir.display(),
+        );
+        std::fs::write(dir.join("pgbouncer.ini"), ini).expect("pgbouncer.ini");
+        std::fs::write(dir.join("users.txt"), format!("\"{}\" \"\"\n", server.username())).expect("users.txt");
+        let mut bouncer = PgBouncer { child: None, port, log: dir.join("pgbouncer.log"), dir };
+        bouncer.spawn();
+        bouncer
+    }
+
+    fn spawn(&mut self) {
+        use std::os::unix::fs::PermissionsExt;
+        // PgBouncer refuses to run as root: as root, it runs as the `postgres` user (the
+        // embedded test cluster does the same), which must read its files.
+        let as_root = unsafe { libc::geteuid() } == 0;
+        for file in ["", "pgbouncer.ini", "users.txt"] {
+            let mode = if file.is_empty() { 0o755 } else { 0o644 };
+            let _ = std::fs::set_permissions(self.dir.join(file), std::fs::Permissions::from_mode(mode));
+        }
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("pgbouncer log");
+        let mut command = Command::new(binary());
+        if as_root {
+            command.args(["-u", "postgres"]);
+        }
+        let child = command
+            .arg(self.dir.join("pgbouncer.ini"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start pgbouncer");
+        self.child = Some(child);
+        let addr: SocketAddr = format!("127.0.0.1:{}", self.port).parse().expect("addr");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            assert!(Instant::now() < deadline, "pgbouncer did not start: {}", self.log_text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A client URL for `database` through this pooler.
+    pub fn url(&self, database: &str, server_url: &str) -> String {
+        let server = url::Url::parse(server_url).expect("server URL");
+        format!("postgres://{}@127.0.0.1:{}/{database}", server.username(), self.port)
+    }
+
+    /// Kill it (every client and server connection is cut), then start it again on the
+    /// same port: a pooler restarted or failed over under load.
+    pub fn restart(&mut self) {
+        self.stop();
+        std::thread::sleep(Duration::from_millis(300));
+        self.spawn();
+    }
+
+    /// Kill it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// What it logged.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -164,7 +164,9 @@ impl Cluster {
             // connect would succeed earlier, during recovery.
             let log = std::fs::read(log_path).unwrap_or_default();
             let fresh = String::from_utf8_lossy(log.get(log_start as usize..).unwrap_or_default());
-            if fresh.contains("database system is ready to accept connections")
+            // A hot standby (a test's replica) accepts read-only connections.
+            if (fresh.contains("database system is ready to accept connections")
+                || fresh.contains("database system is ready to accept read-only connections"))
                 && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
             {
                 return Ok(());

@@ -107,17 +107,26 @@ impl Health {
         if let Some(refusal) = refusal {
             // A connection reset is not the server refusing: only the stale mark.
             let refused = matches!(err, sqlx::Error::Database(_));
-            self.note_refusal(refusal, refused);
+            if refused {
+                self.note_refusal(refusal);
+            } else {
+                self.mark_stale(refusal);
+            }
         }
         Some(committed)
     }
 
-    fn note_refusal(&self, refusal: Refusal, refused: bool) {
+    /// Note that the server refused work (a read-only or departing node also marks the
+    /// older connections stale).
+    pub fn note_refusal(&self, refusal: Refusal) {
         let now = self.now_ms();
-        if refused {
-            self.refusal.store(refusal as u64, Ordering::Relaxed);
-            self.refused_at_ms.store(now, Ordering::Relaxed);
-        }
+        self.refusal.store(refusal as u64, Ordering::Relaxed);
+        self.refused_at_ms.store(now, Ordering::Relaxed);
+        self.mark_stale(refusal);
+    }
+
+    fn mark_stale(&self, refusal: Refusal) {
+        let now = self.now_ms();
         if matches!(refusal, Refusal::ReadOnly | Refusal::NodeGoingAway) {
             self.stale_before_ms.fetch_max(now, Ordering::Relaxed);
         }
@@ -282,10 +291,10 @@ mod tests {
         let health = Health { origin: Instant::now() - Duration::from_secs(100), ..Health::default() };
         assert!(!health.is_stale(Duration::from_secs(50)));
         assert_eq!(health.refusing_writes(), None);
-        health.note_refusal(Refusal::Resources, true);
+        health.note_refusal(Refusal::Resources);
         assert!(!health.is_stale(Duration::from_secs(50)), "a full disk is not the connections' fault");
         assert_eq!(health.refusing_writes(), Some(Refusal::Resources));
-        health.note_refusal(Refusal::ReadOnly, true);
+        health.note_refusal(Refusal::ReadOnly);
         assert!(health.is_stale(Duration::from_secs(50)), "opened before the refusal");
         assert!(!health.is_stale(Duration::ZERO), "opened after it");
         assert_eq!(health.refusing_writes(), Some(Refusal::ReadOnly));

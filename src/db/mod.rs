@@ -149,7 +149,7 @@ pub async fn open(config: &DbConfig) -> anyhow::Result<Pool> {
     check_first_connection(&options).await?;
     let target = tcp::Target::of(&options);
     let health = Arc::new(Health::default());
-    let stale = health.clone();
+    let (stale, refusals) = (health.clone(), health.clone());
     // No ping before every checkout (sqlx's default): it doubles the round trips of a
     // one-statement ingest. A connection that died is found by the statement that uses
     // it, which fails (503 at ingest: the producer retries), drops the connection and
@@ -164,12 +164,15 @@ pub async fn open(config: &DbConfig) -> anyhow::Result<Pool> {
             Box::pin(async move { Ok(keep) })
         })
         .after_connect(move |conn, _meta| {
-            let target = target.clone();
+            let (target, refusals) = (target.clone(), refusals.clone());
             Box::pin(async move {
                 tcp::harden(&target);
                 match writable(conn).await? {
                     true => Ok(()),
-                    false => Err(read_only_error()),
+                    false => {
+                        refusals.note_refusal(Refusal::ReadOnly);
+                        Err(read_only_error())
+                    }
                 }
             })
         })
@@ -325,8 +328,20 @@ impl NotReady {
 
 /// Whether the database can take this process's traffic (for `/readyz`): reachable,
 /// migrated, writable, and no write refused lately. At most [`DEFAULT_REQUEST_TIMEOUT`],
-/// then an error.
+/// then an error, unless the error is the pool refusing read-only connections (a standby
+/// reached during a failover), which is [`NotReady::ReadOnly`].
 pub async fn readiness(pool: &Pool) -> Result<Result<(), NotReady>, sqlx::Error> {
+    match ready_now(pool).await {
+        Err(e) => match pool.health().refusing_writes() {
+            Some(Refusal::ReadOnly) => Ok(Err(NotReady::ReadOnly)),
+            Some(_) => Ok(Err(NotReady::RefusingWrites)),
+            None => Err(e),
+        },
+        ready => ready,
+    }
+}
+
+async fn ready_now(pool: &Pool) -> Result<Result<(), NotReady>, sqlx::Error> {
     let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     let row = tokio::time::timeout(
         DEFAULT_REQUEST_TIMEOUT,
@@ -344,7 +359,8 @@ pub async fn readiness(pool: &Pool) -> Result<Result<(), NotReady>, sqlx::Error>
         Err(NotReady::MigrationsNotApplied)
     } else if read_only {
         Err(NotReady::ReadOnly)
-    } else if pool.health().refusing_writes().is_some() {
+    } else if pool.health().refusing_writes() == Some(Refusal::Resources) {
+        // A full disk or exhausted memory does not show in a read: the last refusal does.
         Err(NotReady::RefusingWrites)
     } else {
         Ok(())

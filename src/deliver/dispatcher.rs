@@ -106,8 +106,13 @@ async fn run(
                 let pause = claim_retry_pause(claim_failures);
                 tracing::warn!(error = %e, retry_in = ?pause, "claiming deliveries failed");
                 drop(first);
-                if sleep_or_stop(pause, &mut stop).await {
-                    break;
+                // A wake-up (ingest stored a webhook, so the database is back) ends the
+                // pause early: after a failover the workers follow ingest at once rather
+                // than up to a whole pause later.
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = wake.notified() => {}
+                    _ = stop.wait_for(|s| *s) => break,
                 }
                 continue;
             }
@@ -209,14 +214,6 @@ async fn claim(
         claimed.extend(queue::claim_fair(pool, rest as i64, settings.lease, fairness).await?);
     }
     Ok(claimed)
-}
-
-/// Sleep, unless stop arrives first; returns true on stop.
-async fn sleep_or_stop(pause: Duration, stop: &mut watch::Receiver<bool>) -> bool {
-    tokio::select! {
-        () = tokio::time::sleep(pause) => false,
-        _ = stop.wait_for(|s| *s) => true,
-    }
 }
 
 /// The pause after `failures` consecutive failed claims: doubling from 200 ms, at most

@@ -31,6 +31,7 @@ mod otel;
 mod plans;
 mod pooler;
 mod quickstart;
+mod refusals;
 mod replicas;
 mod secrets;
 mod slow_clients;

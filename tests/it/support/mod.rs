@@ -10,6 +10,7 @@
 
 pub mod otlp;
 pub mod pgbouncer;
+pub mod producer;
 pub mod proxy;
 pub mod raw_sink;
 pub mod signing;

@@ -59,6 +59,9 @@ pub struct Health {
     /// Last refusal (ms since `origin`, plus one; 0: none) and its kind.
     refused_at_ms: AtomicU64,
     refusal: AtomicU64,
+    /// Signalled by every failure classified unavailable (a pool over several hosts then
+    /// looks for the one that takes writes).
+    failures: tokio::sync::Notify,
 }
 
 impl Default for Health {
@@ -68,6 +71,7 @@ impl Default for Health {
             stale_before_ms: AtomicU64::new(0),
             refused_at_ms: AtomicU64::new(0),
             refusal: AtomicU64::new(0),
+            failures: tokio::sync::Notify::new(),
         }
     }
 }
@@ -104,6 +108,7 @@ impl Health {
     /// Classify `err` (see [`unavailable`]) and note what it says about the node.
     pub fn note(&self, err: &sqlx::Error) -> Option<Unavailable> {
         let (committed, refusal) = classify(err)?;
+        self.failures.notify_one();
         if let Some(refusal) = refusal {
             // A connection reset is not the server refusing: only the stale mark.
             let refused = matches!(err, sqlx::Error::Database(_));
@@ -123,6 +128,17 @@ impl Health {
         self.refusal.store(refusal as u64, Ordering::Relaxed);
         self.refused_at_ms.store(now, Ordering::Relaxed);
         self.mark_stale(refusal);
+    }
+
+    /// Wait for the next failure classified unavailable.
+    pub async fn trouble(&self) {
+        self.failures.notified().await;
+    }
+
+    /// Every connection opened until now is to be discarded (the pool moved to another
+    /// host).
+    pub fn mark_all_stale(&self) {
+        self.stale_before_ms.fetch_max(self.now_ms(), Ordering::Relaxed);
     }
 
     fn mark_stale(&self, refusal: Refusal) {

@@ -26,6 +26,7 @@
 
 pub mod embedded;
 mod failure;
+pub mod hosts;
 mod pool;
 pub mod tcp;
 mod text_enum;
@@ -122,22 +123,11 @@ pub async fn connect(url: &str, size: u32) -> anyhow::Result<Pool> {
 /// pool's [`Health`] heard of a read-only or departing node is discarded when it is next
 /// taken, so a failover heals by itself.
 pub async fn open(config: &DbConfig) -> anyhow::Result<Pool> {
-    let options: PgConnectOptions = config.url.parse().map_err(|e| anyhow::anyhow!("invalid database URL: {e}"))?;
-    // Statement logging at INFO would print every claim; keep it for slow statements only.
-    // No `extra_float_digits` startup parameter: PgBouncer refuses it unless configured to
-    // ignore it, and PostgreSQL 12+ prints floats exactly without it (the gateway reads
-    // its values in binary anyway).
-    let options = options
-        .extra_float_digits(None)
-        .log_statements(log::LevelFilter::Trace)
-        .log_slow_statements(log::LevelFilter::Warn, Duration::from_secs(1))
-        .application_name("webhook-gateway");
-    let options = match config.pooler {
-        Pooler::None => with_server_bounds(options),
-        // No startup `options` (PgBouncer refuses them; POOLED_BEGIN sets the bounds) and
-        // no statement cache (see `pool`).
-        Pooler::Transaction => options.statement_cache_capacity(0),
-    };
+    let hosts = hosts::split(&config.url)?
+        .iter()
+        .map(|url| url.parse::<PgConnectOptions>().map(|o| configure(o, config.pooler)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("invalid database URL: {e}"))?;
     let session = match &config.session_url {
         Some(url) => Some(with_server_bounds(
             url.parse::<PgConnectOptions>()
@@ -146,8 +136,8 @@ pub async fn open(config: &DbConfig) -> anyhow::Result<Pool> {
         )),
         None => None,
     };
-    check_first_connection(&options).await?;
-    let target = tcp::Target::of(&options);
+    let first = first_connection(&hosts).await?;
+    let targets: Vec<tcp::Target> = hosts.iter().map(tcp::Target::of).collect();
     let health = Arc::new(Health::default());
     let (stale, refusals) = (health.clone(), health.clone());
     // No ping before every checkout (sqlx's default): it doubles the round trips of a
@@ -164,9 +154,11 @@ pub async fn open(config: &DbConfig) -> anyhow::Result<Pool> {
             Box::pin(async move { Ok(keep) })
         })
         .after_connect(move |conn, _meta| {
-            let (target, refusals) = (target.clone(), refusals.clone());
+            let (targets, refusals) = (targets.clone(), refusals.clone());
             Box::pin(async move {
-                tcp::harden(&target);
+                for target in &targets {
+                    tcp::harden(target);
+                }
                 match writable(conn).await? {
                     true => Ok(()),
                     false => {
@@ -176,8 +168,42 @@ pub async fn open(config: &DbConfig) -> anyhow::Result<Pool> {
                 }
             })
         })
-        .connect_lazy_with(options);
+        .connect_lazy_with(hosts[first].clone());
+    if hosts.len() > 1 {
+        tokio::spawn(hosts::follow_writable(inner.clone(), health.clone(), hosts, first));
+    }
     Ok(Pool::new(inner, health, config.pooler, session))
+}
+
+/// A host's options as the gateway connects with them.
+fn configure(options: PgConnectOptions, pooler: Pooler) -> PgConnectOptions {
+    // Statement logging at INFO would print every claim; keep it for slow statements only.
+    // No `extra_float_digits` startup parameter: PgBouncer refuses it unless configured to
+    // ignore it, and PostgreSQL 12+ prints floats exactly without it (the gateway reads
+    // its values in binary anyway).
+    let options = options
+        .extra_float_digits(None)
+        .log_statements(log::LevelFilter::Trace)
+        .log_slow_statements(log::LevelFilter::Warn, Duration::from_secs(1))
+        .application_name("webhook-gateway");
+    match pooler {
+        Pooler::None => with_server_bounds(options),
+        // No startup `options` (PgBouncer refuses them; POOLED_BEGIN sets the bounds) and
+        // no statement cache (see `pool`).
+        Pooler::Transaction => options.statement_cache_capacity(0),
+    }
+}
+
+/// The first connection, made by hand so that its failure says what is wrong: the first
+/// host that takes writes (of several, in order).
+async fn first_connection(hosts: &[PgConnectOptions]) -> anyhow::Result<usize> {
+    if let [only] = hosts {
+        check_first_connection(only).await?;
+        return Ok(0);
+    }
+    hosts::first_writable(hosts).await.map_err(|reasons| {
+        anyhow::anyhow!("cannot connect to PostgreSQL: no host takes writes ({})", reasons.join("; "))
+    })
 }
 
 /// A pool of one connection that keeps its session, for `LISTEN` (sqlx's listener opens
@@ -206,7 +232,14 @@ async fn check_first_connection(options: &PgConnectOptions) -> anyhow::Result<()
     let mut conn = tokio::time::timeout(ACQUIRE_TIMEOUT * 3, options.connect())
         .await
         .map_err(|_| anyhow::anyhow!("cannot connect to PostgreSQL: no answer within {:?}", ACQUIRE_TIMEOUT * 3))?
-        .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL: {e}"))?;
+        .map_err(|e| {
+            let hint = if e.to_string().contains("unsupported startup parameter") {
+                " (a PgBouncer in front of PostgreSQL? set --db-pooler transaction)"
+            } else {
+                ""
+            };
+            anyhow::anyhow!("cannot connect to PostgreSQL: {e}{hint}")
+        })?;
     let writable = writable(&mut conn).await.map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL: {e}"));
     let _ = conn.close().await;
     if !writable? {
@@ -326,9 +359,14 @@ impl NotReady {
     }
 }
 
+/// How long `/readyz` waits for the database: a load balancer's health check gives up
+/// after a second or two, and a database that takes longer to answer a trivial read is
+/// not ready anyway.
+pub const READINESS_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Whether the database can take this process's traffic (for `/readyz`): reachable,
-/// migrated, writable, and no write refused lately. At most [`DEFAULT_REQUEST_TIMEOUT`],
-/// then an error, unless the error is the pool refusing read-only connections (a standby
+/// migrated, writable, and no write refused lately. At most [`READINESS_TIMEOUT`], then
+/// an error, unless the error is the pool refusing read-only connections (a standby
 /// reached during a failover), which is [`NotReady::ReadOnly`].
 pub async fn readiness(pool: &Pool) -> Result<Result<(), NotReady>, sqlx::Error> {
     match ready_now(pool).await {
@@ -344,7 +382,7 @@ pub async fn readiness(pool: &Pool) -> Result<Result<(), NotReady>, sqlx::Error>
 async fn ready_now(pool: &Pool) -> Result<Result<(), NotReady>, sqlx::Error> {
     let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     let row = tokio::time::timeout(
-        DEFAULT_REQUEST_TIMEOUT,
+        READINESS_TIMEOUT,
         query(
             "SELECT (SELECT max(version) FROM _sqlx_migrations WHERE success),
                     pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'",

@@ -14,6 +14,7 @@ mod db_outage;
 mod db_partition;
 mod delivery;
 mod embedded;
+mod failover;
 mod fairness;
 mod fanout;
 mod first_run;

@@ -17,7 +17,7 @@ use webhook_gateway::db::embedded;
 
 use crate::support::producer::{Seen, produce};
 use crate::support::sink::Sink;
-use crate::support::{ADMIN_TOKEN, GatewayProcess, TestApp, eventually, start_throwaway_cluster};
+use crate::support::{TestApp, eventually, gateway_with_sink, start_throwaway_cluster};
 
 /// A private cluster, its superuser connection, and a database `gw` owned by the login
 /// role the gateway uses (`gw`, not a superuser: connection limits apply to it).
@@ -50,42 +50,6 @@ impl Private {
             .await
             .expect("terminate")
     }
-}
-
-/// A gateway process on `url` with a source `shop` and an endpoint subscribed to it that
-/// answers 200; its base URL.
-async fn gateway_with_sink(url: &str, sink: &Sink) -> (GatewayProcess, String) {
-    let gw = GatewayProcess::start(url, &[]);
-    let base = format!("http://{}", gw.addr);
-    let http = reqwest::Client::new();
-    eventually(Duration::from_secs(30), "the gateway is ready", || async {
-        let ready = http.get(format!("{base}/readyz")).send().await.ok()?;
-        (ready.status() == 200).then_some(())
-    })
-    .await;
-    for (path, body) in [
-        (
-            "/v1/sources",
-            json!({"name": "shop", "kind": "none", "dedupe": {"header": "X-Delivery-Id"},
-                   "event_type": {"header": "X-Event-Type"}}),
-        ),
-        ("/v1/endpoints", json!({"url": sink.url("/hook")})),
-    ] {
-        let answer = http.post(format!("{base}{path}")).bearer_auth(ADMIN_TOKEN).json(&body).send().await.unwrap();
-        assert_eq!(answer.status(), 201, "{path}");
-        if path == "/v1/endpoints" {
-            let id = answer.json::<serde_json::Value>().await.unwrap()["id"].clone();
-            let sub = http
-                .post(format!("{base}/v1/subscriptions"))
-                .bearer_auth(ADMIN_TOKEN)
-                .json(&json!({"endpoint_id": id, "source": "shop"}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(sub.status(), 201);
-        }
-    }
-    (gw, base)
 }
 
 /// One webhook, one try: its status and whether a 503 carried `Retry-After`.
@@ -150,7 +114,7 @@ async fn all_delivered(sink: &Sink, ids: &HashSet<String>) {
 async fn a_read_only_server_answers_503_and_the_gateway_heals_when_it_takes_writes_again() {
     let mut db = Private::start().await;
     let sink = Sink::ok().await;
-    let (_gw, base) = gateway_with_sink(&db.gateway_url, &sink).await;
+    let (_gw, base) = gateway_with_sink(&db.gateway_url, &[], &sink).await;
     let mut acknowledged = HashSet::new();
     for n in 0..10 {
         let id = format!("before-{n}");
@@ -195,7 +159,7 @@ async fn a_read_only_server_answers_503_and_the_gateway_heals_when_it_takes_writ
 async fn terminated_sessions_and_a_connection_limit_under_load_are_503_never_500() {
     let mut db = Private::start().await;
     let sink = Sink::ok().await;
-    let (_gw, base) = gateway_with_sink(&db.gateway_url, &sink).await;
+    let (_gw, base) = gateway_with_sink(&db.gateway_url, &[], &sink).await;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let ids: Vec<String> = (0..600).map(|n| format!("load-{n}")).collect();
     let load = tokio::spawn(produce(base.clone(), "shop", ids.clone(), 8, seen.clone()));
@@ -297,7 +261,7 @@ async fn a_full_disk_answers_503_and_the_gateway_heals_when_space_is_freed() {
     };
     let mut db = Private::start().await;
     let sink = Sink::ok().await;
-    let (_gw, base) = gateway_with_sink(&db.gateway_url, &sink).await;
+    let (_gw, base) = gateway_with_sink(&db.gateway_url, &[], &sink).await;
     db.sql(&format!("CREATE TABLESPACE small LOCATION '{}'", disk.path.display())).await;
     let mut gw_db = db.admin_on("gw").await;
     gw_db.execute("ALTER TABLE events SET TABLESPACE small").await.expect("events on the small disk");

@@ -13,6 +13,7 @@ pub mod pgbouncer;
 pub mod producer;
 pub mod proxy;
 pub mod raw_sink;
+pub mod replica;
 pub mod signing;
 pub mod sink;
 pub mod standard_webhooks;
@@ -365,6 +366,42 @@ impl Drop for GatewayProcess {
             self.kill();
         }
     }
+}
+
+/// A gateway process on `url` (with `extra` flags) with a source `shop` and an endpoint subscribed to it that
+/// answers 200; its base URL.
+pub async fn gateway_with_sink(url: &str, extra: &[&str], sink: &sink::Sink) -> (GatewayProcess, String) {
+    let gw = GatewayProcess::start(url, extra);
+    let base = format!("http://{}", gw.addr);
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(30), "the gateway is ready", || async {
+        let ready = http.get(format!("{base}/readyz")).send().await.ok()?;
+        (ready.status() == 200).then_some(())
+    })
+    .await;
+    for (path, body) in [
+        (
+            "/v1/sources",
+            serde_json::json!({"name": "shop", "kind": "none", "dedupe": {"header": "X-Delivery-Id"},
+                   "event_type": {"header": "X-Event-Type"}}),
+        ),
+        ("/v1/endpoints", serde_json::json!({"url": sink.url("/hook")})),
+    ] {
+        let answer = http.post(format!("{base}{path}")).bearer_auth(ADMIN_TOKEN).json(&body).send().await.unwrap();
+        assert_eq!(answer.status(), 201, "{path}");
+        if path == "/v1/endpoints" {
+            let id = answer.json::<serde_json::Value>().await.unwrap()["id"].clone();
+            let sub = http
+                .post(format!("{base}/v1/subscriptions"))
+                .bearer_auth(ADMIN_TOKEN)
+                .json(&serde_json::json!({"endpoint_id": id, "source": "shop"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(sub.status(), 201);
+        }
+    }
+    (gw, base)
 }
 
 /// Insert `n` events of source `api`, each with one delivery to `endpoint_id`, due now.

@@ -13,6 +13,8 @@
 //!   side to give up on its connections).
 //! - [`Proxy::down`] / [`Proxy::up`]: connections closed and new ones refused (the server
 //!   is gone), then accepted again on the same port.
+//! - [`Proxy::retarget`]: the address leads to another server from now on (a failover
+//!   behind a virtual IP or a DNS name); open connections are closed.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,7 +29,7 @@ use tokio::task::JoinSet;
 pub struct Proxy {
     /// Where the gateway connects.
     pub addr: SocketAddr,
-    upstream: SocketAddr,
+    upstream: Arc<std::sync::Mutex<SocketAddr>>,
     healthy: watch::Sender<bool>,
     connections: Arc<std::sync::Mutex<JoinSet<()>>>,
     accepted: Arc<AtomicU64>,
@@ -43,7 +45,7 @@ impl Proxy {
         let (healthy, _) = watch::channel(true);
         let proxy = Proxy {
             addr,
-            upstream,
+            upstream: Arc::new(std::sync::Mutex::new(upstream)),
             healthy,
             connections: Arc::default(),
             accepted: Arc::default(),
@@ -56,14 +58,15 @@ impl Proxy {
 
     fn accept_on(&self, listener: TcpListener) {
         let (healthy, connections, accepted) = (self.healthy.clone(), self.connections.clone(), self.accepted.clone());
-        let (upstream, awaiting) = (self.upstream, self.awaiting.clone());
+        let (upstream, awaiting) = (self.upstream.clone(), self.awaiting.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((inbound, _)) = listener.accept().await else { continue };
                 accepted.fetch_add(1, Ordering::Relaxed);
                 let state = healthy.subscribe();
                 let turn = Turn { client_spoke_last: Arc::default(), awaiting: awaiting.clone() };
-                connections.lock().expect("proxy connections").spawn(relay(inbound, upstream, state, turn));
+                let to = *upstream.lock().expect("proxy upstream");
+                connections.lock().expect("proxy connections").spawn(relay(inbound, to, state, turn));
             }
         });
         if let Some(old) = self.acceptor.lock().expect("proxy acceptor").replace(task) {
@@ -98,6 +101,13 @@ impl Proxy {
     /// Close every open connection (new ones are still accepted, and forwarded when healthy).
     pub fn cut(&self) {
         self.connections.lock().expect("proxy connections").abort_all();
+    }
+
+    /// Send new connections to `to` from now on, and close the open ones: the address
+    /// moves to another server (a virtual IP or a DNS name after a failover).
+    pub fn retarget(&self, to: SocketAddr) {
+        *self.upstream.lock().expect("proxy upstream") = to;
+        self.cut();
     }
 
     /// Connections accepted so far.

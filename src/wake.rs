@@ -44,7 +44,7 @@ pub async fn notify_others(pool: Pool, wake: Arc<Notify>, mut stop: watch::Recei
 /// (`--db-session-url`), and without one it does not listen: the workers poll (every
 /// `--poll-interval-ms`), which the log says once.
 pub async fn listen(pool: Pool, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
-    let Some(session) = crate::db::session_pool(&pool) else {
+    let Some(session) = pool.session_pool() else {
         tracing::warn!(
             "behind a transaction pooler without --db-session-url: no LISTEN for wake-ups from ingest processes; \
              workers find new deliveries by polling"

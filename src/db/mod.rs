@@ -206,25 +206,21 @@ async fn first_connection(hosts: &[PgConnectOptions]) -> anyhow::Result<usize> {
     })
 }
 
-/// A pool of one connection that keeps its session, for `LISTEN` (sqlx's listener opens
-/// and reopens its connection through a pool): to PostgreSQL directly, or through the
-/// session URL behind a transaction pooler; `None` behind a pooler without one.
-pub fn session_pool(pool: &Pool) -> Option<sqlx::PgPool> {
-    let options = pool.session_options()?;
+/// A pool of at most one connection to `options` (a direct session URL), hardened like
+/// the pool's own connections.
+fn single_session_pool(options: PgConnectOptions) -> sqlx::PgPool {
     let target = tcp::Target::of(&options);
-    Some(
-        PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .after_connect(move |_conn, _meta| {
-                let target = target.clone();
-                Box::pin(async move {
-                    tcp::harden(&target);
-                    Ok(())
-                })
+    PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .after_connect(move |_conn, _meta| {
+            let target = target.clone();
+            Box::pin(async move {
+                tcp::harden(&target);
+                Ok(())
             })
-            .connect_lazy_with(options),
-    )
+        })
+        .connect_lazy_with(options)
 }
 
 /// The first connection, made by hand so that its failure says what is wrong.

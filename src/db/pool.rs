@@ -26,7 +26,7 @@
 //! transaction sets them with `SET LOCAL` in the same round trip as its `BEGIN`.
 //!
 //! Features that truly need a session (`LISTEN` for wake-ups across processes) use the
-//! optional direct session URL ([`Pool::session_options`]); without one they fall back
+//! optional direct session URL ([`Pool::session_pool`]); without one they fall back
 //! to what works without a session (polling), and say so once in the log.
 //!
 //! What it costs: measured in the benchmark (README, "Behind a transaction pooler").
@@ -135,13 +135,15 @@ impl Pool {
         self.health.note(err)
     }
 
-    /// Options for a connection that keeps its session (`LISTEN`): the pool's own when it
-    /// reaches PostgreSQL directly, the session URL's behind a transaction pooler, `None`
-    /// behind a pooler without one.
-    pub fn session_options(&self) -> Option<PgConnectOptions> {
+    /// A pool to open connections that keep their session (`LISTEN`; sqlx's listener
+    /// opens and reopens its connection through a pool): this pool itself when it reaches
+    /// PostgreSQL directly (so a listener follows it to another host after a failover),
+    /// a pool of one connection through the session URL behind a transaction pooler, and
+    /// `None` behind a pooler without one.
+    pub fn session_pool(&self) -> Option<PgPool> {
         match self.pooler {
-            Pooler::None => Some((*self.inner.connect_options()).clone()),
-            Pooler::Transaction => self.session.as_deref().cloned(),
+            Pooler::None => Some(self.inner.clone()),
+            Pooler::Transaction => self.session.as_deref().map(|options| super::single_session_pool(options.clone())),
         }
     }
 

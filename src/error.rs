@@ -5,6 +5,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::log_throttle::Throttle;
+
 /// An error answered to an HTTP client as `{"error": {"code", "message"}}`.
 #[derive(Debug, thiserror::Error)]
 #[error("{code}: {message}")]
@@ -89,11 +91,17 @@ impl From<sqlx::Error> for ApiError {
     fn from(err: sqlx::Error) -> Self {
         match crate::db::unavailable(&err) {
             Some(crate::db::Unavailable::NotCommitted) => {
-                tracing::warn!(error = %err, "database unavailable");
+                static THROTTLE: Throttle = Throttle::new(crate::log_throttle::INTERVAL);
+                if let Some(left_out) = THROTTLE.admit() {
+                    tracing::warn!(error = %err, left_out, "database unavailable");
+                }
                 ApiError::unavailable("the database is unreachable; nothing was stored, retry later")
             }
             Some(crate::db::Unavailable::Unconfirmed) => {
-                tracing::warn!(error = %err, "database connection failed before an answer");
+                static THROTTLE: Throttle = Throttle::new(crate::log_throttle::INTERVAL);
+                if let Some(left_out) = THROTTLE.admit() {
+                    tracing::warn!(error = %err, left_out, "database connection failed before an answer");
+                }
                 ApiError::unavailable(
                     "the database connection failed before the database answered; if the request changes \
                      something, the change may have been applied: check before retrying",

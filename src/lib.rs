@@ -18,6 +18,7 @@ pub mod ids;
 pub mod ingest;
 pub mod janitor;
 pub mod lease;
+pub mod log_throttle;
 pub mod metrics;
 #[cfg(test)]
 mod props;

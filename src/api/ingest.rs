@@ -81,7 +81,11 @@ fn refused(refusal: Refused) -> ApiError {
         Refused::UnknownSource(name) => ApiError::not_found(&format!("source {name:?}")),
         Refused::NotIngestible => ApiError::new(StatusCode::FORBIDDEN, "not_ingestible", refusal.to_string()),
         Refused::Lookup(LookupError::Database(e)) if crate::db::is_unavailable(&e) => {
-            tracing::warn!(error = %e, "database unavailable (source lookup)");
+            static THROTTLE: crate::log_throttle::Throttle =
+                crate::log_throttle::Throttle::new(crate::log_throttle::INTERVAL);
+            if let Some(left_out) = THROTTLE.admit() {
+                tracing::warn!(error = %e, left_out, "database unavailable (source lookup)");
+            }
             ApiError::unavailable(NOTHING_STORED)
         }
         Refused::Lookup(LookupError::Database(e)) => e.into(),

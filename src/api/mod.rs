@@ -98,10 +98,13 @@ pub fn router(state: AppState, role: Role, console: Option<Router<AppState>>) ->
 /// Every request gets an `x-request-id` (the caller's, or a fresh UUID), echoed on the
 /// response and carried by a span, so every log line a request causes names it.
 /// Requests are logged at debug (a busy gateway would otherwise log every webhook);
-/// server errors at warn.
+/// server errors at warn, 503s (an outage answers every request so) at most one per 5 s.
 fn with_request_ids(app: Router) -> Router {
+    use tower_http::classify::ServerErrorsFailureClass;
     use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-    use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
+    use tower_http::trace::{DefaultOnResponse, TraceLayer};
+
+    use crate::log_throttle::Throttle;
     let header = axum::http::HeaderName::from_static("x-request-id");
     let trace = TraceLayer::new_for_http()
         .make_span_with(|req: &axum::http::Request<axum::body::Body>| {
@@ -110,7 +113,23 @@ fn with_request_ids(app: Router) -> Router {
         })
         .on_request(())
         .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
-        .on_failure(DefaultOnFailure::new().level(tracing::Level::WARN));
+        .on_failure(|failure: ServerErrorsFailureClass, latency: std::time::Duration, _span: &tracing::Span| {
+            // A 503 is the gateway saying "retry" (the database is unavailable): thinned
+            // out, as an outage answers every request so. Any other 5xx is always logged.
+            static UNAVAILABLE: Throttle = Throttle::new(crate::log_throttle::INTERVAL);
+            match failure {
+                ServerErrorsFailureClass::StatusCode(code) if code == axum::http::StatusCode::SERVICE_UNAVAILABLE => {
+                    if let Some(left_out) = UNAVAILABLE.admit() {
+                        tracing::warn!(
+                            ?latency,
+                            left_out,
+                            "answered 503: the database is unavailable (left_out: 503s since the last such line)"
+                        );
+                    }
+                }
+                failure => tracing::warn!(classification = %failure, ?latency, "response failed"),
+            }
+        });
     app.layer(PropagateRequestIdLayer::new(header.clone()))
         .layer(trace)
         .layer(SetRequestIdLayer::new(header, MakeRequestUuid))

@@ -66,13 +66,20 @@ pub enum StoreError {
 
 impl From<&sqlx::Error> for StoreError {
     fn from(err: &sqlx::Error) -> Self {
+        use crate::log_throttle::{INTERVAL, Throttle};
+        static NOT_STORED: Throttle = Throttle::new(INTERVAL);
+        static UNCONFIRMED: Throttle = Throttle::new(INTERVAL);
         match db::unavailable(err) {
             Some(db::Unavailable::NotCommitted) => {
-                tracing::warn!(error = %err, "database unavailable; nothing was stored");
+                if let Some(left_out) = NOT_STORED.admit() {
+                    tracing::warn!(error = %err, left_out, "database unavailable; nothing was stored");
+                }
                 StoreError::Unavailable
             }
             Some(db::Unavailable::Unconfirmed) => {
-                tracing::warn!(error = %err, "database connection failed before the write was confirmed");
+                if let Some(left_out) = UNCONFIRMED.admit() {
+                    tracing::warn!(error = %err, left_out, "database connection failed before the write was confirmed");
+                }
                 StoreError::Unconfirmed
             }
             None => {

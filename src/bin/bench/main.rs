@@ -19,6 +19,7 @@ mod loadgen;
 mod neighbours;
 mod payload;
 mod pg;
+mod pooler;
 mod report;
 mod sink;
 mod stats;
@@ -54,6 +55,8 @@ enum Scenario {
     Ordered,
     /// 11: the highest sustained end-to-end rate: open-loop steps until delivery falls behind.
     Sustained,
+    /// 12: ingest behind PgBouncer in transaction mode, beside the same ingest straight to PostgreSQL.
+    Pooler,
 }
 
 /// The webhook-gateway benchmark harness.
@@ -212,6 +215,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Fairness,
             Scenario::Ordered,
             Scenario::Sustained,
+            Scenario::Pooler,
         ];
     }
     scenarios.dedup();
@@ -259,6 +263,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Fairness => neighbours::fairness(&ctx).await,
             Scenario::Ordered => neighbours::ordered(&ctx).await,
             Scenario::Sustained => e2e::sustained(&ctx).await,
+            Scenario::Pooler => pooler::run(&ctx).await,
             Scenario::All => Ok(()),
         };
         if let Err(e) = result {

@@ -225,9 +225,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             // statement. Dropping the pool closes the sockets instead.
             Ok(Ending::StoppedDuringStartUp) => Ok(()),
             // Closed on every other path, before the cluster stops: a pool whose server
-            // vanishes under it logs connection errors.
+            // vanishes under it logs connection errors. Closing waits for every connection
+            // to come back, and one abandoned on a dead path (a claim sent into a
+            // partition: the stop raced it) is tested by sqlx before it comes back, for as
+            // long as the path stays silent: the wait is bounded, then the pool is dropped.
             result => {
-                pool.close().await;
+                if tokio::time::timeout(POOL_CLOSE_WAIT, pool.close()).await.is_err() {
+                    tracing::warn!(
+                        wait = ?POOL_CLOSE_WAIT,
+                        "a database connection did not come back (a dead network path?): exiting without it"
+                    );
+                }
                 result.map(|_| ())
             }
         }
@@ -296,6 +304,9 @@ async fn reencrypt(args: ReencryptArgs, keyring: Keyring) -> anyhow::Result<()> 
     }
     Ok(())
 }
+
+/// Longest the shutdown waits for the pool's connections to come back before it drops them.
+const POOL_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// A stop signal came before the gateway served anything: nothing to finish.
 fn stopped_during_start_up() {

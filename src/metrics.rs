@@ -83,8 +83,15 @@ pub fn attempt(outcome: &'static str, class: String, duration: Duration) {
 /// endpoints without their own, to tell throttled endpoints).
 pub async fn sample(pool: Pool, every: Duration, default_max_in_flight: i32, mut stop: watch::Receiver<bool>) {
     loop {
-        if let Err(e) = sample_once(&pool, every, default_max_in_flight).await {
-            tracing::debug!(error = %e, "metrics sampling failed");
+        // Raced against stop: a sample sent into a network partition must not hold the
+        // shutdown until the connection gives up.
+        tokio::select! {
+            sampled = sample_once(&pool, every, default_max_in_flight) => {
+                if let Err(e) = sampled {
+                    tracing::debug!(error = %e, "metrics sampling failed");
+                }
+            }
+            _ = stop.wait_for(|s| *s) => return,
         }
         tokio::select! {
             () = tokio::time::sleep(every) => {}

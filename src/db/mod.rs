@@ -298,9 +298,15 @@ pub async fn plan_each_time(tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Err
 }
 
 /// The migrations, applied by [`migrate`] under its own transaction-level lock.
+///
+/// Migrations applied by a later release, which this binary does not know, are left as
+/// they are (`ignore_missing`): during a rolling deploy release N runs on the schema
+/// release N+1 migrated, which the migration policy keeps compatible (expand now,
+/// contract a release later: docs/upgrades.md). sqlx's default refuses to start then.
 static UNLOCKED_MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
     let mut migrator = sqlx::migrate!("./migrations");
     migrator.set_locking(false);
+    migrator.set_ignore_missing(true);
     migrator
 });
 
@@ -324,6 +330,19 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
         let mut tx = conn.begin_with("BEGIN; DEALLOCATE ALL; SET LOCAL statement_timeout = 0").await?;
         query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATION_LOCK_KEY).execute(&mut *tx).await?;
         UNLOCKED_MIGRATOR.run(&mut *tx).await?;
+        let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+        let newer: Vec<i64> =
+            query_scalar("SELECT version FROM _sqlx_migrations WHERE version > $1 AND success ORDER BY version")
+                .bind(known)
+                .fetch_all(&mut *tx)
+                .await?;
+        if !newer.is_empty() {
+            tracing::info!(
+                ?newer,
+                "the schema is newer than this release (migrations of a later release applied): running on it, as a \
+                 rolling deploy does"
+            );
+        }
         sqlx::raw_sql("DEALLOCATE ALL").execute(&mut *tx).await?;
         tx.commit().await?;
         anyhow::Ok(())

@@ -37,3 +37,4 @@ mod replicas;
 mod secrets;
 mod slow_clients;
 mod sources;
+mod upgrades;

@@ -139,6 +139,11 @@ pub async fn start_on(pool: Pool, settings: Settings, listener: tokio::net::TcpL
             tracing::warn!(allow = %allow.join(", "), "egress: these ranges are open besides public addresses");
         }
     }
+    // This gateway's name as a lease holder (janitor, housekeeping, metrics).
+    let instance = crate::lease::instance_id();
+    let (shutdown, stop) = watch::channel(false);
+    let mut background = Vec::new();
+    let housekeeping = crate::deliver::Housekeeping::default();
     let dispatcher = if settings.role.runs_workers() {
         let egress = match &settings.resolver {
             Some(resolver) => EgressClient::with_resolver(settings.egress.clone(), resolver.clone()),
@@ -150,20 +155,29 @@ pub async fn start_on(pool: Pool, settings: Settings, listener: tokio::net::TcpL
             settings.delivery.clone(),
             state.wake.clone(),
             settings.secrets.clone(),
+            housekeeping.clone(),
         ))
     } else {
         None
     };
+    if settings.role.runs_workers() {
+        background.push(tokio::spawn(housekeeping.run(
+            state.pool.clone(),
+            instance.clone(),
+            settings.delivery.circuit.release_per_sec,
+            state.wake.clone(),
+            stop.clone(),
+        )));
+    }
     let addr = listener.local_addr()?;
-    // Every role runs one: the advisory lock makes one replica at a time do a pass.
-    let janitor = Janitor::spawn(state.pool.clone(), settings.janitor.clone());
-    let (shutdown, stop) = watch::channel(false);
-    let mut background = Vec::new();
+    // Every role runs one: the lease makes one replica at a time do a pass.
+    let janitor = Janitor::spawn(state.pool.clone(), settings.janitor.clone(), instance.clone());
     if settings.metrics.is_some() {
         background.push(tokio::spawn(crate::metrics::sample(
             state.pool.clone(),
             settings.metrics_sample,
             settings.delivery.endpoint_max_in_flight,
+            instance.clone(),
             stop.clone(),
         )));
     }

@@ -1,13 +1,15 @@
 //! Prometheus metrics: names, the exporter, and a sampler for database-derived gauges.
 //!
 //! Counters and histograms are recorded where things happen (ingest, workers, recorder);
-//! queue depth, lag, circuit states and pool usage are sampled from PostgreSQL every
-//! `--metrics-sample-secs` (default [`SAMPLE_INTERVAL`]) by each process. Labels are bounded: source names and endpoint
+//! queue depth, lag, circuit states are counted in PostgreSQL every
+//! `--metrics-sample-secs` (default [`SAMPLE_INTERVAL`]) by one replica for the fleet and
+//! exported by every process with their age ([`sample`]); pool usage is each process's. Labels are bounded: source names and endpoint
 //! ids are operator-created, never per event.
 
 use std::time::Duration;
 
 use crate::db::Pool;
+use crate::lease::Leadership;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::sync::watch;
@@ -79,14 +81,50 @@ pub fn attempt(outcome: &'static str, class: String, duration: Duration) {
     histogram!(ATTEMPT_DURATION).record(duration.as_secs_f64());
 }
 
+/// Age of the fleet's sampled counts (queue, circuits, endpoint loads), seconds: they are
+/// taken by one replica (see [`sample`]); a growing age means nobody is sampling.
+pub const STATS_AGE: &str = "webhook_gateway_stats_age_seconds";
+
+/// Name of the metrics job's lease.
+pub const LEASE_NAME: &str = "metrics";
+
+/// What the replica leading the `metrics` job counted, as every replica exports it.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct FleetCounts {
+    pending: i64,
+    parked: i64,
+    dead: i64,
+    due: i64,
+    oldest_due_age_secs: Option<f64>,
+    /// Endpoint id and circuit gauge value.
+    circuits: Vec<(String, f64)>,
+    /// Endpoint id, in flight, throttled.
+    loads: Vec<(String, i64, bool)>,
+}
+
 /// Refresh the sampled gauges until `stop` (`default_max_in_flight`: the in-flight cap of
-/// endpoints without their own, to tell throttled endpoints).
-pub async fn sample(pool: Pool, every: Duration, default_max_in_flight: i32, mut stop: watch::Receiver<bool>) {
+/// endpoints without their own, to tell throttled endpoints; `instance`: this gateway's
+/// name as a lease holder).
+///
+/// The counts scan the pending rows, so one replica takes them for the fleet: the holder
+/// of the `metrics` lease counts and writes `fleet_stats`, and every replica (that one
+/// included) reads that row and exports it, with [`STATS_AGE`]. Per replica and interval
+/// that is a lease statement and a one-row read; the counting happens once. The pool
+/// gauges are each process's own.
+pub async fn sample(
+    pool: Pool,
+    every: Duration,
+    default_max_in_flight: i32,
+    instance: String,
+    mut stop: watch::Receiver<bool>,
+) {
+    // Three intervals: a leader that dies is replaced within about three samples.
+    let mut leadership = Leadership::new(LEASE_NAME, instance.clone(), every * 3);
     loop {
         // Raced against stop: a sample sent into a network partition must not hold the
         // shutdown until the connection gives up.
         tokio::select! {
-            sampled = sample_once(&pool, every, default_max_in_flight) => {
+            sampled = sample_once(&pool, every, default_max_in_flight, &instance, &mut leadership) => {
                 if let Err(e) = sampled {
                     tracing::debug!(error = %e, "metrics sampling failed");
                 }
@@ -100,35 +138,79 @@ pub async fn sample(pool: Pool, every: Duration, default_max_in_flight: i32, mut
     }
 }
 
-async fn sample_once(pool: &Pool, every: Duration, default_max_in_flight: i32) -> Result<(), sqlx::Error> {
+async fn sample_once(
+    pool: &Pool,
+    every: Duration,
+    default_max_in_flight: i32,
+    instance: &str,
+    leadership: &mut Leadership,
+) -> Result<(), sqlx::Error> {
     let idle = pool.num_idle() as f64;
     gauge!(DB_POOL, "state" => "idle").set(idle);
     gauge!(DB_POOL, "state" => "in_use").set(f64::from(pool.size()) - idle);
 
+    if leadership.leads(pool).await {
+        let counts = count(pool, default_max_in_flight).await?;
+        for (endpoint, _, throttled) in &counts.loads {
+            if *throttled {
+                counter!(ENDPOINT_THROTTLED_SECONDS, "endpoint_id" => endpoint.clone())
+                    .increment(every.as_secs().max(1));
+            }
+        }
+        crate::db::query(
+            "INSERT INTO fleet_stats (name, stats, sampled_at, sampled_by) VALUES ('queue', $1, now(), $2)
+             ON CONFLICT (name) DO UPDATE
+                 SET stats = EXCLUDED.stats, sampled_at = EXCLUDED.sampled_at, sampled_by = EXCLUDED.sampled_by",
+        )
+        .bind(sqlx::types::Json(&counts))
+        .bind(instance)
+        .execute(pool)
+        .await?;
+    }
+    let row: Option<(sqlx::types::Json<FleetCounts>, f64)> = crate::db::query_as(
+        "SELECT stats, extract(epoch FROM now() - sampled_at)::float8 FROM fleet_stats WHERE name = 'queue'",
+    )
+    .fetch_optional(pool)
+    .await?;
+    let Some((sqlx::types::Json(counts), age)) = row else { return Ok(()) };
+    // Set together, after every query: a scrape never sees half a sample.
+    gauge!(STATS_AGE).set(age.max(0.0));
+    gauge!(QUEUE_DELIVERIES, "state" => "pending").set(counts.pending as f64);
+    gauge!(QUEUE_DELIVERIES, "state" => "parked").set(counts.parked as f64);
+    gauge!(QUEUE_DELIVERIES, "state" => "dead").set(counts.dead as f64);
+    gauge!(QUEUE_DUE).set(counts.due as f64);
+    gauge!(QUEUE_LAG).set(counts.oldest_due_age_secs.unwrap_or(0.0).max(0.0));
+    for (endpoint, state) in counts.circuits {
+        gauge!(CIRCUIT_STATE, "endpoint_id" => endpoint).set(state);
+    }
+    for (endpoint, in_flight, throttled) in counts.loads {
+        gauge!(ENDPOINT_IN_FLIGHT, "endpoint_id" => endpoint.clone()).set(in_flight as f64);
+        gauge!(ENDPOINT_THROTTLED, "endpoint_id" => endpoint).set(f64::from(u8::from(throttled)));
+    }
+    Ok(())
+}
+
+/// The counts the leader takes for the fleet.
+async fn count(pool: &Pool, default_max_in_flight: i32) -> Result<FleetCounts, sqlx::Error> {
     let queue = crate::queue::read::stats(pool).await?;
     let now = chrono::Utc::now();
-    let circuits: Vec<(String, f64)> = crate::store::endpoints::list(pool)
+    let circuits = crate::store::endpoints::list(pool)
         .await?
         .into_iter()
         .map(|e| (e.id.to_string(), e.circuit.display_state(now).gauge()))
         .collect();
-    let loads = crate::queue::read::endpoint_loads(pool, default_max_in_flight).await?;
-    // Set together, after every query: a scrape never sees half a sample.
-    gauge!(QUEUE_DELIVERIES, "state" => "pending").set(queue.pending as f64);
-    gauge!(QUEUE_DELIVERIES, "state" => "parked").set(queue.parked as f64);
-    gauge!(QUEUE_DELIVERIES, "state" => "dead").set(queue.dead as f64);
-    gauge!(QUEUE_DUE).set(queue.due as f64);
-    gauge!(QUEUE_LAG).set(queue.oldest_due_age_secs.unwrap_or(0.0).max(0.0));
-    for (endpoint, state) in circuits {
-        gauge!(CIRCUIT_STATE, "endpoint_id" => endpoint).set(state);
-    }
-    for load in loads {
-        let endpoint = load.endpoint_id.to_string();
-        gauge!(ENDPOINT_IN_FLIGHT, "endpoint_id" => endpoint.clone()).set(load.in_flight as f64);
-        gauge!(ENDPOINT_THROTTLED, "endpoint_id" => endpoint.clone()).set(f64::from(u8::from(load.throttled)));
-        if load.throttled {
-            counter!(ENDPOINT_THROTTLED_SECONDS, "endpoint_id" => endpoint).increment(every.as_secs().max(1));
-        }
-    }
-    Ok(())
+    let loads = crate::queue::read::endpoint_loads(pool, default_max_in_flight)
+        .await?
+        .into_iter()
+        .map(|l| (l.endpoint_id.to_string(), l.in_flight, l.throttled))
+        .collect();
+    Ok(FleetCounts {
+        pending: queue.pending,
+        parked: queue.parked,
+        dead: queue.dead,
+        due: queue.due,
+        oldest_due_age_secs: queue.oldest_due_age_secs,
+        circuits,
+        loads,
+    })
 }

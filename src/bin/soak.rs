@@ -201,7 +201,8 @@ async fn soak(args: &Args, url: &str) -> anyhow::Result<()> {
             )
         }
     );
-    let janitor = (!args.no_janitor).then(|| Janitor::spawn(pool.clone(), janitor_settings));
+    let janitor = (!args.no_janitor)
+        .then(|| Janitor::spawn(pool.clone(), janitor_settings, webhook_gateway::lease::instance_id()));
 
     let shared = Arc::new(Shared::default());
     let mut tasks = Vec::new();

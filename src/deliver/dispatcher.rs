@@ -10,6 +10,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::DeliverySettings;
 use super::attempt::{self, Context};
+use super::housekeeping::Housekeeping;
 use super::recorder;
 use crate::egress::EgressClient;
 use crate::queue::{self, Claimed};
@@ -31,16 +32,18 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     /// Start the dispatcher. `wake` is notified when new deliveries were created; `secrets`
-    /// opens the endpoint secrets each claim returns.
+    /// opens the endpoint secrets each claim returns; it admits half-open probes while
+    /// `housekeeping` says this process leads.
     pub fn spawn(
         pool: Pool,
         egress: EgressClient,
         settings: DeliverySettings,
         wake: Arc<Notify>,
         secrets: Keyring,
+        housekeeping: Housekeeping,
     ) -> Dispatcher {
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(run(pool, egress, settings, wake, secrets, stopped));
+        let task = tokio::spawn(run(pool, egress, settings, wake, secrets, housekeeping, stopped));
         Dispatcher { stop, task }
     }
 
@@ -59,6 +62,7 @@ async fn run(
     settings: DeliverySettings,
     wake: Arc<Notify>,
     secrets: Keyring,
+    housekeeping: Housekeeping,
     mut stop: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(settings.workers));
@@ -91,7 +95,7 @@ async fn run(
         // crashed claim: its lease brings the rows back.
         let claim_started = std::time::SystemTime::now();
         let claimed = tokio::select! {
-            claimed = claim(&pool, want, &settings, &mut last_probe_check) => claimed,
+            claimed = claim(&pool, want, &settings, &mut last_probe_check, &housekeeping) => claimed,
             _ = stop.wait_for(|s| *s) => break,
         };
         let claimed = match claimed {
@@ -164,47 +168,41 @@ async fn run(
     tracing::info!("delivery workers stopped");
 }
 
-/// How often a dispatcher parks blocked endpoints' due deliveries and looks for
-/// half-open endpoints to probe.
+/// How often a dispatcher sweeps every endpoint with due work in its claim and, on the
+/// housekeeping leader, looks for half-open endpoints to probe.
 const PROBE_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Circuit housekeeping (at most every [`PROBE_CHECK_INTERVAL`]): park what blocked
-/// endpoints have due, release the backlogs of endpoints that became runnable, admit
-/// half-open probes. Then due deliveries, `want` in all.
+/// Half-open probes (at most every [`PROBE_CHECK_INTERVAL`], on the housekeeping leader
+/// only), then due deliveries, `want` in all.
 async fn claim(
     pool: &Pool,
     want: usize,
     settings: &DeliverySettings,
     last_probe_check: &mut tokio::time::Instant,
+    housekeeping: &Housekeeping,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
     let mut claimed = Vec::new();
-    let housekeeping = last_probe_check.elapsed() >= PROBE_CHECK_INTERVAL;
-    if housekeeping {
+    let tick = last_probe_check.elapsed() >= PROBE_CHECK_INTERVAL;
+    if tick {
         *last_probe_check = tokio::time::Instant::now();
-        let parked = queue::park_blocked(pool).await?;
-        if parked > 0 {
-            tracing::debug!(parked, "parked due deliveries of blocked endpoints");
-        }
-        let released = queue::release_parked(pool, settings.circuit.release_per_sec, None).await?;
-        if released > 0 {
-            tracing::info!(released, "parked deliveries released (circuit closed or endpoint resumed)");
-        }
-        claimed = queue::claim_probes(pool, want.min(16) as i64, settings.lease).await?;
-        for probe in &claimed {
-            tracing::info!(endpoint_id = %probe.endpoint_id, delivery_id = %probe.id, "half-open probe admitted");
+        if housekeeping.leads() {
+            claimed = queue::claim_probes(pool, want.min(16) as i64, settings.lease).await?;
+            for probe in &claimed {
+                tracing::info!(endpoint_id = %probe.endpoint_id, delivery_id = %probe.id, "half-open probe admitted");
+            }
         }
     }
     let rest = want - claimed.len();
     let mut took_all_due = false;
     if rest > 0 {
-        // The housekeeping tick sweeps every endpoint with due work.
-        let fairness = queue::Fairness { default_max_in_flight: settings.endpoint_max_in_flight, sweep: housekeeping };
+        // The tick sweeps every endpoint with due work.
+        let fairness = queue::Fairness { default_max_in_flight: settings.endpoint_max_in_flight, sweep: tick };
         let batch = queue::claim_batch(pool, rest as i64, settings.lease, fairness).await?;
         took_all_due = batch.took_all_due();
         claimed.extend(batch.claimed);
     }
     let rest = want - claimed.len();
-    if rest > 0 && !housekeeping && !took_all_due {
+    if rest > 0 && !tick && !took_all_due {
         // Short without a sweep: the oldest due rows may all belong to endpoints at their
         // limits, hiding other endpoints' due rows behind them. Look past them before
         // sleeping, so those wait for no tick (one more claim only when short and the

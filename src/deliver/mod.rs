@@ -6,7 +6,8 @@
 //! out its lease for nothing). The claim, the HTTP request and the record are three
 //! separate steps with no transaction held across the request.
 //!
-//! - [`dispatcher`]: the claim loop, circuit housekeeping, graceful stop;
+//! - [`dispatcher`]: the claim loop (half-open probes on the housekeeping leader), graceful stop;
+//! - [`housekeeping`]: parking and releasing circuit backlogs, by one replica of the fleet;
 //! - [`attempt`]: one attempt of one delivery, from the claim to the outcome it hands
 //!   the recorder (its decisions are pure functions: [`attempt::judge`],
 //!   [`attempt::schedule`]);
@@ -17,6 +18,7 @@
 pub mod attempt;
 pub mod backoff;
 pub mod dispatcher;
+pub mod housekeeping;
 pub mod policy;
 pub mod recorder;
 pub mod request;
@@ -27,4 +29,5 @@ mod tests_props;
 pub mod urls;
 
 pub use dispatcher::{Dispatcher, MAX_CLAIM_BATCH};
+pub use housekeeping::Housekeeping;
 pub use settings::DeliverySettings;

@@ -184,12 +184,12 @@ pub struct Janitor {
 }
 
 impl Janitor {
-    /// Start the janitor of this process. The first pass comes at a random point within
+    /// Start the janitor of this process (`instance`: its name in `janitor_runs` and as the
+    /// lease's holder, see [`crate::lease::instance_id`]). The first pass comes at a random point within
     /// the first interval (replicas deployed together do not all try at once), then one
     /// pass per interval, or sooner while a capped pass left work behind.
-    pub fn spawn(pool: Pool, settings: JanitorSettings) -> Janitor {
+    pub fn spawn(pool: Pool, settings: JanitorSettings, instance: String) -> Janitor {
         let (stop, stopped) = watch::channel(false);
-        let instance = instance_id();
         let task = tokio::spawn(run(pool, settings, instance, stopped));
         Janitor { stop, task }
     }
@@ -541,16 +541,4 @@ async fn run_batch(
     let (candidates, events, deliveries, attempts, at, id) = query.fetch_one(&mut *tx).await?;
     tx.commit().await?;
     Ok(Batch { candidates, events, deliveries, attempts, resume_at: at.zip(id) })
-}
-
-/// This process's name in `janitor_runs`: host, pid, and a random suffix (two gateways in
-/// one process, as in tests, are still told apart).
-pub fn instance_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "unknown-host".to_owned());
-    format!("{host}/{}/{:04x}", std::process::id(), rand::random::<u16>())
 }

@@ -69,3 +69,55 @@ async fn a_stalled_holder_is_fenced_once_its_lease_is_taken_over() {
     b.release(&db.pool).await.unwrap();
     assert!(lease::acquire(&db.pool, "job", "c", ttl).await.unwrap().is_some(), "released: free again");
 }
+
+/// Five replicas (each its own pool) ask every 50 ms for 1.5 s whether they lead a job
+/// with 600 ms leases: at every round exactly one leads, always the same one, and it is
+/// renewed, not re-taken (its token stays). When it stops asking (a dead replica),
+/// another leads within the lease's time to live and a follower's next look.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_replica_leads_a_job_and_another_takes_over_when_it_dies() {
+    use webhook_gateway::lease::Leadership;
+    let db = TestDb::new().await;
+    let ttl = Duration::from_millis(600);
+    let mut replicas = Vec::new();
+    for i in 0..5 {
+        let pool = db::connect(&db.url, 1).await.unwrap();
+        replicas.push((pool, Leadership::new("job", format!("replica-{i}"), ttl)));
+    }
+    let mut leader = None;
+    for round in 0..30 {
+        let mut leading = Vec::new();
+        for (i, (pool, leadership)) in replicas.iter_mut().enumerate() {
+            if leadership.leads(pool).await {
+                leading.push(i);
+            }
+        }
+        assert_eq!(leading.len(), 1, "round {round}: exactly one leader, got {leading:?}");
+        assert!(leader.is_none_or(|l| l == leading[0]), "round {round}: the leader changed");
+        leader = Some(leading[0]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = leader.expect("a leader");
+    let token: i64 =
+        sqlx::query_scalar("SELECT token FROM leases WHERE name = 'job'").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(token, 1, "renewed, never re-taken");
+
+    // The leader dies: the others go on asking.
+    let died = tokio::time::Instant::now();
+    let taken_over = loop {
+        let mut leading = Vec::new();
+        for (i, (pool, leadership)) in replicas.iter_mut().enumerate() {
+            if i != first && leadership.leads(pool).await {
+                leading.push(i);
+            }
+        }
+        assert!(leading.len() <= 1, "never two leaders: {leading:?}");
+        if leading.len() == 1 {
+            break died.elapsed();
+        }
+        assert!(died.elapsed() < Duration::from_secs(5), "nobody took over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!("leader died; another led {taken_over:?} later (lease 600 ms)");
+    assert!(taken_over <= ttl + Duration::from_millis(600), "took over in {taken_over:?}");
+}

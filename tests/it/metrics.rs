@@ -91,6 +91,9 @@ async fn scraped_counters_match_a_scripted_sequence() {
     assert_eq!(get(r#"webhook_gateway_queue_deliveries{state="pending"}"#), 0.0);
     assert!(scraped.keys().any(|k| k.starts_with("webhook_gateway_circuit_state{")));
     assert!(scraped.contains_key(r#"webhook_gateway_db_pool_connections{state="idle"}"#));
+    // The counts come from the fleet's one sample (this process leads it), and say how old.
+    let age = get("webhook_gateway_stats_age_seconds");
+    assert!((0.0..5.0).contains(&age), "stats age {age}");
     let accepted_series = scraped.keys().filter(|k| k.starts_with("webhook_gateway_ingest_requests_total")).count();
     assert_eq!(accepted_series, 3, "no other label values (bounded cardinality)");
 }

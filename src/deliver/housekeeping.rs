@@ -1,0 +1,97 @@
+//! Circuit housekeeping, once per fleet: every [`TICK`], the replica that leads the
+//! `housekeeping` job parks the due deliveries of blocked endpoints (open circuit,
+//! paused) and releases the parked backlogs of endpoints that became runnable; its
+//! dispatcher also admits the half-open probes (it reads [`Housekeeping::leads`]).
+//!
+//! Every worker replica runs this task, and one leads ([`crate::lease::Leadership`]): at
+//! twenty replicas the fleet runs these statements ten times a second, not two hundred.
+//! The statements are safe to run anywhere at any time (they lock what they change and
+//! skip what another holds), so two leaders for a moment (a lease taken over from a
+//! stalled one) cost a few statements, nothing else. A leader that dies is replaced
+//! within [`LEASE_TTL`]; meanwhile open circuits stay parked a little longer. A failing
+//! statement here backs off this task only, never the claims.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+
+use crate::db::Pool;
+use crate::lease::Leadership;
+use crate::log_throttle::{INTERVAL, Throttle};
+use crate::queue;
+
+/// How often the leader does its round.
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// The leader's lease: renewed every third of it.
+pub const LEASE_TTL: Duration = Duration::from_secs(3);
+
+/// Name of the job's lease.
+pub const LEASE_NAME: &str = "housekeeping";
+
+/// Whether this process leads the housekeeping (shared with its dispatcher).
+#[derive(Debug, Clone, Default)]
+pub struct Housekeeping {
+    leads: Arc<AtomicBool>,
+}
+
+impl Housekeeping {
+    /// Whether this process leads now (it admits the half-open probes then).
+    pub fn leads(&self) -> bool {
+        self.leads.load(Ordering::Relaxed)
+    }
+
+    /// Run the rounds until `stop`: `release_per_sec` paces released backlogs, `wake` is
+    /// told when deliveries were released (they are claimable now).
+    pub async fn run(
+        self,
+        pool: Pool,
+        instance: String,
+        release_per_sec: u32,
+        wake: Arc<Notify>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        static FAILED: Throttle = Throttle::new(INTERVAL);
+        let mut leadership = Leadership::new(LEASE_NAME, instance, LEASE_TTL);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(TICK) => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+            // Raced against stop: a round sent into a partition must not hold the shutdown.
+            let round = async {
+                let leads = leadership.leads(&pool).await;
+                self.leads.store(leads, Ordering::Relaxed);
+                if leads { round(&pool, release_per_sec, &wake).await } else { Ok(()) }
+            };
+            let done = tokio::select! {
+                done = round => done,
+                _ = stop.wait_for(|s| *s) => break,
+            };
+            if let Err(e) = done
+                && let Some(left_out) = FAILED.admit()
+            {
+                pool.note(&e);
+                tracing::warn!(error = %e, left_out, "circuit housekeeping failed; trying again at the next round");
+            }
+        }
+        self.leads.store(false, Ordering::Relaxed);
+    }
+}
+
+/// One round: park what blocked endpoints have due, release the backlogs of endpoints
+/// that became runnable.
+async fn round(pool: &Pool, release_per_sec: u32, wake: &Notify) -> Result<(), sqlx::Error> {
+    let parked = queue::park_blocked(pool).await?;
+    if parked > 0 {
+        tracing::debug!(parked, "parked due deliveries of blocked endpoints");
+    }
+    let released = queue::release_parked(pool, release_per_sec, None).await?;
+    if released > 0 {
+        tracing::info!(released, "parked deliveries released (circuit closed or endpoint resumed)");
+        wake.notify_one();
+    }
+    Ok(())
+}

@@ -76,6 +76,7 @@ async fn run(
         Context { pool: pool.clone(), egress, settings: settings.clone(), outcomes, secrets, urls: Default::default() };
     let mut in_flight = JoinSet::new();
     let mut claim_failures = 0u32;
+    let mut idle_poll = settings.poll_interval;
     let mut last_probe_check = tokio::time::Instant::now() - PROBE_CHECK_INTERVAL;
     tracing::info!(workers = settings.workers, "delivery workers started");
 
@@ -124,6 +125,7 @@ async fn run(
         // Fewer than asked: no more claimable work right now (none due, or what is due is
         // at its endpoint's limit or waiting in its line).
         let drained = claimed.len() < want;
+        let found = claimed.len();
         let probes = claimed.iter().filter(|job| job.probe_token.is_some()).count();
         let claim_span = crate::telemetry::claim_span(claim_started, claimed.len(), probes);
         let mut permits = std::iter::once(first).chain(std::iter::from_fn(|| slots.clone().try_acquire_owned().ok()));
@@ -138,10 +140,21 @@ async fn run(
         drop(permits);
         if drained {
             // No more due work that this process may claim now: sleep until woken (by ingest,
-            // or by the recorder freeing room), the poll interval, or stop.
+            // or by the recorder freeing room), the poll, or stop. While it finds nothing
+            // and has nothing in flight, the poll slows down to IDLE_POLL_FACTOR times the
+            // interval: new work wakes it (ingest in this process, NOTIFY from others), so
+            // an idle poll only finds retries come due, and twenty idle replicas should not
+            // cost PostgreSQL eighty claims a second.
+            let idle = found == 0 && in_flight.is_empty();
+            let pause = if idle { idle_poll } else { settings.poll_interval };
+            idle_poll = if idle {
+                (idle_poll * 2).min(settings.poll_interval * IDLE_POLL_FACTOR)
+            } else {
+                settings.poll_interval
+            };
             tokio::select! {
                 () = wake.notified() => {}
-                () = tokio::time::sleep(settings.poll_interval) => {}
+                () = tokio::time::sleep(pause) => {}
                 _ = stop.wait_for(|s| *s) => break,
             }
         }
@@ -167,6 +180,9 @@ async fn run(
     }
     tracing::info!("delivery workers stopped");
 }
+
+/// An idle dispatcher's poll grows to this many times `--poll-interval-ms`.
+const IDLE_POLL_FACTOR: u32 = 4;
 
 /// How often a dispatcher sweeps every endpoint with due work in its claim and, on the
 /// housekeeping leader, looks for half-open endpoints to probe.

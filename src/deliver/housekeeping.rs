@@ -1,4 +1,5 @@
-//! Circuit housekeeping, once per fleet: every [`TICK`], the replica that leads the
+//! Circuit housekeeping, once per fleet: every [`TICK`] (every [`IDLE_TICK`] while there
+//! is nothing to do), the replica that leads the
 //! `housekeeping` job parks the due deliveries of blocked endpoints (open circuit,
 //! paused) and releases the parked backlogs of endpoints that became runnable; its
 //! dispatcher also admits the half-open probes (it reads [`Housekeeping::leads`]).
@@ -22,8 +23,12 @@ use crate::lease::Leadership;
 use crate::log_throttle::{INTERVAL, Throttle};
 use crate::queue;
 
-/// How often the leader does its round.
+/// How often the leader does its round while there is work (parked rows, releases).
 pub const TICK: Duration = Duration::from_millis(100);
+
+/// How often at most, while its rounds find nothing to do: a closed circuit's backlog
+/// waits at most this long to start its release.
+pub const IDLE_TICK: Duration = Duration::from_secs(1);
 
 /// The leader's lease: renewed every third of it.
 pub const LEASE_TTL: Duration = Duration::from_secs(3);
@@ -55,35 +60,43 @@ impl Housekeeping {
     ) {
         static FAILED: Throttle = Throttle::new(INTERVAL);
         let mut leadership = Leadership::new(LEASE_NAME, instance, LEASE_TTL);
+        let mut pause = TICK;
         loop {
             tokio::select! {
-                () = tokio::time::sleep(TICK) => {}
+                () = tokio::time::sleep(pause) => {}
                 _ = stop.wait_for(|s| *s) => break,
             }
             // Raced against stop: a round sent into a partition must not hold the shutdown.
             let round = async {
                 let leads = leadership.leads(&pool).await;
                 self.leads.store(leads, Ordering::Relaxed);
-                if leads { round(&pool, release_per_sec, &wake).await } else { Ok(()) }
+                if leads { round(&pool, release_per_sec, &wake).await } else { Ok(false) }
             };
             let done = tokio::select! {
                 done = round => done,
                 _ = stop.wait_for(|s| *s) => break,
             };
-            if let Err(e) = done
-                && let Some(left_out) = FAILED.admit()
-            {
-                pool.note(&e);
-                tracing::warn!(error = %e, left_out, "circuit housekeeping failed; trying again at the next round");
-            }
+            // Every TICK while there is parking or releasing to do; slowing down to
+            // IDLE_TICK while a round finds nothing.
+            pause = match done {
+                Ok(true) => TICK,
+                Ok(false) => (pause * 2).min(IDLE_TICK),
+                Err(e) => {
+                    pool.note(&e);
+                    if let Some(left_out) = FAILED.admit() {
+                        tracing::warn!(error = %e, left_out, "circuit housekeeping failed; trying again at the next round");
+                    }
+                    IDLE_TICK
+                }
+            };
         }
         self.leads.store(false, Ordering::Relaxed);
     }
 }
 
 /// One round: park what blocked endpoints have due, release the backlogs of endpoints
-/// that became runnable.
-async fn round(pool: &Pool, release_per_sec: u32, wake: &Notify) -> Result<(), sqlx::Error> {
+/// that became runnable; whether it did anything.
+async fn round(pool: &Pool, release_per_sec: u32, wake: &Notify) -> Result<bool, sqlx::Error> {
     let parked = queue::park_blocked(pool).await?;
     if parked > 0 {
         tracing::debug!(parked, "parked due deliveries of blocked endpoints");
@@ -93,5 +106,5 @@ async fn round(pool: &Pool, release_per_sec: u32, wake: &Notify) -> Result<(), s
         tracing::info!(released, "parked deliveries released (circuit closed or endpoint resumed)");
         wake.notify_one();
     }
-    Ok(())
+    Ok(parked > 0 || released > 0)
 }

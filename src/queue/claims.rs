@@ -297,7 +297,7 @@ pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) 
          ), pick AS (
              SELECT p.id AS delivery_id, ready.id AS endpoint_id
              FROM ready CROSS JOIN LATERAL (
-                 SELECT COALESCE(
+                 SELECT LEAST(
                      (SELECT id FROM deliveries
                       WHERE endpoint_id = ready.id AND status = 'pending' AND parked
                       ORDER BY id LIMIT 1),

@@ -13,6 +13,7 @@
 
 mod delivery;
 mod e2e;
+mod fleet;
 mod gateway;
 mod ingest;
 mod loadgen;
@@ -57,6 +58,8 @@ enum Scenario {
     Sustained,
     /// 12: ingest behind PgBouncer in transaction mode, beside the same ingest straight to PostgreSQL.
     Pooler,
+    /// 13: 1, 4 and 8 replicas on one database, idle and at 1,000/s: PostgreSQL's CPU.
+    Fleet,
 }
 
 /// The webhook-gateway benchmark harness.
@@ -216,6 +219,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Ordered,
             Scenario::Sustained,
             Scenario::Pooler,
+            Scenario::Fleet,
         ];
     }
     scenarios.dedup();
@@ -264,6 +268,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Ordered => neighbours::ordered(&ctx).await,
             Scenario::Sustained => e2e::sustained(&ctx).await,
             Scenario::Pooler => pooler::run(&ctx).await,
+            Scenario::Fleet => fleet::run(&ctx).await,
             Scenario::All => Ok(()),
         };
         if let Err(e) = result {

@@ -1,0 +1,158 @@
+//! Scenario 13: what a fleet costs PostgreSQL. 1, 4 and 8 replicas (`--role all`, the
+//! defaults) on one database, idle and at 1,000 webhooks/s spread over them: PostgreSQL's
+//! CPU, the replicas' CPU and the database's transactions per second. Housekeeping, the
+//! metrics counts and the janitor are led by one replica, so idle PostgreSQL CPU should not
+//! grow with the replicas; what each idle replica still costs is its claim poll (every
+//! `--poll-interval-ms`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::Ctx;
+use crate::gateway::{Gateway, Role};
+use crate::loadgen::{self, OpenLoop, Ticket};
+use crate::pg;
+use crate::report::Row;
+use crate::stats::{cluster_cpu, fmt_rate, pid_cpu};
+
+const DB: &str = "bench_fleet";
+const REPLICAS: [usize; 3] = [1, 4, 8];
+const RATE: f64 = 1000.0;
+
+/// What one window cost.
+struct Window {
+    pg_cores: Option<f64>,
+    gw_cores: f64,
+    tx_per_sec: f64,
+    accepted: f64,
+}
+
+/// Run scenario 13.
+pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
+    let url = ctx.server.create_db(DB).await?;
+    let result = run_on(ctx, &url).await;
+    ctx.server.drop_db(DB).await;
+    result
+}
+
+async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
+    let pool = pg::pool(url, 2).await?;
+    let mut idle_pg = Vec::new();
+    for n in REPLICAS {
+        let mut gateways = Vec::new();
+        for i in 0..n {
+            let log = ctx.work_dir.join(format!("gateway-fleet-{n}-{i}.log"));
+            gateways.push(Gateway::start(&ctx.gateway_bin, url, Role::All, &ctx.gateway_args(), &log).await?);
+        }
+        if n == REPLICAS[0] {
+            gateways[0].admin_post("/v1/sources", crate::payload::source_spec()).await?;
+            gateways[0].subscribe(&ctx.sink.ok_url(0)).await?;
+        }
+        // Past the start-up (first janitor and metrics looks, leaders settled).
+        tokio::time::sleep(ctx.warmup().max(Duration::from_secs(5))).await;
+        let idle = measure(ctx, &pool, &gateways, None).await?;
+        let loaded = measure(ctx, &pool, &gateways, Some(RATE)).await?;
+        idle_pg.push((n, idle.pg_cores));
+        let per = |cores: Option<f64>, rate: f64| cores.map(|c| format!("{:.0} µs", c / rate.max(1e-9) * 1e6));
+        ctx.row(Row {
+            id: "13".into(),
+            scenario: "Fleet on one database, idle".into(),
+            setting: format!("{n} replicas"),
+            result: format!(
+                "PostgreSQL {} cores · replicas {:.3} cores · {:.0} transactions/s",
+                idle.pg_cores.map(|c| format!("{c:.3}")).unwrap_or_else(|| "n/a".into()),
+                idle.gw_cores,
+                idle.tx_per_sec
+            ),
+            ..Row::default()
+        });
+        ctx.row(Row {
+            id: "13".into(),
+            scenario: "Fleet on one database, 1,000/s offered".into(),
+            setting: format!("{n} replicas"),
+            result: format!(
+                "{} accepted · CPU per webhook: PostgreSQL {} · replicas {} · {:.0} transactions/s",
+                fmt_rate(loaded.accepted),
+                per(loaded.pg_cores, loaded.accepted).unwrap_or_else(|| "n/a".into()),
+                per(Some(loaded.gw_cores), loaded.accepted).unwrap_or_default(),
+                loaded.tx_per_sec
+            ),
+            ..Row::default()
+        });
+        for gw in gateways {
+            gw.stop(Duration::from_secs(30)).await;
+        }
+    }
+    ctx.note(format!(
+        "Row 13: {} replicas of `--role all` with the defaults on one database; idle is a {} s window with nothing \
+         offered, loaded is 1,000 webhooks/s spread evenly over the replicas (delivered to the sink). Idle \
+         PostgreSQL CPU by replicas: {}. What an idle replica still costs is its claim poll (every 250 ms) and, \
+         for the leaders, the housekeeping round (every 100 ms).",
+        REPLICAS.map(|n| n.to_string()).join(", "),
+        ctx.args.measure_secs,
+        idle_pg
+            .iter()
+            .map(|(n, c)| format!("{n}: {}", c.map(|c| format!("{c:.3}")).unwrap_or_else(|| "n/a".into())))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    pool.close().await;
+    Ok(())
+}
+
+/// One measured window: idle (`rate` none) or with `rate` webhooks/s spread over the
+/// gateways.
+async fn measure(ctx: &Ctx, pool: &sqlx::PgPool, gateways: &[Gateway], rate: Option<f64>) -> anyhow::Result<Window> {
+    let postmaster = ctx.server.postmaster();
+    let gw_cpu = || gateways.iter().filter_map(|g| pid_cpu(g.pid, false)).sum::<f64>();
+    let pg_before = postmaster.and_then(cluster_cpu);
+    let (gw_before, tx_before, started) = (gw_cpu(), transactions(pool).await?, Instant::now());
+    let accepted = match rate {
+        None => {
+            tokio::time::sleep(ctx.measure()).await;
+            0.0
+        }
+        Some(rate) => {
+            let share = rate / gateways.len() as f64;
+            let mut loads = Vec::new();
+            for gw in gateways {
+                let per_gw = (share * ctx.measure().as_secs_f64()).ceil() as u64 + 1;
+                let base = ctx.reserve(per_gw);
+                let (h, run) = (gw.addr.to_string(), ctx.run_id.clone());
+                let make = Arc::new(move |seq: u64| crate::payload::http_request(&h, &run, seq));
+                let plan = OpenLoop {
+                    addr: gw.addr,
+                    conns: 8,
+                    rate: share,
+                    warmup: Duration::ZERO,
+                    measure: ctx.measure(),
+                    first_seq: base,
+                };
+                loads.push(tokio::spawn(loadgen::open_loop(plan, make, Arc::new(|_: Ticket| {}))));
+            }
+            let mut accepted = 0.0;
+            for load in loads {
+                accepted += load.await?.rate();
+            }
+            accepted
+        }
+    };
+    let secs = started.elapsed().as_secs_f64();
+    let pg_after = postmaster.and_then(cluster_cpu);
+    Ok(Window {
+        pg_cores: pg_before.zip(pg_after).map(|(b, a)| (a - b) / secs),
+        gw_cores: (gw_cpu() - gw_before) / secs,
+        tx_per_sec: (transactions(pool).await? - tx_before) / secs,
+        accepted,
+    })
+}
+
+/// Transactions committed and rolled back in the cluster so far.
+async fn transactions(pool: &sqlx::PgPool) -> anyhow::Result<f64> {
+    // The statistics are flushed by each backend at most once a second: good enough over
+    // a 10 s window.
+    let n: i64 = sqlx::query_scalar("SELECT sum(xact_commit + xact_rollback)::int8 FROM pg_stat_database")
+        .fetch_one(pool)
+        .await?;
+    Ok(n as f64)
+}

@@ -9,7 +9,7 @@
 //! ([`LEASE_TTL`]). Rows and transactions only, no session state (advisory locks, `SET`),
 //! so it works the same behind a transaction pooler.
 //!
-//! A pass runs four phases, each as delete statements of at most `batch_size` rows (one
+//! A pass runs five phases, each as delete statements of at most `batch_size` rows (one
 //! statement = one transaction, with a lock timeout and a statement timeout), a pause
 //! between batches, and at most `max_batches_per_phase` batches per phase:
 //!
@@ -22,7 +22,9 @@
 //!    redelivery racing the janitor either commits first (the event is kept) or waits and
 //!    finds the delivery gone;
 //! 3. attempts older than the attempt retention, whatever their delivery's state;
-//! 4. `janitor_runs` rows older than the event retention (one batch).
+//! 4. ordering lines left idle (by an earlier release: lines are now deleted by the outcome
+//!    that empties them);
+//! 5. `janitor_runs` rows older than the event retention (one batch).
 //!
 //! Each pass is recorded in `janitor_runs`; [`storage_report`] shows the latest one with
 //! table and index sizes.
@@ -160,6 +162,8 @@ pub struct PassReport {
     pub deliveries_deleted: i64,
     /// Attempts deleted (expired ones, and those of deleted deliveries).
     pub attempts_deleted: i64,
+    /// Idle ordering lines deleted (left by an earlier release).
+    pub lines_deleted: i64,
     /// Delete statements executed.
     pub batches: u32,
     /// Wall time of the pass.
@@ -244,6 +248,7 @@ async fn run(pool: Pool, settings: JanitorSettings, instance: String, mut stop: 
                         events = fields.0,
                         deliveries = fields.1,
                         attempts = fields.2,
+                        idle_lines = report.lines_deleted,
                         batches = report.batches,
                         duration = ?report.duration,
                         "janitor pass"
@@ -346,6 +351,7 @@ async fn leased_pass(
         events_deleted: tally.events,
         deliveries_deleted: tally.deliveries,
         attempts_deleted: tally.attempts,
+        lines_deleted: tally.lines,
         batches: tally.batches,
         duration: started.elapsed(),
         error,
@@ -357,6 +363,7 @@ struct Tally {
     events: i64,
     deliveries: i64,
     attempts: i64,
+    lines: i64,
     batches: u32,
 }
 
@@ -367,6 +374,7 @@ struct Batch {
     events: i64,
     deliveries: i64,
     attempts: i64,
+    lines: i64,
     /// Events phase: where the next batch resumes (see [`EVENTS_BATCH`]).
     resume_at: Option<(DateTime<Utc>, Uuid)>,
 }
@@ -376,6 +384,7 @@ enum Phase {
     Delivered,
     Events,
     Attempts,
+    IdleLines,
 }
 
 async fn phases(
@@ -386,7 +395,7 @@ async fn phases(
     tally: &mut Tally,
 ) -> Result<RunStatus, sqlx::Error> {
     let mut capped = false;
-    for phase in [Phase::Delivered, Phase::Events, Phase::Attempts] {
+    for phase in [Phase::Delivered, Phase::Events, Phase::Attempts, Phase::IdleLines] {
         let mut resume_at = None;
         let mut done = false;
         // Bounded: at most max_batches_per_phase statements per phase per pass.
@@ -407,6 +416,7 @@ async fn phases(
             tally.events += batch.events;
             tally.deliveries += batch.deliveries;
             tally.attempts += batch.attempts;
+            tally.lines += batch.lines;
             resume_at = batch.resume_at.or(resume_at);
             if batch.candidates < i64::from(settings.batch_size) {
                 done = true;
@@ -454,7 +464,7 @@ pub const DELIVERED_BATCH: &str = "
         DELETE FROM deliveries WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
     )
     SELECT (SELECT count(*) FROM doomed), 0::int8, (SELECT count(*) FROM gone), (SELECT count(*) FROM gone_attempts),
-           NULL::timestamptz, NULL::uuid";
+           0::int8, NULL::timestamptz, NULL::uuid";
 
 /// The next `$2` expired events after the previous batch's last one (`$3`, `$4`: its
 /// `received_at` and id; NULL for the first batch), oldest first, deleted with all their
@@ -498,7 +508,7 @@ pub const EVENTS_BATCH: &str = "
         SELECT received_at, id FROM ev ORDER BY received_at DESC, id DESC LIMIT 1
     )
     SELECT (SELECT count(*) FROM ev), (SELECT count(*) FROM gone_events), (SELECT count(*) FROM gone_deliveries),
-           (SELECT count(*) FROM gone_attempts), (SELECT received_at FROM last), (SELECT id FROM last)";
+           (SELECT count(*) FROM gone_attempts), 0::int8, (SELECT received_at FROM last), (SELECT id FROM last)";
 
 /// Attempts past their retention, oldest first. Attempts are never updated, so there is
 /// nothing to lock against.
@@ -508,7 +518,28 @@ pub const ATTEMPTS_BATCH: &str = "
     ), gone AS (
         DELETE FROM attempts WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
     )
-    SELECT (SELECT count(*) FROM doomed), 0::int8, 0::int8, (SELECT count(*) FROM gone), NULL::timestamptz, NULL::uuid";
+    SELECT (SELECT count(*) FROM doomed), 0::int8, 0::int8, (SELECT count(*) FROM gone), 0::int8, NULL::timestamptz,
+           NULL::uuid";
+
+/// Ordering lines left idle (no head, nothing waiting). A line is deleted by the outcome
+/// that empties it (`queue::lines::promote`); this catches those an earlier release left
+/// (it kept idle lines forever). A line with a waiting delivery is never deleted (it would
+/// leave that delivery behind no head), and one locked by an outcome being recorded is
+/// skipped.
+pub const IDLE_LINES_BATCH: &str = "
+    WITH doomed AS MATERIALIZED (
+        SELECT endpoint_id, ordering_key FROM order_lines WHERE head_id IS NULL
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM order_lines l USING doomed
+        WHERE l.endpoint_id = doomed.endpoint_id AND l.ordering_key = doomed.ordering_key
+          AND NOT EXISTS (SELECT 1 FROM deliveries w
+                          WHERE w.waiting AND w.endpoint_id = l.endpoint_id AND w.ordering_key = l.ordering_key)
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM doomed), 0::int8, 0::int8, 0::int8, (SELECT count(*) FROM gone), NULL::timestamptz,
+           NULL::uuid";
 
 /// One batch: its own transaction, which holds the lease (or fails: taken over), sets the
 /// batch's bounds and runs the phase's statement.
@@ -523,8 +554,9 @@ async fn run_batch(
         Phase::Delivered => (DELIVERED_BATCH, settings.delivered_retention),
         Phase::Events => (EVENTS_BATCH, settings.events_retention),
         Phase::Attempts => (ATTEMPTS_BATCH, settings.attempts_retention),
+        Phase::IdleLines => (IDLE_LINES_BATCH, Duration::ZERO),
     };
-    type Row = (i64, i64, i64, i64, Option<DateTime<Utc>>, Option<Uuid>);
+    type Row = (i64, i64, i64, i64, i64, Option<DateTime<Utc>>, Option<Uuid>);
     let mut query = crate::db::query_as::<Row>(sql).bind(retention.as_secs_f64()).bind(i64::from(settings.batch_size));
     if let Phase::Events = phase {
         // None: the first batch starts at the oldest event.
@@ -538,7 +570,7 @@ async fn run_batch(
         )));
     }
     crate::db::query(BATCH_SETTINGS).execute(&mut *tx).await?;
-    let (candidates, events, deliveries, attempts, at, id) = query.fetch_one(&mut *tx).await?;
+    let (candidates, events, deliveries, attempts, lines, at, id) = query.fetch_one(&mut *tx).await?;
     tx.commit().await?;
-    Ok(Batch { candidates, events, deliveries, attempts, resume_at: at.zip(id) })
+    Ok(Batch { candidates, events, deliveries, attempts, lines, resume_at: at.zip(id) })
 }

@@ -11,9 +11,10 @@
 //! - when a head **finishes** (delivered, or dead when its line skips the dead),
 //!   [`release_heads`] clears it, locking the row, and [`promote`], a later statement of
 //!   the same transaction and so with a snapshot taken after that lock, makes the line's
-//!   next waiting delivery (lowest `line_seq`) its head. A delivery joining meanwhile
-//!   either committed before the lock (and is seen) or upserts after our commit (and sees
-//!   the new head, or an idle line). No delivery is left waiting behind no head.
+//!   next waiting delivery (lowest `line_seq`) its head, or deletes the line when none
+//!   waits. A delivery joining meanwhile either committed before the lock (and is seen)
+//!   or upserts after our commit (and sees the new head, or no line: it starts one). No
+//!   delivery is left waiting behind no head, and an idle line costs no row.
 //!
 //! A dead delivery of a `block` line stays its head: the line waits until an operator
 //! redelivers it (it is then claimable again, and its success releases the line) or
@@ -54,9 +55,15 @@ pub const RELEASE_HEADS_SQL: &str = "UPDATE order_lines l SET head_id = NULL
            AND CASE d.status WHEN 'delivered' THEN true WHEN 'dead' THEN NOT d.blocks_on_dead ELSE false END))
      RETURNING l.endpoint_id, l.ordering_key";
 
-/// Make the next waiting delivery of each idle line among `lines` its head. The lines
+/// Make the next waiting delivery of each idle line among `lines` its head, and delete the
+/// idle lines that have none: a line costs a row only while it has deliveries. The lines
 /// must be locked by this transaction (by [`release_heads`] or [`lock`]), and this must be
 /// a later statement than the one that locked them. Returns how many were promoted.
+///
+/// Deleting is as safe as leaving the line idle: a delivery of the key that joins later
+/// finds no row and starts the line again as its head; one whose join waits on our lock
+/// finds the row gone when we commit and does the same; one that joined before our lock
+/// is seen here, and promoted instead.
 pub async fn promote(conn: &mut PgConnection, lines: &[Line]) -> Result<u64, sqlx::Error> {
     if lines.is_empty() {
         return Ok(0);
@@ -94,6 +101,12 @@ pub const PROMOTE_SQL: &str = "WITH idle AS (
          UPDATE order_lines l SET head_id = next.id
          FROM next WHERE l.endpoint_id = next.endpoint_id AND l.ordering_key = next.ordering_key
          RETURNING next.id
+     ), gone AS (
+         DELETE FROM order_lines l
+         USING idle
+         WHERE l.endpoint_id = idle.endpoint_id AND l.ordering_key = idle.ordering_key
+           AND NOT EXISTS (SELECT 1 FROM next
+                           WHERE next.endpoint_id = idle.endpoint_id AND next.ordering_key = idle.ordering_key)
      )
      UPDATE deliveries d SET waiting = false, updated_at = now() FROM heads WHERE d.id = heads.id";
 

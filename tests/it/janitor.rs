@@ -143,8 +143,8 @@ async fn retention_deletes_exactly_the_expired_rows() {
     let report = ran(janitor::run_pass(pool, &settings(2), "test").await.unwrap());
     assert_eq!(report.status, RunStatus::Complete, "{report:?}");
     assert_eq!((report.events_deleted, report.deliveries_deleted, report.attempts_deleted), (2, 4, 7), "{report:?}");
-    // delivered: 2 + 1 (the last short), events: 2 + 0, attempts: 2 + 0.
-    assert_eq!(report.batches, 6, "{report:?}");
+    // delivered: 2 + 1 (the last short), events: 2 + 0, attempts: 2 + 0, idle lines: 0.
+    assert_eq!(report.batches, 7, "{report:?}");
 
     assert_eq!((db.count("events").await, db.count("deliveries").await, db.count("attempts").await), (4, 5, 3));
     assert_eq!(ids(pool, "SELECT id FROM events").await, sorted(vec![e_blocked, e_week, e_fresh, e_29]));
@@ -163,7 +163,7 @@ async fn retention_deletes_exactly_the_expired_rows() {
     .fetch_one(pool)
     .await
     .unwrap();
-    assert_eq!(run, ("test".into(), "complete".into(), 2, 4, 7, 6, true));
+    assert_eq!(run, ("test".into(), "complete".into(), 2, 4, 7, 7, true));
 
     // Nothing left to do: a second pass deletes nothing.
     let again = ran(janitor::run_pass(pool, &settings(2), "test").await.unwrap());
@@ -516,4 +516,52 @@ async fn storage_report_shows_sizes_and_the_last_pass() {
 
     let unauthenticated = app.http.get(app.url("/v1/admin/storage")).send().await.unwrap();
     assert_eq!(unauthenticated.status().as_u16(), 401);
+}
+
+/// Ordering lines an earlier release left idle (no head) are deleted by a pass, in
+/// batches; a line that has a waiting delivery is never deleted (it would leave that
+/// delivery behind no head), and neither is a line with a head.
+#[tokio::test]
+async fn idle_ordering_lines_are_deleted_and_lines_in_use_are_kept() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    let ep = endpoint(pool).await;
+    sqlx::query(
+        "INSERT INTO order_lines (endpoint_id, ordering_key, head_id)
+         SELECT $1::uuid, 'idle-' || g, NULL FROM generate_series(1, 5) g",
+    )
+    .bind(ep)
+    .execute(pool)
+    .await
+    .unwrap();
+    // A line in use (its head) and a line with no head but a waiting delivery.
+    let ev = event(pool, 1).await;
+    let head = delivery(pool, ev, ep, "pending", None).await;
+    let ev2 = event(pool, 1).await;
+    let waiting = delivery(pool, ev2, ep, "pending", None).await;
+    sqlx::query("UPDATE deliveries SET ordering_key = 'busy', line_seq = 1 WHERE id = $1")
+        .bind(head)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE deliveries SET ordering_key = 'odd', line_seq = 2, waiting = true WHERE id = $1")
+        .bind(waiting)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO order_lines (endpoint_id, ordering_key, head_id) VALUES ($1::uuid, 'busy', $2), ($1::uuid, 'odd', NULL)",
+    )
+    .bind(ep)
+    .bind(head)
+    .execute(pool)
+    .await
+    .unwrap();
+
+    let report = ran(janitor::run_pass(pool, &settings(2), "test").await.unwrap());
+    assert_eq!(report.status, RunStatus::Complete, "{report:?}");
+    assert_eq!(report.lines_deleted, 5, "{report:?}");
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT ordering_key FROM order_lines ORDER BY 1").fetch_all(pool).await.unwrap();
+    assert_eq!(left, ["busy", "odd"]);
 }

@@ -49,6 +49,9 @@ pub struct Settings {
     pub db_timeout: std::time::Duration,
     /// What one inbound client can hold: header and request timeouts, connection cap.
     pub http: crate::server::HttpLimits,
+    /// On shutdown, how long to keep serving while `/readyz` answers 503
+    /// (`--shutdown-drain-secs`).
+    pub drain: std::time::Duration,
     /// Secrets at rest: the operator key(s); the default stores plaintext.
     pub secrets: Keyring,
     /// Serve the web console at `/console` (`--console`; roles with the admin API only).
@@ -64,12 +67,25 @@ pub struct Running {
     dispatcher: Option<Dispatcher>,
     background: Vec<JoinHandle<()>>,
     janitor: Janitor,
+    draining: Arc<std::sync::atomic::AtomicBool>,
+    drain: std::time::Duration,
 }
 
 impl Running {
-    /// Stop accepting requests and claims, finish in-flight HTTP requests and deliveries
-    /// (up to the grace period), record them, then return.
+    /// Drain (keep serving for the drain period while `/readyz` answers 503, so load
+    /// balancers stop sending here first), then stop accepting requests and claims, finish
+    /// in-flight HTTP requests and deliveries (up to the grace period), record them, and
+    /// return.
     pub async fn shutdown(self) -> anyhow::Result<()> {
+        if !self.drain.is_zero() {
+            self.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(
+                drain = ?self.drain,
+                "draining: /readyz answers 503 and answers close their connections; still serving until load \
+                 balancers have stopped sending here"
+            );
+            tokio::time::sleep(self.drain).await;
+        }
         let _ = self.shutdown.send(true);
         // Both drain within the grace period, side by side: a slow client cannot add its
         // wait to the deliveries' (or the other way round).
@@ -130,6 +146,7 @@ pub async fn start_on(pool: Pool, settings: Settings, listener: tokio::net::TcpL
         request_timeout: settings.http.request_timeout,
         secrets: settings.secrets.clone(),
         default_max_in_flight: settings.delivery.endpoint_max_in_flight,
+        draining: Arc::default(),
     };
     if settings.role.runs_workers() {
         let allow: Vec<String> = settings.egress.allow.iter().map(ToString::to_string).collect();
@@ -190,6 +207,7 @@ pub async fn start_on(pool: Pool, settings: Settings, listener: tokio::net::TcpL
     };
     background.extend(wake_task);
     let console = (settings.console && settings.role != Role::Worker).then(crate::console::router);
+    let draining = state.draining.clone();
     let router = crate::api::router(state, settings.role, console);
     let server = tokio::spawn(crate::server::serve(
         listener,
@@ -199,5 +217,5 @@ pub async fn start_on(pool: Pool, settings: Settings, listener: tokio::net::TcpL
         stop.clone(),
     ));
     tracing::info!(%addr, role = ?settings.role, "gateway listening");
-    Ok(Running { addr, shutdown, server, dispatcher, background, janitor })
+    Ok(Running { addr, shutdown, server, dispatcher, background, janitor, draining, drain: settings.drain })
 }

@@ -396,6 +396,7 @@ async fn start(
         // PostgreSQL CPU per event); workers, the admin API and the janitor keep the rest.
         ingest_writers: (args.db_pool_size as usize / 4).max(1),
         db_timeout: std::time::Duration::from_secs(args.db_timeout_secs),
+        drain: args.shutdown_drain(),
         http: args.http(),
         secrets: keyring,
         console: args.console.0,

@@ -22,7 +22,7 @@ pub struct Health {
 /// The answer of `GET /readyz`, for 200 and 503 alike (not the error body).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Readiness {
-    /// Why the process is not ready (503 only): `migrations not applied`, `database unreachable`,
+    /// Why the process is not ready (503 only): `draining` (it is stopping), `migrations not applied`, `database unreachable`,
     /// `database read-only` (a standby, a demoted primary) or `database refusing writes` (a
     /// write was refused in the last few seconds: disk full, too many connections, shutting down).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -59,6 +59,9 @@ pub async fn readyz(
         let retry = Some([(header::RETRY_AFTER, "5")]);
         (StatusCode::SERVICE_UNAVAILABLE, retry, Json(Readiness { reason: Some(reason), status: "not_ready" }))
     };
+    if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        return not_ready("draining");
+    }
     match db::readiness(&state.pool).await {
         Ok(Ok(())) => (StatusCode::OK, None, Json(Readiness { reason: None, status: "ready" })),
         Ok(Err(why)) => not_ready(why.reason()),

@@ -91,8 +91,20 @@ pub fn router(state: AppState, role: Role, console: Option<Router<AppState>>) ->
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .layer(middleware::from_fn(refuse_nul_in_url))
         .layer(middleware::from_fn_with_state(state.clone(), request_deadline))
+        .layer(middleware::from_fn_with_state(state.clone(), close_when_draining))
         .with_state(state);
     with_request_ids(app)
+}
+
+/// Middleware: while the process drains (it is stopping), every answer closes its
+/// connection, so a client or a TCP balancer that keeps connections alive opens its next
+/// one elsewhere; requests are still served meanwhile.
+async fn close_when_draining(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        response.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// Every request gets an `x-request-id` (the caller's, or a fresh UUID), echoed on the
@@ -140,7 +152,11 @@ fn with_request_ids(app: Router) -> Router {
 /// cannot hold a connection and a task for as long as it likes. (Headers are bounded by
 /// the server itself, see `crate::server`.)
 async fn request_deadline(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let limit = state.request_timeout;
+    let limit = if request.uri().path().ends_with("/recover") {
+        state.request_timeout.max(RECOVER_TIMEOUT + ADMIN_MARGIN)
+    } else {
+        state.request_timeout
+    };
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {
@@ -173,11 +189,13 @@ async fn refuse_nul_in_url(req: axum::extract::Request, next: middleware::Next) 
 /// Extra time an admin request gets beyond `--db-timeout-secs`, so that the bounds
 /// inside it (pool acquire, the ingest deadline of `POST /v1/events`) answer first, with
 /// what they know about the write.
-const ADMIN_MARGIN: Duration = Duration::from_secs(1);
+pub const ADMIN_MARGIN: Duration = Duration::from_secs(1);
 
 /// How long a recovery may run: it re-queues in statements of 1,000 rows; one cut short
-/// is answered 503 and, repeated, goes on where it stopped.
-const RECOVER_TIMEOUT: Duration = Duration::from_secs(60);
+/// is answered 503 and, repeated, goes on where it stopped. The request's own deadline
+/// (`--http-request-timeout-secs`) stretches to it on that route, so the answer is this
+/// one's 503, not a 408.
+pub const RECOVER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Middleware: an admin request (its JSON body included) is answered within
 /// `--db-timeout-secs` + [`ADMIN_MARGIN`] (a recovery: [`RECOVER_TIMEOUT`]); past that,

@@ -47,6 +47,9 @@ pub struct AppState {
     pub secrets: Keyring,
     /// The in-flight cap of endpoints without their own (`--endpoint-max-in-flight`).
     pub default_max_in_flight: i32,
+    /// Set when the process begins to stop: `/readyz` answers 503 and every answer closes
+    /// its connection, while requests are still served (the drain).
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl AppState {

@@ -320,6 +320,13 @@ settings! {
         #[arg(long, env = "WEBHOOK_GATEWAY_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
         pub shutdown_grace_secs: u64,
 
+        /// On a stop signal, how long the process keeps serving with /readyz answering 503 (and every answer
+        /// closing its connection) before it stops accepting, so that load balancers stop sending to it first; in
+        /// seconds, at least the balancer's health-check interval times its failure count. Default: 5 with a
+        /// database URL, 0 with the embedded database (nothing balances a local gateway).
+        #[arg(long, env = "WEBHOOK_GATEWAY_SHUTDOWN_DRAIN_SECS")]
+        pub shutdown_drain_secs: Option<u64>,
+
         /// Open an outbound address range (CIDR), e.g. 127.0.0.1/32. Repeatable; env is comma-separated.
         /// Host bits must be zero; ranges wider than /8 need --egress-allow-wide.
         #[arg(long = "egress-allow", env = "WEBHOOK_GATEWAY_EGRESS_ALLOW", value_delimiter = ',')]

@@ -126,6 +126,19 @@ impl ServeArgs {
         {
             return fail("http-header-timeout-secs and http-request-timeout-secs must be between 1 and 3600".into());
         }
+        // The request's own deadline wraps the database's: with it shorter, a database that
+        // does not answer would be reported as a slow request (408) instead of 503 with
+        // what may have been stored.
+        let db_bound = self.db_timeout_secs + crate::api::ADMIN_MARGIN.as_secs();
+        if self.http_request_timeout_secs <= db_bound {
+            return fail(format!(
+                "http-request-timeout-secs ({}) must be above db-timeout-secs ({}) + {} s ({db_bound}): a request's own \
+                 deadline would otherwise answer 408 before the database deadline can answer 503 (docs/deadlines.md)",
+                self.http_request_timeout_secs,
+                self.db_timeout_secs,
+                crate::api::ADMIN_MARGIN.as_secs()
+            ));
+        }
         if self.http_max_connections == 0 {
             return fail("http-max-connections must be at least 1".into());
         }
@@ -187,6 +200,13 @@ impl ServeArgs {
         }
     }
 
+    /// How long a stopping process keeps serving while it fails its readiness (see
+    /// `--shutdown-drain-secs`).
+    pub fn shutdown_drain(&self) -> Duration {
+        let default = if self.database_url.is_some() { DEFAULT_DRAIN_SECS } else { 0 };
+        Duration::from_secs(self.shutdown_drain_secs.unwrap_or(default))
+    }
+
     /// The inbound HTTP limits derived from the flags.
     pub fn http(&self) -> crate::server::HttpLimits {
         crate::server::HttpLimits {
@@ -234,6 +254,10 @@ impl ServeArgs {
         }
     }
 }
+
+/// Default `--shutdown-drain-secs` with a database URL: a balancer checking every 2 s
+/// that needs two failures (HAProxy's `inter 2s fall 2`) has stopped sending by then.
+pub const DEFAULT_DRAIN_SECS: u64 = 5;
 
 /// Longest accepted retention, in days (a century: a typo guard, not a policy).
 pub const MAX_RETENTION_DAYS: u32 = 36_500;

@@ -60,6 +60,31 @@ fn lease_shorter_than_timeout_is_refused() {
 }
 
 #[test]
+fn a_request_deadline_inside_the_database_deadline_is_refused() {
+    let err = parse(&["webhook-gateway", "serve", "--db-timeout-secs", "30", "--http-request-timeout-secs", "30"])
+        .unwrap_err();
+    assert!(err.contains("http-request-timeout-secs (30) must be above db-timeout-secs (30) + 1 s (31)"), "{err}");
+    assert!(
+        parse(&["webhook-gateway", "serve", "--db-timeout-secs", "28", "--http-request-timeout-secs", "30"]).is_ok()
+    );
+    let defaults = parse(&["webhook-gateway", "serve"]).unwrap();
+    assert!(defaults.http_request_timeout_secs > defaults.db_timeout_secs + 1, "the defaults agree");
+}
+
+#[test]
+fn the_drain_defaults_to_5_s_with_a_database_url_and_0_with_the_embedded_database() {
+    // (DATABASE_URL in this process's environment would count as a database URL.)
+    if std::env::var_os("DATABASE_URL").is_none() {
+        let embedded = parse(&["webhook-gateway", "serve"]).unwrap();
+        assert_eq!(embedded.shutdown_drain(), std::time::Duration::ZERO);
+    }
+    let remote = parse(&["webhook-gateway", "serve", "--database-url", "postgres://u@h/db"]).unwrap();
+    assert_eq!(remote.shutdown_drain(), std::time::Duration::from_secs(5));
+    let set = parse(&["webhook-gateway", "serve", "--shutdown-drain-secs", "9"]).unwrap();
+    assert_eq!(set.shutdown_drain(), std::time::Duration::from_secs(9));
+}
+
+#[test]
 fn file_fills_only_what_the_command_line_left_unset() {
     let dir = std::env::temp_dir().join(format!("wg-config-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -34,6 +34,7 @@ mod pooler;
 mod quickstart;
 mod refusals;
 mod replicas;
+mod rolling;
 mod secrets;
 mod slow_clients;
 mod sources;

@@ -85,6 +85,8 @@ impl Gateway {
             .args(["--admin-token", ADMIN_TOKEN])
             .args(["--egress-allow", "127.0.0.1/32"])
             .args(["--role", role.flag()])
+            // The bench stops gateways between scenarios, with no balancer to drain from.
+            .args(["--shutdown-drain-secs", "0"])
             .args(extra);
         // Only our flags configure it: nothing from the caller's environment leaks in.
         for (key, _) in std::env::vars_os() {

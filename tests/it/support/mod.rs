@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod haproxy;
 pub mod otlp;
 pub mod pgbouncer;
 pub mod producer;
@@ -162,6 +163,7 @@ pub fn test_settings() -> Settings {
         metrics_sample: Duration::from_secs(15),
         ingest_writers: 8,
         db_timeout: db::DEFAULT_REQUEST_TIMEOUT,
+        drain: Duration::ZERO,
         http: webhook_gateway::server::HttpLimits::default(),
         secrets: webhook_gateway::secrets::Keyring::default(),
         console: true,
@@ -314,12 +316,20 @@ impl GatewayProcess {
     /// where a test asks for it.
     pub fn start_with_env(db_url: &str, extra: &[&str], env: &[(&str, &str)]) -> GatewayProcess {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        Self::start_at(format!("127.0.0.1:{port}").parse().expect("addr"), db_url, extra, env)
+    }
+
+    /// [`GatewayProcess::start_with_env`] listening on `addr` (a replica replaced by a new
+    /// one at the same address, as a rolling deploy does).
+    pub fn start_at(addr: SocketAddr, db_url: &str, extra: &[&str], env: &[(&str, &str)]) -> GatewayProcess {
+        let port = addr.port();
         let log_path = std::env::temp_dir().join(format!("wg-proc-{port}.log"));
         let log = std::fs::File::create(&log_path).expect("log file");
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_webhook-gateway"))
             .args(["serve", "--database-url", db_url, "--listen", &addr.to_string(), "--admin-token", ADMIN_TOKEN])
             .args(["--egress-allow", "127.0.0.1/32", "--poll-interval-ms", "50", "--db-pool-size", "8"])
+            // No drain by default: these tests stop processes on purpose, with no balancer.
+            .args(["--shutdown-drain-secs", "0"])
             .args(extra)
             .env("RUST_LOG", "info,sqlx=warn")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")

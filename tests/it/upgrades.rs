@@ -39,3 +39,144 @@ async fn a_release_starts_and_delivers_on_a_schema_a_later_release_migrated() {
     })
     .await;
 }
+
+/// The commit of the previous release (`tests/previous-release`).
+fn previous_release() -> String {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/previous-release"))
+        .expect("tests/previous-release");
+    text.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#')).expect("a commit").to_owned()
+}
+
+/// The previous release's binary: `WEBHOOK_GATEWAY_PREVIOUS_BIN`, or built once from its
+/// commit (`git archive`, `cargo build` in a target directory of its own) and cached under
+/// `~/.cache/webhook-gateway/releases/<commit>/`. The first build takes a few minutes.
+fn previous_release_binary() -> std::path::PathBuf {
+    use std::process::Command;
+    if let Some(bin) = std::env::var_os("WEBHOOK_GATEWAY_PREVIOUS_BIN") {
+        return bin.into();
+    }
+    let commit = previous_release();
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("webhook-gateway/releases")
+        .join(&commit);
+    let bin = cache.join("webhook-gateway");
+    if bin.exists() {
+        return bin;
+    }
+    let src = cache.join("src");
+    let _ = std::fs::remove_dir_all(&src);
+    std::fs::create_dir_all(&src).expect("cache directory");
+    let repo = env!("CARGO_MANIFEST_DIR");
+    let archive = Command::new("sh")
+        .arg("-c")
+        .arg(format!("git -C '{repo}' archive '{commit}' | tar -x -C '{}'", src.display()))
+        .status()
+        .expect("git archive");
+    assert!(archive.success(), "cannot extract release {commit} from git (a shallow clone? fetch it)");
+    eprintln!("upgrades: building the previous release {commit} once (cached in {})", cache.display());
+    let built = Command::new(env!("CARGO"))
+        .args(["build", "--locked", "--bin", "webhook-gateway", "--manifest-path"])
+        .arg(src.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", cache.join("target"))
+        .status()
+        .expect("cargo build");
+    assert!(built.success(), "building release {commit} failed");
+    std::fs::copy(cache.join("target/debug/webhook-gateway"), &bin).expect("cache the binary");
+    let _ = std::fs::remove_dir_all(cache.join("target"));
+    let _ = std::fs::remove_dir_all(&src);
+    bin
+}
+
+fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr")
+}
+
+/// Release N-1 (`tests/previous-release`) and this release side by side on the schema this
+/// release migrated (with migrations N-1 does not know), as during a rolling deploy: N-1
+/// starts on it, ingests and delivers what either release ingested; then N delivers what
+/// either ingested after N-1 stops. Every webhook delivered exactly once, no error logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_previous_release_runs_beside_this_one_on_the_migrated_schema() {
+    use crate::support::{ADMIN_TOKEN, GatewayProcess};
+    let previous = tokio::task::spawn_blocking(previous_release_binary).await.expect("previous release");
+    let db = TestDb::new().await;
+    let sink = Sink::ok().await;
+    // This release: ingest only at first; the previous one ingests and delivers.
+    let mut new_ingest = GatewayProcess::start(&db.url, &["--role", "ingest"]);
+    let mut old = GatewayProcess::start_binary(&previous, free_addr(), &db.url, &[], &[]);
+    let http = reqwest::Client::new();
+    for gw in [&new_ingest, &old] {
+        let url = format!("http://{}/readyz", gw.addr);
+        eventually(Duration::from_secs(30), "both releases ready", || async {
+            let answer = http.get(&url).send().await.ok()?;
+            (answer.status() == 200).then_some(())
+        })
+        .await;
+    }
+    let base = format!("http://{}", new_ingest.addr);
+    for (path, body) in [
+        ("/v1/sources", serde_json::json!({"name": "shop", "kind": "none", "dedupe": {"header": "X-Delivery-Id"}})),
+        ("/v1/endpoints", serde_json::json!({"url": sink.url("/hooks")})),
+    ] {
+        let answer = http.post(format!("{base}{path}")).bearer_auth(ADMIN_TOKEN).json(&body).send().await.unwrap();
+        assert_eq!(answer.status(), 201);
+        if path == "/v1/endpoints" {
+            let id = answer.json::<serde_json::Value>().await.unwrap()["id"].clone();
+            let sub = http
+                .post(format!("{base}/v1/subscriptions"))
+                .bearer_auth(ADMIN_TOKEN)
+                .json(&serde_json::json!({"endpoint_id": id, "source": "shop"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(sub.status(), 201);
+        }
+    }
+    let post = |gw: std::net::SocketAddr, id: String| {
+        let http = http.clone();
+        async move {
+            let answer = http
+                .post(format!("http://{gw}/ingest/shop"))
+                .header("x-delivery-id", &id)
+                .body("{}")
+                .send()
+                .await
+                .expect("ingest");
+            assert_eq!(answer.status(), 200, "{id} through {gw}");
+        }
+    };
+    for n in 0..40 {
+        let through = if n % 2 == 0 { new_ingest.addr } else { old.addr };
+        post(through, format!("first-{n}")).await;
+    }
+    eventually(Duration::from_secs(30), "the previous release delivered both releases' webhooks", || async {
+        (sink.count() >= 40).then_some(())
+    })
+    .await;
+    assert!(old.terminate(), "the previous release stops cleanly");
+    let mut new_worker = GatewayProcess::start(&db.url, &["--role", "worker"]);
+    for n in 0..20 {
+        post(new_ingest.addr, format!("then-{n}")).await;
+    }
+    eventually(Duration::from_secs(30), "this release delivers after it", || async {
+        (sink.count() >= 60).then_some(())
+    })
+    .await;
+    let mut per_webhook = std::collections::HashMap::new();
+    for received in sink.received() {
+        *per_webhook.entry(received.header("webhook-id")).or_insert(0) += 1;
+    }
+    assert_eq!(per_webhook.len(), 60);
+    assert!(per_webhook.values().all(|n| *n == 1), "each delivered once");
+    for gw in [&mut new_ingest, &mut new_worker] {
+        assert!(gw.terminate());
+    }
+    for log in [&old.log, &new_ingest.log, &new_worker.log] {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let errors: Vec<&str> = text.lines().filter(|l| l.contains(" ERROR ")).collect();
+        assert!(errors.is_empty(), "{}: {errors:?}", log.display());
+    }
+}

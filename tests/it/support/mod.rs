@@ -322,14 +322,26 @@ impl GatewayProcess {
     /// [`GatewayProcess::start_with_env`] listening on `addr` (a replica replaced by a new
     /// one at the same address, as a rolling deploy does).
     pub fn start_at(addr: SocketAddr, db_url: &str, extra: &[&str], env: &[(&str, &str)]) -> GatewayProcess {
+        // No drain by default: these tests stop processes on purpose, with no balancer.
+        let extra: Vec<&str> = ["--shutdown-drain-secs", "0"].into_iter().chain(extra.iter().copied()).collect();
+        Self::start_binary(std::path::Path::new(env!("CARGO_BIN_EXE_webhook-gateway")), addr, db_url, &extra, env)
+    }
+
+    /// `bin serve` (another release's binary: only flags every release knows are added)
+    /// on `addr` against `db_url`, with the test defaults, then `extra`.
+    pub fn start_binary(
+        bin: &std::path::Path,
+        addr: SocketAddr,
+        db_url: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> GatewayProcess {
         let port = addr.port();
         let log_path = std::env::temp_dir().join(format!("wg-proc-{port}.log"));
         let log = std::fs::File::create(&log_path).expect("log file");
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_webhook-gateway"))
+        let child = std::process::Command::new(bin)
             .args(["serve", "--database-url", db_url, "--listen", &addr.to_string(), "--admin-token", ADMIN_TOKEN])
             .args(["--egress-allow", "127.0.0.1/32", "--poll-interval-ms", "50", "--db-pool-size", "8"])
-            // No drain by default: these tests stop processes on purpose, with no balancer.
-            .args(["--shutdown-drain-secs", "0"])
             .args(extra)
             .env("RUST_LOG", "info,sqlx=warn")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -3,7 +3,11 @@
 //! CPU, the replicas' CPU and the database's transactions per second. Housekeeping, the
 //! metrics counts and the janitor are led by one replica, so idle PostgreSQL CPU should not
 //! grow with the replicas; what each idle replica still costs is its claim poll (every
-//! `--poll-interval-ms`).
+//! `--poll-interval-ms`, slowing to 4x while idle).
+//!
+//! And 1, 2 and 4 worker processes draining one backlog (4 endpoints): the total rate,
+//! PostgreSQL's CPU per delivery and the claim's mean time, to show that the claim does not
+//! serialize the workers (on 2 cores the total cannot grow much; it must not fall).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +22,9 @@ use crate::stats::{cluster_cpu, fmt_rate, pid_cpu};
 const DB: &str = "bench_fleet";
 const REPLICAS: [usize; 3] = [1, 4, 8];
 const RATE: f64 = 1000.0;
+const WORKERS: [usize; 3] = [1, 2, 4];
+/// Events of each worker drain (4 endpoints each: four times as many deliveries).
+const DRAIN_EVENTS: u64 = 12_500;
 
 /// What one window cost.
 struct Window {
@@ -32,7 +39,76 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
     let url = ctx.server.create_db(DB).await?;
     let result = run_on(ctx, &url).await;
     ctx.server.drop_db(DB).await;
-    result
+    result?;
+    for n in WORKERS {
+        let db = format!("bench_workers_{n}");
+        let result = drain_by(ctx, &db, n).await;
+        ctx.server.drop_db(&db).await;
+        result?;
+    }
+    Ok(())
+}
+
+/// One backlog drained by `n` worker processes.
+async fn drain_by(ctx: &Ctx, db: &str, n: usize) -> anyhow::Result<()> {
+    let setup = crate::delivery::prepare(ctx, db, 4, 0, DRAIN_EVENTS).await?;
+    let total = DRAIN_EVENTS * 4;
+    let statements = ctx.server.stat_statements && pg::reset_statements(&setup.pool).await;
+    ctx.sink.reset(false);
+    let postmaster = ctx.server.postmaster();
+    let pg_before = postmaster.and_then(cluster_cpu);
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for i in 0..n {
+        let log = ctx.work_dir.join(format!("gateway-workers-{n}-{i}.log"));
+        let url = ctx.server.worker_url(db);
+        workers.push(Gateway::start(&ctx.gateway_bin, &url, Role::Worker, &ctx.gateway_args(), &log).await?);
+    }
+    let deadline = Instant::now() + Duration::from_secs(ctx.args.drain_timeout_secs);
+    while ctx.sink.counts().unique < total && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elapsed = started.elapsed();
+    let pg_cores = postmaster.and_then(cluster_cpu).zip(pg_before).map(|(a, b)| a - b);
+    let delivered = ctx.sink.counts().unique;
+    let claim = if statements {
+        pg::top_statements(&setup.pool, 20)
+            .await
+            .into_iter()
+            .filter(|s| s.query.contains("claim_token + 1") && !s.query.contains("probe_token"))
+            .max_by_key(|s| s.calls)
+    } else {
+        None
+    };
+    for gw in workers {
+        gw.stop(Duration::from_secs(30)).await;
+    }
+    let rate = delivered as f64 / elapsed.as_secs_f64().max(1e-9);
+    ctx.row(Row {
+        id: "13".into(),
+        scenario: "Workers draining one backlog (4 endpoints)".into(),
+        setting: format!("{n} worker processes"),
+        result: format!(
+            "{} delivered ({} of {} in {:.1} s) · PostgreSQL {} per delivery",
+            fmt_rate(rate),
+            delivered,
+            total,
+            elapsed.as_secs_f64(),
+            pg_cores.map(|c| format!("{:.0} µs", c / delivered.max(1) as f64 * 1e6)).unwrap_or_else(|| "n/a".into())
+        ),
+        note: claim
+            .map(|c| {
+                format!(
+                    "{} claims, mean {:.2} ms, {:.1} rows each (pg_stat_statements)",
+                    c.calls,
+                    c.mean_ms,
+                    c.rows as f64 / c.calls.max(1) as f64
+                )
+            })
+            .unwrap_or_default(),
+        ..Row::default()
+    });
+    Ok(())
 }
 
 async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {

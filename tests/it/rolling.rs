@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::support::haproxy::HaProxy;
 use crate::support::sink::Sink;
-use crate::support::{ADMIN_TOKEN, GatewayProcess, TestDb, eventually};
+use crate::support::{GatewayProcess, TestDb, eventually, shop_to_sink, wait_ready};
 
 /// Producers that send each webhook once (no retry) through the balancer until `stop`,
 /// recording each answer (0: no answer); returns the acknowledged ids and the failures.
@@ -61,14 +61,6 @@ fn replica(addr: SocketAddr, db_url: &str) -> GatewayProcess {
     GatewayProcess::start_at(addr, db_url, &["--shutdown-drain-secs", "2", "--shutdown-grace-secs", "10"], &[])
 }
 
-async fn ready(addr: SocketAddr) {
-    eventually(Duration::from_secs(30), "the replica is ready", || async {
-        let answer = reqwest::get(format!("http://{addr}/readyz")).await.ok()?;
-        (answer.status() == 200).then_some(())
-    })
-    .await;
-}
-
 /// Three replicas replaced one by one under about 150 webhooks/s through HAProxy: no
 /// error answer, every acknowledged webhook delivered, none delivered twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -79,28 +71,9 @@ async fn a_rolling_restart_behind_a_load_balancer_costs_producers_nothing() {
         (0..3).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr")).collect();
     let mut replicas: Vec<Option<GatewayProcess>> = addrs.iter().map(|a| Some(replica(*a, &db.url))).collect();
     for addr in &addrs {
-        ready(*addr).await;
+        wait_ready(*addr).await;
     }
-    let http = reqwest::Client::new();
-    let base = format!("http://{}", addrs[0]);
-    for (path, body) in [
-        ("/v1/sources", serde_json::json!({"name": "shop", "kind": "none", "dedupe": {"header": "X-Delivery-Id"}})),
-        ("/v1/endpoints", serde_json::json!({"url": sink.url("/hooks")})),
-    ] {
-        let answer = http.post(format!("{base}{path}")).bearer_auth(ADMIN_TOKEN).json(&body).send().await.unwrap();
-        assert_eq!(answer.status(), 201);
-        if path == "/v1/endpoints" {
-            let id = answer.json::<serde_json::Value>().await.unwrap()["id"].clone();
-            let sub = http
-                .post(format!("{base}/v1/subscriptions"))
-                .bearer_auth(ADMIN_TOKEN)
-                .json(&serde_json::json!({"endpoint_id": id, "source": "shop"}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(sub.status(), 201);
-        }
-    }
+    shop_to_sink(&format!("http://{}", addrs[0]), &sink).await;
     let balancer = tokio::task::spawn_blocking({
         let addrs = addrs.clone();
         move || HaProxy::start(&addrs, 500, 2, 2)
@@ -118,7 +91,7 @@ async fn a_rolling_restart_behind_a_load_balancer_costs_producers_nothing() {
         let exited = tokio::task::spawn_blocking(move || old.terminate()).await.expect("terminate");
         assert!(exited, "replica {i} exited 0");
         replicas[i] = Some(replica(*addr, &db.url));
-        ready(*addr).await;
+        wait_ready(*addr).await;
         // The balancer takes it back after two good checks.
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }

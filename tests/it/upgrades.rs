@@ -100,41 +100,18 @@ fn free_addr() -> std::net::SocketAddr {
 /// either ingested after N-1 stops. Every webhook delivered exactly once, no error logged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_previous_release_runs_beside_this_one_on_the_migrated_schema() {
-    use crate::support::{ADMIN_TOKEN, GatewayProcess};
+    use crate::support::{GatewayProcess, shop_to_sink, wait_ready};
     let previous = tokio::task::spawn_blocking(previous_release_binary).await.expect("previous release");
     let db = TestDb::new().await;
     let sink = Sink::ok().await;
     // This release: ingest only at first; the previous one ingests and delivers.
     let mut new_ingest = GatewayProcess::start(&db.url, &["--role", "ingest"]);
     let mut old = GatewayProcess::start_binary(&previous, free_addr(), &db.url, &[], &[]);
-    let http = reqwest::Client::new();
     for gw in [&new_ingest, &old] {
-        let url = format!("http://{}/readyz", gw.addr);
-        eventually(Duration::from_secs(30), "both releases ready", || async {
-            let answer = http.get(&url).send().await.ok()?;
-            (answer.status() == 200).then_some(())
-        })
-        .await;
+        wait_ready(gw.addr).await;
     }
-    let base = format!("http://{}", new_ingest.addr);
-    for (path, body) in [
-        ("/v1/sources", serde_json::json!({"name": "shop", "kind": "none", "dedupe": {"header": "X-Delivery-Id"}})),
-        ("/v1/endpoints", serde_json::json!({"url": sink.url("/hooks")})),
-    ] {
-        let answer = http.post(format!("{base}{path}")).bearer_auth(ADMIN_TOKEN).json(&body).send().await.unwrap();
-        assert_eq!(answer.status(), 201);
-        if path == "/v1/endpoints" {
-            let id = answer.json::<serde_json::Value>().await.unwrap()["id"].clone();
-            let sub = http
-                .post(format!("{base}/v1/subscriptions"))
-                .bearer_auth(ADMIN_TOKEN)
-                .json(&serde_json::json!({"endpoint_id": id, "source": "shop"}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(sub.status(), 201);
-        }
-    }
+    shop_to_sink(&format!("http://{}", new_ingest.addr), &sink).await;
+    let http = reqwest::Client::new();
     let post = |gw: std::net::SocketAddr, id: String| {
         let http = http.clone();
         async move {

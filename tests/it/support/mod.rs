@@ -395,35 +395,44 @@ impl Drop for GatewayProcess {
 pub async fn gateway_with_sink(url: &str, extra: &[&str], sink: &sink::Sink) -> (GatewayProcess, String) {
     let gw = GatewayProcess::start(url, extra);
     let base = format!("http://{}", gw.addr);
+    wait_ready(gw.addr).await;
+    shop_to_sink(&base, sink).await;
+    (gw, base)
+}
+
+/// Wait until the gateway at `addr` answers `/readyz` 200.
+pub async fn wait_ready(addr: SocketAddr) {
     let http = reqwest::Client::new();
     eventually(Duration::from_secs(30), "the gateway is ready", || async {
-        let ready = http.get(format!("{base}/readyz")).send().await.ok()?;
+        let ready = http.get(format!("http://{addr}/readyz")).send().await.ok()?;
         (ready.status() == 200).then_some(())
     })
     .await;
-    for (path, body) in [
-        (
-            "/v1/sources",
-            serde_json::json!({"name": "shop", "kind": "none", "dedupe": {"header": "X-Delivery-Id"},
-                   "event_type": {"header": "X-Event-Type"}}),
-        ),
-        ("/v1/endpoints", serde_json::json!({"url": sink.url("/hook")})),
-    ] {
-        let answer = http.post(format!("{base}{path}")).bearer_auth(ADMIN_TOKEN).json(&body).send().await.unwrap();
-        assert_eq!(answer.status(), 201, "{path}");
-        if path == "/v1/endpoints" {
-            let id = answer.json::<serde_json::Value>().await.unwrap()["id"].clone();
-            let sub = http
-                .post(format!("{base}/v1/subscriptions"))
-                .bearer_auth(ADMIN_TOKEN)
-                .json(&serde_json::json!({"endpoint_id": id, "source": "shop"}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(sub.status(), 201);
+}
+
+/// Through the admin API at `base`: a `none` source `shop` (dedupe on `X-Delivery-Id`,
+/// event type from `X-Event-Type`) and an endpoint for `sink` subscribed to it; returns
+/// the endpoint's id.
+pub async fn shop_to_sink(base: &str, sink: &sink::Sink) -> String {
+    let http = reqwest::Client::new();
+    let post = |path: &'static str, body: serde_json::Value| {
+        let request = http.post(format!("{base}{path}")).bearer_auth(ADMIN_TOKEN).json(&body);
+        async move {
+            let answer = request.send().await.expect("admin call");
+            assert_eq!(answer.status(), 201, "{path}");
+            answer.json::<serde_json::Value>().await.expect("admin answer")
         }
-    }
-    (gw, base)
+    };
+    post(
+        "/v1/sources",
+        serde_json::json!({"name": "shop", "kind": "none", "dedupe": {"header": "X-Delivery-Id"},
+                           "event_type": {"header": "X-Event-Type"}}),
+    )
+    .await;
+    let endpoint = post("/v1/endpoints", serde_json::json!({"url": sink.url("/hook")})).await;
+    let id = endpoint["id"].as_str().expect("endpoint id").to_owned();
+    post("/v1/subscriptions", serde_json::json!({"endpoint_id": id, "source": "shop"})).await;
+    id
 }
 
 /// Insert `n` events of source `api`, each with one delivery to `endpoint_id`, due now.

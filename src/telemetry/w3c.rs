@@ -21,7 +21,9 @@ impl TraceParent {
     /// specification asks. `None` for anything else.
     pub fn parse(value: &str) -> Option<TraceParent> {
         let b = value.as_bytes();
-        if b.len() < 55 {
+        // The fields are sliced by byte index below: only an ASCII prefix makes every one of
+        // those indices a character boundary (a multi-byte character there would panic).
+        if b.len() < 55 || !b[..55].is_ascii() {
             return None;
         }
         let version = &value[0..2];
@@ -167,6 +169,48 @@ mod tests {
         ];
         for value in bad {
             assert_eq!(TraceParent::parse(value), None, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn a_multi_byte_character_where_a_field_ends_is_refused_not_a_panic() {
+        // 'é' is two bytes: placed where the version, a dash or a field ends, a byte
+        // index falls inside it.
+        for at in [1, 2, 3, 34, 35, 36, 51, 52, 53, 54] {
+            let mut value: String = GOOD.chars().take(at).collect();
+            value.push('é');
+            value.push_str(&GOOD[at + 1..]);
+            assert_eq!(TraceParent::parse(&value), None, "{value:?}");
+        }
+        assert_eq!(TraceParent::parse(&format!("{GOOD}é")), None);
+        assert_eq!(TraceParent::parse(&"é".repeat(40)), None);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(crate::props::config(2000))]
+
+        /// Any string at all: an answer, never a panic; and what is accepted is printed back
+        /// as a valid version-00 header that parses to the same context.
+        #[test]
+        fn parsing_any_string_is_total(value in ".{0,80}", prefix in "[0-9a-f -]{0,60}") {
+            for candidate in [value.clone(), format!("{prefix}{value}"), format!("{GOOD}{value}")] {
+                if let Some(parent) = TraceParent::parse(&candidate) {
+                    let header = parent.header();
+                    proptest::prop_assert_eq!(TraceParent::parse(&header), Some(parent));
+                }
+            }
+        }
+
+        /// Every well-formed version-00 header parses back to its fields.
+        #[test]
+        fn every_well_formed_header_parses(trace in "[0-9a-f]{32}", span in "[0-9a-f]{16}", flags in 0u8..=255) {
+            let header = format!("00-{trace}-{span}-{flags:02x}");
+            let parsed = TraceParent::parse(&header);
+            let invalid = trace.bytes().all(|b| b == b'0') || span.bytes().all(|b| b == b'0');
+            proptest::prop_assert_eq!(parsed.is_none(), invalid);
+            if let Some(parent) = parsed {
+                proptest::prop_assert_eq!(parent.header(), header);
+            }
         }
     }
 

@@ -39,8 +39,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection, Row};
 
 pub use failure::{
-    CONFLICT_TRIES, Health, REFUSAL_MEMORY, Refusal, Unavailable, classify_sqlstate, is_conflict, is_unavailable,
-    no_answer, retry_conflicts, unavailable,
+    CONFLICT_TRIES, Health, REFUSAL_MEMORY, Refusal, Unavailable, classify, classify_sqlstate, is_conflict,
+    is_unavailable, no_answer, retry_conflicts, unavailable,
 };
 pub use pool::{Pool, Pooler, query, query_as, query_scalar};
 pub(crate) use text_enum::text_enum;

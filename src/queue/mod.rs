@@ -1,10 +1,13 @@
 //! The queue: the `deliveries` table and every statement that touches it.
 //!
-//! - [`claim`]: one statement picks due rows with `FOR UPDATE SKIP LOCKED`, moves them onto
-//!   a lease (`next_attempt_at = now() + lease`), bumps their fencing token and attempt
-//!   count, and returns what a worker needs to send them. Concurrent claimers get
-//!   disjoint rows; there is no "in progress" status a crash could strand: an abandoned
-//!   claim is simply due again when its lease ends.
+//! - [`claim_batch`] / [`claim_fair`]: a transaction of two statements (lock the endpoint
+//!   rows it serves; then, with a snapshot taken after those locks, count their room and
+//!   pick due rows with `FOR UPDATE SKIP LOCKED`), which moves them onto a lease
+//!   (`next_attempt_at = now() + lease`), bumps their fencing token and attempt count, and
+//!   returns what a worker needs to send them. Concurrent claimers get disjoint rows;
+//!   there is no "in progress" status a crash could strand: an abandoned claim is simply
+//!   due again when its lease ends. ([`claim`] is [`claim_fair`] with the default
+//!   fairness, for tests and tools.)
 //! - [`record`]: outcomes are written with `WHERE claim_token = $token`; a worker whose
 //!   lease was taken over matches zero rows and its result is dropped (fenced).
 

@@ -6,8 +6,15 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+/// An id's name in messages ("source", "delivery"): a malformed or unknown one is
+/// answered "<name> not found".
+pub trait Named {
+    /// The name.
+    const NAME: &'static str;
+}
+
 macro_rules! typed_id {
-    ($(#[$doc:meta])* $name:ident) => {
+    ($(#[$doc:meta])* $name:ident, $what:literal) => {
         $(#[$doc])*
         #[derive(
             Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
@@ -22,6 +29,10 @@ macro_rules! typed_id {
             }
         }
 
+        impl Named for $name {
+            const NAME: &'static str = $what;
+        }
+
         impl FromStr for $name {
             type Err = uuid::Error;
             fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -33,23 +44,23 @@ macro_rules! typed_id {
 
 typed_id!(
     /// A source (where webhooks come from).
-    SourceId
+    SourceId, "source"
 );
 typed_id!(
     /// An endpoint (a subscriber URL).
-    EndpointId
+    EndpointId, "endpoint"
 );
 typed_id!(
     /// A subscription (source + event-type patterns -> endpoint).
-    SubscriptionId
+    SubscriptionId, "subscription"
 );
 typed_id!(
     /// A stored event.
-    EventId
+    EventId, "event"
 );
 typed_id!(
     /// A delivery: one event to one endpoint.
-    DeliveryId
+    DeliveryId, "delivery"
 );
 
 impl DeliveryId {

@@ -1,13 +1,13 @@
 //! `/v1/deliveries`: the state of every delivery and the story of its attempts.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
-use super::extract::{ApiQuery, page_limit, parse_id};
+use super::extract::{ApiQuery, Id, page_limit};
 use super::openapi::AdminErrors;
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::{DeliveryId, EndpointId, EventId};
@@ -154,8 +154,7 @@ pub async fn list(
     ),
     security(("admin_token" = [])),
 )]
-pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<DeliveryView>, ApiError> {
-    let id: DeliveryId = parse_id(&id, "delivery")?;
+pub async fn get(State(state): State<AppState>, Id(id): Id<DeliveryId>) -> Result<Json<DeliveryView>, ApiError> {
     let delivery = read::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("delivery"))?;
     Ok(Json(delivery.into()))
 }
@@ -174,9 +173,8 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
 )]
 pub async fn attempts(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Id(id): Id<DeliveryId>,
 ) -> Result<Json<AttemptTimeline>, ApiError> {
-    let id: DeliveryId = parse_id(&id, "delivery")?;
     let delivery = read::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("delivery"))?;
     let data = store::attempts::for_delivery(&state.pool, id).await?;
     Ok(Json(AttemptTimeline { data, delivery: delivery.into() }))
@@ -201,8 +199,7 @@ pub async fn attempts(
     ),
     security(("admin_token" = [])),
 )]
-pub async fn redeliver(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<DeliveryView>, ApiError> {
-    let id: DeliveryId = parse_id(&id, "delivery")?;
+pub async fn redeliver(State(state): State<AppState>, Id(id): Id<DeliveryId>) -> Result<Json<DeliveryView>, ApiError> {
     Ok(Json(redeliver_one(&state, id).await?.into()))
 }
 
@@ -238,8 +235,7 @@ pub async fn redeliver_one(state: &AppState, id: DeliveryId) -> Result<Delivery,
     ),
     security(("admin_token" = [])),
 )]
-pub async fn unblock(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<DeliveryView>, ApiError> {
-    let id: DeliveryId = parse_id(&id, "delivery")?;
+pub async fn unblock(State(state): State<AppState>, Id(id): Id<DeliveryId>) -> Result<Json<DeliveryView>, ApiError> {
     let mut tx = state.pool.begin().await?;
     let unblocked = crate::queue::lines::unblock(&mut tx, id).await?;
     tx.commit().await?;

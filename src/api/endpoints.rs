@@ -1,7 +1,7 @@
 //! `/v1/endpoints`: where deliveries go.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use base64::Engine;
 use chrono::{DateTime, Utc};
@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
-use super::extract::{ApiJson, ApiQuery, parse_id};
+use super::extract::{ApiJson, ApiQuery, Id};
 use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::{DeliveryId, EndpointId, EventId};
@@ -268,8 +268,7 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<EndpointList>, A
     ),
     security(("admin_token" = [])),
 )]
-pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EndpointView>, ApiError> {
-    let id: EndpointId = parse_id(&id, "endpoint")?;
+pub async fn get(State(state): State<AppState>, Id(id): Id<EndpointId>) -> Result<Json<EndpointView>, ApiError> {
     let endpoint = store::endpoints::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
     Ok(Json(view(&state, endpoint, false).await?))
 }
@@ -289,8 +288,7 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Resul
     ),
     security(("admin_token" = [])),
 )]
-pub async fn pause(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EndpointView>, ApiError> {
-    let id: EndpointId = parse_id(&id, "endpoint")?;
+pub async fn pause(State(state): State<AppState>, Id(id): Id<EndpointId>) -> Result<Json<EndpointView>, ApiError> {
     let endpoint = set_paused(&state, id, true).await?;
     Ok(Json(view(&state, endpoint, false).await?))
 }
@@ -327,8 +325,7 @@ pub async fn set_paused(state: &AppState, id: EndpointId, paused: bool) -> Resul
     ),
     security(("admin_token" = [])),
 )]
-pub async fn resume(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EndpointView>, ApiError> {
-    let id: EndpointId = parse_id(&id, "endpoint")?;
+pub async fn resume(State(state): State<AppState>, Id(id): Id<EndpointId>) -> Result<Json<EndpointView>, ApiError> {
     let endpoint = set_paused(&state, id, false).await?;
     Ok(Json(view(&state, endpoint, false).await?))
 }
@@ -370,10 +367,9 @@ pub struct UpdateEndpoint {
 )]
 pub async fn update(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Id(id): Id<EndpointId>,
     ApiJson(body): ApiJson<UpdateEndpoint>,
 ) -> Result<Json<EndpointView>, ApiError> {
-    let id: EndpointId = parse_id(&id, "endpoint")?;
     let url = body.url.as_deref().map(|u| state.check_endpoint_url(u)).transpose()?;
     let changes = store::endpoints::Changes {
         url: url.as_ref().map(|u| u.as_str()),
@@ -426,10 +422,9 @@ pub struct EndpointDeleted {
 )]
 pub async fn delete(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Id(id): Id<EndpointId>,
     ApiQuery(q): ApiQuery<DeleteQuery>,
 ) -> Result<Json<EndpointDeleted>, ApiError> {
-    let id: EndpointId = parse_id(&id, "endpoint")?;
     match store::endpoints::delete(&state.pool, id, q.force).await? {
         Deleted::NotFound => Err(ApiError::not_found("endpoint")),
         Deleted::HasPending(n) => Err(ApiError::conflict(format!(
@@ -494,10 +489,9 @@ pub struct RotatedSecret {
 )]
 pub async fn rotate_secret(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Id(id): Id<EndpointId>,
     body: axum::body::Bytes,
 ) -> Result<Json<RotatedSecret>, ApiError> {
-    let id: EndpointId = parse_id(&id, "endpoint")?;
     let body: RotateSecret = super::extract::json_or_default(&body)?;
     Ok(Json(rotate(&state, id, body).await?))
 }
@@ -557,9 +551,8 @@ pub struct TestSend {
 )]
 pub async fn test_send(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Id(id): Id<EndpointId>,
 ) -> Result<(StatusCode, Json<TestSend>), ApiError> {
-    let id: EndpointId = parse_id(&id, "endpoint")?;
     Ok((StatusCode::ACCEPTED, Json(send_test(&state, id).await?)))
 }
 
@@ -618,10 +611,9 @@ pub struct Recovered {
 )]
 pub async fn recover(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Id(id): Id<EndpointId>,
     ApiJson(body): ApiJson<Recover>,
 ) -> Result<Json<Recovered>, ApiError> {
-    let id: EndpointId = parse_id(&id, "endpoint")?;
     Ok(Json(recover_window(&state, id, body).await?))
 }
 

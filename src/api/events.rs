@@ -1,7 +1,7 @@
 //! `/v1/events`: publishing from internal producers, and reading stored events.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -9,7 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::deliveries::DeliveryView;
-use super::extract::{ApiJson, ApiQuery, page_limit, parse_id};
+use super::extract::{ApiJson, ApiQuery, Id, page_limit};
 use super::ingest::{IngestResponse, store_error};
 use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::error::{ApiError, ErrorBody};
@@ -168,8 +168,7 @@ pub struct EventPage {
     ),
     security(("admin_token" = [])),
 )]
-pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<EventView>, ApiError> {
-    let id: EventId = parse_id(&id, "event")?;
+pub async fn get(State(state): State<AppState>, Id(id): Id<EventId>) -> Result<Json<EventView>, ApiError> {
     let (event, deliveries) = event_with_deliveries(&state, id).await?;
     let parsed: Option<serde_json::Value> = serde_json::from_slice(&event.payload).ok();
     let payload_base64 = parsed.is_none().then(|| base64::engine::general_purpose::STANDARD.encode(&event.payload));

@@ -98,8 +98,23 @@ where
 }
 
 /// Parse an id from a path segment; anything that is not an id is "not found".
-pub fn parse_id<T: FromStr>(raw: &str, what: &str) -> Result<T, ApiError> {
+fn parse_id<T: FromStr>(raw: &str, what: &str) -> Result<T, ApiError> {
     raw.parse().map_err(|_| ApiError::not_found(what))
+}
+
+/// A typed id from the path's one parameter (`/v1/deliveries/{id}`): a malformed id is
+/// answered 404 "<what> not found" (JSON), like an unknown one, since no resource has it.
+pub struct Id<T>(pub T);
+
+impl<S: Send + Sync, T: FromStr + crate::ids::Named> FromRequestParts<S> for Id<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let axum::extract::Path(raw) = axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::not_found(T::NAME))?;
+        parse_id(&raw, T::NAME).map(Id)
+    }
 }
 
 /// For PATCH bodies: absent field -> `None`, `null` -> `Some(None)`, value -> `Some(Some(v))`.

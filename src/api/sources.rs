@@ -1,14 +1,14 @@
 //! `/v1/sources`: where webhooks come from and how they are verified.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
-use super::extract::{ApiJson, ApiQuery, parse_id};
+use super::extract::{ApiJson, ApiQuery, Id};
 use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::SourceId;
@@ -215,8 +215,7 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<SourceList>, Api
     ),
     security(("admin_token" = [])),
 )]
-pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<SourceView>, ApiError> {
-    let id: SourceId = parse_id(&id, "source")?;
+pub async fn get(State(state): State<AppState>, Id(id): Id<SourceId>) -> Result<Json<SourceView>, ApiError> {
     let source = store::sources::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("source"))?;
     Ok(Json(SourceView::new(source, &state.secrets)))
 }
@@ -262,10 +261,9 @@ pub struct UpdateSource {
 )]
 pub async fn update(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Id(id): Id<SourceId>,
     ApiJson(body): ApiJson<UpdateSource>,
 ) -> Result<Json<SourceView>, ApiError> {
-    let id: SourceId = parse_id(&id, "source")?;
     let source = store::sources::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("source"))?;
     let mut spec = source.spec.0;
     if spec.kind == Kind::Internal {
@@ -339,10 +337,9 @@ pub struct DeleteQuery {
 )]
 pub async fn delete(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Id(id): Id<SourceId>,
     ApiQuery(q): ApiQuery<DeleteQuery>,
 ) -> Result<StatusCode, ApiError> {
-    let id: SourceId = parse_id(&id, "source")?;
     let source = store::sources::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("source"))?;
     if source.spec.0.kind == Kind::Internal {
         return Err(ApiError::conflict("built-in sources cannot be deleted"));

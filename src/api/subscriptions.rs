@@ -7,10 +7,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use axum::extract::Path;
-
 use super::AppState;
-use super::extract::{ApiJson, ApiQuery, parse_id};
+use super::extract::{ApiJson, ApiQuery, Id};
 use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::error::{ApiError, ErrorBody};
 use crate::fanout;
@@ -186,8 +184,10 @@ pub async fn list(
     ),
     security(("admin_token" = [])),
 )]
-pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<SubscriptionView>, ApiError> {
-    let id: SubscriptionId = parse_id(&id, "subscription")?;
+pub async fn get(
+    State(state): State<AppState>,
+    Id(id): Id<SubscriptionId>,
+) -> Result<Json<SubscriptionView>, ApiError> {
     let sub = store::subscriptions::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("subscription"))?;
     Ok(Json(sub.into()))
 }
@@ -226,10 +226,9 @@ pub struct UpdateSubscription {
 )]
 pub async fn update(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Id(id): Id<SubscriptionId>,
     ApiJson(body): ApiJson<UpdateSubscription>,
 ) -> Result<Json<SubscriptionView>, ApiError> {
-    let id: SubscriptionId = parse_id(&id, "subscription")?;
     if let Some(Some(types)) = &body.event_types {
         validate_patterns(types)?;
     }
@@ -260,8 +259,7 @@ pub async fn update(
     ),
     security(("admin_token" = [])),
 )]
-pub async fn delete(State(state): State<AppState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    let id: SubscriptionId = parse_id(&id, "subscription")?;
+pub async fn delete(State(state): State<AppState>, Id(id): Id<SubscriptionId>) -> Result<StatusCode, ApiError> {
     if store::subscriptions::delete(&state.pool, id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {

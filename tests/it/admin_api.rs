@@ -182,3 +182,36 @@ async fn nul_characters_anywhere_are_refused_with_a_reason() {
     let (status, answer) = app.admin(M::POST, "/v1/events", Some(payload)).await;
     assert_eq!(status, 200, "{answer}");
 }
+
+/// Every route that takes an id answers a malformed id (not a UUID, non-ASCII, huge) as it
+/// answers an unknown one: 404 with a JSON reason naming the kind of resource, never a 400
+/// from the framework or a 500.
+#[tokio::test]
+async fn a_malformed_id_is_a_json_404_on_every_id_route() {
+    let app = TestApp::spawn().await;
+    let routes: [(reqwest::Method, &str, &str); 13] = [
+        (reqwest::Method::GET, "/v1/sources/{}", "source"),
+        (reqwest::Method::DELETE, "/v1/sources/{}", "source"),
+        (reqwest::Method::GET, "/v1/endpoints/{}", "endpoint"),
+        (reqwest::Method::POST, "/v1/endpoints/{}/pause", "endpoint"),
+        (reqwest::Method::POST, "/v1/endpoints/{}/resume", "endpoint"),
+        (reqwest::Method::POST, "/v1/endpoints/{}/rotate-secret", "endpoint"),
+        (reqwest::Method::GET, "/v1/subscriptions/{}", "subscription"),
+        (reqwest::Method::DELETE, "/v1/subscriptions/{}", "subscription"),
+        (reqwest::Method::GET, "/v1/events/{}", "event"),
+        (reqwest::Method::GET, "/v1/deliveries/{}", "delivery"),
+        (reqwest::Method::GET, "/v1/deliveries/{}/attempts", "delivery"),
+        (reqwest::Method::POST, "/v1/deliveries/{}/redeliver", "delivery"),
+        (reqwest::Method::POST, "/v1/deliveries/{}/unblock", "delivery"),
+    ];
+    let long = "a".repeat(5000);
+    for (method, route, what) in routes {
+        for bad in ["not-an-id", "%E2%82%AC", "00000000-0000-0000-0000", long.as_str()] {
+            let path = route.replace("{}", bad);
+            let (status, body) = app.admin(method.clone(), &path, None).await;
+            assert_eq!(status, 404, "{method} {path}: {body}");
+            assert_eq!(body["error"]["code"], "not_found", "{method} {path}: {body}");
+            assert_eq!(body["error"]["message"], format!("{what} not found"), "{method} {path}");
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! What an operator does to an endpoint: pause and resume it, rotate its secret, send it a
+//! test, recover its dead letters. The handlers, and the actions they call, which the
+//! console calls too (`api::actions`).
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::{EndpointView, generate_secret, seal, validate_secret, view};
+use crate::api::AppState;
+use crate::api::extract::{ApiJson, Id};
+use crate::api::openapi::{AdminErrors, JsonBodyErrors};
+use crate::error::{ApiError, ErrorBody};
+use crate::ids::{DeliveryId, EndpointId, EventId};
+use crate::store::{self, endpoints::Endpoint};
+
+/// `POST /v1/endpoints/{id}/pause`.
+///
+/// Nothing is sent until resumed; due deliveries are parked without spending attempts (like
+/// an open circuit that only an operator closes).
+#[utoipa::path(
+    post, path = "/v1/endpoints/{id}/pause", tag = "endpoints", operation_id = "pause_endpoint",
+    summary = "Pause an endpoint",
+    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
+    responses(
+        (status = 200, description = "Paused (idempotent)", body = EndpointView),
+        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
+        AdminErrors,
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn pause(State(state): State<AppState>, Id(id): Id<EndpointId>) -> Result<Json<EndpointView>, ApiError> {
+    let endpoint = set_paused(&state, id, true).await?;
+    Ok(Json(view(&state, endpoint, false).await?))
+}
+
+/// Pause or resume an endpoint (the API's `pause` / `resume` and the console's buttons).
+/// Resuming releases the first batch of the parked backlog now (the rest follows with the
+/// dispatchers' housekeeping) and wakes this process's workers. 404 when there is none.
+pub async fn set_paused(state: &AppState, id: EndpointId, paused: bool) -> Result<Endpoint, ApiError> {
+    let endpoint =
+        store::endpoints::set_paused(&state.pool, id, paused).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
+    if paused {
+        tracing::info!(endpoint_id = %id, "endpoint paused");
+    } else {
+        // Resuming set `release_pending` (durable); the first batch goes now, the rest with
+        // the dispatchers' housekeeping.
+        let released = crate::queue::release_parked(&state.pool, state.release_per_sec, Some(id)).await?;
+        state.wake.notify_one();
+        tracing::info!(endpoint_id = %id, released, "endpoint resumed");
+    }
+    Ok(endpoint)
+}
+
+/// `POST /v1/endpoints/{id}/resume`.
+///
+/// Deliveries flow again; the parked backlog is released at the configured rate.
+#[utoipa::path(
+    post, path = "/v1/endpoints/{id}/resume", tag = "endpoints", operation_id = "resume_endpoint",
+    summary = "Resume an endpoint",
+    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
+    responses(
+        (status = 200, description = "Resumed (idempotent)", body = EndpointView),
+        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
+        AdminErrors,
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn resume(State(state): State<AppState>, Id(id): Id<EndpointId>) -> Result<Json<EndpointView>, ApiError> {
+    let endpoint = set_paused(&state, id, false).await?;
+    Ok(Json(view(&state, endpoint, false).await?))
+}
+
+/// Body of `POST /v1/endpoints/{id}/rotate-secret` (optional: an empty body takes the defaults).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RotateSecret {
+    /// The new secret (`whsec_...`); generated when absent.
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// How long the old secret keeps signing alongside the new one (default 24 h, at most 30 days).
+    #[serde(default)]
+    #[schema(maximum = 2592000)]
+    pub grace_secs: Option<u64>,
+}
+
+/// Default grace period of a secret rotation.
+pub const ROTATION_GRACE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+// Fields in alphabetical order: the order this answer has always had.
+/// A rotated secret.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RotatedSecret {
+    /// The endpoint.
+    pub id: EndpointId,
+    /// Until then requests are also signed with the secret this rotation replaced.
+    pub previous_secret_valid_until: DateTime<Utc>,
+    /// The new secret (`whsec_...`), shown this once.
+    pub secret: String,
+}
+
+/// `POST /v1/endpoints/{id}/rotate-secret`.
+///
+/// Returns the new secret. Until the grace period ends every request carries a `v1,`
+/// signature per secret still in its grace period (earlier rotations' included), so a
+/// subscriber can switch at its own pace.
+#[utoipa::path(
+    post, path = "/v1/endpoints/{id}/rotate-secret", tag = "endpoints", operation_id = "rotate_endpoint_secret",
+    summary = "Rotate an endpoint's signing secret",
+    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
+    request_body(content = RotateSecret, content_type = "application/json",
+        description = "Optional: an empty body takes the defaults. The Content-Type is not checked."),
+    responses(
+        (status = 200, description = "Rotated", body = RotatedSecret),
+        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
+        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
+        (status = 413, description = "Body over the size limit (plain text, not the JSON error body)"),
+        (status = 422, description = "Invalid field, named in the message (`validation_failed`)", body = ErrorBody),
+        AdminErrors,
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn rotate_secret(
+    State(state): State<AppState>,
+    Id(id): Id<EndpointId>,
+    body: axum::body::Bytes,
+) -> Result<Json<RotatedSecret>, ApiError> {
+    let body: RotateSecret = super::super::extract::json_or_default(&body)?;
+    Ok(Json(rotate(&state, id, body).await?))
+}
+
+/// Rotate an endpoint's signing secret (the API's `rotate-secret` and the console's
+/// button): the new secret (given or generated) is returned, to be shown once.
+pub async fn rotate(state: &AppState, id: EndpointId, body: RotateSecret) -> Result<RotatedSecret, ApiError> {
+    let secret = match body.secret {
+        Some(secret) => {
+            validate_secret(&secret)?;
+            secret
+        }
+        None => generate_secret(),
+    };
+    let grace = body.grace_secs.map(std::time::Duration::from_secs).unwrap_or(ROTATION_GRACE);
+    if grace > std::time::Duration::from_secs(30 * 24 * 3600) {
+        return Err(ApiError::validation("grace_secs", "at most 30 days"));
+    }
+    let endpoint = store::endpoints::rotate_secret(&state.pool, id, &seal(state, &secret)?, grace)
+        .await?
+        .ok_or_else(|| ApiError::not_found("endpoint"))?;
+    tracing::info!(endpoint_id = %id, grace_secs = grace.as_secs(), "endpoint secret rotated");
+    Ok(RotatedSecret {
+        id: endpoint.id,
+        previous_secret_valid_until: Utc::now() + chrono::Duration::from_std(grace).unwrap_or_default(),
+        secret,
+    })
+}
+
+// Fields in alphabetical order: the order this answer has always had.
+/// A queued test send.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TestSend {
+    /// Follow it with `GET /v1/deliveries/{id}`.
+    pub delivery_id: DeliveryId,
+    /// The synthetic `webhook.test` event (never deduplicated against real events).
+    pub event_id: EventId,
+    /// The `webhook-id` the request carries.
+    #[schema(example = "msg_0190c7e0f4a97c3a9d5e3c1b2a4f6e8d")]
+    pub webhook_id: String,
+}
+
+/// `POST /v1/endpoints/{id}/test`.
+///
+/// A synthetic `webhook.test` event delivered to this endpoint only, like any other
+/// delivery (signed, retried, recorded).
+#[utoipa::path(
+    post, path = "/v1/endpoints/{id}/test", tag = "endpoints", operation_id = "test_endpoint",
+    summary = "Send a test event to an endpoint",
+    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
+    responses(
+        (status = 202, description = "Queued for delivery", body = TestSend),
+        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
+        AdminErrors,
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn test_send(
+    State(state): State<AppState>,
+    Id(id): Id<EndpointId>,
+) -> Result<(StatusCode, Json<TestSend>), ApiError> {
+    Ok((StatusCode::ACCEPTED, Json(send_test(&state, id).await?)))
+}
+
+/// Queue a synthetic `webhook.test` event for one endpoint (the API's `test` and the
+/// console's button). 404 when there is no such endpoint.
+pub async fn send_test(state: &AppState, id: EndpointId) -> Result<TestSend, ApiError> {
+    if store::endpoints::by_id(&state.pool, id).await?.is_none() {
+        return Err(ApiError::not_found("endpoint"));
+    }
+    let payload = serde_json::to_vec(&serde_json::json!({
+        "type": "webhook.test",
+        "endpoint_id": id,
+        "sent_at": chrono::Utc::now(),
+    }))
+    .map_err(|_| ApiError::internal())?;
+    let (event_id, delivery_id) = store::events::insert_test(&state.pool, id, &payload).await?;
+    state.wake.notify_one();
+    Ok(TestSend { delivery_id, event_id, webhook_id: delivery_id.webhook_id() })
+}
+
+/// Body of `POST /v1/endpoints/{id}/recover`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Recover {
+    /// Dead-lettered at or after.
+    pub since: DateTime<Utc>,
+    /// Dead-lettered before (default: now).
+    #[serde(default)]
+    pub until: Option<DateTime<Utc>>,
+}
+
+/// The outcome of a recovery.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Recovered {
+    /// Dead deliveries put back to pending.
+    pub requeued: u64,
+}
+
+/// `POST /v1/endpoints/{id}/recover`.
+///
+/// After an outage, re-queue the endpoint's dead deliveries that died in the window (fresh
+/// budget, same `webhook-id`), released at the configured rate. Safe to call twice: only
+/// dead deliveries qualify.
+#[utoipa::path(
+    post, path = "/v1/endpoints/{id}/recover", tag = "endpoints", operation_id = "recover_endpoint",
+    summary = "Re-queue an endpoint's dead deliveries",
+    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
+    request_body = Recover,
+    responses(
+        (status = 200, description = "Re-queued (0 when called again)", body = Recovered),
+        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
+        JsonBodyErrors,
+        AdminErrors,
+    ),
+    security(("admin_token" = [])),
+)]
+pub async fn recover(
+    State(state): State<AppState>,
+    Id(id): Id<EndpointId>,
+    ApiJson(body): ApiJson<Recover>,
+) -> Result<Json<Recovered>, ApiError> {
+    Ok(Json(recover_window(&state, id, body).await?))
+}
+
+/// The window a recovery covers, checked: `[since, until)`, `until` defaulting to now.
+pub fn recovery_window(body: &Recover) -> Result<(DateTime<Utc>, DateTime<Utc>), ApiError> {
+    let until = body.until.unwrap_or_else(Utc::now);
+    if until <= body.since {
+        return Err(ApiError::validation("until", "must be after since"));
+    }
+    Ok((body.since, until))
+}
+
+/// Re-queue an endpoint's deliveries that died in the window (the API's `recover` and the
+/// console's confirmed recovery). 404 when there is no such endpoint.
+pub async fn recover_window(state: &AppState, id: EndpointId, body: Recover) -> Result<Recovered, ApiError> {
+    if store::endpoints::by_id(&state.pool, id).await?.is_none() {
+        return Err(ApiError::not_found("endpoint"));
+    }
+    let (since, until) = recovery_window(&body)?;
+    let requeued = crate::queue::requeue_dead(&state.pool, id, since, until, state.release_per_sec).await?;
+    if requeued > 0 {
+        state.wake.notify_one();
+    }
+    tracing::info!(endpoint_id = %id, requeued, "dead deliveries recovered");
+    Ok(Recovered { requeued })
+}

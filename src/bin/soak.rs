@@ -397,7 +397,8 @@ async fn work(pool: db::Pool, endpoint: EndpointId, shared: Arc<Shared>) -> anyh
                     reason: "soak".into(),
                     response_excerpt: Some("ok".into()),
                     next_attempt_at: (outcome == Outcome::Retry).then(|| now + chrono::Duration::seconds(2)),
-                    next_attempt_reason: (outcome == Outcome::Retry).then(|| "backoff".into()),
+                    next_attempt_reason: (outcome == Outcome::Retry)
+                        .then_some(webhook_gateway::deliver::policy::NextReason::Backoff),
                     endpoint_id: endpoint,
                     ordered: false,
                 }

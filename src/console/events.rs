@@ -252,11 +252,11 @@ struct AttemptRow {
     duration_ms: i32,
     result: String,
     badge: &'static str,
-    outcome: String,
+    outcome: &'static str,
     reason: String,
     excerpt: String,
     next: String,
-    next_reason: String,
+    next_reason: &'static str,
 }
 
 #[derive(Template)]
@@ -309,11 +309,11 @@ pub async fn delivery(
                 duration_ms: a.duration_ms,
                 result,
                 badge,
-                outcome: a.outcome,
+                outcome: a.outcome.as_str(),
                 reason: a.reason,
                 excerpt: a.response_excerpt.unwrap_or_default(),
                 next: ts(a.next_attempt_at),
-                next_reason: a.next_attempt_reason.unwrap_or_default(),
+                next_reason: a.next_attempt_reason.map(|why| why.as_str()).unwrap_or_default(),
             }
         })
         .collect();

@@ -120,7 +120,7 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, span: t
         reason: sanitize::bounded(&verdict.reason, sanitize::MAX_REASON_BYTES),
         response_excerpt: excerpt,
         next_attempt_at,
-        next_attempt_reason: next_reason.map(|why| why.as_str().to_owned()),
+        next_attempt_reason: next_reason,
         endpoint_id: job.endpoint_id,
         ordered: job.ordered,
     };

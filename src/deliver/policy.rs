@@ -63,8 +63,9 @@ pub struct Policy {
     pub retry_after_cap: Duration,
 }
 
-/// Why the next attempt is when it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why the next attempt is when it is (`attempts.next_attempt_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
 pub enum NextReason {
     /// Full-jitter backoff.
     Backoff,
@@ -72,15 +73,7 @@ pub enum NextReason {
     RetryAfter,
 }
 
-impl NextReason {
-    /// Name stored with the attempt.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NextReason::Backoff => "backoff",
-            NextReason::RetryAfter => "retry_after",
-        }
-    }
-}
+crate::db::text_enum!(NextReason { Backoff => "backoff", RetryAfter => "retry_after" });
 
 /// What happens next.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -34,8 +34,9 @@ pub enum DeliveryStatus {
 
 crate::db::text_enum!(DeliveryStatus { Pending => "pending", Delivered => "delivered", Dead => "dead" });
 
-/// Final or intermediate state after an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Final or intermediate state after an attempt (`attempts.outcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum Outcome {
     /// 2xx: done.
     Delivered,
@@ -45,16 +46,9 @@ pub enum Outcome {
     Dead,
 }
 
-impl Outcome {
-    /// Name stored in `attempts.outcome`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Delivered => "delivered",
-            Outcome::Retry => "retry",
-            Outcome::Dead => "dead",
-        }
-    }
+crate::db::text_enum!(Outcome { Delivered => "delivered", Retry => "retry", Dead => "dead" });
 
+impl Outcome {
     /// The delivery's state after it.
     pub fn status(self) -> DeliveryStatus {
         match self {
@@ -91,7 +85,7 @@ pub struct AttemptRecord {
     /// When the next attempt is due (retries only).
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// `backoff` or `retry_after` (retries only).
-    pub next_attempt_reason: Option<String>,
+    pub next_attempt_reason: Option<crate::deliver::policy::NextReason>,
     /// The delivery's endpoint.
     pub endpoint_id: EndpointId,
     /// Whether the delivery is in an ordering line ([`Claimed::ordered`](super::Claimed::ordered)): the recorder
@@ -167,7 +161,7 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
     let reasons: Vec<&str> = col(batch, |r| r.reason.as_str());
     let excerpts: Vec<Option<&str>> = col(batch, |r| r.response_excerpt.as_deref());
     let next_at: Vec<Option<DateTime<Utc>>> = col(batch, |r| r.next_attempt_at);
-    let next_why: Vec<Option<&str>> = col(batch, |r| r.next_attempt_reason.as_deref());
+    let next_why: Vec<Option<&str>> = col(batch, |r| r.next_attempt_reason.map(|why| why.as_str()));
 
     // `prior` reads the statement's snapshot, before `upd`: the rows an earlier write of
     // this same claim recorded. Only `deliveries` is read, by primary key; `attempts_once`

@@ -20,7 +20,7 @@ pub struct Attempt {
     /// `other`, or the egress refusal `forbidden_address`, `forbidden_scheme`, `invalid_url`.
     pub error_kind: Option<String>,
     /// What the attempt led to: `delivered`, `retry` or `dead`.
-    pub outcome: String,
+    pub outcome: crate::queue::Outcome,
     /// Why the outcome, for operators (e.g. `HTTP 503`, `HTTP 404: permanent client error,
     /// not retried`, a transport error); at most 1 KiB.
     pub reason: String,
@@ -30,7 +30,7 @@ pub struct Attempt {
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// Where that time came from: `backoff` (our curve) or `retry_after` (the subscriber's
     /// `Retry-After`, capped); null unless the outcome is `retry`.
-    pub next_attempt_reason: Option<String>,
+    pub next_attempt_reason: Option<crate::deliver::policy::NextReason>,
 }
 
 /// Attempts of one delivery, in order.

@@ -156,7 +156,7 @@ async fn recording_a_retry_twice_records_one_attempt() {
     let mut retry = record(&claimed[0], Outcome::Retry);
     retry.status_code = Some(503);
     retry.next_attempt_at = Some(first_at);
-    retry.next_attempt_reason = Some("backoff".into());
+    retry.next_attempt_reason = Some(webhook_gateway::deliver::policy::NextReason::Backoff);
     let delivered = record(&claimed[1], Outcome::Delivered);
     let first = record_committed(&db.pool, &[retry.clone(), delivered.clone()]).await.unwrap();
     assert_eq!(first.fresh.len(), 2);

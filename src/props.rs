@@ -2,7 +2,7 @@
 //!
 //! Each property runs a bounded number of cases in `cargo test`, chosen so that it takes
 //! at most a few seconds on a 2-core machine. `PROPTEST_CASES=<n>` replaces every one of
-//! these defaults for a longer run (README, "Fuzzing"): an explicit
+//! these defaults for a longer run (docs/testing.md): an explicit
 //! `ProptestConfig::with_cases` would silently ignore it, so properties take their
 //! configuration from [`config`].
 

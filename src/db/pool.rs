@@ -29,7 +29,7 @@
 //! optional direct session URL ([`Pool::session_pool`]); without one they fall back
 //! to what works without a session (polling), and say so once in the log.
 //!
-//! What it costs: measured in the benchmark (README, "Behind a transaction pooler").
+//! What it costs: benchmark row 12 (README, "Benchmarks").
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

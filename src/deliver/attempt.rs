@@ -80,7 +80,7 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, span: t
         Err(e) => {
             // Never sent unsigned, and not the subscriber's doing: the claim's attempt is
             // given back and the delivery waits. The likely cause is a replica started
-            // without the key a newer one wrote with (README, Secrets at rest).
+            // without the key a newer one wrote with (docs/security.md, "Secrets at rest").
             tracing::error!(delivery_id = %job.id, endpoint_id = %job.endpoint_id, error = %e,
                 "cannot read the endpoint's signing secret; not sent, retried without spending an attempt");
             let due = Utc::now() + UNREADABLE_SECRET_RETRY;

@@ -4,7 +4,7 @@
 //!
 //! The replies come from a seeded generator (the seed is printed, and named in every
 //! failure; `HOSTILE_SEED=<seed>` replays it, `HOSTILE_CASES=<n>` sends n webhooks
-//! instead of the default few dozen; README, "Fuzzing"). Each reply is a function of the
+//! instead of the default few dozen; docs/testing.md). Each reply is a function of the
 //! seed, the webhook and the attempt number, so a replay sends the same bytes.
 
 use std::collections::HashMap;
@@ -299,7 +299,7 @@ fn case_for(seed: u64, n: u64, attempt: u64) -> Case {
     Case { label, reply, status: expect }
 }
 
-/// What the policy must make of a status (README, "What your answer means").
+/// What the policy must make of a status (docs/delivery.md, "What your answer means").
 fn class(status: u16) -> &'static str {
     match status {
         200..=299 => "delivered",

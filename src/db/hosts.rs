@@ -12,7 +12,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::ConnectOptions;
 use sqlx::postgres::PgConnectOptions;
 
 use super::failure::Health;
@@ -61,13 +60,10 @@ pub fn split(url: &str) -> anyhow::Result<Vec<String>> {
 /// Whether the node `options` reaches takes writes; `Err` with the reason when it cannot
 /// be reached within [`PROBE_TIMEOUT`].
 pub async fn probe(options: &PgConnectOptions) -> Result<bool, String> {
-    let look = async {
-        let mut conn = options.connect().await.map_err(|e| e.to_string())?;
-        let writable = super::writable(&mut conn).await.map_err(|e| e.to_string());
-        let _ = sqlx::Connection::close(conn).await;
-        writable
-    };
-    tokio::time::timeout(PROBE_TIMEOUT, look).await.unwrap_or_else(|_| Err("no answer".into()))
+    match tokio::time::timeout(PROBE_TIMEOUT, super::writable_at(options)).await {
+        Ok(answer) => answer.map_err(|e| e.to_string()),
+        Err(_) => Err("no answer".into()),
+    }
 }
 
 /// The first of `hosts` that takes writes, or every host's reason for not being it.

@@ -228,7 +228,7 @@ fn single_session_pool(options: PgConnectOptions) -> sqlx::PgPool {
 
 /// The first connection, made by hand so that its failure says what is wrong.
 async fn check_first_connection(options: &PgConnectOptions) -> anyhow::Result<()> {
-    let mut conn = tokio::time::timeout(ACQUIRE_TIMEOUT * 3, options.connect())
+    let writable = tokio::time::timeout(ACQUIRE_TIMEOUT * 3, writable_at(options))
         .await
         .map_err(|_| anyhow::anyhow!("cannot connect to PostgreSQL: no answer within {:?}", ACQUIRE_TIMEOUT * 3))?
         .map_err(|e| {
@@ -239,9 +239,7 @@ async fn check_first_connection(options: &PgConnectOptions) -> anyhow::Result<()
             };
             anyhow::anyhow!("cannot connect to PostgreSQL: {e}{hint}")
         })?;
-    let writable = writable(&mut conn).await.map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL: {e}"));
-    let _ = conn.close().await;
-    if !writable? {
+    if !writable {
         anyhow::bail!(
             "the PostgreSQL server at {}:{} does not take writes (a standby, or default_transaction_read_only is \
              on): the gateway needs the primary",
@@ -250,6 +248,15 @@ async fn check_first_connection(options: &PgConnectOptions) -> anyhow::Result<()
         );
     }
     Ok(())
+}
+
+/// Connect to `options` with a connection of its own, ask whether its node takes writes,
+/// close it.
+async fn writable_at(options: &PgConnectOptions) -> Result<bool, sqlx::Error> {
+    let mut conn = options.connect().await?;
+    let answer = writable(&mut conn).await;
+    let _ = conn.close().await;
+    answer
 }
 
 /// Whether `conn`'s node takes writes.

@@ -163,10 +163,10 @@ pub async fn write(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig, patienc
 }
 
 /// Errors worth trying the same write again for: the database unreachable or refusing
-/// writes (a failover, a full disk), or a serialization failure or deadlock (which a
-/// retry resolves).
+/// writes (a failover, a full disk), a serialization failure or a deadlock (which a retry
+/// resolves): every error `db::unavailable` classifies.
 fn transient(err: &sqlx::Error) -> bool {
-    db::is_unavailable(err) || db::is_conflict(err)
+    db::is_unavailable(err)
 }
 
 /// [`write_once`], tried again with a doubling pause (up to [`MAX_RETRY_PAUSE`]) while

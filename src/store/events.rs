@@ -45,12 +45,20 @@ pub struct Stored {
 /// statement), shared by the single and batch statements.
 ///
 /// A delivery is ordered when a matching subscription of its endpoint asks for it and the
-/// event has an ordering key: it joins its line (endpoint, key) with the next line
-/// sequence number. The line's row is upserted, and an upsert always sees (and locks) the
-/// row's latest version: if the line has no head, this line's first new delivery becomes
-/// it; every other ordered delivery waits, outside the claim's indexes, until the
-/// recorder promotes it (`queue::record`). Unordered deliveries (no ordered subscription,
-/// or no key) are as before: no line, nothing waits.
+/// event has an ordering key: it joins its line (endpoint, key). The line's row is
+/// upserted, and an upsert always sees (and locks) the row's latest version: if the line
+/// has no head, this statement's first delivery of the line becomes it; every other
+/// ordered delivery waits, outside the claim's indexes, until the recorder promotes it
+/// (`queue::record`). Unordered deliveries (no ordered subscription, or no key) are as
+/// before: no line, nothing waits.
+///
+/// The line sequence number is taken only once every line of the statement is locked
+/// (`sequenced` sorts the whole join with `lines` first; PostgreSQL evaluates a volatile
+/// output column such as `nextval` after the sort, in sorted order). Taken before the
+/// lock, a statement that waited for one line's lock could join another line after a
+/// later statement that had become its head, with a lower number than that head: the line
+/// would then deliver out of its own order (found behind a pooler, whose stalls make that
+/// wait common; `ordering::a_statement_that_waits_for_a_line_takes_its_place_after_the_line_s_head`).
 const FANOUT: &str = "
         targets AS (
             SELECT ev.id AS event_id, ev.ord, s.endpoint_id,
@@ -61,25 +69,27 @@ const FANOUT: &str = "
                OR EXISTS (SELECT 1 FROM unnest(s.event_type_likes) AS p(pattern) WHERE ev.event_type LIKE p.pattern)
             GROUP BY ev.id, ev.ord, s.endpoint_id, ev.ordering_key
         ), numbered AS (
-            SELECT t.*, wg_uuid_v7() AS delivery_id,
-                   CASE WHEN t.ordering_key IS NOT NULL THEN nextval('deliveries_line_seq') END AS line_seq
-            FROM targets t
-            ORDER BY t.ord, t.endpoint_id
+            SELECT t.*, wg_uuid_v7() AS delivery_id FROM targets t
         ), lines AS (
             INSERT INTO order_lines (endpoint_id, ordering_key, head_id)
             SELECT DISTINCT ON (endpoint_id, ordering_key) endpoint_id, ordering_key, delivery_id
             FROM numbered WHERE ordering_key IS NOT NULL
-            ORDER BY endpoint_id, ordering_key, line_seq
+            ORDER BY endpoint_id, ordering_key, ord
             ON CONFLICT (endpoint_id, ordering_key)
                 DO UPDATE SET head_id = COALESCE(order_lines.head_id, EXCLUDED.head_id)
             RETURNING endpoint_id, ordering_key, head_id
+        ), sequenced AS (
+            SELECT n.*, l.head_id,
+                   CASE WHEN n.ordering_key IS NOT NULL THEN nextval('deliveries_line_seq') END AS line_seq
+            FROM numbered n
+            LEFT JOIN lines l ON l.endpoint_id = n.endpoint_id AND l.ordering_key = n.ordering_key
+            ORDER BY n.ord, n.endpoint_id
         ), fan AS (
             INSERT INTO deliveries (id, event_id, endpoint_id, ordering_key, line_seq, waiting, blocks_on_dead)
             SELECT n.delivery_id, n.event_id, n.endpoint_id, n.ordering_key, n.line_seq,
-                   n.ordering_key IS NOT NULL AND l.head_id IS DISTINCT FROM n.delivery_id,
+                   n.ordering_key IS NOT NULL AND n.head_id IS DISTINCT FROM n.delivery_id,
                    n.ordering_key IS NOT NULL AND n.blocks_on_dead
-            FROM numbered n
-            LEFT JOIN lines l ON l.endpoint_id = n.endpoint_id AND l.ordering_key = n.ordering_key
+            FROM sequenced n
             ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING
             RETURNING event_id
         )";

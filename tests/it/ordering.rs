@@ -295,6 +295,70 @@ async fn a_batch_keeps_arrival_order_within_a_line() {
     assert_eq!(head, "z-0");
 }
 
+/// A statement that waits for one of its lines takes its line sequence numbers only once
+/// it holds every line of the statement: a batch for keys k0 and k1 that waits for k0's
+/// line (held here) must not have numbered its k1 delivery before a later webhook of k1
+/// that meanwhile found k1's line idle and became its head. Numbered before the wait, the
+/// batch's k1 delivery sat behind that head with a lower number, and the line delivered
+/// out of its own order (seen behind a pooler, whose stalls make such waits common).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_statement_that_waits_for_a_line_takes_its_place_after_the_line_s_head() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::start(|_, _| Reply::status(200)).await;
+    ordered_setup(&app, &sink, "skip").await;
+    let source: webhook_gateway::ids::SourceId =
+        sqlx::query_scalar("SELECT id FROM sources WHERE name = 'ord'").fetch_one(&app.db.pool).await.unwrap();
+    ingest(&app, "k0", 0).await;
+
+    let mut holder = app.db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM order_lines WHERE ordering_key = 'k0' FOR UPDATE").execute(&mut *holder).await.unwrap();
+    let event = |dedupe: &str, key: &str, i: u32| OwnedEvent {
+        source_id: source,
+        dedupe_key: dedupe.to_owned(),
+        event_type: "t".into(),
+        content_type: None,
+        headers: json!({}),
+        payload: bytes::Bytes::from(json!({"key": key, "i": i}).to_string()),
+        ordering_key: Some(key.to_owned()),
+        trace: None,
+    };
+    let batch = [event("k0-1", "k0", 1), event("k1-0", "k1", 0)];
+    let pool = app.db.pool.clone();
+    let waiting_batch = tokio::spawn(async move { insert_batch_with_fanout(&pool, &batch).await.map(|_| ()) });
+    eventually(Duration::from_secs(30), "the batch waiting for k0's line", || async {
+        let waits: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH input AS%'",
+        )
+        .fetch_one(&app.db.pool)
+        .await
+        .unwrap();
+        (waits == 1).then_some(())
+    })
+    .await;
+    // k1's line is idle: this later webhook becomes its head and is acknowledged first.
+    ingest(&app, "k1", 1).await;
+    holder.commit().await.unwrap();
+    waiting_batch.await.unwrap().expect("the batch stored once k0's line is free");
+
+    let line: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT e.dedupe_key, d.waiting FROM deliveries d JOIN events e ON e.id = d.event_id
+         WHERE d.ordering_key = 'k1' ORDER BY d.line_seq",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    let expected: Vec<(String, bool)> = vec![("k1-1".into(), false), ("k1-0".into(), true)];
+    assert_eq!(line, expected, "k1's line numbers its deliveries in the order they joined it");
+
+    // Delivered in that order.
+    let _worker = worker(&app);
+    eventually(WAIT, "all four delivered", || async { (sink.count() >= 4).then_some(()) }).await;
+    let k1: Vec<u32> =
+        sink.received().iter().map(key_and_index).filter(|(key, _)| key == "k1").map(|(_, i)| i).collect();
+    assert_eq!(k1, [1, 0], "k1's line delivers its head, then the batch's delivery");
+}
+
 /// Keys that come back: 12 keys, each sent in four waves with pauses long enough for its
 /// line to empty between them (and, with random delays at the subscriber, sometimes not
 /// quite), delivered by two replicas. Each key's deliveries arrive in ingest order across

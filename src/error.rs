@@ -7,14 +7,134 @@ use serde::Serialize;
 
 use crate::log_throttle::Throttle;
 
-/// An error answered to an HTTP client as `{"error": {"code", "message"}}`.
+/// Every code an error answer can carry, each tied to the one HTTP status it is answered
+/// with: a code cannot be sent with a status that contradicts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 400: the request is malformed in a way no other code names.
+    BadRequest,
+    /// 400: the body is not valid JSON.
+    MalformedJson,
+    /// 400 (ingest): the body cannot be read the way the source's kind requires.
+    MalformedBody,
+    /// 401: missing or wrong credentials.
+    Unauthorized,
+    /// 401 (ingest): the signature the source's kind requires is absent.
+    MissingSignature,
+    /// 401 (ingest): the signature does not match.
+    InvalidSignature,
+    /// 401 (ingest): the signed timestamp is outside the source's tolerance.
+    TimestampOutOfTolerance,
+    /// 403: refused for this session or form (the console).
+    Forbidden,
+    /// 403 (ingest): the source takes no webhooks (the gateway's own source).
+    NotIngestible,
+    /// 404: no such thing.
+    NotFound,
+    /// 405: the route exists, the method does not.
+    MethodNotAllowed,
+    /// 408: the request was not received and answered in time.
+    RequestTimeout,
+    /// 409: conflicts with existing state.
+    Conflict,
+    /// 413: body over the configured limit.
+    PayloadTooLarge,
+    /// 415: the body's media type is not the one the route takes.
+    UnsupportedMediaType,
+    /// 422: a field failed validation; the message starts with the field's name.
+    ValidationFailed,
+    /// 500: a stored secret cannot be decrypted with the configured keys.
+    SecretUnreadable,
+    /// 500: a bug or an unexpected database error (details in the log).
+    Internal,
+    /// 503: the database is unreachable or did not answer; comes with `Retry-After`.
+    DatabaseUnavailable,
+}
+
+impl ErrorCode {
+    /// Every code, for the tests that tie the names and statuses together.
+    pub const ALL: [ErrorCode; 19] = [
+        Self::BadRequest,
+        Self::MalformedJson,
+        Self::MalformedBody,
+        Self::Unauthorized,
+        Self::MissingSignature,
+        Self::InvalidSignature,
+        Self::TimestampOutOfTolerance,
+        Self::Forbidden,
+        Self::NotIngestible,
+        Self::NotFound,
+        Self::MethodNotAllowed,
+        Self::RequestTimeout,
+        Self::Conflict,
+        Self::PayloadTooLarge,
+        Self::UnsupportedMediaType,
+        Self::ValidationFailed,
+        Self::SecretUnreadable,
+        Self::Internal,
+        Self::DatabaseUnavailable,
+    ];
+
+    /// The HTTP status this code is answered with.
+    pub const fn status(self) -> StatusCode {
+        match self {
+            Self::BadRequest | Self::MalformedJson | Self::MalformedBody => StatusCode::BAD_REQUEST,
+            Self::Unauthorized | Self::MissingSignature | Self::InvalidSignature | Self::TimestampOutOfTolerance => {
+                StatusCode::UNAUTHORIZED
+            }
+            Self::Forbidden | Self::NotIngestible => StatusCode::FORBIDDEN,
+            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::Conflict => StatusCode::CONFLICT,
+            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::ValidationFailed => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::SecretUnreadable | Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::DatabaseUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The code as it appears in the JSON answer (and in the rejection metrics' `reason`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::BadRequest => "bad_request",
+            Self::MalformedJson => "malformed_json",
+            Self::MalformedBody => "malformed_body",
+            Self::Unauthorized => "unauthorized",
+            Self::MissingSignature => "missing_signature",
+            Self::InvalidSignature => "invalid_signature",
+            Self::TimestampOutOfTolerance => "timestamp_out_of_tolerance",
+            Self::Forbidden => "forbidden",
+            Self::NotIngestible => "not_ingestible",
+            Self::NotFound => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::RequestTimeout => "request_timeout",
+            Self::Conflict => "conflict",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::ValidationFailed => "validation_failed",
+            Self::SecretUnreadable => "secret_unreadable",
+            Self::Internal => "internal",
+            Self::DatabaseUnavailable => "database_unavailable",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An error answered to an HTTP client as `{"error": {"code", "message"}}`, with the
+/// status its code is tied to.
 #[derive(Debug, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct ApiError {
-    /// HTTP status.
-    pub status: StatusCode,
-    /// Stable machine-readable code.
-    pub code: &'static str,
+    /// What went wrong, which also decides the HTTP status.
+    pub code: ErrorCode,
     /// Human-readable reason.
     pub message: String,
     /// Seconds for a `Retry-After` header (503s).
@@ -22,49 +142,40 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    /// An error with a status, code and message.
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), retry_after: None }
+    /// An error with a code and a message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), retry_after: None }
     }
 
-    /// 400: the request is malformed.
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, code, message)
-    }
-
-    /// 401: missing or wrong credentials.
-    pub fn unauthorized(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, code, message)
+    /// The HTTP status it is answered with.
+    pub fn status(&self) -> StatusCode {
+        self.code.status()
     }
 
     /// 404: no such thing.
     pub fn not_found(what: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+        Self::new(ErrorCode::NotFound, format!("{what} not found"))
     }
 
     /// 409: conflicts with existing state.
     pub fn conflict(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, "conflict", message)
+        Self::new(ErrorCode::Conflict, message)
     }
 
     /// 413: body over the configured limit.
     pub fn payload_too_large(limit: usize) -> Self {
-        Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("request body exceeds the limit of {limit} bytes"),
-        )
+        Self::new(ErrorCode::PayloadTooLarge, format!("request body exceeds the limit of {limit} bytes"))
     }
 
     /// 422: a field failed validation; the message names the field.
     pub fn validation(field: &str, reason: impl std::fmt::Display) -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", format!("{field}: {reason}"))
+        Self::new(ErrorCode::ValidationFailed, format!("{field}: {reason}"))
     }
 
     /// 503 with `Retry-After`: the database is unreachable or did not answer; the message
     /// says what may have been committed.
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self { retry_after: Some(5), ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", message) }
+        Self { retry_after: Some(5), ..Self::new(ErrorCode::DatabaseUnavailable, message) }
     }
 
     /// 503 for a request that got no answer from the database within `timeout` and was
@@ -83,7 +194,7 @@ impl ApiError {
 
     /// 500: a bug or an unexpected database error; details go to the log, not the client.
     pub fn internal() -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error; nothing was acknowledged")
+        Self::new(ErrorCode::Internal, "internal error; nothing was acknowledged")
     }
 }
 
@@ -125,12 +236,8 @@ pub struct ErrorBody {
 /// The `error` object of an [`ErrorBody`].
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
-    /// Stable machine-readable code: `unauthorized`, `not_found`, `conflict`, `malformed_json`,
-    /// `bad_request`, `validation_failed`, `payload_too_large`, `unsupported_media_type`,
-    /// `database_unavailable`, `internal`; on ingest also `missing_signature`,
-    /// `invalid_signature`, `timestamp_out_of_tolerance`, `malformed_body`, `not_ingestible`.
-    #[schema(example = "not_found")]
-    pub code: &'static str,
+    /// Stable machine-readable code; each code comes with one HTTP status.
+    pub code: ErrorCode,
     /// Human-readable reason; for `validation_failed` it starts with the field's name.
     #[schema(example = "endpoint not found")]
     pub message: String,
@@ -139,10 +246,42 @@ pub struct ErrorDetail {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = Json(ErrorBody { error: ErrorDetail { code: self.code, message: self.message } });
-        let mut response = (self.status, body).into_response();
+        let mut response = (self.code.status(), body).into_response();
         if let Some(secs) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The name in the JSON answer, the name in logs and metrics and the status stay one:
+    /// serde's name is `as_str`, every code is an error status, and only
+    /// `database_unavailable` (the one that says "retry") is a 503.
+    #[test]
+    fn each_code_has_one_name_and_an_error_status() {
+        let mut names = std::collections::HashSet::new();
+        for code in ErrorCode::ALL {
+            assert_eq!(serde_json::to_value(code).unwrap(), code.as_str(), "{code:?}");
+            assert!(names.insert(code.as_str()), "{code:?} named twice");
+            let status = code.status();
+            assert!(status.is_client_error() || status.is_server_error(), "{code:?}: {status}");
+            assert_eq!(status == StatusCode::SERVICE_UNAVAILABLE, code == ErrorCode::DatabaseUnavailable, "{code:?}");
+        }
+    }
+
+    /// The answer carries the code's status and name, and `Retry-After` when it has one.
+    #[tokio::test]
+    async fn an_error_answers_with_its_code_s_status() {
+        let response = ApiError::unavailable("down").into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "5");
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["error"]["code"], "database_unavailable");
+        assert_eq!(json["error"]["message"], "down");
     }
 }

@@ -17,9 +17,11 @@ pub async fn require_admin(State(state): State<AppState>, request: Request, next
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     match presented {
-        None => Err(ApiError::unauthorized("unauthorized", "missing `Authorization: Bearer <admin token>`")),
+        None => {
+            Err(ApiError::new(crate::error::ErrorCode::Unauthorized, "missing `Authorization: Bearer <admin token>`"))
+        }
         Some(token) if constant_time_eq(token.as_bytes(), state.admin_token.as_bytes()) => Ok(next.run(request).await),
-        Some(_) => Err(ApiError::unauthorized("unauthorized", "invalid admin token")),
+        Some(_) => Err(ApiError::new(crate::error::ErrorCode::Unauthorized, "invalid admin token")),
     }
 }
 

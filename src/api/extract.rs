@@ -9,7 +9,7 @@ use axum::http::request::Parts;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 
 /// `Json<T>` with JSON errors: 400 for broken JSON, 422 for a wrong shape (the message
 /// names the field), 415 without a JSON content type, 413 over the body limit.
@@ -22,8 +22,8 @@ pub struct ApiJson<T, const NUL_OK: bool = false>(pub T);
 
 /// The 400 for a body with a NUL character.
 fn nul_in_body() -> ApiError {
-    ApiError::bad_request(
-        "malformed_json",
+    ApiError::new(
+        ErrorCode::MalformedJson,
         "a string in the body contains a NUL character (\\u0000), which no field accepts",
     )
 }
@@ -47,20 +47,17 @@ where
             Ok(_) if !NUL_OK && crate::sanitize::json_has_nul(&bytes) => Err(nul_in_body()),
             Ok(axum::Json(value)) => Ok(ApiJson(value)),
             Err(JsonRejection::JsonDataError(e)) => Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "validation_failed",
+                ErrorCode::ValidationFailed,
                 e.body_text().trim_start_matches("Failed to deserialize the JSON body into the target type: "),
             )),
-            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::bad_request("malformed_json", e.body_text())),
-            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
-                "expected Content-Type: application/json",
-            )),
-            Err(other) if other.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", other.body_text()))
+            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::new(ErrorCode::MalformedJson, e.body_text())),
+            Err(JsonRejection::MissingJsonContentType(_)) => {
+                Err(ApiError::new(ErrorCode::UnsupportedMediaType, "expected Content-Type: application/json"))
             }
-            Err(other) => Err(ApiError::bad_request("bad_request", other.body_text())),
+            Err(other) if other.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(ApiError::new(ErrorCode::PayloadTooLarge, other.body_text()))
+            }
+            Err(other) => Err(ApiError::new(ErrorCode::BadRequest, other.body_text())),
         }
     }
 }
@@ -68,9 +65,9 @@ where
 /// A body that could not be read (too large, cut off) as a JSON error.
 fn body_rejection(rejection: axum::extract::rejection::BytesRejection) -> ApiError {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", rejection.body_text())
+        ApiError::new(ErrorCode::PayloadTooLarge, rejection.body_text())
     } else {
-        ApiError::bad_request("bad_request", rejection.body_text())
+        ApiError::new(ErrorCode::BadRequest, rejection.body_text())
     }
 }
 
@@ -88,11 +85,10 @@ where
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(value)) => Ok(ApiQuery(value)),
             Err(QueryRejection::FailedToDeserializeQueryString(e)) => Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "validation_failed",
+                ErrorCode::ValidationFailed,
                 e.body_text().trim_start_matches("Failed to deserialize query string: "),
             )),
-            Err(other) => Err(ApiError::bad_request("bad_request", other.body_text())),
+            Err(other) => Err(ApiError::new(ErrorCode::BadRequest, other.body_text())),
         }
     }
 }
@@ -146,9 +142,9 @@ pub fn json_or_default<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, 
     }
     serde_json::from_slice(body).map_err(|e| {
         if e.is_data() {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", e.to_string())
+            ApiError::new(ErrorCode::ValidationFailed, e.to_string())
         } else {
-            ApiError::bad_request("malformed_json", e.to_string())
+            ApiError::new(ErrorCode::MalformedJson, e.to_string())
         }
     })
 }

@@ -11,7 +11,7 @@ use tracing::Instrument as _;
 use utoipa::ToSchema;
 
 use super::AppState;
-use crate::error::{ApiError, ErrorBody};
+use crate::error::{ApiError, ErrorBody, ErrorCode};
 use crate::ids::EventId;
 use crate::ingest::{LookupError, Received, Refused, StoreError};
 use crate::store::events::Stored;
@@ -79,7 +79,7 @@ pub fn store_error(e: StoreError) -> ApiError {
 fn refused(refusal: Refused) -> ApiError {
     match refusal {
         Refused::UnknownSource(name) => ApiError::not_found(&format!("source {name:?}")),
-        Refused::NotIngestible => ApiError::new(StatusCode::FORBIDDEN, "not_ingestible", refusal.to_string()),
+        Refused::NotIngestible => ApiError::new(ErrorCode::NotIngestible, refusal.to_string()),
         Refused::Lookup(LookupError::Database(e)) if crate::db::is_unavailable(&e) => {
             static THROTTLE: crate::log_throttle::Throttle =
                 crate::log_throttle::Throttle::new(crate::log_throttle::INTERVAL);
@@ -91,8 +91,8 @@ fn refused(refusal: Refused) -> ApiError {
         Refused::Lookup(LookupError::Database(e)) => e.into(),
         Refused::Lookup(LookupError::Unreadable) => ApiError::internal(),
         Refused::LookupNoAnswer => ApiError::unavailable(LOOKUP_NO_ANSWER),
-        Refused::Verify(VerifyError::MalformedBody(m)) => ApiError::bad_request("malformed_body", m),
-        Refused::Verify(other) => ApiError::unauthorized(other.code(), other.to_string()),
+        Refused::Verify(VerifyError::MalformedBody(m)) => ApiError::new(ErrorCode::MalformedBody, m),
+        Refused::Verify(other) => ApiError::new(other.code(), other.to_string()),
         Refused::Store(e) => store_error(e),
     }
 }
@@ -154,9 +154,9 @@ where
             }
         }
         Err(e) => {
-            span.record("http.response.status_code", e.status.as_u16());
+            span.record("http.response.status_code", e.status().as_u16());
             // A server span fails on a 5xx only: a 4xx is the client's mistake.
-            if e.status.is_server_error() {
+            if e.status().is_server_error() {
                 span.record("otel.status_code", "ERROR");
             }
         }
@@ -196,7 +196,7 @@ async fn receive(
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::payload_too_large(state.max_body_bytes)
         } else {
-            ApiError::bad_request("bad_request", rejection.body_text())
+            ApiError::new(ErrorCode::BadRequest, rejection.body_text())
         }
     })?;
     let received = state.intake.webhook(source_name, headers, body, deadline).await.map_err(refused)?;

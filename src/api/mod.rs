@@ -162,8 +162,7 @@ async fn request_deadline(State(state): State<AppState>, request: Request, next:
         Err(_) => {
             tracing::warn!(timeout = ?limit, "request abandoned: its body did not arrive (or it was not answered) in time");
             let mut response = ApiError::new(
-                axum::http::StatusCode::REQUEST_TIMEOUT,
-                "request_timeout",
+                crate::error::ErrorCode::RequestTimeout,
                 format!("the request was not received and answered within {} s", limit.as_secs()),
             )
             .into_response();
@@ -181,7 +180,8 @@ async fn request_deadline(State(state): State<AppState>, request: Request, next:
 async fn refuse_nul_in_url(req: axum::extract::Request, next: middleware::Next) -> axum::response::Response {
     use axum::response::IntoResponse;
     if req.uri().path_and_query().is_some_and(|pq| pq.as_str().contains("%00")) {
-        return ApiError::bad_request("bad_request", "the URL contains an encoded NUL character (%00)").into_response();
+        return ApiError::new(crate::error::ErrorCode::BadRequest, "the URL contains an encoded NUL character (%00)")
+            .into_response();
     }
     next.run(req).await
 }
@@ -222,9 +222,5 @@ async fn not_found() -> ApiError {
 }
 
 async fn method_not_allowed(method: axum::http::Method) -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!("{method} is not allowed on this route"),
-    )
+    ApiError::new(crate::error::ErrorCode::MethodNotAllowed, format!("{method} is not allowed on this route"))
 }

@@ -10,7 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::extract::{ApiJson, ApiQuery, Id};
 use super::openapi::{AdminErrors, JsonBodyErrors};
-use crate::error::{ApiError, ErrorBody};
+use crate::error::{ApiError, ErrorBody, ErrorCode};
 use crate::ids::SourceId;
 use crate::secrets::{Keyring, Place};
 use crate::store::{self, sources::Source};
@@ -275,11 +275,7 @@ pub async fn update(
         None => {
             spec.secrets = state.secrets.open_all(Place::SourceSecret, &spec.secrets).map_err(|e| {
                 tracing::error!(source = %source.name, error = %e, "cannot read this source's secrets");
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "secret_unreadable",
-                    format!("{e}; send `secrets` to replace them"),
-                )
+                ApiError::new(ErrorCode::SecretUnreadable, format!("{e}; send `secrets` to replace them"))
             })?;
         }
     }

@@ -172,9 +172,9 @@ struct ErrorPage<'a> {
 impl IntoResponse for ConsoleError {
     fn into_response(self) -> Response {
         let e = self.0;
-        let page = ErrorPage { status: e.status.as_u16(), code: e.code, message: &e.message };
+        let page = ErrorPage { status: e.status().as_u16(), code: e.code.as_str(), message: &e.message };
         let body = page.render().unwrap_or_else(|_| "error".to_owned());
-        let mut response = (e.status, Html(body)).into_response();
+        let mut response = (e.status(), Html(body)).into_response();
         if let Some(secs) = e.retry_after
             && let Ok(v) = HeaderValue::from_str(&secs.to_string())
         {

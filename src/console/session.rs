@@ -25,7 +25,7 @@ use sha2::Sha256;
 
 use super::{ConsoleError, PageResult, render, see_other};
 use crate::api::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 
 /// The session cookie's name.
 pub const COOKIE: &str = "wg_console";
@@ -137,8 +137,7 @@ impl FromRequestParts<AppState> for Session {
             Some(session) => Ok(session),
             None if parts.method == axum::http::Method::GET => Err(see_other("/console/login")),
             None => Err(ConsoleError(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
+                ErrorCode::Forbidden,
                 "not signed in (or the session expired): sign in again",
             ))
             .into_response()),
@@ -164,16 +163,13 @@ impl<T: DeserializeOwned> FromRequest<AppState> for Posted<T> {
         if !session.csrf_ok(presented) {
             tracing::warn!("console: a form post without a valid CSRF token was refused");
             return Err(ConsoleError(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
+                ErrorCode::Forbidden,
                 "this form is stale or did not come from the console (CSRF token missing or wrong): reload the page",
             ))
             .into_response());
         }
-        let form: T = serde_urlencoded::from_bytes(&bytes).map_err(|e| {
-            ConsoleError(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", e.to_string()))
-                .into_response()
-        })?;
+        let form: T = serde_urlencoded::from_bytes(&bytes)
+            .map_err(|e| ConsoleError(ApiError::new(ErrorCode::ValidationFailed, e.to_string())).into_response())?;
         Ok(Posted(session, form))
     }
 }
@@ -204,7 +200,7 @@ pub async fn login(State(state): State<AppState>, request: Request) -> PageResul
     let https = over_https(request.headers(), request.uri());
     let axum::Form(form) = axum::Form::<LoginForm>::from_request(request, &state)
         .await
-        .map_err(|e| ConsoleError(ApiError::bad_request("bad_request", e.body_text())))?;
+        .map_err(|e| ConsoleError(ApiError::new(ErrorCode::BadRequest, e.body_text())))?;
     use subtle::ConstantTimeEq;
     let good: bool = form.token.trim().as_bytes().ct_eq(state.admin_token.as_bytes()).into();
     if !good {

@@ -154,7 +154,7 @@ static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| Mutex::new(Registr
 ///
 /// `source` must be the name of an existing source (it becomes a metrics label).
 pub fn record(source: &str, error: &VerifyError) {
-    let reason = error.code();
+    let reason = error.code().as_str();
     // A panic elsewhere while holding the lock leaves plain counters, still usable.
     let recorded =
         REGISTRY.lock().unwrap_or_else(PoisonError::into_inner).record(source, reason, Instant::now(), LOG_INTERVAL);

@@ -30,6 +30,8 @@ mod tests_props;
 mod validate;
 
 use http::HeaderMap;
+
+use crate::error::ErrorCode;
 use serde::{Deserialize, Serialize};
 
 pub use extract::body_sha256_hex;
@@ -199,12 +201,12 @@ pub enum VerifyError {
 
 impl VerifyError {
     /// Stable machine-readable code used in API errors and metrics labels.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            VerifyError::MissingSignature(_) => "missing_signature",
-            VerifyError::InvalidSignature(_) => "invalid_signature",
-            VerifyError::TimestampOutOfTolerance(_) => "timestamp_out_of_tolerance",
-            VerifyError::MalformedBody(_) => "malformed_body",
+            VerifyError::MissingSignature(_) => ErrorCode::MissingSignature,
+            VerifyError::InvalidSignature(_) => ErrorCode::InvalidSignature,
+            VerifyError::TimestampOutOfTolerance(_) => ErrorCode::TimestampOutOfTolerance,
+            VerifyError::MalformedBody(_) => ErrorCode::MalformedBody,
         }
     }
 }

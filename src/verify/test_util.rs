@@ -40,6 +40,6 @@ pub(crate) fn pointer_locator(pointer: &str) -> Locator {
 pub(crate) fn code<T: std::fmt::Debug>(result: Result<T, VerifyError>) -> &'static str {
     match result {
         Ok(v) => panic!("expected an error, got {v:?}"),
-        Err(e) => e.code(),
+        Err(e) => e.code().as_str(),
     }
 }

@@ -133,6 +133,11 @@ fn the_document_is_well_formed() {
         }
     }
     assert!(doc["components"]["securitySchemes"]["admin_token"]["scheme"] == "bearer");
+    // Error codes are an enum in the document, every one of them.
+    let codes = resolve(&doc, "#/components/schemas/ErrorCode").expect("ErrorCode schema")["enum"].clone();
+    let listed: BTreeSet<&str> = codes.as_array().expect("enum").iter().filter_map(Value::as_str).collect();
+    let known: BTreeSet<&str> = webhook_gateway::error::ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+    assert_eq!(listed, known, "the document lists every error code");
     assert_eq!(
         admin_errors.len(),
         1,

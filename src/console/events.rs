@@ -300,7 +300,7 @@ pub async fn delivery(
         .map(|a| {
             let (result, badge) = match (a.status_code, &a.error_kind) {
                 (Some(code), _) => (format!("HTTP {code}"), if (200..300).contains(&code) { "ok" } else { "bad" }),
-                (None, Some(kind)) => (kind.clone(), "bad"),
+                (None, Some(kind)) => (kind.as_str().to_owned(), "bad"),
                 (None, None) => ("—".to_owned(), "bad"),
             };
             AttemptRow {

@@ -9,7 +9,7 @@ use chrono::Utc;
 use super::{Layout, PageResult, Session, render};
 use crate::api::AppState;
 use crate::circuit::CircuitDisplay;
-use crate::queue;
+use crate::queue::{self, Outcome};
 use crate::store;
 
 /// Rates are averaged over this window.
@@ -91,7 +91,7 @@ async fn read_numbers(state: &AppState) -> Result<Live, sqlx::Error> {
     let received = store::events::received_since(&state.pool, window).await?;
     let outcomes = store::attempts::outcomes_since(&state.pool, window).await?;
     let hour = store::attempts::outcomes_since(&state.pool, now - chrono::Duration::hours(1)).await?;
-    let count = |rows: &[(String, i64)], outcome: &str| rows.iter().find(|(o, _)| o == outcome).map_or(0, |r| r.1);
+    let count = |rows: &[(Outcome, i64)], outcome: Outcome| rows.iter().find(|(o, _)| *o == outcome).map_or(0, |r| r.1);
     let stats = queue::read::stats(&state.pool).await?;
     let stalled = store::endpoints::list(&state.pool)
         .await?
@@ -111,14 +111,14 @@ async fn read_numbers(state: &AppState) -> Result<Live, sqlx::Error> {
         .collect();
     Ok(Live {
         ingest_per_sec: rate(received),
-        delivered_per_sec: rate(count(&outcomes, "delivered")),
-        failed_per_sec: rate(count(&outcomes, "retry") + count(&outcomes, "dead")),
+        delivered_per_sec: rate(count(&outcomes, Outcome::Delivered)),
+        failed_per_sec: rate(count(&outcomes, Outcome::Retry) + count(&outcomes, Outcome::Dead)),
         pending: stats.pending,
         due: stats.due,
         parked: stats.parked,
         lag: stats.oldest_due_age_secs.map_or_else(|| "none".to_owned(), human_secs),
         dead_total: stats.dead,
-        dead_last_hour: count(&hour, "dead"),
+        dead_last_hour: count(&hour, Outcome::Dead),
         stalled,
         at: super::Ts(now),
     })

@@ -16,7 +16,7 @@ use super::policy::{self, Decision, NextReason, Observed, Policy, Verdict};
 use super::recorder::Finished;
 use super::request;
 use crate::circuit::Signal;
-use crate::egress::{EgressClient, SendError};
+use crate::egress::{EgressClient, ErrorKind, SendError};
 use crate::queue::{self, AttemptRecord, Claimed, Outcome};
 use crate::sanitize;
 use crate::secrets::{Keyring, Place};
@@ -115,7 +115,7 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, span: t
         started_at,
         duration_ms,
         status_code,
-        error_kind: judged.error_kind.map(str::to_owned),
+        error_kind: judged.error_kind,
         outcome,
         reason: sanitize::bounded(&verdict.reason, sanitize::MAX_REASON_BYTES),
         response_excerpt: excerpt,
@@ -137,7 +137,7 @@ pub struct Judgement {
     /// What the attempt says about the endpoint's health (for its circuit).
     pub signal: Signal,
     /// The error kind stored with the attempt (no response came back).
-    pub error_kind: Option<&'static str>,
+    pub error_kind: Option<ErrorKind>,
     /// The metrics class: `2xx` ... `5xx`, or the error kind.
     pub class: String,
 }
@@ -156,7 +156,7 @@ pub fn judge(observed: &Observed, verdict: &Verdict) -> Judgement {
     };
     let class = match (observed, error_kind) {
         (Observed::Response { status, .. }, _) => format!("{}xx", status / 100),
-        (_, Some(kind)) => kind.to_owned(),
+        (_, Some(kind)) => kind.as_str().to_owned(),
         (_, None) => "other".to_owned(),
     };
     Judgement { signal, error_kind, class }
@@ -190,7 +190,13 @@ async fn send(
 ) -> (Observed, Option<i32>, Option<String>) {
     let url = match urls.parse(&job.url) {
         Ok(url) => url,
-        Err(e) => return (Observed::Refused { kind: "invalid_url", message: format!("invalid_url: {e}") }, None, None),
+        Err(e) => {
+            return (
+                Observed::Refused { kind: ErrorKind::InvalidUrl, message: format!("invalid_url: {e}") },
+                None,
+                None,
+            );
+        }
     };
     let span = telemetry::client_span(&url);
     let mut headers = request::headers(job, secrets, timestamp);
@@ -211,7 +217,7 @@ async fn send(
                 }
             }
             (Observed::Transport { kind, .. } | Observed::Refused { kind, .. }, None) => {
-                span.record("error.type", *kind);
+                span.record("error.type", kind.as_str());
                 span.record("otel.status_code", "ERROR");
             }
             _ => {}
@@ -263,17 +269,21 @@ mod tests {
         assert_eq!(ok, Judgement { signal: Signal::Healthy, error_kind: None, class: "2xx".into() });
         let down = judge(&response(503), &verdict(Decision::Dead, true));
         assert_eq!((down.signal, down.class.as_str()), (Signal::Failure, "5xx"));
-        let timeout = Observed::Transport { kind: "timeout", message: "timeout: slow".into() };
+        let timeout = Observed::Transport { kind: ErrorKind::Timeout, message: "timeout: slow".into() };
         let t = judge(&timeout, &verdict(Decision::Dead, true));
-        assert_eq!(t, Judgement { signal: Signal::Failure, error_kind: Some("timeout"), class: "timeout".into() });
+        assert_eq!(
+            t,
+            Judgement { signal: Signal::Failure, error_kind: Some(ErrorKind::Timeout), class: "timeout".into() }
+        );
         // A refusal is not the endpoint's doing, whatever the verdict says.
-        let refused = Observed::Refused { kind: "forbidden_address", message: "forbidden_address: 10.0.0.1".into() };
+        let refused =
+            Observed::Refused { kind: ErrorKind::ForbiddenAddress, message: "forbidden_address: 10.0.0.1".into() };
         let r = judge(&refused, &verdict(Decision::Dead, true));
         assert_eq!(
             r,
             Judgement {
                 signal: Signal::Neutral,
-                error_kind: Some("forbidden_address"),
+                error_kind: Some(ErrorKind::ForbiddenAddress),
                 class: "forbidden_address".into()
             }
         );

@@ -20,6 +20,7 @@ use std::time::{Duration, SystemTime};
 use rand::Rng;
 
 use super::backoff;
+use crate::egress::ErrorKind;
 
 /// What an attempt observed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,16 +36,15 @@ pub enum Observed {
     },
     /// No response: the network failed (`kind` is the egress error kind).
     Transport {
-        /// `timeout`, `connect`, `dns`, `tls`, `other`; `secret`: the endpoint's signing
-        /// secret could not be read (nothing was sent).
-        kind: &'static str,
+        /// `timeout`, `connect`, `dns`, `tls` or `other`.
+        kind: ErrorKind,
         /// The whole error, e.g. `timeout: operation timed out`.
         message: String,
     },
     /// Egress policy refused the destination; nothing was sent.
     Refused {
         /// `forbidden_address`, `forbidden_scheme`, `invalid_url`.
-        kind: &'static str,
+        kind: ErrorKind,
         /// `forbidden_address: 169.254.169.254 is link-local`, ...
         message: String,
     },
@@ -225,10 +225,10 @@ mod tests {
             response(500),
             response(502),
             response(503),
-            Observed::Transport { kind: "timeout", message: "operation timed out".into() },
-            Observed::Transport { kind: "connect", message: "connection refused".into() },
-            Observed::Transport { kind: "dns", message: "no address".into() },
-            Observed::Transport { kind: "tls", message: "bad certificate".into() },
+            Observed::Transport { kind: ErrorKind::Timeout, message: "operation timed out".into() },
+            Observed::Transport { kind: ErrorKind::Connect, message: "connection refused".into() },
+            Observed::Transport { kind: ErrorKind::Dns, message: "no address".into() },
+            Observed::Transport { kind: ErrorKind::Tls, message: "bad certificate".into() },
         ];
         for observed in cases {
             for attempt in 1..8 {
@@ -291,7 +291,7 @@ mod tests {
     fn egress_refusals_die_and_do_not_count_against_the_endpoint() {
         let v = verdict(
             &Observed::Refused {
-                kind: "forbidden_address",
+                kind: ErrorKind::ForbiddenAddress,
                 message: "forbidden_address: 169.254.169.254 is link-local".into(),
             },
             1,

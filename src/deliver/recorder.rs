@@ -300,9 +300,9 @@ async fn salvage(pool: &Pool, finished: &Finished, cfg: &CircuitConfig, refused:
 
 /// The status or error kind: what the gateway itself observed, never the peer's text.
 fn summary(row: &AttemptRecord) -> String {
-    match (row.status_code, row.error_kind.as_deref()) {
+    match (row.status_code, row.error_kind) {
         (Some(status), _) => format!("HTTP {status}"),
-        (None, Some(kind)) => kind.to_owned(),
+        (None, Some(kind)) => kind.as_str().to_owned(),
         (None, None) => "no response".to_owned(),
     }
 }

@@ -9,6 +9,7 @@ use rand::rngs::StdRng;
 
 use super::backoff::{ceiling, full_jitter};
 use super::policy::{Decision, NextReason, Observed, Policy, decide, parse_retry_after};
+use crate::egress::ErrorKind;
 use crate::props::config;
 
 /// Durations from nothing to `Duration::MAX`, biased towards realistic ones.
@@ -156,9 +157,12 @@ proptest! {
         let mut cases: Vec<Observed> = (100u16..=999)
             .map(|status| Observed::Response { status, retry_after: retry_after.clone(), location: location.clone() })
             .collect();
-        let kind: &'static str = ["timeout", "connect", "dns", "tls", "other"].into_iter().find(|k| *k == transport.0).unwrap();
+        let kind = [ErrorKind::Timeout, ErrorKind::Connect, ErrorKind::Dns, ErrorKind::Tls, ErrorKind::Other]
+            .into_iter()
+            .find(|k| k.as_str() == transport.0)
+            .unwrap();
         cases.push(Observed::Transport { kind, message: transport.1.clone() });
-        cases.push(Observed::Refused { kind: "forbidden_address", message: refusal.clone() });
+        cases.push(Observed::Refused { kind: ErrorKind::ForbiddenAddress, message: refusal.clone() });
         for observed in &cases {
             let v = decide(&policy, observed, attempt, now, &mut rng);
             let status = match observed {

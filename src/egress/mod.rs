@@ -96,14 +96,48 @@ pub enum Refusal {
 impl Refusal {
     /// Stable machine-readable reason: `forbidden_address`, `forbidden_scheme` or
     /// `invalid_url`.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            Refusal::ForbiddenAddress { .. } => "forbidden_address",
-            Refusal::Scheme(_) => "forbidden_scheme",
-            Refusal::InvalidUrl(_) => "invalid_url",
+            Refusal::ForbiddenAddress { .. } => ErrorKind::ForbiddenAddress,
+            Refusal::Scheme(_) => ErrorKind::ForbiddenScheme,
+            Refusal::InvalidUrl(_) => ErrorKind::InvalidUrl,
         }
     }
 }
+
+/// Why an attempt got no response, as `attempts.error_kind` stores it: an egress refusal
+/// (nothing was sent) or a transport failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// Refused: a resolved address is not allowed (private, loopback, ...).
+    ForbiddenAddress,
+    /// Refused: the scheme is not allowed.
+    ForbiddenScheme,
+    /// Refused: the URL cannot be a delivery target.
+    InvalidUrl,
+    /// Name resolution failed or returned no address.
+    Dns,
+    /// Connect or request timeout.
+    Timeout,
+    /// Connection refused, reset or unreachable.
+    Connect,
+    /// TLS handshake or certificate verification failed.
+    Tls,
+    /// Anything else (protocol errors, body errors, ...).
+    Other,
+}
+
+crate::db::text_enum!(ErrorKind {
+    ForbiddenAddress => "forbidden_address",
+    ForbiddenScheme => "forbidden_scheme",
+    InvalidUrl => "invalid_url",
+    Dns => "dns",
+    Timeout => "timeout",
+    Connect => "connect",
+    Tls => "tls",
+    Other => "other",
+});
 
 /// Why [`EgressClient::post`] did not produce a response.
 #[derive(Debug, thiserror::Error)]
@@ -131,14 +165,14 @@ pub enum SendError {
 impl SendError {
     /// Stable machine-readable kind for delivery records: `forbidden_address`,
     /// `forbidden_scheme`, `invalid_url`, `dns`, `timeout`, `connect`, `tls` or `other`.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> ErrorKind {
         match self {
             SendError::Refused(r) => r.kind(),
-            SendError::Dns(_) => "dns",
-            SendError::Timeout(_) => "timeout",
-            SendError::Connect(_) => "connect",
-            SendError::Tls(_) => "tls",
-            SendError::Other(_) => "other",
+            SendError::Dns(_) => ErrorKind::Dns,
+            SendError::Timeout(_) => ErrorKind::Timeout,
+            SendError::Connect(_) => ErrorKind::Connect,
+            SendError::Tls(_) => ErrorKind::Tls,
+            SendError::Other(_) => ErrorKind::Other,
         }
     }
 }

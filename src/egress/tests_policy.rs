@@ -163,7 +163,7 @@ fn class_display_names() {
     assert_eq!(Private.to_string(), "private");
     let refusal = check_addr(ip("169.254.169.254"), &[]).unwrap_err();
     assert_eq!(refusal.to_string(), "forbidden_address: 169.254.169.254 is link-local");
-    assert_eq!(refusal.kind(), "forbidden_address");
+    assert_eq!(refusal.kind().as_str(), "forbidden_address");
 }
 
 /// A uniformly random address inside `net`.
@@ -289,13 +289,13 @@ fn static_url_checks() {
 #[test]
 fn refusal_and_send_error_kinds() {
     let addr = SendError::Refused(Refusal::ForbiddenAddress { addr: ip("10.0.0.1"), class: Private });
-    assert_eq!(addr.kind(), "forbidden_address");
+    assert_eq!(addr.kind().as_str(), "forbidden_address");
     assert_eq!(addr.to_string(), "forbidden_address: 10.0.0.1 is private");
-    assert_eq!(SendError::Refused(Refusal::Scheme("ftp".into())).kind(), "forbidden_scheme");
-    assert_eq!(SendError::Refused(Refusal::InvalidUrl("x".into())).kind(), "invalid_url");
-    assert_eq!(SendError::Dns(String::new()).kind(), "dns");
-    assert_eq!(SendError::Timeout(String::new()).kind(), "timeout");
-    assert_eq!(SendError::Connect(String::new()).kind(), "connect");
-    assert_eq!(SendError::Tls(String::new()).kind(), "tls");
-    assert_eq!(SendError::Other(String::new()).kind(), "other");
+    assert_eq!(SendError::Refused(Refusal::Scheme("ftp".into())).kind().as_str(), "forbidden_scheme");
+    assert_eq!(SendError::Refused(Refusal::InvalidUrl("x".into())).kind().as_str(), "invalid_url");
+    assert_eq!(SendError::Dns(String::new()).kind().as_str(), "dns");
+    assert_eq!(SendError::Timeout(String::new()).kind().as_str(), "timeout");
+    assert_eq!(SendError::Connect(String::new()).kind().as_str(), "connect");
+    assert_eq!(SendError::Tls(String::new()).kind().as_str(), "tls");
+    assert_eq!(SendError::Other(String::new()).kind().as_str(), "other");
 }

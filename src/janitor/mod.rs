@@ -124,9 +124,13 @@ impl Default for JanitorSettings {
     }
 }
 
-/// How a pass ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a pass ended, as `janitor_runs.status` holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
 pub enum RunStatus {
+    /// Under way (or its instance died before it ended, until the next pass marks it
+    /// abandoned).
+    Running,
     /// Nothing expired is left.
     Complete,
     /// A phase hit `max_batches_per_phase`: more expired rows remain.
@@ -135,19 +139,18 @@ pub enum RunStatus {
     Stopped,
     /// A statement failed (the error is recorded).
     Failed,
+    /// Its instance died while it ran: a later pass found it still running.
+    Abandoned,
 }
 
-impl RunStatus {
-    /// The name stored in `janitor_runs.status`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunStatus::Complete => "complete",
-            RunStatus::Capped => "capped",
-            RunStatus::Stopped => "stopped",
-            RunStatus::Failed => "failed",
-        }
-    }
-}
+crate::db::text_enum!(RunStatus {
+    Running => "running",
+    Complete => "complete",
+    Capped => "capped",
+    Stopped => "stopped",
+    Failed => "failed",
+    Abandoned => "abandoned",
+});
 
 /// What one pass did.
 #[derive(Debug, Clone)]
@@ -319,7 +322,11 @@ async fn leased_pass(
 ) -> Result<PassOutcome, sqlx::Error> {
     let started = Instant::now();
     // We hold the lease, so a run still marked running belongs to a process that died.
-    crate::db::query("UPDATE janitor_runs SET status = 'abandoned' WHERE status = 'running'").execute(pool).await?;
+    crate::db::query("UPDATE janitor_runs SET status = $1 WHERE status = $2")
+        .bind(RunStatus::Abandoned)
+        .bind(RunStatus::Running)
+        .execute(pool)
+        .await?;
     let run_id: i64 = crate::db::query_scalar("INSERT INTO janitor_runs (instance) VALUES ($1) RETURNING id")
         .bind(instance)
         .fetch_one(pool)
@@ -337,7 +344,7 @@ async fn leased_pass(
          WHERE id = $1",
     )
     .bind(run_id)
-    .bind(status.as_str())
+    .bind(status)
     .bind(tally.events)
     .bind(tally.deliveries)
     .bind(tally.attempts)

@@ -69,8 +69,8 @@ pub struct JanitorRun {
     pub finished_at: Option<DateTime<Utc>>,
     /// Wall time in milliseconds (none while running).
     pub duration_ms: Option<i64>,
-    /// running, complete, capped, stopped, failed or abandoned.
-    pub status: String,
+    /// How it ended (or `running`).
+    pub status: super::RunStatus,
     /// Events deleted.
     pub events_deleted: i64,
     /// Deliveries deleted.

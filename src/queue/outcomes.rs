@@ -75,7 +75,7 @@ pub struct AttemptRecord {
     /// The subscriber's HTTP status; `None` when no response came back.
     pub status_code: Option<i32>,
     /// `timeout`, `connect`, `forbidden_address`, ... when no response came back.
-    pub error_kind: Option<String>,
+    pub error_kind: Option<crate::egress::ErrorKind>,
     /// What happens to the delivery next.
     pub outcome: Outcome,
     /// Human-readable reason, stored with the attempt (and as the dead reason); bounded.
@@ -155,7 +155,7 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
     let started: Vec<DateTime<Utc>> = col(batch, |r| r.started_at);
     let durations: Vec<i32> = col(batch, |r| r.duration_ms);
     let codes: Vec<Option<i32>> = col(batch, |r| r.status_code);
-    let kinds: Vec<Option<&str>> = col(batch, |r| r.error_kind.as_deref());
+    let kinds: Vec<Option<crate::egress::ErrorKind>> = col(batch, |r| r.error_kind);
     let outcomes: Vec<&str> = col(batch, |r| r.outcome.as_str());
     let statuses: Vec<&str> = col(batch, |r| r.outcome.status().as_str());
     let reasons: Vec<&str> = col(batch, |r| r.reason.as_str());

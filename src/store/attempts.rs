@@ -18,7 +18,7 @@ pub struct Attempt {
     pub status_code: Option<i32>,
     /// Why no response came back (null when one did): `dns`, `timeout`, `connect`, `tls`,
     /// `other`, or the egress refusal `forbidden_address`, `forbidden_scheme`, `invalid_url`.
-    pub error_kind: Option<String>,
+    pub error_kind: Option<crate::egress::ErrorKind>,
     /// What the attempt led to: `delivered`, `retry` or `dead`.
     pub outcome: crate::queue::Outcome,
     /// Why the outcome, for operators (e.g. `HTTP 503`, `HTTP 404: permanent client error,
@@ -47,7 +47,10 @@ pub async fn for_delivery(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<Vec
 
 /// Attempts recorded at or after `since`, by outcome (`delivered`, `retry`, `dead`): one
 /// range scan of `attempts_recorded_at`, meant for short windows (the console's overview).
-pub async fn outcomes_since(db: impl PgExecutor<'_>, since: DateTime<Utc>) -> Result<Vec<(String, i64)>, sqlx::Error> {
+pub async fn outcomes_since(
+    db: impl PgExecutor<'_>,
+    since: DateTime<Utc>,
+) -> Result<Vec<(crate::queue::Outcome, i64)>, sqlx::Error> {
     crate::db::query_as(
         "SELECT outcome, count(*) FROM attempts WHERE recorded_at >= $1 GROUP BY outcome ORDER BY outcome",
     )

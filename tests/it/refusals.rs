@@ -153,8 +153,9 @@ async fn a_read_only_server_answers_503_and_the_gateway_heals_when_it_takes_writ
 
 /// A connection limit reached (role `CONNECTION LIMIT 0`: "too many connections") and
 /// sessions terminated by an administrator, again and again, under a load of producers
-/// that retry: answers are 200 or 503 (with `Retry-After`), never a 500; every webhook is
-/// acknowledged in the end, stored once and delivered.
+/// that retry (and more arriving at the limit): answers are 200 or 503 (with
+/// `Retry-After`), never a 500; every webhook is acknowledged in the end, stored once and
+/// delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn terminated_sessions_and_a_connection_limit_under_load_are_503_never_500() {
     let mut db = Private::start().await;
@@ -171,12 +172,21 @@ async fn terminated_sessions_and_a_connection_limit_under_load_are_503_never_500
     }
     db.sql("ALTER ROLE gw CONNECTION LIMIT 0").await;
     terminated += db.terminate_gateway_sessions().await;
+    // Webhooks that arrive while no connection can be had (the first load may be over by
+    // now on a fast run): they are refused, and the limit stays until a refusal was seen.
+    let at_limit: Vec<String> = (0..40).map(|n| format!("at-limit-{n}")).collect();
+    let late_load = tokio::spawn(produce(base.clone(), "shop", at_limit.clone(), 4, seen.clone()));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let during = readiness(&base).await;
+    eventually(Duration::from_secs(30), "a webhook refused while no connection can be had", || async {
+        seen.lock().unwrap().statuses.get(&503).is_some_and(|n| *n > 0).then_some(())
+    })
+    .await;
     db.sql("ALTER ROLE gw CONNECTION LIMIT -1").await;
     load.await.expect("load");
+    late_load.await.expect("load at the limit");
 
-    let all: HashSet<String> = ids.into_iter().collect();
+    let all: HashSet<String> = ids.into_iter().chain(at_limit).collect();
     {
         let seen = seen.lock().unwrap();
         eprintln!("terminated {terminated} sessions; answers {:?}; /readyz at the limit: {during:?}", seen.statuses);

@@ -2,6 +2,7 @@
 //!
 //! See `ARCHITECTURE.md` for the module map, the data flow and the invariants.
 
+pub mod actions;
 pub mod admin_token;
 pub mod api;
 pub mod app;
@@ -27,6 +28,7 @@ pub mod role;
 pub mod sanitize;
 pub mod secrets;
 pub mod server;
+pub mod state;
 pub mod store;
 pub mod telemetry;
 pub mod verify;

@@ -200,22 +200,7 @@ pub async fn attempts(
     security(("admin_token" = [])),
 )]
 pub async fn redeliver(State(state): State<AppState>, Id(id): Id<DeliveryId>) -> Result<Json<DeliveryView>, ApiError> {
-    Ok(Json(redeliver_one(&state, id).await?.into()))
-}
-
-/// Redeliver one delivery (the API's `POST /v1/deliveries/{id}/redeliver` and the
-/// console's button): pending again, due now, this process's workers woken; idempotent
-/// while pending. 404 when there is no such delivery, 409 when its endpoint was deleted.
-pub async fn redeliver_one(state: &AppState, id: DeliveryId) -> Result<Delivery, ApiError> {
-    let changed = crate::queue::redeliver(&state.pool, id).await?;
-    let delivery = read::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("delivery"))?;
-    if changed {
-        state.wake.notify_one();
-        tracing::info!(delivery_id = %id, "manual redelivery");
-    } else if delivery.status != DeliveryStatus::Pending {
-        return Err(ApiError::conflict("its endpoint was deleted: there is nowhere to redeliver it"));
-    }
-    Ok(delivery)
+    Ok(Json(crate::actions::redeliver_one(&state, id).await?.into()))
 }
 
 /// `POST /v1/deliveries/{id}/unblock`.
@@ -236,14 +221,5 @@ pub async fn redeliver_one(state: &AppState, id: DeliveryId) -> Result<Delivery,
     security(("admin_token" = [])),
 )]
 pub async fn unblock(State(state): State<AppState>, Id(id): Id<DeliveryId>) -> Result<Json<DeliveryView>, ApiError> {
-    let mut tx = state.pool.begin().await?;
-    let unblocked = crate::queue::lines::unblock(&mut tx, id).await?;
-    tx.commit().await?;
-    let delivery = read::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("delivery"))?;
-    if !unblocked {
-        return Err(ApiError::conflict("it is not a dead delivery blocking its ordering line"));
-    }
-    state.wake.notify_one();
-    tracing::info!(delivery_id = %id, "ordering line unblocked");
-    Ok(Json(delivery.into()))
+    Ok(Json(crate::actions::unblock(&state, id).await?.into()))
 }

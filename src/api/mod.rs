@@ -13,7 +13,6 @@ mod health;
 mod ingest;
 pub mod openapi;
 mod sources;
-mod state;
 mod storage;
 mod subscriptions;
 
@@ -28,20 +27,8 @@ use axum::routing::{get, post};
 use crate::error::ApiError;
 use crate::role::Role;
 
-pub use endpoints::generate_secret;
-pub use state::AppState;
-
-/// What the admin API's handlers do, as functions the web console (`crate::console`) calls
-/// too: one path to the database for both.
-pub mod actions {
-    pub use super::deliveries::redeliver_one;
-    pub use super::endpoints::{
-        Recover, Recovered, RotateSecret, RotatedSecret, TestSend, recover_window, recovery_window, rotate, send_test,
-        set_paused,
-    };
-    pub use super::events::{EVENT_DELIVERIES, EventSearch, event_with_deliveries, search_events};
-    pub use super::sources::fingerprints;
-}
+pub use crate::actions::generate_secret;
+pub use crate::state::AppState;
 
 /// The full router for a process of the given role. `console`: the web console's pages
 /// (built by `crate::console`, which imports this module, so it is handed in), served under

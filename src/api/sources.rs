@@ -86,7 +86,7 @@ impl SourceView {
     /// The view of a stored source: fingerprints of its secrets' plaintext (a secret this
     /// process cannot open shows as `unreadable`, logged; the rest of the source still shows).
     fn new(s: Source, secrets: &Keyring) -> Self {
-        let secret_fingerprints = fingerprints(&s, secrets);
+        let secret_fingerprints = crate::actions::fingerprints(&s, secrets);
         let spec = s.spec.0;
         SourceView {
             id: s.id,
@@ -102,20 +102,6 @@ impl SourceView {
             created_at: s.created_at,
         }
     }
-}
-
-/// `sha256:` + the first 8 hex digits of each of a source's secrets' SHA-256, never the
-/// secret (`unreadable` for one this process cannot decrypt, logged). The API's source view
-/// and the console's sources page.
-pub fn fingerprints(s: &Source, secrets: &Keyring) -> Vec<String> {
-    let fingerprint = |stored: &String| match secrets.open(Place::SourceSecret, stored) {
-        Ok(plaintext) => crate::verify::secret_fingerprint(&plaintext),
-        Err(e) => {
-            tracing::warn!(source = %s.name, error = %e, "cannot read a secret of this source");
-            "unreadable".to_owned()
-        }
-    };
-    s.spec.0.secrets.iter().map(fingerprint).collect()
 }
 
 /// The spec as stored: each secret sealed (encrypted when a key is set). The API's `spec`

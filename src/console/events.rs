@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::session::{NoFields, Posted};
 use super::{ConsoleError, Layout, PAGE, PageResult, Session, Ts, non_empty, or_empty, render, ts};
+use crate::actions;
 use crate::api::AppState;
-use crate::api::actions;
 use crate::error::ApiError;
 use crate::ids::{DeliveryId, EventId};
 use crate::queue::read::{self, Delivery};

@@ -6,8 +6,8 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 
 use super::{Layout, PageResult, Session, Ts, render};
+use crate::actions;
 use crate::api::AppState;
-use crate::api::actions;
 use crate::ingest::rejections;
 use crate::store;
 

@@ -1,11 +1,11 @@
 //! `/v1/endpoints`: where deliveries go. This file: creating, reading, changing and
-//! deleting them; `actions.rs`: what an operator does to one (pause, resume, rotate its
-//! secret, send a test, recover its dead letters), which the console calls too.
+//! deleting them; `operate.rs`: the handlers of what an operator does to one (pause,
+//! resume, rotate its secret, send a test, recover its dead letters), which call
+//! `crate::actions` as the console does.
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -13,9 +13,9 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::extract::{ApiJson, ApiQuery, Id};
 use super::openapi::{AdminErrors, JsonBodyErrors};
+use crate::actions::{generate_secret, seal, validate_secret};
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::EndpointId;
-use crate::secrets::Place;
 use crate::store::{self, endpoints::Deleted, endpoints::Endpoint};
 /// Body of `POST /v1/endpoints`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -161,27 +161,6 @@ impl EndpointView {
 async fn view(state: &AppState, endpoint: Endpoint, show_secret: bool) -> Result<EndpointView, ApiError> {
     let in_flight = crate::queue::read::in_flight_of(&state.pool, endpoint.id).await?;
     Ok(EndpointView::new(endpoint, show_secret, state.default_max_in_flight, in_flight))
-}
-
-/// A fresh signing secret: 32 random bytes, Standard Webhooks format.
-pub fn generate_secret() -> String {
-    let bytes: [u8; 32] = rand::random();
-    format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode(bytes))
-}
-
-/// The stored form of a signing secret (encrypted when a secrets key is set).
-fn seal(state: &AppState, secret: &str) -> Result<String, ApiError> {
-    state.secrets.seal(Place::EndpointSecret, secret).map_err(|e| ApiError::validation("secret", e))
-}
-
-/// Check a caller-supplied secret: `whsec_` + base64 of 24 to 64 bytes.
-fn validate_secret(secret: &str) -> Result<(), ApiError> {
-    let decoded =
-        secret.strip_prefix("whsec_").and_then(|b64| base64::engine::general_purpose::STANDARD.decode(b64).ok());
-    match decoded {
-        Some(key) if (24..=64).contains(&key.len()) => Ok(()),
-        _ => Err(ApiError::validation("secret", "must be `whsec_` followed by base64 of 24 to 64 bytes")),
-    }
 }
 
 /// All endpoints (not paginated).
@@ -382,6 +361,6 @@ pub async fn delete(
     }
 }
 
-mod actions;
+mod operate;
 
-pub use actions::*;
+pub use operate::*;

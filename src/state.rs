@@ -1,4 +1,4 @@
-//! What every handler shares: [`AppState`].
+//! What every handler (the admin API's and the console's) shares: [`AppState`].
 
 use std::sync::Arc;
 use std::time::Duration;

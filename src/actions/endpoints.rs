@@ -1,40 +1,36 @@
-//! What an operator does to an endpoint: pause and resume it, rotate its secret, send it a
-//! test, recover its dead letters. The handlers, and the actions they call, which the
-//! console calls too (`api::actions`).
+//! What an operator does to an endpoint, from the API or the console: pause and resume
+//! it, rotate its signing secret, send it a test, recover its dead letters.
 
-use axum::Json;
-use axum::extract::State;
-use axum::http::StatusCode;
+use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{EndpointView, generate_secret, seal, validate_secret, view};
-use crate::api::AppState;
-use crate::api::extract::{ApiJson, Id};
-use crate::api::openapi::{AdminErrors, JsonBodyErrors};
-use crate::error::{ApiError, ErrorBody};
+use crate::error::ApiError;
 use crate::ids::{DeliveryId, EndpointId, EventId};
+use crate::secrets::Place;
+use crate::state::AppState;
 use crate::store::{self, endpoints::Endpoint};
 
-/// `POST /v1/endpoints/{id}/pause`.
-///
-/// Nothing is sent until resumed; due deliveries are parked without spending attempts (like
-/// an open circuit that only an operator closes).
-#[utoipa::path(
-    post, path = "/v1/endpoints/{id}/pause", tag = "endpoints", operation_id = "pause_endpoint",
-    summary = "Pause an endpoint",
-    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
-    responses(
-        (status = 200, description = "Paused (idempotent)", body = EndpointView),
-        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
-        AdminErrors,
-    ),
-    security(("admin_token" = [])),
-)]
-pub async fn pause(State(state): State<AppState>, Id(id): Id<EndpointId>) -> Result<Json<EndpointView>, ApiError> {
-    let endpoint = set_paused(&state, id, true).await?;
-    Ok(Json(view(&state, endpoint, false).await?))
+/// A fresh signing secret: 32 random bytes, Standard Webhooks format.
+pub fn generate_secret() -> String {
+    let bytes: [u8; 32] = rand::random();
+    format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+/// The stored form of a signing secret (encrypted when a secrets key is set).
+pub(crate) fn seal(state: &AppState, secret: &str) -> Result<String, ApiError> {
+    state.secrets.seal(Place::EndpointSecret, secret).map_err(|e| ApiError::validation("secret", e))
+}
+
+/// Check a caller-supplied secret: `whsec_` + base64 of 24 to 64 bytes.
+pub(crate) fn validate_secret(secret: &str) -> Result<(), ApiError> {
+    let decoded =
+        secret.strip_prefix("whsec_").and_then(|b64| base64::engine::general_purpose::STANDARD.decode(b64).ok());
+    match decoded {
+        Some(key) if (24..=64).contains(&key.len()) => Ok(()),
+        _ => Err(ApiError::validation("secret", "must be `whsec_` followed by base64 of 24 to 64 bytes")),
+    }
 }
 
 /// Pause or resume an endpoint (the API's `pause` / `resume` and the console's buttons).
@@ -53,25 +49,6 @@ pub async fn set_paused(state: &AppState, id: EndpointId, paused: bool) -> Resul
         tracing::info!(endpoint_id = %id, released, "endpoint resumed");
     }
     Ok(endpoint)
-}
-
-/// `POST /v1/endpoints/{id}/resume`.
-///
-/// Deliveries flow again; the parked backlog is released at the configured rate.
-#[utoipa::path(
-    post, path = "/v1/endpoints/{id}/resume", tag = "endpoints", operation_id = "resume_endpoint",
-    summary = "Resume an endpoint",
-    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
-    responses(
-        (status = 200, description = "Resumed (idempotent)", body = EndpointView),
-        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
-        AdminErrors,
-    ),
-    security(("admin_token" = [])),
-)]
-pub async fn resume(State(state): State<AppState>, Id(id): Id<EndpointId>) -> Result<Json<EndpointView>, ApiError> {
-    let endpoint = set_paused(&state, id, false).await?;
-    Ok(Json(view(&state, endpoint, false).await?))
 }
 
 /// Body of `POST /v1/endpoints/{id}/rotate-secret` (optional: an empty body takes the defaults).
@@ -100,36 +77,6 @@ pub struct RotatedSecret {
     pub previous_secret_valid_until: DateTime<Utc>,
     /// The new secret (`whsec_...`), shown this once.
     pub secret: String,
-}
-
-/// `POST /v1/endpoints/{id}/rotate-secret`.
-///
-/// Returns the new secret. Until the grace period ends every request carries a `v1,`
-/// signature per secret still in its grace period (earlier rotations' included), so a
-/// subscriber can switch at its own pace.
-#[utoipa::path(
-    post, path = "/v1/endpoints/{id}/rotate-secret", tag = "endpoints", operation_id = "rotate_endpoint_secret",
-    summary = "Rotate an endpoint's signing secret",
-    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
-    request_body(content = RotateSecret, content_type = "application/json",
-        description = "Optional: an empty body takes the defaults. The Content-Type is not checked."),
-    responses(
-        (status = 200, description = "Rotated", body = RotatedSecret),
-        (status = 400, description = "Malformed JSON (`malformed_json`)", body = ErrorBody),
-        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
-        (status = 413, description = "Body over the size limit (plain text, not the JSON error body)"),
-        (status = 422, description = "Invalid field, named in the message (`validation_failed`)", body = ErrorBody),
-        AdminErrors,
-    ),
-    security(("admin_token" = [])),
-)]
-pub async fn rotate_secret(
-    State(state): State<AppState>,
-    Id(id): Id<EndpointId>,
-    body: axum::body::Bytes,
-) -> Result<Json<RotatedSecret>, ApiError> {
-    let body: RotateSecret = super::super::extract::json_or_default(&body)?;
-    Ok(Json(rotate(&state, id, body).await?))
 }
 
 /// Rotate an endpoint's signing secret (the API's `rotate-secret` and the console's
@@ -170,28 +117,6 @@ pub struct TestSend {
     pub webhook_id: String,
 }
 
-/// `POST /v1/endpoints/{id}/test`.
-///
-/// A synthetic `webhook.test` event delivered to this endpoint only, like any other
-/// delivery (signed, retried, recorded).
-#[utoipa::path(
-    post, path = "/v1/endpoints/{id}/test", tag = "endpoints", operation_id = "test_endpoint",
-    summary = "Send a test event to an endpoint",
-    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
-    responses(
-        (status = 202, description = "Queued for delivery", body = TestSend),
-        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
-        AdminErrors,
-    ),
-    security(("admin_token" = [])),
-)]
-pub async fn test_send(
-    State(state): State<AppState>,
-    Id(id): Id<EndpointId>,
-) -> Result<(StatusCode, Json<TestSend>), ApiError> {
-    Ok((StatusCode::ACCEPTED, Json(send_test(&state, id).await?)))
-}
-
 /// Queue a synthetic `webhook.test` event for one endpoint (the API's `test` and the
 /// console's button). 404 when there is no such endpoint.
 pub async fn send_test(state: &AppState, id: EndpointId) -> Result<TestSend, ApiError> {
@@ -225,32 +150,6 @@ pub struct Recover {
 pub struct Recovered {
     /// Dead deliveries put back to pending.
     pub requeued: u64,
-}
-
-/// `POST /v1/endpoints/{id}/recover`.
-///
-/// After an outage, re-queue the endpoint's dead deliveries that died in the window (fresh
-/// budget, same `webhook-id`), released at the configured rate. Safe to call twice: only
-/// dead deliveries qualify.
-#[utoipa::path(
-    post, path = "/v1/endpoints/{id}/recover", tag = "endpoints", operation_id = "recover_endpoint",
-    summary = "Re-queue an endpoint's dead deliveries",
-    params(("id" = EndpointId, Path, description = "Endpoint id (anything else is 404)")),
-    request_body = Recover,
-    responses(
-        (status = 200, description = "Re-queued (0 when called again)", body = Recovered),
-        (status = 404, description = "No such endpoint (`not_found`)", body = ErrorBody),
-        JsonBodyErrors,
-        AdminErrors,
-    ),
-    security(("admin_token" = [])),
-)]
-pub async fn recover(
-    State(state): State<AppState>,
-    Id(id): Id<EndpointId>,
-    ApiJson(body): ApiJson<Recover>,
-) -> Result<Json<Recovered>, ApiError> {
-    Ok(Json(recover_window(&state, id, body).await?))
 }
 
 /// The window a recovery covers, checked: `[since, until)`, `until` defaulting to now.

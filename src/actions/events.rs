@@ -1,0 +1,75 @@
+//! What an operator looks for among events, from the API or the console.
+
+use chrono::{DateTime, Utc};
+
+use crate::error::ApiError;
+use crate::ids::EventId;
+use crate::queue;
+use crate::state::AppState;
+use crate::store;
+
+/// Deliveries shown with an event, at most.
+pub const EVENT_DELIVERIES: i64 = 1000;
+
+/// An event and its deliveries (at most [`EVENT_DELIVERIES`], oldest first); 404 when
+/// there is no such event. `GET /v1/events/{id}` and the console's event page.
+pub async fn event_with_deliveries(
+    state: &AppState,
+    id: EventId,
+) -> Result<(store::events::Event, Vec<queue::read::Delivery>), ApiError> {
+    let event = store::events::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("event"))?;
+    let filter = queue::read::Filter { event_id: Some(id), ..Default::default() };
+    let deliveries = queue::read::list(&state.pool, &filter, EVENT_DELIVERIES).await?;
+    Ok((event, deliveries))
+}
+
+/// What to look for among events: the API's query and the console's search form.
+#[derive(Debug, Clone, Default)]
+pub struct EventSearch {
+    /// Source name (422 when there is none).
+    pub source: Option<String>,
+    /// Exact event type.
+    pub event_type: Option<String>,
+    /// Exact dedupe key; needs `source` (the key is unique per source, and without one the
+    /// search would read every event).
+    pub dedupe_key: Option<String>,
+    /// Received at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Received before.
+    pub until: Option<DateTime<Utc>>,
+    /// Keyset cursor: the last id of the previous page.
+    pub cursor: Option<EventId>,
+    /// Newest first instead of oldest first.
+    pub newest_first: bool,
+}
+
+/// One page of events matching `search`, at most `limit` (a keyset page: no offset, no
+/// count). `GET /v1/events` and the console's event search.
+pub async fn search_events(
+    state: &AppState,
+    search: EventSearch,
+    limit: i64,
+) -> Result<Vec<store::events::EventSummary>, ApiError> {
+    let source_id = match &search.source {
+        None => None,
+        Some(name) => Some(
+            store::sources::by_name(&state.pool, name)
+                .await?
+                .ok_or_else(|| ApiError::validation("source", format!("no source named {name:?}")))?
+                .id,
+        ),
+    };
+    if search.dedupe_key.is_some() && source_id.is_none() {
+        return Err(ApiError::validation("dedupe_key", "needs `source`: dedupe keys are unique per source"));
+    }
+    let filter = store::events::Filter {
+        source_id,
+        event_type: search.event_type,
+        dedupe_key: search.dedupe_key,
+        since: search.since,
+        until: search.until,
+        after: search.cursor,
+        newest_first: search.newest_first,
+    };
+    Ok(store::events::list(&state.pool, &filter, limit).await?)
+}

@@ -1,5 +1,6 @@
-//! Wiring: the handlers' state, the HTTP server, the delivery workers, the janitor,
-//! graceful shutdown.
+//! Wiring: the start-up checks, the handlers' state, the HTTP server, the delivery
+//! workers, the janitor, graceful shutdown. [`start_on`] is the one way a gateway starts:
+//! the binary and every in-process test go through it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -62,6 +63,8 @@ pub struct Settings {
 pub struct Running {
     /// The address the HTTP server listens on.
     pub addr: SocketAddr,
+    /// The sources that take webhooks from outside (for the start-up banner).
+    pub sources: Vec<String>,
     shutdown: watch::Sender<bool>,
     server: JoinHandle<std::io::Result<()>>,
     dispatcher: Option<Dispatcher>,
@@ -104,8 +107,7 @@ impl Running {
     }
 }
 
-/// Bind `settings.listen`, and start the HTTP server (and the workers, for roles that run
-/// them).
+/// Bind `settings.listen`, then [`start_on`] it.
 pub async fn start(pool: Pool, settings: Settings) -> anyhow::Result<Running> {
     let listener = bind(settings.listen).await?;
     start_on(pool, settings, listener).await
@@ -130,7 +132,60 @@ pub async fn bind(listen: SocketAddr) -> anyhow::Result<tokio::net::TcpListener>
 }
 
 /// [`start`] on a listener bound beforehand (with [`bind`]); `settings.listen` is not used.
+/// Start a gateway on `pool` and `listener`: apply the migrations (waiting for another
+/// process's), check that every stored secret opens with `settings.secrets`, say what is
+/// worth knowing about the stored configuration, then serve: the HTTP server, and the
+/// workers, janitor and background tasks of `settings.role`.
 pub async fn start_on(pool: Pool, settings: Settings, listener: tokio::net::TcpListener) -> anyhow::Result<Running> {
+    crate::db::migrate(&pool).await?;
+    crate::secrets::check_stored(&pool, &settings.secrets).await?;
+    log_secrets_at_rest(&settings.secrets);
+    let sources = ingestible_sources(&pool).await?;
+    if let Some(limit) = crate::server::raise_open_file_limit() {
+        tracing::debug!(open_files = limit, "open-file limit");
+    }
+    serve(pool, settings, listener, sources).await
+}
+
+/// Whether secrets are encrypted at rest, and with which keys.
+fn log_secrets_at_rest(keyring: &Keyring) {
+    match keyring.current_key_id() {
+        Some(key_id) => tracing::info!(
+            key_id,
+            previous = ?keyring.previous_key_ids(),
+            "secrets at rest: source and endpoint secrets are encrypted"
+        ),
+        None => tracing::warn!(
+            "secrets at rest: source and endpoint secrets are stored in plaintext; set --secrets-key \
+             (WEBHOOK_GATEWAY_SECRETS_KEY, from `openssl rand -base64 32`) to encrypt them, then run \
+             `webhook-gateway secrets reencrypt`"
+        ),
+    }
+}
+
+/// The sources that take webhooks from outside, with a warning for each that accepts them
+/// unverified.
+async fn ingestible_sources(pool: &Pool) -> anyhow::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for source in crate::store::sources::list(pool).await? {
+        if source.spec.0.kind == crate::verify::Kind::None {
+            tracing::warn!(source = %source.name, "source of kind `none`: its webhooks are accepted unverified");
+        }
+        // `api` and `_test` take no webhooks from outside: not worth a line.
+        if source.spec.0.kind != crate::verify::Kind::Internal {
+            names.push(source.name);
+        }
+    }
+    Ok(names)
+}
+
+/// The gateway's tasks, once the database is ready for this release.
+async fn serve(
+    pool: Pool,
+    settings: Settings,
+    listener: tokio::net::TcpListener,
+    sources: Vec<String>,
+) -> anyhow::Result<Running> {
     let wake = Arc::new(Notify::new());
     let state = AppState {
         pool: pool.clone(),
@@ -217,5 +272,5 @@ pub async fn start_on(pool: Pool, settings: Settings, listener: tokio::net::TcpL
         stop.clone(),
     ));
     tracing::info!(%addr, role = ?settings.role, "gateway listening");
-    Ok(Running { addr, shutdown, server, dispatcher, background, janitor, draining, drain: settings.drain })
+    Ok(Running { addr, sources, shutdown, server, dispatcher, background, janitor, draining, drain: settings.drain })
 }

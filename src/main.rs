@@ -348,8 +348,9 @@ async fn run(
     Ok(Ending::Served)
 }
 
-/// Everything between the first connection and serving: migrations, the stored secrets'
-/// check, the banner's sources, the gateway's tasks.
+/// The settings the arguments give, and the gateway started with them (`app::start_on`:
+/// migrations, the stored secrets' check, the gateway's tasks); the banner learns the
+/// sources.
 async fn start(
     args: ServeArgs,
     pool: &crate::db::Pool,
@@ -358,29 +359,6 @@ async fn start(
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     banner: &mut Banner,
 ) -> anyhow::Result<app::Running> {
-    db::migrate(pool).await?;
-    secrets::check_stored(pool, &keyring).await?;
-    match keyring.current_key_id() {
-        Some(key_id) => tracing::info!(
-            key_id,
-            previous = ?keyring.previous_key_ids(),
-            "secrets at rest: source and endpoint secrets are encrypted"
-        ),
-        None => tracing::warn!(
-            "secrets at rest: source and endpoint secrets are stored in plaintext; set --secrets-key \
-             (WEBHOOK_GATEWAY_SECRETS_KEY, from `openssl rand -base64 32`) to encrypt them, then run \
-             `webhook-gateway secrets reencrypt`"
-        ),
-    }
-    for source in webhook_gateway::store::sources::list(pool).await? {
-        if source.spec.0.kind == webhook_gateway::verify::Kind::None {
-            tracing::warn!(source = %source.name, "source of kind `none`: its webhooks are accepted unverified");
-        }
-        // `api` and `_test` take no webhooks from outside: not worth a line.
-        if source.spec.0.kind != webhook_gateway::verify::Kind::Internal {
-            banner.sources.push(source.name);
-        }
-    }
     let settings = app::Settings {
         listen: banner.addr,
         admin_token: banner.token.clone(),
@@ -401,10 +379,9 @@ async fn start(
         secrets: keyring,
         console: args.console.0,
     };
-    if let Some(limit) = webhook_gateway::server::raise_open_file_limit() {
-        tracing::debug!(open_files = limit, "open-file limit");
-    }
-    app::start_on(pool.clone(), settings, listener).await
+    let running = app::start_on(pool.clone(), settings, listener).await?;
+    banner.sources.clone_from(&running.sources);
+    Ok(running)
 }
 
 /// Start listening for SIGINT and SIGTERM now (the handlers are installed by this call),

@@ -2,7 +2,7 @@
 //! admin token.
 //!
 //! - **One path to the database.** Every action calls the same functions as the admin API
-//!   ([`crate::api::actions`], the store and queue functions its handlers call); a page
+//!   ([`crate::actions`], the store and queue functions its handlers call); a page
 //!   adds no SQL of its own. Every list is a keyset page with a limit.
 //! - **Sessions** (`session`): a signed, stateless cookie (HttpOnly, SameSite=Strict,
 //!   Secure behind https), keyed by the admin token, so rotating the token signs everyone

@@ -112,14 +112,18 @@ async fn click(browser: &Client, css: &str) {
 
 /// Click something that navigates, and wait for an element of the page it leads to (a
 /// click returns when the event is dispatched, not when the next page has loaded).
+/// Click `css`, which leads to another page, and wait for that page to show `then`. The
+/// page clicked on is marked first, so an element `then` that it also has (the search
+/// form's results, say) is not mistaken for the next page's.
 async fn click_to(browser: &Client, css: &str, then: &str) {
+    browser.execute("document.documentElement.setAttribute('data-left', '')", vec![]).await.expect("mark the page");
     click(browser, css).await;
-    browser
-        .wait()
-        .at_most(Duration::from_secs(20))
-        .for_element(Locator::Css(then))
-        .await
-        .unwrap_or_else(|e| panic!("after clicking {css}, no {then}: {e}"));
+    let arrived = "return !document.documentElement.hasAttribute('data-left') \
+                   && document.querySelector(arguments[0]) !== null";
+    eventually(Duration::from_secs(20), &format!("after clicking {css}, a new page with {then}"), || async {
+        (browser.execute(arrived, vec![json!(then)]).await.ok()? == json!(true)).then_some(())
+    })
+    .await;
 }
 
 async fn path(browser: &Client) -> String {

@@ -12,6 +12,7 @@ pub mod extract;
 mod health;
 mod ingest;
 pub mod openapi;
+mod routes;
 mod sources;
 mod storage;
 mod subscriptions;
@@ -22,51 +23,28 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 
 use crate::error::ApiError;
 use crate::role::Role;
 
 pub use crate::actions::generate_secret;
 pub use crate::state::AppState;
+pub use routes::document;
 
 /// The full router for a process of the given role. `console`: the web console's pages
 /// (built by `crate::console`, which imports this module, so it is handed in), served under
 /// `/console` with the same request deadline, body limit and request ids as the API, and
 /// the admin API's database deadline.
 pub fn router(state: AppState, role: Role, console: Option<Router<AppState>>) -> Router {
-    let mut app = Router::new()
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics))
-        .route("/openapi.json", get(openapi::openapi_json));
+    let routes::Declared { public, ingest, admin } = routes::declared();
+    let mut app: Router<AppState> = public.split_for_parts().0;
     if role != Role::Worker {
-        let admin = Router::new()
-            .route("/sources", post(sources::create).get(sources::list))
-            .route("/sources/{id}", get(sources::get).patch(sources::update).delete(sources::delete))
-            .route("/endpoints", post(endpoints::create).get(endpoints::list))
-            .route("/endpoints/{id}", get(endpoints::get).patch(endpoints::update).delete(endpoints::delete))
-            .route("/endpoints/{id}/pause", post(endpoints::pause))
-            .route("/endpoints/{id}/resume", post(endpoints::resume))
-            .route("/endpoints/{id}/rotate-secret", post(endpoints::rotate_secret))
-            .route("/endpoints/{id}/test", post(endpoints::test_send))
-            .route("/endpoints/{id}/recover", post(endpoints::recover))
-            .route("/subscriptions", post(subscriptions::create).get(subscriptions::list))
-            .route(
-                "/subscriptions/{id}",
-                get(subscriptions::get).patch(subscriptions::update).delete(subscriptions::delete),
-            )
-            .route("/events", post(events::publish).get(events::list))
-            .route("/events/{id}", get(events::get))
-            .route("/deliveries", get(deliveries::list))
-            .route("/deliveries/{id}", get(deliveries::get))
-            .route("/deliveries/{id}/attempts", get(deliveries::attempts))
-            .route("/deliveries/{id}/redeliver", post(deliveries::redeliver))
-            .route("/deliveries/{id}/unblock", post(deliveries::unblock))
-            .route("/admin/storage", get(storage::get))
+        let admin = admin
+            .split_for_parts()
+            .0
             .route_layer(middleware::from_fn_with_state(state.clone(), db_deadline))
             .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
-        app = app.nest("/v1", admin).route("/ingest/{source}", post(ingest::ingest));
+        app = app.merge(admin).merge(ingest.split_for_parts().0);
     }
     if let Some(pages) = console {
         let pages = pages.route_layer(middleware::from_fn_with_state(state.clone(), db_deadline));

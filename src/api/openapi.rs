@@ -1,5 +1,7 @@
-//! `GET /openapi.json`: the OpenAPI 3.1 document of this API, generated from the
-//! `#[utoipa::path]` annotations on the handlers and the `ToSchema` types they use.
+//! The OpenAPI 3.1 document of this API (`GET /openapi.json`): its root, and the answers
+//! operations share. The operations come from the `#[utoipa::path]` annotations on the
+//! handlers and the `ToSchema` types they use, through the route declarations
+//! (`super::routes`), which serve exactly what they document.
 //!
 //! Every handler answers with a typed body (`Json<T>`, `T: Serialize + ToSchema`), and its
 //! annotation names that same `T`: the schema is derived from the type that is serialized,
@@ -7,21 +9,15 @@
 //! ([`AdminErrors`]) and every call with a JSON body shares ([`JsonBodyErrors`]) are
 //! written once, as response groups.
 //!
-//! A handler is documented by annotating it and listing it in [`ApiDoc`]'s `paths`.
-//! `tests/it/openapi.rs` fails when a route registered in `api/mod.rs` is missing here,
-//! when a documented path is not served, when an admin or JSON-body call lacks its
+//! A handler is served and documented by annotating it and declaring it in
+//! `super::routes`. `tests/it/openapi.rs` fails when a documented operation is not served
+//! or a documented path serves another method, when an admin or JSON-body call lacks its
 //! group's answers, or when a real answer does not match its schema.
 
-use std::sync::LazyLock;
-
-use axum::http::header;
-use axum::response::IntoResponse;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 
-use super::{deliveries, endpoints, events, health, ingest, sources, storage, subscriptions};
-
-/// The document's root: info, tags, the bearer scheme and every documented handler.
+/// The document's root: info and tags (the operations come from `super::routes`).
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -30,43 +26,6 @@ use super::{deliveries, endpoints, events, health, ingest, sources, storage, sub
             `Authorization: Bearer <admin token>`. Every error answer is \
             `{\"error\": {\"code\": \"...\", \"message\": \"...\"}}`."
     ),
-    paths(
-        ingest::ingest,
-        sources::create,
-        sources::list,
-        sources::get,
-        sources::update,
-        sources::delete,
-        endpoints::create,
-        endpoints::list,
-        endpoints::get,
-        endpoints::update,
-        endpoints::delete,
-        endpoints::pause,
-        endpoints::resume,
-        endpoints::rotate_secret,
-        endpoints::test_send,
-        endpoints::recover,
-        subscriptions::create,
-        subscriptions::list,
-        subscriptions::get,
-        subscriptions::update,
-        subscriptions::delete,
-        events::publish,
-        events::list,
-        events::get,
-        deliveries::list,
-        deliveries::get,
-        deliveries::attempts,
-        deliveries::redeliver,
-        deliveries::unblock,
-        storage::get,
-        health::healthz,
-        health::readyz,
-        health::metrics,
-        openapi_json,
-    ),
-    modifiers(&AdminToken, &Fixups),
     tags(
         (name = "ingest", description = "Webhooks from providers (public; verified per source)"),
         (name = "sources", description = "Where webhooks come from and how they are verified"),
@@ -81,7 +40,7 @@ use super::{deliveries, endpoints, events, health, ingest, sources, storage, sub
 pub struct ApiDoc;
 
 /// Adds the `admin_token` bearer scheme the `/v1` operations refer to.
-struct AdminToken;
+pub(super) struct AdminToken;
 
 impl utoipa::Modify for AdminToken {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
@@ -93,7 +52,7 @@ impl utoipa::Modify for AdminToken {
 }
 
 /// What the annotations cannot say.
-struct Fixups;
+pub(super) struct Fixups;
 
 impl utoipa::Modify for Fixups {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
@@ -111,25 +70,6 @@ impl utoipa::Modify for Fixups {
             body.required = Some(utoipa::openapi::Required::False);
         }
     }
-}
-
-/// The document as served, rendered once.
-static DOCUMENT: LazyLock<String> =
-    LazyLock::new(|| ApiDoc::openapi().to_json().expect("the OpenAPI document serializes"));
-
-/// The OpenAPI document, as JSON.
-pub fn document() -> &'static str {
-    &DOCUMENT
-}
-
-/// `GET /openapi.json`.
-#[utoipa::path(
-    get, path = "/openapi.json", tag = "operations", operation_id = "openapi",
-    summary = "This document",
-    responses((status = 200, description = "This document (OpenAPI 3.1)", content_type = "application/json")),
-)]
-pub async fn openapi_json() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], document())
 }
 
 /// The answers every admin call can give besides its own: 401 and 503. Listed in a

@@ -17,6 +17,7 @@ pub mod error;
 pub mod fanout;
 pub mod ids;
 pub mod ingest;
+pub mod invariants;
 pub mod janitor;
 pub mod lease;
 pub mod log_throttle;

@@ -23,6 +23,8 @@ pub const INGEST_REJECTED: &str = "webhook_gateway_ingest_rejected_total";
 pub const ATTEMPTS: &str = "webhook_gateway_attempts_total";
 /// Attempt duration, seconds.
 pub const ATTEMPT_DURATION: &str = "webhook_gateway_attempt_duration_seconds";
+/// Queue invariants found broken at run time, by `invariant` (see `crate::invariants`).
+pub const INVARIANT_VIOLATIONS: &str = crate::invariants::VIOLATIONS;
 /// Outcomes dropped because a newer claim took the lease over.
 pub const FENCED: &str = "webhook_gateway_outcomes_fenced_total";
 /// Outcomes recorded without their details (status and error kind only) because the

@@ -141,12 +141,15 @@ async fn gather<T>(rx: &mut mpsc::Receiver<T>, first: T, batch: &mut Vec<T>, urg
 
 /// Record `batch` (fenced, idempotent, with the circuits' observations) so that every
 /// outcome ends written, written without its details, dead-lettered with a reason, or,
-/// only while the database is unreachable, left to its lease. Public so tests can
+/// only while the database is unreachable (or a queue invariant is found broken), left to
+/// its lease. Public so tests can
 /// drive it with batches they build.
 pub async fn write(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig, patience: &Patience) {
     match write_retrying(pool, batch, cfg, patience).await {
         Ok(recorded) => report(batch, &recorded),
-        Err(e) if transient(&e) => unrecorded(batch, &e),
+        // A bug, already logged and counted where it was found: nothing was written, and
+        // writing the rows one by one would only go round the check.
+        Err(e) if transient(&e) || crate::invariants::is_broken(&e) => unrecorded(batch, &e),
         Err(e) if batch.len() == 1 => salvage(pool, &batch[0], cfg, &e, patience).await,
         Err(e) => {
             tracing::warn!(error = %e, batch = batch.len(), "recording a batch of outcomes failed; recording each alone");
@@ -242,14 +245,16 @@ fn report(batch: &[Finished], recorded: &Recorded) {
     }
 }
 
-/// The database stayed unreachable: the leases bring these deliveries back.
+/// The database stayed unreachable, or the write broke a queue invariant: nothing was
+/// written, and the leases bring these deliveries back.
 fn unrecorded(batch: &[Finished], err: &sqlx::Error) {
+    let why = if crate::invariants::is_broken(err) { "a queue invariant is broken" } else { "database unreachable" };
     for r in batch.iter().map(|f| &f.record) {
         tracing::error!(
             delivery_id = %r.delivery_id,
             attempt = r.attempt,
             error = %err,
-            "outcome not recorded (database unreachable); the delivery will be attempted again when its lease ends"
+            "outcome not recorded ({why}); the delivery will be attempted again when its lease ends"
         );
     }
 }

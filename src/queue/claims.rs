@@ -173,6 +173,8 @@ pub async fn claim_batch(
         .bind(&endpoints)
         .fetch_all(&mut *tx)
         .await?;
+    // Refused (rolled back) rather than sent twice at once.
+    crate::invariants::distinct(claimed.iter().map(|c: &Claimed| c.id), crate::invariants::CLAIMED_ONCE)?;
     tx.commit().await?;
     Ok(ClaimBatch { claimed, head_rows, head_window: window })
 }

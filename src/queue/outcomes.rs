@@ -6,6 +6,7 @@ use sqlx::PgExecutor;
 
 use super::lines;
 use crate::ids::{DeliveryId, EndpointId};
+use crate::invariants::{self, Broken};
 
 /// What a dead delivery does to its ordering line (`subscriptions.ordered_on_dead`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
@@ -116,6 +117,11 @@ pub struct Recorded {
 /// An ordered delivery that this call finishes (delivered, or dead) moves its line on in
 /// the same transaction ([`lines::release_heads`], [`lines::promote`]); when the batch
 /// holds one and `conn` is not in a transaction, this call opens one.
+///
+/// Refused with a [`Broken`] invariant when the batch holds a delivery twice
+/// ([`invariants::ONE_OUTCOME_PER_CLAIM`], before anything is written) or the statement
+/// reports what the batch does not hold ([`invariants::RECORDED_FROM_BATCH`]): the
+/// recorder's transaction then rolls back.
 pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     conn: &mut sqlx::PgConnection,
     batch: &[R],
@@ -124,11 +130,15 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     if batch.is_empty() {
         return Ok(Recorded::default());
     }
+    invariants::distinct(batch.iter().map(|r| r.borrow().delivery_id), invariants::ONE_OUTCOME_PER_CLAIM)?;
     if !batch.iter().any(|r| r.borrow().ordered && r.borrow().outcome != Outcome::Retry) {
-        return record_outcomes(conn, batch).await;
+        let recorded = record_outcomes(conn, batch).await?;
+        recorded_from(batch, &recorded)?;
+        return Ok(recorded);
     }
     let mut tx = conn.begin().await?;
     let recorded = record_outcomes(&mut *tx, batch).await?;
+    recorded_from(batch, &recorded)?;
     let finished: Vec<DeliveryId> = batch
         .iter()
         .map(|r| r.borrow())
@@ -139,6 +149,17 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     lines::promote(&mut tx, &released).await?;
     tx.commit().await?;
     Ok(recorded)
+}
+
+/// [`invariants::RECORDED_FROM_BATCH`]: every delivery `recorded` reports is one of
+/// `batch`'s, reported once, as written or as already written.
+pub fn recorded_from<R: std::borrow::Borrow<AttemptRecord>>(batch: &[R], recorded: &Recorded) -> Result<(), Broken> {
+    let ids: std::collections::HashSet<DeliveryId> = batch.iter().map(|r| r.borrow().delivery_id).collect();
+    let stray = recorded.fresh.iter().chain(&recorded.already).find(|id| !ids.contains(id));
+    invariants::ensure(stray.is_none(), invariants::RECORDED_FROM_BATCH, || {
+        format!("{stray:?} reported recorded but not in the batch")
+    })?;
+    invariants::distinct(recorded.fresh.iter().chain(&recorded.already), invariants::RECORDED_FROM_BATCH)
 }
 
 /// The outcomes of [`record`], in one statement.
@@ -284,4 +305,50 @@ pub async fn bury(
     lines::promote(&mut tx, &released).await?;
     tx.commit().await?;
     Ok(done.rows_affected() == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(n: u128) -> AttemptRecord {
+        AttemptRecord {
+            delivery_id: DeliveryId(uuid::Uuid::from_u128(n)),
+            claim_token: 1,
+            attempt: 1,
+            endpoint_id: EndpointId(uuid::Uuid::from_u128(100)),
+            started_at: Utc::now(),
+            duration_ms: 1,
+            status_code: Some(200),
+            error_kind: None,
+            outcome: Outcome::Delivered,
+            reason: "HTTP 200".into(),
+            response_excerpt: None,
+            next_attempt_at: None,
+            next_attempt_reason: None,
+            ordered: false,
+        }
+    }
+
+    fn id(n: u128) -> DeliveryId {
+        DeliveryId(uuid::Uuid::from_u128(n))
+    }
+
+    /// [`recorded_from`] passes a report of the batch's own deliveries, each once, and
+    /// trips on a delivery the batch does not hold, or one reported twice (in one list or
+    /// in both).
+    #[test]
+    fn a_record_reports_only_its_batch_each_once() {
+        let batch = [record(1), record(2), record(3)];
+        let ok = Recorded { fresh: vec![id(1), id(3)], already: vec![id(2)] };
+        assert_eq!(recorded_from(&batch, &ok), Ok(()));
+        for (what, bad) in [
+            ("not in the batch", Recorded { fresh: vec![id(1), id(4)], already: vec![] }),
+            ("twice as written", Recorded { fresh: vec![id(1), id(1)], already: vec![] }),
+            ("written and already written", Recorded { fresh: vec![id(2)], already: vec![id(2)] }),
+        ] {
+            let broken = recorded_from(&batch, &bad).expect_err(what);
+            assert_eq!(broken.invariant, invariants::RECORDED_FROM_BATCH, "{what}");
+        }
+    }
 }

@@ -6,6 +6,7 @@ use sqlx::types::Json;
 use sqlx::{PgExecutor, Postgres, QueryBuilder};
 
 use crate::ids::{DeliveryId, EndpointId, EventId, SourceId};
+use crate::invariants::Broken;
 
 /// An event about to be stored.
 #[derive(Debug)]
@@ -192,6 +193,18 @@ impl OwnedEvent {
     }
 }
 
+/// [`invariants::EACH_EVENT_ANSWERED_ONCE`] for the rows of the batch statement
+/// (`ord`, event id, duplicate, deliveries) of a batch of `events` distinct events: each
+/// `ord` is one of the batch's and comes once, and new events' ids are distinct.
+fn answers_are_one_per_event(rows: &[(i32, Option<EventId>, bool, i64)], events: usize) -> Result<(), Broken> {
+    use crate::invariants::{EACH_EVENT_ANSWERED_ONCE, distinct, ensure};
+    ensure(rows.iter().all(|r| usize::try_from(r.0).is_ok_and(|ord| ord < events)), EACH_EVENT_ANSWERED_ONCE, || {
+        format!("an answer for an event the batch of {events} does not have")
+    })?;
+    distinct(rows.iter().map(|r| r.0), EACH_EVENT_ANSWERED_ONCE)?;
+    distinct(rows.iter().filter(|r| !r.2).filter_map(|r| r.1), EACH_EVENT_ANSWERED_ONCE)
+}
+
 /// Store many events, each with its fan-out, in one statement (one transaction, one
 /// commit): the ingest batcher's path under load. Same guarantees as
 /// [`insert_with_fanout`] for every event; copies of one key within the batch are sent
@@ -260,6 +273,7 @@ pub async fn insert_batch_with_fanout(
     .fetch_all(pool)
     .await?;
 
+    answers_are_one_per_event(&rows, unique.len())?;
     let mut stored: Vec<Option<Stored>> = vec![None; events.len()];
     for (ord, id, duplicate, deliveries) in rows {
         let Some(&i) = unique.get(ord as usize) else { continue };

@@ -215,3 +215,35 @@ async fn a_reply_that_cannot_be_stored_disturbs_no_other_delivery() {
         }
     }
 }
+
+/// Two outcomes for one claim in a batch (what a worker bug would send): the queue's
+/// invariant check refuses the batch before anything is written, the recorder leaves the
+/// deliveries to their leases (no attempt recorded, still pending), and the batch as it
+/// should be then records each outcome once.
+#[tokio::test]
+async fn a_batch_with_two_outcomes_for_one_claim_is_refused_whole_and_nothing_is_written() {
+    let db = TestDb::new().await;
+    let endpoint = insert_endpoint(&db.pool, "http://127.0.0.1:9/").await;
+    seed_deliveries(&db.pool, &endpoint, 2).await;
+    let claimed = queue::claim(&db.pool, 10, Duration::from_secs(60)).await.expect("claim");
+    assert_eq!(claimed.len(), 2);
+    let (one, other) =
+        (attempt_record(&claimed[0], Outcome::Delivered), attempt_record(&claimed[1], Outcome::Delivered));
+    let twice = vec![one.clone(), other.clone(), one.clone()];
+
+    let mut tx = db.pool.begin().await.expect("begin");
+    let err = queue::record(&mut tx, &twice).await.expect_err("refused");
+    assert!(webhook_gateway::invariants::is_broken(&err), "{err}");
+    assert!(err.to_string().contains("one_outcome_per_claim"), "{err}");
+    drop(tx);
+
+    let patience = recorder::Patience::of(Duration::from_secs(60));
+    recorder::write(&db.pool, &finished(twice), &CircuitConfig::default(), &patience).await;
+    for c in &claimed {
+        assert_eq!(status_of(&db.pool, c.id).await, ("pending".into(), None, 0), "nothing written");
+    }
+    recorder::write(&db.pool, &finished(vec![one, other]), &CircuitConfig::default(), &patience).await;
+    for c in &claimed {
+        assert_eq!(status_of(&db.pool, c.id).await, ("delivered".into(), None, 1), "recorded once");
+    }
+}

@@ -10,7 +10,7 @@ use crate::error::ApiError;
 use crate::ids::{DeliveryId, EndpointId, EventId};
 use crate::secrets::Place;
 use crate::state::AppState;
-use crate::store::{self, endpoints::Endpoint};
+use crate::store::{self, endpoints::Deleted, endpoints::Endpoint};
 
 /// A fresh signing secret: 32 random bytes, Standard Webhooks format.
 pub fn generate_secret() -> String {
@@ -174,4 +174,25 @@ pub async fn recover_window(state: &AppState, id: EndpointId, body: Recover) -> 
     }
     tracing::info!(endpoint_id = %id, requeued, "dead deliveries recovered");
     Ok(Recovered { requeued })
+}
+
+/// Delete an endpoint, in one transaction: its subscriptions go (no new deliveries), it is
+/// marked deleted (its history stays inspectable), and with `force` its pending
+/// deliveries are dead-lettered with a reason; without `force`, pending deliveries refuse
+/// the deletion.
+pub async fn delete_endpoint(state: &AppState, id: EndpointId, force: bool) -> Result<Deleted, ApiError> {
+    let mut tx = state.pool.begin().await?;
+    if !store::endpoints::lock_live(&mut tx, id).await? {
+        return Ok(Deleted::NotFound);
+    }
+    let pending = crate::queue::pending_of(&mut *tx, id).await?;
+    if pending > 0 && !force {
+        return Ok(Deleted::HasPending(pending));
+    }
+    crate::queue::bury_all_of_endpoint(&mut tx, id, "endpoint deleted").await?;
+    store::subscriptions::delete_of_endpoint(&mut *tx, id).await?;
+    store::endpoints::mark_deleted(&mut tx, id).await?;
+    tx.commit().await?;
+    tracing::info!(endpoint_id = %id, dead_lettered = pending, "endpoint deleted");
+    Ok(Deleted::Done(pending))
 }

@@ -12,8 +12,8 @@ mod sources;
 
 pub use deliveries::{redeliver_one, unblock};
 pub use endpoints::{
-    ROTATION_GRACE, Recover, Recovered, RotateSecret, RotatedSecret, TestSend, generate_secret, recover_window,
-    recovery_window, rotate, send_test, set_paused,
+    ROTATION_GRACE, Recover, Recovered, RotateSecret, RotatedSecret, TestSend, delete_endpoint, generate_secret,
+    recover_window, recovery_window, rotate, send_test, set_paused,
 };
 pub(crate) use endpoints::{seal, validate_secret};
 pub use events::{EVENT_DELIVERIES, EventSearch, event_with_deliveries, search_events};

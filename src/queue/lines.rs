@@ -5,7 +5,7 @@
 //! may be claimed; the others are `waiting` (outside the claim's indexes). The row is
 //! also the line's lock:
 //!
-//! - a delivery **joins** its line with an upsert (`store::events`' fan-out, [`rejoin`]),
+//! - a delivery **joins** its line with an upsert ([`super::fanout::FANOUT`], in the ingest statement; [`rejoin`]),
 //!   which always works on the row's latest version: it becomes the head of an idle line,
 //!   or waits;
 //! - when a head **finishes** (delivered, or dead when its line skips the dead),

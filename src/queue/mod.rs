@@ -12,6 +12,7 @@
 //!   lease was taken over matches zero rows and its result is dropped (fenced).
 
 mod claims;
+pub mod fanout;
 pub mod lines;
 mod outcomes;
 pub mod read;

@@ -201,31 +201,25 @@ pub enum Deleted {
     Done(i64),
 }
 
-/// Soft-delete an endpoint, in one transaction: its subscriptions go (no new deliveries),
-/// its history stays inspectable. With pending deliveries it refuses unless `force`,
-/// which dead-letters them with a reason.
-pub async fn delete(pool: &crate::db::Pool, id: EndpointId, force: bool) -> Result<Deleted, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+/// Lock a live (not deleted) endpoint's row until the transaction ends; false when there
+/// is none.
+pub async fn lock_live(conn: &mut sqlx::PgConnection, id: EndpointId) -> Result<bool, sqlx::Error> {
     let exists: Option<EndpointId> =
         crate::db::query_scalar("SELECT id FROM endpoints WHERE id = $1 AND deleted_at IS NULL FOR UPDATE")
             .bind(id)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut *conn)
             .await?;
-    if exists.is_none() {
-        return Ok(Deleted::NotFound);
-    }
-    let pending = crate::queue::pending_of(&mut *tx, id).await?;
-    if pending > 0 && !force {
-        return Ok(Deleted::HasPending(pending));
-    }
-    crate::queue::bury_all_of_endpoint(&mut tx, id, "endpoint deleted").await?;
-    crate::db::query("DELETE FROM subscriptions WHERE endpoint_id = $1").bind(id).execute(&mut *tx).await?;
+    Ok(exists.is_some())
+}
+
+/// Mark an endpoint deleted (soft: its history stays inspectable); nothing is released
+/// for it any more.
+pub async fn mark_deleted(conn: &mut sqlx::PgConnection, id: EndpointId) -> Result<(), sqlx::Error> {
     crate::db::query(
         "UPDATE endpoints SET deleted_at = now(), release_pending = false, updated_at = now() WHERE id = $1",
     )
     .bind(id)
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await?;
-    tx.commit().await?;
-    Ok(Deleted::Done(pending))
+    Ok(())
 }

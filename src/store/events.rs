@@ -7,6 +7,7 @@ use sqlx::{PgExecutor, Postgres, QueryBuilder};
 
 use crate::ids::{DeliveryId, EndpointId, EventId, SourceId};
 use crate::invariants::Broken;
+use crate::queue::fanout::FANOUT;
 
 /// An event about to be stored.
 #[derive(Debug)]
@@ -40,60 +41,6 @@ pub struct Stored {
     /// Deliveries created by this call (0 for a duplicate).
     pub deliveries: i64,
 }
-
-/// The fan-out: one delivery per endpoint subscribed to the source and event type of
-/// each row of `ev` (the events just inserted, with `ord`: their order in this
-/// statement), shared by the single and batch statements.
-///
-/// A delivery is ordered when a matching subscription of its endpoint asks for it and the
-/// event has an ordering key: it joins its line (endpoint, key). The line's row is
-/// upserted, and an upsert always sees (and locks) the row's latest version: if the line
-/// has no head, this statement's first delivery of the line becomes it; every other
-/// ordered delivery waits, outside the claim's indexes, until the recorder promotes it
-/// (`queue::record`). Unordered deliveries (no ordered subscription, or no key) are as
-/// before: no line, nothing waits.
-///
-/// The line sequence number is taken only once every line of the statement is locked
-/// (`sequenced` sorts the whole join with `lines` first; PostgreSQL evaluates a volatile
-/// output column such as `nextval` after the sort, in sorted order). Taken before the
-/// lock, a statement that waited for one line's lock could join another line after a
-/// later statement that had become its head, with a lower number than that head: the line
-/// would then deliver out of its own order (found behind a pooler, whose stalls make that
-/// wait common; `ordering::a_statement_that_waits_for_a_line_takes_its_place_after_the_line_s_head`).
-const FANOUT: &str = "
-        targets AS (
-            SELECT ev.id AS event_id, ev.ord, s.endpoint_id,
-                   CASE WHEN bool_or(s.ordered) THEN ev.ordering_key END AS ordering_key,
-                   bool_or(s.ordered AND s.ordered_on_dead = 'block') AS blocks_on_dead
-            FROM ev JOIN subscriptions s ON s.source_id IS NULL OR s.source_id = ev.source_id
-            WHERE s.event_type_likes IS NULL
-               OR EXISTS (SELECT 1 FROM unnest(s.event_type_likes) AS p(pattern) WHERE ev.event_type LIKE p.pattern)
-            GROUP BY ev.id, ev.ord, s.endpoint_id, ev.ordering_key
-        ), numbered AS (
-            SELECT t.*, wg_uuid_v7() AS delivery_id FROM targets t
-        ), lines AS (
-            INSERT INTO order_lines (endpoint_id, ordering_key, head_id)
-            SELECT DISTINCT ON (endpoint_id, ordering_key) endpoint_id, ordering_key, delivery_id
-            FROM numbered WHERE ordering_key IS NOT NULL
-            ORDER BY endpoint_id, ordering_key, ord
-            ON CONFLICT (endpoint_id, ordering_key)
-                DO UPDATE SET head_id = COALESCE(order_lines.head_id, EXCLUDED.head_id)
-            RETURNING endpoint_id, ordering_key, head_id
-        ), sequenced AS (
-            SELECT n.*, l.head_id,
-                   CASE WHEN n.ordering_key IS NOT NULL THEN nextval('deliveries_line_seq') END AS line_seq
-            FROM numbered n
-            LEFT JOIN lines l ON l.endpoint_id = n.endpoint_id AND l.ordering_key = n.ordering_key
-            ORDER BY n.ord, n.endpoint_id
-        ), fan AS (
-            INSERT INTO deliveries (id, event_id, endpoint_id, ordering_key, line_seq, waiting, blocks_on_dead)
-            SELECT n.delivery_id, n.event_id, n.endpoint_id, n.ordering_key, n.line_seq,
-                   n.ordering_key IS NOT NULL AND n.head_id IS DISTINCT FROM n.delivery_id,
-                   n.ordering_key IS NOT NULL AND n.blocks_on_dead
-            FROM sequenced n
-            ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING
-            RETURNING event_id
-        )";
 
 /// The single-event ingest statement (`$1` source id, `$2` dedupe key, `$3` event type,
 /// `$4` content type, `$5` headers, `$6` payload, `$7` ordering key, `$8` traceparent,

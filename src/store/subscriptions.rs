@@ -110,3 +110,10 @@ pub async fn update(
 pub async fn delete(db: impl PgExecutor<'_>, id: SubscriptionId) -> Result<bool, sqlx::Error> {
     Ok(crate::db::query("DELETE FROM subscriptions WHERE id = $1").bind(id).execute(db).await?.rows_affected() == 1)
 }
+
+/// Delete every subscription of an endpoint (it is being deleted: no new deliveries).
+pub async fn delete_of_endpoint(db: impl PgExecutor<'_>, endpoint_id: EndpointId) -> Result<u64, sqlx::Error> {
+    let done =
+        crate::db::query("DELETE FROM subscriptions WHERE endpoint_id = $1").bind(endpoint_id).execute(db).await?;
+    Ok(done.rows_affected())
+}

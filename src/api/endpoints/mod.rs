@@ -348,13 +348,12 @@ pub async fn delete(
     Id(id): Id<EndpointId>,
     ApiQuery(q): ApiQuery<DeleteQuery>,
 ) -> Result<Json<EndpointDeleted>, ApiError> {
-    match store::endpoints::delete(&state.pool, id, q.force).await? {
+    match crate::actions::delete_endpoint(&state, id, q.force).await? {
         Deleted::NotFound => Err(ApiError::not_found("endpoint")),
         Deleted::HasPending(n) => Err(ApiError::conflict(format!(
             "endpoint has {n} pending deliveries: repeat with ?force=true to dead-letter them"
         ))),
         Deleted::Done(dead_lettered) => {
-            tracing::info!(endpoint_id = %id, dead_lettered, "endpoint deleted");
             // A row count: never negative.
             Ok(Json(EndpointDeleted { dead_lettered: dead_lettered.unsigned_abs(), deleted: true, id }))
         }

@@ -19,7 +19,7 @@ pub fn generate_secret() -> String {
 }
 
 /// The stored form of a signing secret (encrypted when a secrets key is set).
-pub(crate) fn seal(state: &AppState, secret: &str) -> Result<String, ApiError> {
+pub(crate) fn seal(state: &AppState, secret: &str) -> Result<crate::secrets::Sealed, ApiError> {
     state.secrets.seal(Place::EndpointSecret, secret).map_err(|e| ApiError::validation("secret", e))
 }
 

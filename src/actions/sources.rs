@@ -7,7 +7,7 @@ use crate::store::sources::Source;
 /// secret (`unreadable` for one this process cannot decrypt, logged). The API's source view
 /// and the console's sources page.
 pub fn fingerprints(s: &Source, secrets: &Keyring) -> Vec<String> {
-    let fingerprint = |stored: &String| match secrets.open(Place::SourceSecret, stored) {
+    let fingerprint = |stored: &crate::secrets::Sealed| match secrets.open(Place::SourceSecret, stored) {
         Ok(plaintext) => crate::verify::secret_fingerprint(&plaintext),
         Err(e) => {
             tracing::warn!(source = %s.name, error = %e, "cannot read a secret of this source");

@@ -12,7 +12,7 @@ use super::extract::{ApiJson, ApiQuery, Id};
 use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::error::{ApiError, ErrorBody, ErrorCode};
 use crate::ids::SourceId;
-use crate::secrets::{Keyring, Place};
+use crate::secrets::{Keyring, Place, Sealed};
 use crate::store::{self, sources::Source};
 use crate::verify::{HmacScheme, Kind, Locator, SourceSpec};
 
@@ -106,13 +106,16 @@ impl SourceView {
 
 /// The spec as stored: each secret sealed (encrypted when a key is set). The API's `spec`
 /// keeps the plaintext.
-fn sealed(spec: &SourceSpec, secrets: &Keyring) -> Result<SourceSpec, ApiError> {
-    let mut stored = spec.clone();
-    for (i, secret) in stored.secrets.iter_mut().enumerate() {
-        *secret =
-            secrets.seal(Place::SourceSecret, secret).map_err(|e| ApiError::validation(&format!("secrets[{i}]"), e))?;
-    }
-    Ok(stored)
+fn sealed(spec: &SourceSpec, secrets: &Keyring) -> Result<SourceSpec<Sealed>, ApiError> {
+    let sealed = spec
+        .secrets
+        .iter()
+        .enumerate()
+        .map(|(i, secret)| {
+            secrets.seal(Place::SourceSecret, secret).map_err(|e| ApiError::validation(&format!("secrets[{i}]"), e))
+        })
+        .collect::<Result<Vec<Sealed>, ApiError>>()?;
+    Ok(spec.clone().with_secrets(sealed))
 }
 
 fn validate_name(name: &str) -> Result<(), ApiError> {
@@ -251,20 +254,19 @@ pub async fn update(
     ApiJson(body): ApiJson<UpdateSource>,
 ) -> Result<Json<SourceView>, ApiError> {
     let source = store::sources::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("source"))?;
-    let mut spec = source.spec.0;
-    if spec.kind == Kind::Internal {
+    let stored = source.spec.0;
+    if stored.kind == Kind::Internal {
         return Err(ApiError::conflict("built-in sources cannot be changed"));
     }
-    match body.secrets {
-        Some(secrets) => spec.secrets = secrets,
+    let secrets = match body.secrets {
+        Some(secrets) => secrets,
         // Kept: opened to be validated with the rest, sealed again below.
-        None => {
-            spec.secrets = state.secrets.open_all(Place::SourceSecret, &spec.secrets).map_err(|e| {
-                tracing::error!(source = %source.name, error = %e, "cannot read this source's secrets");
-                ApiError::new(ErrorCode::SecretUnreadable, format!("{e}; send `secrets` to replace them"))
-            })?;
-        }
-    }
+        None => state.secrets.open_all(Place::SourceSecret, &stored.secrets).map_err(|e| {
+            tracing::error!(source = %source.name, error = %e, "cannot read this source's secrets");
+            ApiError::new(ErrorCode::SecretUnreadable, format!("{e}; send `secrets` to replace them"))
+        })?,
+    };
+    let mut spec: SourceSpec = stored.with_secrets(secrets);
     if let Some(tolerance) = body.tolerance_secs {
         spec.tolerance_secs = tolerance;
     }

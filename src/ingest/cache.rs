@@ -17,8 +17,21 @@ use std::time::{Duration, Instant};
 
 use crate::db::Pool;
 
+use crate::ids::SourceId;
 use crate::secrets::{Keyring, Place};
-use crate::store::{self, sources::Source};
+use crate::store;
+use crate::verify::SourceSpec;
+
+/// A source as verification needs it: its secrets opened.
+#[derive(Debug)]
+pub struct OpenSource {
+    /// The source's id (events refer to it).
+    pub id: SourceId,
+    /// Its name (metrics and logs).
+    pub name: String,
+    /// Its spec, with plaintext secrets.
+    pub spec: SourceSpec,
+}
 
 /// How long an entry is trusted.
 pub const TTL: Duration = Duration::from_secs(1);
@@ -27,7 +40,7 @@ pub const MAX_ENTRIES: usize = 10_000;
 
 /// A source, no such source, or a source whose secrets cannot be opened (cached too, so
 /// a flood of webhooks to it logs once per [`TTL`], not once per request).
-type Entry = (Instant, Result<Option<Arc<Source>>, ()>);
+type Entry = (Instant, Result<Option<Arc<OpenSource>>, ()>);
 
 /// Why [`SourceCache::get`] has no answer.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +69,7 @@ impl SourceCache {
     /// The source called `name`, from the cache or the database, its secrets in plaintext.
     /// A source whose secrets this process cannot open is an error (logged; the sender
     /// gets a 500 and retries), never a source that refuses every signature.
-    pub async fn get(&self, pool: &Pool, name: &str) -> Result<Option<Arc<Source>>, LookupError> {
+    pub async fn get(&self, pool: &Pool, name: &str) -> Result<Option<Arc<OpenSource>>, LookupError> {
         let now = Instant::now();
         if let Some((at, source)) = self.lock().get(name)
             && now.duration_since(*at) < TTL
@@ -64,10 +77,10 @@ impl SourceCache {
             return source.clone().map_err(|()| LookupError::Unreadable);
         }
         let source = match store::sources::by_name(pool, name).await? {
-            Some(mut source) => match self.secrets.open_all(Place::SourceSecret, &source.spec.0.secrets) {
+            Some(source) => match self.secrets.open_all(Place::SourceSecret, &source.spec.0.secrets) {
                 Ok(secrets) => {
-                    source.spec.0.secrets = secrets;
-                    Ok(Some(Arc::new(source)))
+                    let spec = source.spec.0.with_secrets(secrets);
+                    Ok(Some(Arc::new(OpenSource { id: source.id, name: source.name, spec })))
                 }
                 Err(e) => {
                     tracing::error!(source = %source.name, error = %e, "cannot read this source's secrets");

@@ -101,7 +101,7 @@ impl Intake {
             Err(_) => return Err(Refused::LookupNoAnswer),
         }
         .ok_or_else(|| Refused::UnknownSource(source_name.to_owned()))?;
-        let spec = &source.spec.0;
+        let spec = &source.spec;
         if spec.kind == Kind::Internal {
             return Err(Refused::NotIngestible);
         }

@@ -25,9 +25,9 @@ pub struct Claimed {
     /// The endpoint's URL as stored (checked again by egress before sending).
     pub url: String,
     /// The endpoint's current signing secret, as stored (sealed when a secrets key is set).
-    pub secret: String,
+    pub secret: crate::secrets::Sealed,
     /// The secrets it replaced whose rotation grace periods still last (newest first).
-    pub previous_secrets: Vec<String>,
+    pub previous_secrets: Vec<crate::secrets::Sealed>,
     /// Sent as `webhook-event-type`.
     pub event_type: String,
     /// Sent as `webhook-source`.

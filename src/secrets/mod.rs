@@ -226,12 +226,12 @@ impl Keyring {
     /// The stored form of `plaintext` at `place`: encrypted under the current key, or the
     /// plaintext itself without a key. A plaintext that starts with [`PREFIX`] is refused
     /// either way (it would be read back as an encrypted value).
-    pub fn seal(&self, place: Place, plaintext: &str) -> Result<String, SecretError> {
+    pub fn seal(&self, place: Place, plaintext: &str) -> Result<Sealed, SecretError> {
         if plaintext.starts_with(PREFIX) {
             return Err(SecretError::ReservedPrefix);
         }
         let Some(inner) = &self.inner else {
-            return Ok(plaintext.to_owned());
+            return Ok(Sealed::new(plaintext.to_owned()));
         };
         let key = &inner.current;
         let mut nonce = [0u8; NONCE_BYTES];
@@ -248,12 +248,13 @@ impl Keyring {
         let stored = format!("{PREFIX}{}:{}", key.id, STANDARD.encode(payload));
         // The next read of what was just written (the API's answer, the next claim) is a hit.
         inner.remember(place, &stored, plaintext);
-        Ok(stored)
+        Ok(Sealed::new(stored))
     }
 
     /// The plaintext of a stored value read at `place`: plaintext as it is; an encrypted
     /// value from the cache, or decrypted and authenticated under the key its id names.
-    pub fn open<'a>(&self, place: Place, stored: &'a str) -> Result<Cow<'a, str>, SecretError> {
+    pub fn open<'a>(&self, place: Place, sealed: &'a Sealed) -> Result<Cow<'a, str>, SecretError> {
+        let stored = sealed.as_stored();
         let Some(rest) = stored.strip_prefix(PREFIX) else {
             return Ok(Cow::Borrowed(stored));
         };
@@ -286,14 +287,14 @@ impl Keyring {
     }
 
     /// [`Keyring::open`] of each value.
-    pub fn open_all(&self, place: Place, stored: &[String]) -> Result<Vec<String>, SecretError> {
+    pub fn open_all(&self, place: Place, stored: &[Sealed]) -> Result<Vec<String>, SecretError> {
         stored.iter().map(|s| self.open(place, s).map(Cow::into_owned)).collect()
     }
 
     /// Whether `stored` is already in the form this keyring writes: encrypted under the
     /// current key (plaintext, without a key). Says nothing about authenticity.
-    pub fn is_current(&self, stored: &str) -> bool {
-        match (self.current_key_id(), key_id_of(stored)) {
+    pub fn is_current(&self, stored: &Sealed) -> bool {
+        match (self.current_key_id(), key_id_of(stored.as_stored())) {
             (Some(current), Some(id)) => id == current,
             (None, None) => true,
             _ => false,
@@ -378,8 +379,10 @@ pub fn encode_key(bytes: &[u8; KEY_BYTES]) -> String {
     STANDARD.encode(bytes)
 }
 
+mod sealed;
 mod stored;
 #[cfg(test)]
 mod tests;
 
+pub use sealed::Sealed;
 pub use stored::{MAX_REPORTED, Reencrypted, check_stored, reencrypt};

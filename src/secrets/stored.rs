@@ -3,7 +3,7 @@
 
 use crate::db::Pool;
 
-use super::{Keyring, Place, is_key_id};
+use super::{Keyring, Place, Sealed, is_key_id};
 
 /// Every stored secret, as `(place, value)` rows: endpoints (deleted ones too: their
 /// secrets are still at rest) and source specs.
@@ -102,7 +102,7 @@ pub async fn reencrypt(pool: &Pool, keyring: &Keyring, batch: u32) -> Result<Ree
     let mut after: Option<uuid::Uuid> = None;
     loop {
         let mut tx = pool.begin().await?;
-        let rows: Vec<(uuid::Uuid, String, Vec<String>)> = crate::db::query_as(
+        let rows: Vec<(uuid::Uuid, Sealed, Vec<Sealed>)> = crate::db::query_as(
             "SELECT id, secret, previous_secrets FROM endpoints
              WHERE $1::uuid IS NULL OR id > $1 ORDER BY id LIMIT $2 FOR UPDATE",
         )
@@ -111,7 +111,7 @@ pub async fn reencrypt(pool: &Pool, keyring: &Keyring, batch: u32) -> Result<Ree
         .fetch_all(&mut *tx)
         .await?;
         for (id, secret, previous) in &rows {
-            let values: Vec<String> = std::iter::once(secret).chain(previous).cloned().collect();
+            let values: Vec<Sealed> = std::iter::once(secret).chain(previous).cloned().collect();
             let what = format!("endpoint {id}");
             if let Some((values, n)) = rewrite_row(keyring, Place::EndpointSecret, &values, &what, &mut done) {
                 done.endpoint_values += n;
@@ -144,7 +144,10 @@ pub async fn reencrypt(pool: &Pool, keyring: &Keyring, batch: u32) -> Result<Ree
             let what = format!("source {name}");
             // No list (e.g. the built-in `api` source): nothing to rewrite.
             let Some(values) = secrets.as_ref().and_then(|s| s.0.as_array()) else { continue };
-            let Some(values) = values.iter().map(|v| v.as_str().map(str::to_owned)).collect::<Option<Vec<String>>>()
+            let Some(values) = values
+                .iter()
+                .map(|v| v.as_str().map(|s| Sealed::from_stored(s.to_owned())))
+                .collect::<Option<Vec<_>>>()
             else {
                 done.unreadable(format!("{what}: its secrets are not a list of strings"));
                 continue;
@@ -173,10 +176,10 @@ pub async fn reencrypt(pool: &Pool, keyring: &Keyring, batch: u32) -> Result<Ree
 fn rewrite_row(
     keyring: &Keyring,
     place: Place,
-    values: &[String],
+    values: &[Sealed],
     what: &str,
     done: &mut Reencrypted,
-) -> Option<(Vec<String>, u64)> {
+) -> Option<(Vec<Sealed>, u64)> {
     let mut out = Vec::with_capacity(values.len());
     let mut rewritten = 0u64;
     for (i, stored) in values.iter().enumerate() {

@@ -1,6 +1,11 @@
 //! Unit tests of the keyring: sealing, opening, places, rotation, the cache.
 use super::*;
 
+/// A stored value as the database would hand it back.
+fn stored(text: &str) -> Sealed {
+    Sealed::from_stored(text.to_owned())
+}
+
 fn ring() -> Keyring {
     Keyring::new(Key::generate(), Vec::new())
 }
@@ -13,16 +18,16 @@ fn a_sealed_value_opens_where_it_was_sealed_and_looks_like_nothing_it_holds() {
         let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
         let a = keyring.seal(place, secret).unwrap();
         let b = keyring.seal(place, secret).unwrap();
-        assert!(a.starts_with(&format!("enc:v1:{id}:")), "{a}");
+        assert!(a.as_stored().starts_with(&format!("enc:v1:{id}:")), "{a:?}");
         assert_ne!(a, b, "a fresh nonce per value");
-        assert!(!a.contains("MfKQ9r8G"), "{a}");
+        assert!(!a.as_stored().contains("MfKQ9r8G"), "{a:?}");
         assert_eq!(keyring.open(place, &a).unwrap(), secret);
         // A fresh keyring with the same key (no cache) decrypts too.
         assert_eq!(
             Keyring::new(keyring.inner.as_ref().unwrap().current.clone(), vec![]).open(place, &b).unwrap(),
             secret
         );
-        assert_eq!(key_id_of(&a), Some(id.as_str()));
+        assert_eq!(key_id_of(a.as_stored()), Some(id.as_str()));
         assert!(keyring.is_current(&a));
     }
 }
@@ -30,12 +35,13 @@ fn a_sealed_value_opens_where_it_was_sealed_and_looks_like_nothing_it_holds() {
 #[test]
 fn plaintext_passes_through_with_or_without_a_key() {
     for keyring in [Keyring::default(), ring()] {
-        assert!(matches!(keyring.open(Place::SourceSecret, "plain-secret"), Ok(Cow::Borrowed("plain-secret"))));
+        let plain = stored("plain-secret");
+        assert!(matches!(keyring.open(Place::SourceSecret, &plain), Ok(Cow::Borrowed("plain-secret"))));
     }
     let plain = Keyring::default();
-    assert_eq!(plain.seal(Place::SourceSecret, "plain-secret").unwrap(), "plain-secret");
-    assert!(plain.is_current("plain-secret"));
-    assert!(!ring().is_current("plain-secret"));
+    assert_eq!(plain.seal(Place::SourceSecret, "plain-secret").unwrap(), stored("plain-secret"));
+    assert!(plain.is_current(&stored("plain-secret")));
+    assert!(!ring().is_current(&stored("plain-secret")));
     assert_eq!(key_id_of("plain-secret"), None);
     for keyring in [Keyring::default(), ring()] {
         assert_eq!(keyring.seal(Place::SourceSecret, "enc:v1:looks-encrypted"), Err(SecretError::ReservedPrefix));
@@ -46,12 +52,12 @@ fn plaintext_passes_through_with_or_without_a_key() {
 fn a_tampered_value_is_refused() {
     let keyring = ring();
     let sealed = keyring.seal(Place::SourceSecret, "a-github-secret").unwrap();
-    let (head, payload) = sealed.rsplit_once(':').unwrap();
+    let (head, payload) = sealed.as_stored().rsplit_once(':').unwrap();
     let mut bytes = STANDARD.decode(payload).unwrap();
     // Every byte matters: nonce, ciphertext and tag.
     for i in [0, NONCE_BYTES, bytes.len() - 1] {
         bytes[i] ^= 1;
-        let tampered = format!("{head}:{}", STANDARD.encode(&bytes));
+        let tampered = stored(&format!("{head}:{}", STANDARD.encode(&bytes)));
         bytes[i] ^= 1;
         // A fresh keyring: the cache holds the genuine value, not this one.
         let fresh = Keyring::new(keyring.inner.as_ref().unwrap().current.clone(), vec![]);
@@ -61,12 +67,12 @@ fn a_tampered_value_is_refused() {
         }
     }
     // Truncated, not base64, no payload, a malformed key id.
-    let cut = &sealed[..sealed.len() - 30];
+    let cut = &sealed.as_stored()[..sealed.as_stored().len() - 30];
     for bad in [cut, "enc:v1:", "enc:v1:0011aabb", "enc:v1:0011aabb:!!!", "enc:v1:XYZ:AAAA", "enc:v1:0011aabb:AAAA"] {
-        assert!(keyring.open(Place::SourceSecret, bad).is_err(), "{bad}");
+        assert!(keyring.open(Place::SourceSecret, &stored(bad)).is_err(), "{bad}");
     }
     assert_eq!(
-        keyring.open(Place::SourceSecret, "enc:v1:0011aabb:AAAA"),
+        keyring.open(Place::SourceSecret, &stored("enc:v1:0011aabb:AAAA")),
         Err(SecretError::UnknownKey("0011aabb".into()))
     );
 }
@@ -83,7 +89,7 @@ fn a_value_moved_to_the_other_column_is_refused() {
     // Relabelled with another key's id: that key does not authenticate it either.
     let other = Key::generate();
     let both = Keyring::new(other.clone(), vec![keyring.inner.as_ref().unwrap().current.clone()]);
-    let relabelled = source.replacen(keyring.current_key_id().unwrap(), other.id(), 1);
+    let relabelled = stored(&source.as_stored().replacen(keyring.current_key_id().unwrap(), other.id(), 1));
     assert!(matches!(both.open(Place::SourceSecret, &relabelled), Err(SecretError::Rejected { .. })));
     assert!(both.open(Place::SourceSecret, &source).is_ok());
 }
@@ -98,7 +104,9 @@ fn previous_keys_open_and_only_the_current_one_seals() {
     assert_eq!(rotating.previous_key_ids(), [old.id()], "duplicates and the current key dropped");
     assert_eq!(rotating.open(Place::EndpointSecret, &stored).unwrap(), "whsec_old");
     assert!(!rotating.is_current(&stored));
-    assert!(rotating.seal(Place::EndpointSecret, "x").unwrap().starts_with(&format!("enc:v1:{}:", new.id())));
+    assert!(
+        rotating.seal(Place::EndpointSecret, "x").unwrap().as_stored().starts_with(&format!("enc:v1:{}:", new.id()))
+    );
     let after = Keyring::new(new.clone(), vec![]);
     assert_eq!(after.open(Place::EndpointSecret, &stored), Err(SecretError::UnknownKey(old.id().to_owned())));
     assert_eq!(Keyring::default().open(Place::EndpointSecret, &stored), Err(SecretError::NoKey(old.id().to_owned())));
@@ -142,7 +150,7 @@ fn keyring_settings_are_checked() {
 fn the_cache_is_bounded() {
     let keyring = ring();
     let fresh = Keyring::new(keyring.inner.as_ref().unwrap().current.clone(), vec![]);
-    let values: Vec<String> =
+    let values: Vec<Sealed> =
         (0..=MAX_CACHED).map(|i| keyring.seal(Place::SourceSecret, &format!("s{i}")).unwrap()).collect();
     assert!(keyring.cached(Place::SourceSecret) <= MAX_CACHED);
     for (i, v) in values.iter().enumerate() {
@@ -165,7 +173,7 @@ fn cost_of_opening_a_claims_secrets() {
         keyring.seal(Place::EndpointSecret, "whsec_c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0").unwrap(),
     ];
     let plain = Keyring::default();
-    let plaintext = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned(), "whsec_c2VjcmV0".to_owned()];
+    let plaintext = [stored("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), stored("whsec_c2VjcmV0")];
     let time = |label: &str, f: &mut dyn FnMut()| {
         let start = Instant::now();
         for _ in 0..N {

@@ -5,6 +5,7 @@ use sqlx::PgExecutor;
 
 use crate::circuit::Circuit;
 use crate::ids::EndpointId;
+use crate::secrets::Sealed;
 
 /// An endpoint row.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -14,7 +15,7 @@ pub struct Endpoint {
     /// Where deliveries are POSTed.
     pub url: String,
     /// Standard Webhooks signing secret (`whsec_...`).
-    pub secret: String,
+    pub secret: Sealed,
     /// Free text for operators.
     pub description: Option<String>,
     /// Paused by an operator: its due deliveries are parked until it is resumed.
@@ -48,7 +49,7 @@ const COLUMNS: &str = "id, url, secret, description, paused, circuit_state, cons
 pub async fn insert(
     db: impl PgExecutor<'_>,
     url: &str,
-    secret: &str,
+    secret: &Sealed,
     description: Option<&str>,
     limits: Limits,
 ) -> Result<Endpoint, sqlx::Error> {
@@ -153,7 +154,7 @@ pub const MAX_PREVIOUS_SECRETS: i64 = 10;
 pub async fn rotate_secret(
     db: impl PgExecutor<'_>,
     id: EndpointId,
-    secret: &str,
+    secret: &Sealed,
     grace: std::time::Duration,
 ) -> Result<Option<Endpoint>, sqlx::Error> {
     crate::db::query_as(&format!(

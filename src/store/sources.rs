@@ -5,6 +5,7 @@ use sqlx::PgExecutor;
 use sqlx::types::Json;
 
 use crate::ids::SourceId;
+use crate::secrets::Sealed;
 use crate::verify::SourceSpec;
 
 /// A source row.
@@ -14,8 +15,8 @@ pub struct Source {
     pub id: SourceId,
     /// Unique name; the ingest path is `/ingest/{name}`.
     pub name: String,
-    /// Verifier spec (kind, secrets, locators).
-    pub spec: Json<SourceSpec>,
+    /// Verifier spec (kind, locators, and its secrets as stored).
+    pub spec: Json<SourceSpec<Sealed>>,
     /// When the source was created (shown by the API).
     pub created_at: DateTime<Utc>,
 }
@@ -23,7 +24,7 @@ pub struct Source {
 const COLUMNS: &str = "id, name, spec, created_at";
 
 /// Insert a source. A taken name fails with a unique violation on `sources_name_key`.
-pub async fn insert(db: impl PgExecutor<'_>, name: &str, spec: &SourceSpec) -> Result<Source, sqlx::Error> {
+pub async fn insert(db: impl PgExecutor<'_>, name: &str, spec: &SourceSpec<Sealed>) -> Result<Source, sqlx::Error> {
     crate::db::query_as(&format!("INSERT INTO sources (name, kind, spec) VALUES ($1, $2, $3) RETURNING {COLUMNS}"))
         .bind(name)
         .bind(spec.kind.as_str())
@@ -54,7 +55,7 @@ pub async fn list(db: impl PgExecutor<'_>) -> Result<Vec<Source>, sqlx::Error> {
 pub async fn update_spec(
     db: impl PgExecutor<'_>,
     id: SourceId,
-    spec: &SourceSpec,
+    spec: &SourceSpec<Sealed>,
 ) -> Result<Option<Source>, sqlx::Error> {
     crate::db::query_as(&format!(
         "UPDATE sources SET kind = $2, spec = $3, updated_at = now() WHERE id = $1 RETURNING {COLUMNS}"

@@ -140,14 +140,17 @@ pub struct HmacScheme {
     pub prefix: Option<String>,
 }
 
-/// Everything needed to verify one source's webhooks. Stored per source.
+/// Everything needed to verify one source's webhooks. `S` is the form of its secrets:
+/// plaintext (`String`, the default: what verification and the API's bodies hold) or
+/// [`Sealed`](crate::secrets::Sealed) (what the database stores); only the keyring turns
+/// one into the other ([`SourceSpec::with_secrets`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SourceSpec {
+pub struct SourceSpec<S = String> {
     /// Verifier kind.
     pub kind: Kind,
     /// Valid secrets; any one matching is accepted (rotation).
-    #[serde(default)]
-    pub secrets: Vec<String>,
+    #[serde(default = "Vec::new")]
+    pub secrets: Vec<S>,
     /// Timestamp tolerance in seconds for kinds that sign a timestamp (default 300).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerance_secs: Option<u64>,
@@ -164,6 +167,22 @@ pub struct SourceSpec {
     /// Settings of the `hmac` kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hmac: Option<HmacScheme>,
+}
+
+impl<S> SourceSpec<S> {
+    /// The same spec with `secrets` in place of its own (sealed ones after sealing,
+    /// plaintext ones after opening).
+    pub fn with_secrets<T>(self, secrets: Vec<T>) -> SourceSpec<T> {
+        SourceSpec {
+            kind: self.kind,
+            secrets,
+            tolerance_secs: self.tolerance_secs,
+            dedupe: self.dedupe,
+            event_type: self.event_type,
+            ordering_key: self.ordering_key,
+            hmac: self.hmac,
+        }
+    }
 }
 
 /// Default timestamp tolerance (Stripe, Slack and Standard Webhooks all use 5 minutes).

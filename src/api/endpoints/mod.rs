@@ -125,7 +125,7 @@ struct CircuitView {
 }
 
 impl EndpointView {
-    fn new(e: Endpoint, show_secret: bool, default_max_in_flight: i32, in_flight: i64) -> Self {
+    fn new(e: Endpoint, secret: Option<String>, default_max_in_flight: i32, in_flight: i64) -> Self {
         let limits = LimitsView {
             max_in_flight: e.limits.max_in_flight.unwrap_or(default_max_in_flight),
             max_in_flight_is_default: e.limits.max_in_flight.is_none(),
@@ -146,7 +146,7 @@ impl EndpointView {
         EndpointView {
             id: e.id,
             url: e.url,
-            secret: show_secret.then_some(e.secret),
+            secret,
             description: e.description,
             paused: e.paused,
             circuit,
@@ -158,9 +158,9 @@ impl EndpointView {
 }
 
 /// The view of `endpoint` with its load now.
-async fn view(state: &AppState, endpoint: Endpoint, show_secret: bool) -> Result<EndpointView, ApiError> {
+async fn view(state: &AppState, endpoint: Endpoint, secret: Option<String>) -> Result<EndpointView, ApiError> {
     let in_flight = crate::queue::read::in_flight_of(&state.pool, endpoint.id).await?;
-    Ok(EndpointView::new(endpoint, show_secret, state.default_max_in_flight, in_flight))
+    Ok(EndpointView::new(endpoint, secret, state.default_max_in_flight, in_flight))
 }
 
 /// All endpoints (not paginated).
@@ -201,11 +201,10 @@ pub async fn create(
         rate_limit_burst: rate.map(|r| r.1),
     };
     let stored = seal(&state, &secret)?;
-    let mut endpoint =
+    let endpoint =
         store::endpoints::insert(&state.pool, url.as_str(), &stored, body.description.as_deref(), limits).await?;
     // The answer shows the secret as given or generated, never its stored form.
-    endpoint.secret = secret;
-    Ok((StatusCode::CREATED, Json(view(&state, endpoint, true).await?)))
+    Ok((StatusCode::CREATED, Json(view(&state, endpoint, Some(secret)).await?)))
 }
 
 /// `GET /v1/endpoints`.
@@ -230,7 +229,7 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<EndpointList>, A
         .into_iter()
         .map(|e| {
             let in_flight = loads.get(&e.id).copied().unwrap_or(0);
-            EndpointView::new(e, false, state.default_max_in_flight, in_flight)
+            EndpointView::new(e, None, state.default_max_in_flight, in_flight)
         })
         .collect();
     Ok(Json(EndpointList { data }))
@@ -250,7 +249,7 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<EndpointList>, A
 )]
 pub async fn get(State(state): State<AppState>, Id(id): Id<EndpointId>) -> Result<Json<EndpointView>, ApiError> {
     let endpoint = store::endpoints::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
-    Ok(Json(view(&state, endpoint, false).await?))
+    Ok(Json(view(&state, endpoint, None).await?))
 }
 
 /// Body of `PATCH /v1/endpoints/{id}`.
@@ -302,7 +301,7 @@ pub async fn update(
     };
     let endpoint =
         store::endpoints::update(&state.pool, id, &changes).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
-    Ok(Json(view(&state, endpoint, false).await?))
+    Ok(Json(view(&state, endpoint, None).await?))
 }
 
 /// Query of `DELETE /v1/endpoints/{id}`.

@@ -31,7 +31,7 @@ use crate::ids::EndpointId;
 )]
 pub async fn pause(State(state): State<AppState>, Id(id): Id<EndpointId>) -> Result<Json<EndpointView>, ApiError> {
     let endpoint = actions::set_paused(&state, id, true).await?;
-    Ok(Json(view(&state, endpoint, false).await?))
+    Ok(Json(view(&state, endpoint, None).await?))
 }
 
 /// `POST /v1/endpoints/{id}/resume`.
@@ -50,7 +50,7 @@ pub async fn pause(State(state): State<AppState>, Id(id): Id<EndpointId>) -> Res
 )]
 pub async fn resume(State(state): State<AppState>, Id(id): Id<EndpointId>) -> Result<Json<EndpointView>, ApiError> {
     let endpoint = actions::set_paused(&state, id, false).await?;
-    Ok(Json(view(&state, endpoint, false).await?))
+    Ok(Json(view(&state, endpoint, None).await?))
 }
 
 /// `POST /v1/endpoints/{id}/rotate-secret`.

@@ -14,7 +14,7 @@ use crate::error::{ApiError, ErrorBody, ErrorCode};
 use crate::ids::SourceId;
 use crate::secrets::{Keyring, Place, Sealed};
 use crate::store::{self, sources::Source};
-use crate::verify::{HmacScheme, Kind, Locator, SourceSpec};
+use crate::verify::{HmacScheme, Kind, Locator, SourceSpec, ValidSpec};
 
 /// Body of `POST /v1/sources`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -106,16 +106,15 @@ impl SourceView {
 
 /// The spec as stored: each secret sealed (encrypted when a key is set). The API's `spec`
 /// keeps the plaintext.
-fn sealed(spec: &SourceSpec, secrets: &Keyring) -> Result<SourceSpec<Sealed>, ApiError> {
-    let sealed = spec
-        .secrets
-        .iter()
-        .enumerate()
-        .map(|(i, secret)| {
-            secrets.seal(Place::SourceSecret, secret).map_err(|e| ApiError::validation(&format!("secrets[{i}]"), e))
-        })
-        .collect::<Result<Vec<Sealed>, ApiError>>()?;
-    Ok(spec.clone().with_secrets(sealed))
+fn sealed(spec: ValidSpec, secrets: &Keyring) -> Result<ValidSpec<Sealed>, ApiError> {
+    spec.sealed(|i, secret| {
+        secrets.seal(Place::SourceSecret, secret).map_err(|e| ApiError::validation(&format!("secrets[{i}]"), e))
+    })
+}
+
+/// `spec` checked, or the 422 that names its offending field.
+fn parsed(spec: SourceSpec) -> Result<ValidSpec, ApiError> {
+    ValidSpec::parse(spec).map_err(|e| ApiError::validation(&e.field, e.reason))
 }
 
 fn validate_name(name: &str) -> Result<(), ApiError> {
@@ -160,11 +159,11 @@ pub async fn create(
         ordering_key: body.ordering_key,
         hmac: body.hmac,
     };
-    crate::verify::validate_spec(&spec).map_err(|e| ApiError::validation(&e.field, e.reason))?;
-    if spec.kind == Kind::None {
+    let spec = parsed(spec)?;
+    if spec.spec().kind == Kind::None {
         tracing::warn!(source = %body.name, "source of kind `none` created: its webhooks are not verified");
     }
-    match store::sources::insert(&state.pool, &body.name, &sealed(&spec, &state.secrets)?).await {
+    match store::sources::insert(&state.pool, &body.name, &sealed(spec, &state.secrets)?).await {
         Ok(source) => {
             state.intake.sources().invalidate();
             Ok((StatusCode::CREATED, Json(SourceView::new(source, &state.secrets))))
@@ -282,8 +281,7 @@ pub async fn update(
     if let Some(hmac) = body.hmac {
         spec.hmac = hmac;
     }
-    crate::verify::validate_spec(&spec).map_err(|e| ApiError::validation(&e.field, e.reason))?;
-    let updated = store::sources::update_spec(&state.pool, id, &sealed(&spec, &state.secrets)?)
+    let updated = store::sources::update_spec(&state.pool, id, &sealed(parsed(spec)?, &state.secrets)?)
         .await?
         .ok_or_else(|| ApiError::not_found("source"))?;
     state.intake.sources().invalidate();

@@ -6,7 +6,7 @@ use sqlx::types::Json;
 
 use crate::ids::SourceId;
 use crate::secrets::Sealed;
-use crate::verify::SourceSpec;
+use crate::verify::{SourceSpec, ValidSpec};
 
 /// A source row.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -24,7 +24,8 @@ pub struct Source {
 const COLUMNS: &str = "id, name, spec, created_at";
 
 /// Insert a source. A taken name fails with a unique violation on `sources_name_key`.
-pub async fn insert(db: impl PgExecutor<'_>, name: &str, spec: &SourceSpec<Sealed>) -> Result<Source, sqlx::Error> {
+pub async fn insert(db: impl PgExecutor<'_>, name: &str, spec: &ValidSpec<Sealed>) -> Result<Source, sqlx::Error> {
+    let spec = spec.spec();
     crate::db::query_as(&format!("INSERT INTO sources (name, kind, spec) VALUES ($1, $2, $3) RETURNING {COLUMNS}"))
         .bind(name)
         .bind(spec.kind.as_str())
@@ -55,8 +56,9 @@ pub async fn list(db: impl PgExecutor<'_>) -> Result<Vec<Source>, sqlx::Error> {
 pub async fn update_spec(
     db: impl PgExecutor<'_>,
     id: SourceId,
-    spec: &SourceSpec<Sealed>,
+    spec: &ValidSpec<Sealed>,
 ) -> Result<Option<Source>, sqlx::Error> {
+    let spec = spec.spec();
     crate::db::query_as(&format!(
         "UPDATE sources SET kind = $2, spec = $3, updated_at = now() WHERE id = $1 RETURNING {COLUMNS}"
     ))

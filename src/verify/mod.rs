@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 
 pub use extract::body_sha256_hex;
 pub use standard::decode_secret as decode_standard_secret;
-pub use validate::{SpecError, secret_fingerprint, validate_spec};
+pub use validate::{SpecError, ValidSpec, secret_fingerprint, validate_spec};
 
 /// The verifier kinds a source can use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -21,8 +21,39 @@ fn refuse(field: impl Into<String>, reason: impl Into<String>) -> Result<(), Spe
     Err(SpecError { field: field.into(), reason: reason.into() })
 }
 
-/// Check a spec before it is stored, so a misconfigured source is refused at creation
-/// (HTTP 422 naming the field) instead of refusing every webhook later.
+/// A source spec that passed [`ValidSpec::parse`]: the only form the database takes
+/// (`store::sources`), so a misconfigured source is refused at creation (HTTP 422 naming
+/// the field) instead of refusing every webhook later. `S` is the form of its secrets, as
+/// in [`SourceSpec`]: sealing keeps a spec valid ([`ValidSpec::sealed`]), since the checks
+/// are on the plaintext and sealing changes no secret's plaintext.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidSpec<S = String>(SourceSpec<S>);
+
+impl ValidSpec {
+    /// Check `spec` ([`validate_spec`]) and keep it as valid.
+    pub fn parse(spec: SourceSpec) -> Result<ValidSpec, SpecError> {
+        validate_spec(&spec)?;
+        Ok(ValidSpec(spec))
+    }
+
+    /// The same valid spec with each secret sealed by `seal` (its index and plaintext).
+    pub fn sealed<E>(
+        self,
+        mut seal: impl FnMut(usize, &str) -> Result<crate::secrets::Sealed, E>,
+    ) -> Result<ValidSpec<crate::secrets::Sealed>, E> {
+        let sealed = self.0.secrets.iter().enumerate().map(|(i, s)| seal(i, s)).collect::<Result<Vec<_>, E>>()?;
+        Ok(ValidSpec(self.0.with_secrets(sealed)))
+    }
+}
+
+impl<S> ValidSpec<S> {
+    /// The spec.
+    pub fn spec(&self) -> &SourceSpec<S> {
+        &self.0
+    }
+}
+
+/// Check a spec before it is stored (through [`ValidSpec::parse`]).
 pub fn validate_spec(spec: &SourceSpec) -> Result<(), SpecError> {
     let kind = spec.kind.as_str();
     if spec.kind.needs_secret() {
@@ -132,6 +163,24 @@ mod tests {
 
     fn err(spec: &SourceSpec) -> String {
         validate_spec(spec).expect_err("spec should be refused").to_string()
+    }
+
+    /// Only a spec that passes the checks becomes a `ValidSpec`, and sealing it keeps
+    /// everything but the secrets' form.
+    #[test]
+    fn only_a_valid_spec_parses_and_sealing_keeps_it() {
+        let refused = ValidSpec::parse(spec(Kind::Stripe, &[])).expect_err("no secret");
+        assert_eq!(refused.field, "secrets");
+        let valid = ValidSpec::parse(spec(Kind::Stripe, &["whsec_abc", "whsec_def"])).expect("valid");
+        let keyring = crate::secrets::Keyring::default();
+        let sealed = valid
+            .clone()
+            .sealed(|_, secret| keyring.seal(crate::secrets::Place::SourceSecret, secret))
+            .expect("sealed");
+        assert_eq!(sealed.spec().kind, Kind::Stripe);
+        assert_eq!(sealed.spec().secrets.len(), 2);
+        let opened = keyring.open_all(crate::secrets::Place::SourceSecret, &sealed.spec().secrets).expect("opens");
+        assert_eq!(opened, valid.spec().secrets);
     }
 
     #[test]

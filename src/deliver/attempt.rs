@@ -13,11 +13,11 @@ use url::Url;
 
 use super::DeliverySettings;
 use super::policy::{self, Decision, NextReason, Observed, Policy, Verdict};
-use super::recorder::Finished;
+use super::recorder::{Done, Finished, Unsent, UnsentEnd};
 use super::request;
 use crate::circuit::Signal;
 use crate::egress::{EgressClient, ErrorKind, SendError};
-use crate::queue::{self, AttemptRecord, Claimed, Outcome};
+use crate::queue::{AttemptRecord, Claimed, Outcome};
 use crate::sanitize;
 use crate::secrets::{Keyring, Place};
 use crate::telemetry;
@@ -32,7 +32,7 @@ pub struct Context {
     /// Delivery settings (budget, backoff, lease).
     pub settings: DeliverySettings,
     /// Where finished attempts go, each with its worker slot.
-    pub outcomes: mpsc::Sender<(Finished, OwnedSemaphorePermit)>,
+    pub outcomes: mpsc::Sender<(Done, OwnedSemaphorePermit)>,
     /// Opens the claimed endpoint secrets (encrypted at rest when a key is set).
     pub secrets: Keyring,
     /// Endpoint URLs, parsed once each.
@@ -62,12 +62,7 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, span: t
             "attempt budget exhausted ({} attempts); the last attempt's outcome is unknown (its worker's lease expired)",
             settings.max_attempts
         );
-        match queue::bury(&ctx.pool, job.id, job.claim_token, &reason, queue::Burial::Unsent).await {
-            Ok(true) => tracing::warn!(delivery_id = %job.id, "dead: {reason}"),
-            Ok(false) => tracing::warn!(delivery_id = %job.id, "fenced while dead-lettering"),
-            Err(e) => tracing::error!(delivery_id = %job.id, error = %e, "dead-lettering failed; lease will retry"),
-        }
-        return;
+        return hand_over(&ctx, &job, UnsentEnd::Bury { reason }, slot).await;
     }
     // Opened just before signing: a lookup in the keyring's cache after the first claim
     // of an endpoint (no allocation at all without a key).
@@ -84,10 +79,7 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, span: t
             tracing::error!(delivery_id = %job.id, endpoint_id = %job.endpoint_id, error = %e,
                 "cannot read the endpoint's signing secret; not sent, retried without spending an attempt");
             let due = Utc::now() + UNREADABLE_SECRET_RETRY;
-            if let Err(e) = queue::release(&ctx.pool, job.id, job.claim_token, due).await {
-                tracing::error!(delivery_id = %job.id, error = %e, "giving the claim back failed; its lease will");
-            }
-            return;
+            return hand_over(&ctx, &job, UnsentEnd::GiveBack { due }, slot).await;
         }
     };
     let secrets: Vec<&str> = secrets.iter().map(AsRef::as_ref).collect();
@@ -126,7 +118,16 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, span: t
     };
     // The span goes with the outcome: it ends once the outcome is recorded.
     let finished = Finished { record, signal: judged.signal, probe_token: job.probe_token, span };
-    if ctx.outcomes.send((finished, slot)).await.is_err() {
+    if ctx.outcomes.send((Done::Attempted(finished), slot)).await.is_err() {
+        tracing::error!(delivery_id = %job.id, "outcome recorder is gone; the lease will bring this delivery back");
+    }
+}
+
+/// Hand a claim that sent nothing to the recorder, which ends it (`end`) without spending
+/// its attempt.
+async fn hand_over(ctx: &Context, job: &Claimed, end: UnsentEnd, slot: OwnedSemaphorePermit) {
+    let unsent = Unsent { delivery_id: job.id, claim_token: job.claim_token, end };
+    if ctx.outcomes.send((Done::Unsent(unsent), slot)).await.is_err() {
         tracing::error!(delivery_id = %job.id, "outcome recorder is gone; the lease will bring this delivery back");
     }
 }

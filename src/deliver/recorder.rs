@@ -16,12 +16,19 @@
 //!
 //! Recording is idempotent per (delivery, attempt) ([`queue::record`]), so a batch retried
 //! after an ambiguous commit is neither written twice nor mistaken for fenced.
+//!
+//! **The one writer of a claim's end.** A claim that ends without sending anything (its
+//! endpoint's secret cannot be read here, or its attempt budget was spent by workers that
+//! died) is handed over too ([`Done::Unsent`]) and given back or dead-lettered here, fenced
+//! and retried while the database is away like any outcome.
 
 use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::db::Pool;
+use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
 use tracing::Instrument as _;
 
@@ -77,6 +84,53 @@ pub struct Finished {
     pub span: tracing::Span,
 }
 
+/// What a worker hands the recorder, with its slot, when it is done with a claim.
+#[derive(Debug)]
+pub enum Done {
+    /// An attempt was sent: its outcome.
+    Attempted(Finished),
+    /// Nothing was sent under the claim.
+    Unsent(Unsent),
+}
+
+impl Done {
+    /// Written at once rather than lingering for company: an ordered delivery's line
+    /// waits for it; a claim that sent nothing is rare.
+    fn urgent(&self) -> bool {
+        match self {
+            Done::Attempted(f) => f.record.ordered,
+            Done::Unsent(_) => true,
+        }
+    }
+}
+
+/// A claim that ends without sending anything, so without spending its attempt.
+#[derive(Debug, Clone)]
+pub struct Unsent {
+    /// The claimed delivery.
+    pub delivery_id: DeliveryId,
+    /// Its claim's fencing token.
+    pub claim_token: i64,
+    /// How the claim ends.
+    pub end: UnsentEnd,
+}
+
+/// How a claim that sent nothing ends.
+#[derive(Debug, Clone)]
+pub enum UnsentEnd {
+    /// Due again at `due` (the endpoint's signing secret cannot be read here now).
+    GiveBack {
+        /// When it is due again.
+        due: DateTime<Utc>,
+    },
+    /// Dead-lettered with `reason` (every budgeted attempt was claimed, and the last one's
+    /// worker died holding the lease).
+    Bury {
+        /// Why, for operators.
+        reason: String,
+    },
+}
+
 impl std::borrow::Borrow<AttemptRecord> for Finished {
     fn borrow(&self) -> &AttemptRecord {
         &self.record
@@ -93,18 +147,30 @@ impl std::borrow::Borrow<AttemptRecord> for Finished {
 /// deliveries may have become their lines' heads).
 pub async fn run(
     pool: Pool,
-    mut rx: mpsc::Receiver<(Finished, OwnedSemaphorePermit)>,
+    mut rx: mpsc::Receiver<(Done, OwnedSemaphorePermit)>,
     cfg: CircuitConfig,
     patience: Patience,
     written: Arc<Notify>,
 ) {
     let mut arrived = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.recv().await {
-        gather(&mut rx, first, &mut arrived, |(f, _)| f.record.ordered).await;
+        gather(&mut rx, first, &mut arrived, |(done, _)| done.urgent()).await;
         // The slots are released only after the write (see above).
-        let (batch, _slots): (Vec<Finished>, Vec<OwnedSemaphorePermit>) = arrived.drain(..).unzip();
-        let span = crate::telemetry::record_span(batch.iter().map(|f: &Finished| &f.span), batch.len());
-        write(&pool, &batch, &cfg, &patience).instrument(span).await;
+        let (done, _slots): (Vec<Done>, Vec<OwnedSemaphorePermit>) = arrived.drain(..).unzip();
+        let (mut batch, mut unsent) = (Vec::with_capacity(done.len()), Vec::new());
+        for d in done {
+            match d {
+                Done::Attempted(f) => batch.push(f),
+                Done::Unsent(u) => unsent.push(u),
+            }
+        }
+        if !batch.is_empty() {
+            let span = crate::telemetry::record_span(batch.iter().map(|f: &Finished| &f.span), batch.len());
+            write(&pool, &batch, &cfg, &patience).instrument(span).await;
+        }
+        for u in &unsent {
+            end_unsent(&pool, u, &patience).await;
+        }
         written.notify_one();
     }
 }
@@ -172,29 +238,62 @@ fn transient(err: &sqlx::Error) -> bool {
     db::is_unavailable(err)
 }
 
-/// [`write_once`], tried again with a doubling pause (up to [`MAX_RETRY_PAUSE`]) while
-/// the error is [`transient`], for as long as `patience` allows.
+/// [`write_once`], tried again while the error is [`transient`] ([`retrying`]).
 async fn write_retrying(
     pool: &Pool,
     batch: &[Finished],
     cfg: &CircuitConfig,
     patience: &Patience,
 ) -> Result<Recorded, sqlx::Error> {
+    retrying(patience, batch.len(), || write_once(pool, batch, cfg)).await
+}
+
+/// `once`, tried again with a doubling pause (up to [`MAX_RETRY_PAUSE`]) while the error
+/// is [`transient`], for as long as `patience` allows; `rows` is for the log.
+async fn retrying<T, F, Fut>(patience: &Patience, rows: usize, mut once: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
     let give_up = tokio::time::Instant::now() + patience.lease;
     let mut delay = Duration::from_millis(100);
     let mut tries = 1u32;
     loop {
-        match write_once(pool, batch, cfg).await {
+        match once().await {
             Err(e)
                 if transient(&e) && !*patience.stopping.borrow() && tokio::time::Instant::now() + delay < give_up =>
             {
-                tracing::warn!(error = %e, batch = batch.len(), tries, "recording outcomes failed; retrying");
+                tracing::warn!(error = %e, batch = rows, tries, "recording outcomes failed; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(MAX_RETRY_PAUSE);
                 tries += 1;
             }
             result => return result,
         }
+    }
+}
+
+/// End a claim that sent nothing: give it back or dead-letter it, without spending its
+/// attempt, fenced by its token; tried again while the database is away, and otherwise
+/// left to its lease (which brings the delivery back as well). Public so tests can drive
+/// it.
+pub async fn end_unsent(pool: &Pool, unsent: &Unsent, patience: &Patience) {
+    let (id, token) = (unsent.delivery_id, unsent.claim_token);
+    let ended = retrying(patience, 1, || async {
+        match &unsent.end {
+            UnsentEnd::GiveBack { due } => queue::release(pool, id, token, *due).await,
+            UnsentEnd::Bury { reason } => queue::bury(pool, id, token, reason, Burial::Unsent).await,
+        }
+    })
+    .await;
+    match (ended, &unsent.end) {
+        (Ok(true), UnsentEnd::GiveBack { due }) => {
+            tracing::debug!(delivery_id = %id, %due, "claim given back without spending its attempt")
+        }
+        (Ok(true), UnsentEnd::Bury { reason }) => tracing::warn!(delivery_id = %id, "dead: {reason}"),
+        (Ok(false), _) => tracing::warn!(delivery_id = %id, "fenced while ending a claim that sent nothing"),
+        (Err(e), _) => tracing::error!(delivery_id = %id, error = %e,
+            "ending a claim that sent nothing failed; its lease will bring the delivery back"),
     }
 }
 

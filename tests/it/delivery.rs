@@ -300,3 +300,35 @@ async fn forbidden_destinations_are_dead_lettered_with_the_reason() {
     let timeline = attempts(&app, d["id"].as_str().unwrap()).await;
     assert_eq!(timeline[0]["error_kind"], "forbidden_address");
 }
+
+/// Every budgeted attempt claimed and the last one's worker gone (its lease ran out, its
+/// outcome unknown): the next claim sends nothing and the recorder dead-letters the
+/// delivery with the reason, giving the unsent claim's attempt back.
+#[tokio::test]
+async fn a_budget_spent_by_dead_workers_is_dead_lettered_without_sending() {
+    let db = TestDb::new().await;
+    let sink = Sink::ok().await;
+    let endpoint = crate::support::insert_endpoint(&db.pool, &sink.url("/")).await;
+    crate::support::seed_deliveries(&db.pool, &endpoint, 1).await;
+    // A worker claims attempt 1 and dies: its lease (1 s) runs out.
+    let claimed = webhook_gateway::queue::claim(&db.pool, 1, Duration::from_secs(1)).await.expect("claim");
+    assert_eq!(claimed.len(), 1);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    let mut settings = test_settings();
+    settings.delivery.max_attempts = 1;
+    let app = TestApp::spawn_with(db, settings, 8).await;
+    eventually(Duration::from_secs(30), "dead-lettered", || async {
+        (count_status(&app.db.pool, "dead").await == 1).then_some(())
+    })
+    .await;
+    let (reason, attempt_count): (String, i32) =
+        sqlx::query_as("SELECT dead_reason, attempt_count FROM deliveries").fetch_one(&app.db.pool).await.unwrap();
+    assert!(
+        reason.starts_with("attempt budget exhausted (1 attempts); the last attempt's outcome is unknown"),
+        "{reason}"
+    );
+    assert_eq!(attempt_count, 1, "the unsent claim's attempt is given back");
+    assert_eq!(app.db.count("attempts").await, 0, "nothing recorded as an attempt");
+    assert_eq!(sink.count(), 0, "nothing sent");
+}

@@ -174,9 +174,14 @@ pub async fn claim_batch(
         .fetch_all(&mut *tx)
         .await?;
     // Refused (rolled back) rather than sent twice at once.
-    crate::invariants::distinct(claimed.iter().map(|c: &Claimed| c.id), crate::invariants::CLAIMED_ONCE)?;
+    claimed_once(&claimed)?;
     tx.commit().await?;
     Ok(ClaimBatch { claimed, head_rows, head_window: window })
+}
+
+/// [`crate::invariants::CLAIMED_ONCE`] for the rows of one claim.
+fn claimed_once(claimed: &[Claimed]) -> Result<(), crate::invariants::Broken> {
+    crate::invariants::distinct(claimed.iter().map(|c| c.id), crate::invariants::CLAIMED_ONCE)
 }
 
 /// The first statement of a claim (`$1` head window, `$2` sweep): lock the runnable
@@ -288,7 +293,7 @@ fn claim_sql_text() -> String {
 /// Row locks with `SKIP LOCKED` on the endpoint make this exactly one probe per window
 /// across every worker and replica.
 pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) -> Result<Vec<Claimed>, sqlx::Error> {
-    crate::db::query_as(&format!(
+    let probes: Vec<Claimed> = crate::db::query_as(&format!(
         "WITH ready AS (
              SELECT id FROM endpoints
              WHERE circuit_state = 'open' AND NOT paused AND reopen_at <= now()
@@ -330,5 +335,43 @@ pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) 
     .bind(limit)
     .bind(lease.as_secs_f64())
     .fetch_all(db)
-    .await
+    .await?;
+    // Already committed (one statement): refused, the probes wait for their leases.
+    claimed_once(&probes)?;
+    Ok(probes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claimed(n: u128) -> Claimed {
+        Claimed {
+            id: DeliveryId(uuid::Uuid::from_u128(n)),
+            event_id: EventId(uuid::Uuid::from_u128(n)),
+            endpoint_id: EndpointId(uuid::Uuid::from_u128(100)),
+            attempt: 1,
+            attempts_base: 0,
+            claim_token: 1,
+            url: "https://example.com/".into(),
+            secret: crate::secrets::Sealed::from_stored("whsec_c2VjcmV0".into()),
+            previous_secrets: Vec::new(),
+            event_type: "t".into(),
+            source_name: "s".into(),
+            content_type: None,
+            payload: bytes::Bytes::new(),
+            ordered: false,
+            probe_token: None,
+            traceparent: None,
+            tracestate: None,
+        }
+    }
+
+    /// A claim that leased one delivery twice trips [`claimed_once`]; distinct ones pass.
+    #[test]
+    fn a_claim_with_one_delivery_twice_is_refused() {
+        assert_eq!(claimed_once(&[claimed(1), claimed(2)]), Ok(()));
+        let broken = claimed_once(&[claimed(1), claimed(2), claimed(1)]).expect_err("twice");
+        assert_eq!(broken.invariant, crate::invariants::CLAIMED_ONCE);
+    }
 }

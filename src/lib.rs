@@ -15,6 +15,7 @@ pub mod deliver;
 pub mod egress;
 pub mod error;
 pub mod fanout;
+pub mod filters;
 pub mod ids;
 pub mod ingest;
 pub mod invariants;

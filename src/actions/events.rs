@@ -73,3 +73,37 @@ pub async fn search_events(
     };
     Ok(store::events::list(&state.pool, &filter, limit).await?)
 }
+
+/// Try a subscription filter on a stored or a pasted event (the API's
+/// `POST /v1/filters/test`): checked like a saved one, evaluated like the fan-out does.
+pub async fn try_filter(state: &AppState, body: crate::filters::FilterTest) -> Result<crate::filters::Tried, ApiError> {
+    use crate::filters::{EventFields, check, try_on};
+    check(&state.pool, &body.filter).await?.map_err(|e| ApiError::validation("filter", e))?;
+    match (body.event_id, body.event) {
+        (Some(id), None) => {
+            let event = store::events::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("event"))?;
+            let source = store::sources::by_id(&state.pool, event.source_id).await?;
+            let fields = EventFields {
+                source_id: Some(event.source_id),
+                source_name: source.as_ref().map(|s| s.name.as_str()),
+                event_type: &event.event_type,
+                headers: &event.headers.0,
+                payload: &event.payload,
+            };
+            Ok(try_on(&state.pool, &body.filter, &fields).await?)
+        }
+        (None, Some(pasted)) => {
+            let payload = serde_json::to_vec(&pasted.payload).map_err(|_| ApiError::internal())?;
+            let headers = serde_json::Value::Object(pasted.headers);
+            let fields = EventFields {
+                source_id: None,
+                source_name: pasted.source.as_deref(),
+                event_type: &pasted.event_type,
+                headers: &headers,
+                payload: &payload,
+            };
+            Ok(try_on(&state.pool, &body.filter, &fields).await?)
+        }
+        _ => Err(ApiError::validation("event_id", "give exactly one of `event_id` (a stored event) and `event`")),
+    }
+}

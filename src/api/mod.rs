@@ -9,6 +9,7 @@ mod deliveries;
 mod endpoints;
 mod events;
 pub mod extract;
+pub mod filters;
 mod health;
 mod ingest;
 pub mod openapi;

@@ -33,6 +33,12 @@ pub struct CreateSubscription {
     /// endpoint one at a time, in ingest order; absent: unordered.
     #[serde(default)]
     pub ordered: Option<Ordered>,
+    /// Deliver only the events this SQL/JSON path predicate matches, evaluated on
+    /// `{"payload", "headers", "type", "source"}` (docs/api.md, "Filters"); absent: every
+    /// event. A syntax error is a 422 naming the character.
+    #[serde(default)]
+    #[schema(example = "$.payload.livemode == true")]
+    pub filter: Option<String>,
 }
 
 /// Ordered delivery: the events of one key go one at a time, in ingest order.
@@ -62,6 +68,8 @@ pub struct SubscriptionView {
     event_types: Option<Vec<String>>,
     /// Ordered delivery per ordering key; `null`: unordered.
     ordered: Option<Ordered>,
+    /// Content filter, as PostgreSQL normalizes it; `null`: every event.
+    filter: Option<String>,
     created_at: DateTime<Utc>,
 }
 
@@ -80,6 +88,7 @@ impl From<Subscription> for SubscriptionView {
             source: s.source_name,
             event_types: s.event_types,
             ordered: s.ordered.then_some(Ordered { on_dead: Some(s.ordered_on_dead) }),
+            filter: s.filter,
             created_at: s.created_at,
         }
     }
@@ -93,6 +102,11 @@ fn validate_patterns(types: &[String]) -> Result<(), ApiError> {
         fanout::validate_pattern(t).map_err(|e| ApiError::validation("event_types", e))?;
     }
     Ok(())
+}
+
+/// A filter checked, or the 422 naming what is wrong (and where).
+async fn check_filter(state: &AppState, filter: &str) -> Result<(), ApiError> {
+    crate::filters::check(&state.pool, filter).await?.map_err(|e| ApiError::validation("filter", e))
 }
 
 async fn source_id_by_name(state: &AppState, name: &str) -> Result<crate::ids::SourceId, ApiError> {
@@ -121,6 +135,9 @@ pub async fn create(
     if let Some(types) = &body.event_types {
         validate_patterns(types)?;
     }
+    if let Some(filter) = &body.filter {
+        check_filter(&state, filter).await?;
+    }
     if store::endpoints::by_id(&state.pool, body.endpoint_id).await?.is_none() {
         return Err(ApiError::validation("endpoint_id", "no such endpoint"));
     }
@@ -129,8 +146,9 @@ pub async fn create(
         Some(name) => Some(source_id_by_name(&state, name).await?),
     };
     let ordered = body.ordered.map(Ordered::on_dead);
+    let types = body.event_types.as_deref();
     let created =
-        store::subscriptions::insert(&state.pool, body.endpoint_id, source_id, body.event_types.as_deref(), ordered)
+        store::subscriptions::insert(&state.pool, body.endpoint_id, source_id, types, ordered, body.filter.as_deref())
             .await
             .map_err(|e| {
                 // The endpoint or source was deleted between our check and the insert.
@@ -206,6 +224,9 @@ pub struct UpdateSubscription {
     /// were made).
     #[serde(default, deserialize_with = "super::extract::double_option")]
     pub ordered: Option<Option<Ordered>>,
+    /// Content filter, or `null` to deliver every event.
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    pub filter: Option<Option<String>>,
 }
 
 /// `PATCH /v1/subscriptions/{id}`.
@@ -232,6 +253,9 @@ pub async fn update(
     if let Some(Some(types)) = &body.event_types {
         validate_patterns(types)?;
     }
+    if let Some(Some(filter)) = &body.filter {
+        check_filter(&state, filter).await?;
+    }
     let source_id = match &body.source {
         None => None,
         Some(None) => Some(None),
@@ -239,7 +263,8 @@ pub async fn update(
     };
     let types = body.event_types.as_ref().map(|t| t.as_deref());
     let ordered = body.ordered.map(|o| o.map(Ordered::on_dead));
-    let sub = store::subscriptions::update(&state.pool, id, source_id, types, ordered)
+    let filter = body.filter.as_ref().map(|f| f.as_deref());
+    let sub = store::subscriptions::update(&state.pool, id, source_id, types, ordered, filter)
         .await?
         .ok_or_else(|| ApiError::not_found("subscription"))?;
     Ok(Json(sub.into()))

@@ -4,7 +4,16 @@
 
 /// The fan-out: one delivery per endpoint subscribed to the source and event type of
 /// each row of `ev` (the events just inserted, with `ord`: their order in this
-/// statement), shared by the single and batch statements.
+/// statement) whose filter, if it has one, matches; shared by the single and batch
+/// statements, which also define `bodies` (`id`, `headers` jsonb, `payload` bytea) for
+/// the events of `ev`.
+///
+/// **Filters** are evaluated here, in the ingest statement, against the subscription rows
+/// as they are now (no cache can be stale): `docs` builds each event's document
+/// (`wg_event_doc`: payload, headers, type, source) once, and only for events whose
+/// source has a filtered subscription, so a gateway without filters reads no body; a
+/// filter that does not yield `true` (false, missing fields, a type error, a body that
+/// is not JSON) does not match, and nothing fails.
 ///
 /// A delivery is ordered when a matching subscription of its endpoint asks for it and the
 /// event has an ordering key: it joins its line (endpoint, key). The line's row is
@@ -22,13 +31,20 @@
 /// would then deliver out of its own order (found behind a pooler, whose stalls make that
 /// wait common; `ordering::a_statement_that_waits_for_a_line_takes_its_place_after_the_line_s_head`).
 pub const FANOUT: &str = "
-        targets AS (
+        docs AS MATERIALIZED (
+            SELECT b.id, wg_event_doc(ev.source_id, ev.event_type, b.headers, b.payload) AS doc
+            FROM ev JOIN bodies b ON b.id = ev.id
+            WHERE EXISTS (SELECT 1 FROM subscriptions f
+                          WHERE f.filter IS NOT NULL AND (f.source_id IS NULL OR f.source_id = ev.source_id))
+        ), targets AS (
             SELECT ev.id AS event_id, ev.ord, s.endpoint_id,
                    CASE WHEN bool_or(s.ordered) THEN ev.ordering_key END AS ordering_key,
                    bool_or(s.ordered AND s.ordered_on_dead = 'block') AS blocks_on_dead
             FROM ev JOIN subscriptions s ON s.source_id IS NULL OR s.source_id = ev.source_id
-            WHERE s.event_type_likes IS NULL
-               OR EXISTS (SELECT 1 FROM unnest(s.event_type_likes) AS p(pattern) WHERE ev.event_type LIKE p.pattern)
+            WHERE (s.event_type_likes IS NULL
+                   OR EXISTS (SELECT 1 FROM unnest(s.event_type_likes) AS p(pattern) WHERE ev.event_type LIKE p.pattern))
+              AND (s.filter IS NULL
+                   OR jsonb_path_match((SELECT d.doc FROM docs d WHERE d.id = ev.id), s.filter, silent => true) IS TRUE)
             GROUP BY ev.id, ev.ord, s.endpoint_id, ev.ordering_key
         ), numbered AS (
             SELECT t.*, wg_uuid_v7() AS delivery_id FROM targets t

@@ -56,6 +56,8 @@ pub fn insert_sql() -> String {
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
             ON CONFLICT ON CONSTRAINT events_dedupe DO NOTHING
             RETURNING id, source_id, event_type, ordering_key, 0 AS ord
+        ), bodies AS (
+            SELECT ev.id, $5::jsonb AS headers, $6::bytea AS payload FROM ev
         ), {FANOUT}
         SELECT id, false AS duplicate, (SELECT count(*) FROM fan) AS deliveries FROM ev
         UNION ALL
@@ -196,6 +198,9 @@ pub async fn insert_batch_with_fanout(
             RETURNING id, source_id, dedupe_key, event_type, ordering_key
         ), ev AS (
             SELECT ins.*, i.arrival AS ord
+            FROM ins JOIN input i ON i.source_id = ins.source_id AND i.dedupe_key = ins.dedupe_key
+        ), bodies AS (
+            SELECT ins.id, i.headers::jsonb AS headers, i.payload
             FROM ins JOIN input i ON i.source_id = ins.source_id AND i.dedupe_key = ins.dedupe_key
         ), {FANOUT}, fanned AS (
             SELECT event_id, count(*) AS n FROM fan GROUP BY event_id

@@ -23,25 +23,31 @@ pub struct Subscription {
     pub ordered: bool,
     /// With `ordered`: what a dead delivery does to its key's line.
     pub ordered_on_dead: crate::queue::OnDead,
+    /// Content filter (`crate::filters`): only events it matches are delivered; None:
+    /// every event.
+    pub filter: Option<String>,
     /// When the subscription was created (shown by the API).
     pub created_at: DateTime<Utc>,
 }
 
-/// Insert a subscription; patterns must already be validated. `ordered`: deliver in
-/// order per ordering key, with what a dead delivery does to its line.
+/// Insert a subscription; patterns and filter must already be checked. `ordered`: deliver
+/// in order per ordering key, with what a dead delivery does to its line.
 pub async fn insert(
     db: impl PgExecutor<'_>,
     endpoint_id: EndpointId,
     source_id: Option<SourceId>,
     event_types: Option<&[String]>,
     ordered: Option<crate::queue::OnDead>,
+    filter: Option<&str>,
 ) -> Result<Subscription, sqlx::Error> {
     let likes: Option<Vec<String>> = event_types.map(|ts| ts.iter().map(|t| fanout::to_like(t)).collect());
     crate::db::query_as(
         "WITH s AS (
-             INSERT INTO subscriptions (endpoint_id, source_id, event_types, event_type_likes, ordered, ordered_on_dead)
-             VALUES ($1, $2, $3, $4, $5, COALESCE($6, 'block'))
-             RETURNING id, endpoint_id, source_id, event_types, ordered, ordered_on_dead, created_at)
+             INSERT INTO subscriptions (endpoint_id, source_id, event_types, event_type_likes, ordered, ordered_on_dead,
+                                        filter)
+             VALUES ($1, $2, $3, $4, $5, COALESCE($6, 'block'), $7::jsonpath)
+             RETURNING id, endpoint_id, source_id, event_types, ordered, ordered_on_dead, filter::text AS filter,
+                       created_at)
          SELECT s.*, src.name AS source_name FROM s LEFT JOIN sources src ON src.id = s.source_id",
     )
     .bind(endpoint_id)
@@ -50,12 +56,13 @@ pub async fn insert(
     .bind(likes)
     .bind(ordered.is_some())
     .bind(ordered)
+    .bind(filter)
     .fetch_one(db)
     .await
 }
 
 const SELECT: &str = "SELECT s.id, s.endpoint_id, s.source_id, s.event_types, s.ordered, s.ordered_on_dead,
-                             s.created_at, src.name AS source_name
+                             s.filter::text AS filter, s.created_at, src.name AS source_name
                       FROM subscriptions s LEFT JOIN sources src ON src.id = s.source_id";
 
 /// Subscriptions, optionally of one endpoint, in creation order.
@@ -71,14 +78,16 @@ pub async fn by_id(db: impl PgExecutor<'_>, id: SubscriptionId) -> Result<Option
     crate::db::query_as(&format!("{SELECT} WHERE s.id = $1")).bind(id).fetch_optional(db).await
 }
 
-/// Change a subscription's source filter, patterns and/or ordering; `Some(None)` clears
-/// a filter (or turns ordering off). Deliveries already created keep how they were made.
+/// Change a subscription's source, patterns, ordering and/or content filter; `Some(None)`
+/// clears one (every source, every type, unordered, no filter). Deliveries already
+/// created keep how they were made.
 pub async fn update(
     db: impl PgExecutor<'_>,
     id: SubscriptionId,
     source_id: Option<Option<SourceId>>,
     event_types: Option<Option<&[String]>>,
     ordered: Option<Option<crate::queue::OnDead>>,
+    filter: Option<Option<&str>>,
 ) -> Result<Option<Subscription>, sqlx::Error> {
     let types: Option<Vec<String>> = event_types.flatten().map(<[String]>::to_vec);
     let likes: Option<Vec<String>> = types.as_ref().map(|ts| ts.iter().map(|t| fanout::to_like(t)).collect());
@@ -89,9 +98,11 @@ pub async fn update(
                  event_types = CASE WHEN $4 THEN $5 ELSE event_types END,
                  event_type_likes = CASE WHEN $4 THEN $6 ELSE event_type_likes END,
                  ordered = CASE WHEN $7 THEN $8 IS NOT NULL ELSE ordered END,
-                 ordered_on_dead = CASE WHEN $7 THEN COALESCE($8, 'block') ELSE ordered_on_dead END
+                 ordered_on_dead = CASE WHEN $7 THEN COALESCE($8, 'block') ELSE ordered_on_dead END,
+                 filter = CASE WHEN $9 THEN $10::jsonpath ELSE filter END
              WHERE id = $1
-             RETURNING id, endpoint_id, source_id, event_types, ordered, ordered_on_dead, created_at)
+             RETURNING id, endpoint_id, source_id, event_types, ordered, ordered_on_dead, filter::text AS filter,
+                       created_at)
          SELECT s.*, src.name AS source_name FROM s LEFT JOIN sources src ON src.id = s.source_id",
     )
     .bind(id)
@@ -102,6 +113,8 @@ pub async fn update(
     .bind(likes)
     .bind(ordered.is_some())
     .bind(ordered.flatten())
+    .bind(filter.is_some())
+    .bind(filter.flatten())
     .fetch_optional(db)
     .await
 }

@@ -17,6 +17,7 @@ mod embedded;
 mod failover;
 mod fairness;
 mod fanout;
+mod filters;
 mod first_run;
 mod hostile_ingest;
 mod hostile_subscriber;

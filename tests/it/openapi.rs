@@ -655,6 +655,13 @@ async fn real_answers_match_the_document() {
     w.call(Call::admin(M::DELETE, format!("/v1/endpoints/{held_id}?force=true")), 200).await;
     w.call(Call::admin(M::DELETE, format!("/v1/endpoints/{held_id}")), 404).await;
 
+    // Trying a filter: on a pasted event, a bad filter, an unknown stored event.
+    let pasted = json!({"filter": "$.payload.a == 1", "event": {"payload": {"a": 1}, "type": "t"}});
+    w.call(Call::admin(M::POST, "/v1/filters/test").json(pasted), 200).await;
+    w.call(Call::admin(M::POST, "/v1/filters/test").json(json!({"filter": "$.a = 1", "event": {}})), 422).await;
+    let unknown = json!({"filter": "$.a == 1", "event_id": uuid::Uuid::new_v4()});
+    w.call(Call::admin(M::POST, "/v1/filters/test").json(unknown), 404).await;
+
     // Deleting what is left.
     w.call(Call::admin(M::DELETE, format!("/v1/subscriptions/{sub_id}")), 204).await;
     w.call(Call::admin(M::DELETE, format!("/v1/subscriptions/{sub_id}")), 404).await;

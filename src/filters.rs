@@ -1,0 +1,176 @@
+//! Subscription filters: routing by content.
+//!
+//! A filter is an SQL/JSON path predicate (PostgreSQL's `jsonpath`, the SQL:2016
+//! standard's path language) over the event's document:
+//!
+//! ```json
+//! {"payload": <the body as JSON, or null>, "headers": {...}, "type": "...", "source": "..."}
+//! ```
+//!
+//! e.g. `$.payload.livemode == true`, `$.payload.data.object.amount > 1000`,
+//! `$.headers."x-github-event" == "push" && $.payload.ref == "refs/heads/main"`,
+//! `$.type starts with "invoice."`.
+//!
+//! **Why this language.** The fan-out is one SQL statement with the event's insert
+//! (`queue::fanout`); a filter PostgreSQL evaluates runs inside it, against the
+//! subscription rows as they are at that moment: no extra round trip, no cache of
+//! subscriptions to go stale across replicas, and an event no filter lets through creates
+//! no delivery row. jq or CEL would run in the gateway before the statement, from a copy of
+//! the subscriptions that another replica's change makes stale. The language has no loops
+//! and no recursion: evaluation is bounded by the filter (at most [`MAX_FILTER_BYTES`])
+//! times the body (at most `--max-body-bytes`), and by the statement's deadline.
+//!
+//! **What matches.** Only `true`. False, a missing field, a comparison of different
+//! types, a body that is not JSON: no match (evaluated with `silent => true`), and never an
+//! error that could fail the ingest statement.
+
+use crate::db::Pool;
+
+/// Longest filter, in bytes (also a database constraint).
+pub const MAX_FILTER_BYTES: usize = 4096;
+
+/// Why a filter is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FilterError {
+    /// Empty or blank: omit the filter to match everything.
+    #[error("must not be empty (omit it, or set null, to match every event)")]
+    Empty,
+    /// Over [`MAX_FILTER_BYTES`].
+    #[error("longer than {MAX_FILTER_BYTES} bytes")]
+    TooLong,
+    /// Not a jsonpath: PostgreSQL's message, and the character (1-based) it points at
+    /// when it names one.
+    #[error("{message}{}", position.map(|p| format!(" (at character {p})")).unwrap_or_default())]
+    Syntax {
+        /// PostgreSQL's message.
+        message: String,
+        /// Where, counted in characters from 1.
+        position: Option<usize>,
+    },
+}
+
+/// Check a filter: its size here, its syntax by PostgreSQL's own parser (the one that
+/// will evaluate it). `Ok(Err(..))` is a refused filter; `Err` a database failure.
+pub async fn check(pool: &Pool, filter: &str) -> Result<Result<(), FilterError>, sqlx::Error> {
+    if filter.trim().is_empty() {
+        return Ok(Err(FilterError::Empty));
+    }
+    if filter.len() > MAX_FILTER_BYTES {
+        return Ok(Err(FilterError::TooLong));
+    }
+    match crate::db::query("SELECT $1::jsonpath").bind(filter).execute(pool).await {
+        Ok(_) => Ok(Ok(())),
+        Err(sqlx::Error::Database(e))
+            if e.code().as_deref() == Some("42601") || e.code().as_deref() == Some("22P02") =>
+        {
+            let message = e.message().to_owned();
+            let position = position(filter, &message);
+            Ok(Err(FilterError::Syntax { message, position }))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The character (1-based) PostgreSQL's message points at: `at end of jsonpath input` is
+/// just past the end; `at or near "X"` is where `X` first occurs.
+pub fn position(filter: &str, message: &str) -> Option<usize> {
+    if message.contains("at end of jsonpath input") {
+        return Some(filter.chars().count() + 1);
+    }
+    let near = message.split("at or near \"").nth(1)?;
+    let token = near.rsplit_once("\" of jsonpath input").map_or(near, |(t, _)| t);
+    let byte = filter.find(token)?;
+    Some(filter[..byte].chars().count() + 1)
+}
+
+/// What trying a filter on an event gives: whether it matches, and the document it saw.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct Tried {
+    /// True only when the filter yields `true`; false for anything else.
+    pub matches: bool,
+    /// The document the filter was evaluated on (`payload` is null when the body is not
+    /// JSON).
+    pub document: serde_json::Value,
+}
+
+/// Evaluate `filter` on a document built like the fan-out's: the fields of an event
+/// (`source_id` may be none, for a pasted event; `source` is then `source_name`).
+pub async fn try_on(pool: &Pool, filter: &str, event: &EventFields<'_>) -> Result<Tried, sqlx::Error> {
+    let (matches, document): (Option<bool>, serde_json::Value) = crate::db::query_as(
+        "WITH d AS (
+             SELECT jsonb_set(wg_event_doc($1, $2, $3, $4), '{source}', COALESCE(to_jsonb($5::text), 'null'))
+                 AS doc)
+         SELECT jsonb_path_match(d.doc, $6::jsonpath, silent => true), d.doc FROM d",
+    )
+    .bind(event.source_id)
+    .bind(event.event_type)
+    .bind(sqlx::types::Json(event.headers))
+    .bind(event.payload)
+    .bind(event.source_name)
+    .bind(filter)
+    .fetch_one(pool)
+    .await?;
+    Ok(Tried { matches: matches == Some(true), document })
+}
+
+/// The fields of an event a filter sees.
+#[derive(Debug, Clone, Copy)]
+pub struct EventFields<'a> {
+    /// Its source, when it is a stored event.
+    pub source_id: Option<crate::ids::SourceId>,
+    /// Its source's name.
+    pub source_name: Option<&'a str>,
+    /// Its type.
+    pub event_type: &'a str,
+    /// Its stored headers.
+    pub headers: &'a serde_json::Value,
+    /// Its body.
+    pub payload: &'a [u8],
+}
+
+/// A filter to try (`POST /v1/filters/test`), and either a stored event or a pasted one.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FilterTest {
+    /// The filter to try (as a subscription's `filter`).
+    #[schema(example = "$.payload.livemode == true")]
+    pub filter: String,
+    /// A stored event to try it on.
+    #[serde(default)]
+    pub event_id: Option<crate::ids::EventId>,
+    /// Or an event pasted here.
+    #[serde(default)]
+    pub event: Option<PastedEvent>,
+}
+
+/// An event to try a filter on, without storing it.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PastedEvent {
+    /// Its body (any JSON).
+    #[serde(default)]
+    pub payload: serde_json::Value,
+    /// Its headers (names in lower case, as they are stored).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub headers: serde_json::Map<String, serde_json::Value>,
+    /// Its event type.
+    #[serde(default, rename = "type")]
+    pub event_type: String,
+    /// Its source's name.
+    #[serde(default)]
+    pub source: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_position_is_where_postgresql_points() {
+        assert_eq!(position("$.a ==", "syntax error at end of jsonpath input"), Some(7));
+        assert_eq!(position("$.a = 1", "syntax error at or near \"=\" of jsonpath input"), Some(5));
+        assert_eq!(position("$.é ! 1", "syntax error at or near \"!\" of jsonpath input"), Some(5));
+        assert_eq!(position("$.a", "something else"), None);
+    }
+}

@@ -1,0 +1,231 @@
+//! Routing by content: subscription filters (SQL/JSON path over the event's document),
+//! evaluated in the ingest statement, checked when saved, tried before saving.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+use crate::support::sink::Sink;
+use crate::support::{TestApp, eventually};
+
+/// One generated event: its body, headers and type, and what the test's own reading of it
+/// says each filter should decide.
+struct Generated {
+    body: Vec<u8>,
+    event_type: &'static str,
+    region: Option<&'static str>,
+    json: Option<Value>,
+}
+
+fn generate(rng: &mut StdRng, n: usize) -> Generated {
+    let event_type = if rng.random_bool(0.5) { "order.created" } else { "invoice.paid" };
+    let region = match rng.random_range(0..3) {
+        0 => Some("eu"),
+        1 => Some("us"),
+        _ => None,
+    };
+    if rng.random_bool(0.1) {
+        // Not JSON: text, or bytes that are not UTF-8.
+        let body =
+            if rng.random_bool(0.5) { format!("plain text {n}").into_bytes() } else { vec![0xff, 0xfe, n as u8] };
+        return Generated { body: [body, format!("#{n}").into_bytes()].concat(), event_type, region, json: None };
+    }
+    let mut object = serde_json::Map::new();
+    object.insert("n".into(), json!(n));
+    match rng.random_range(0..4) {
+        0 => {}
+        1 => {
+            object.insert("livemode".into(), json!(true));
+        }
+        2 => {
+            object.insert("livemode".into(), json!(false));
+        }
+        _ => {
+            object.insert("livemode".into(), json!("true")); // a string: not the boolean
+        }
+    }
+    match rng.random_range(0..5) {
+        0 => {}
+        1 => {
+            object.insert("amount".into(), json!(rng.random_range(0..2000)));
+        }
+        2 => {
+            object.insert("amount".into(), json!(rng.random_range(0.0..2000.0)));
+        }
+        3 => {
+            object.insert("amount".into(), json!("1500")); // a string: compared to a number, no match
+        }
+        _ => {
+            object.insert("amount".into(), json!({"value": 5000}));
+        }
+    }
+    let value = Value::Object(object);
+    Generated { body: serde_json::to_vec(&value).unwrap(), event_type, region, json: Some(value) }
+}
+
+/// The test's own reading of a filter.
+type Reading = Box<dyn Fn(&Generated) -> bool>;
+
+/// The filters under test, each with the test's own reading of it. A body that is not
+/// JSON is a null payload: no field of it exists.
+fn filters() -> Vec<(&'static str, Reading)> {
+    vec![
+        ("$.payload.livemode == true", Box::new(|g| g.json.as_ref().is_some_and(|v| v["livemode"] == json!(true)))),
+        (
+            "$.payload.amount > 1000 && $.type starts with \"order.\"",
+            Box::new(|g| {
+                g.event_type.starts_with("order.")
+                    && g.json.as_ref().is_some_and(|v| v["amount"].as_f64().is_some_and(|a| a > 1000.0))
+            }),
+        ),
+        ("$.headers.\"x-region\" == \"eu\"", Box::new(|g| g.region == Some("eu"))),
+        (
+            "$.source == \"shop\" && !exists($.payload.livemode)",
+            Box::new(|g| g.json.as_ref().is_none_or(|v| v.get("livemode").is_none())),
+        ),
+    ]
+}
+
+/// Generated events (booleans, strings that look like booleans, numbers of both kinds,
+/// strings that look like numbers, objects where numbers were expected, bodies that are
+/// not JSON or not UTF-8) through the real ingest path, to endpoints with filters on the
+/// payload, the headers, the type and the source, and one without: each endpoint
+/// receives exactly the events its filter matches by the test's own reading, the one
+/// without a filter receives them all, and an event a filter refuses creates no delivery
+/// row for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_endpoint_receives_exactly_the_events_its_filter_matches() {
+    const EVENTS: usize = 150;
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let mut sinks = Vec::new();
+    for (filter, _) in filters() {
+        let sink = Sink::ok().await;
+        let endpoint = app.admin_post("/v1/endpoints", json!({"url": sink.url("/")}), 201).await;
+        let sub = app
+            .admin_post(
+                "/v1/subscriptions",
+                json!({"endpoint_id": endpoint["id"], "source": "shop", "filter": filter}),
+                201,
+            )
+            .await;
+        assert!(sub["filter"].is_string(), "{sub}");
+        sinks.push((sink, endpoint["id"].as_str().unwrap().to_owned()));
+    }
+    let everything = Sink::ok().await;
+    app.endpoint_for(&everything.url("/"), Some("shop")).await;
+
+    let mut rng = StdRng::seed_from_u64(29);
+    let events: Vec<Generated> = (0..EVENTS).map(|n| generate(&mut rng, n)).collect();
+    for (n, g) in events.iter().enumerate() {
+        let mut request = app
+            .http
+            .post(app.url("/ingest/shop"))
+            .header("x-delivery-id", format!("d-{n}"))
+            .header("x-event-type", g.event_type)
+            .body(g.body.clone());
+        if let Some(region) = g.region {
+            request = request.header("x-region", region);
+        }
+        assert_eq!(request.send().await.unwrap().status(), 200);
+    }
+    eventually(Duration::from_secs(60), "every event delivered to the endpoint without a filter", || async {
+        (everything.count() >= EVENTS).then_some(())
+    })
+    .await;
+
+    let bodies = |sink: &Sink| {
+        sink.received().iter().map(|r| String::from_utf8_lossy(&r.body).into_owned()).collect::<BTreeSet<String>>()
+    };
+    for ((filter, expects), (sink, endpoint_id)) in filters().iter().zip(&sinks) {
+        let expected: BTreeSet<String> =
+            events.iter().filter(|g| expects(g)).map(|g| String::from_utf8_lossy(&g.body).into_owned()).collect();
+        assert!(!expected.is_empty() && expected.len() < EVENTS, "{filter}: the generator covers both answers");
+        eventually(Duration::from_secs(30), &format!("{filter}: its events delivered"), || async {
+            (bodies(sink).len() >= expected.len()).then_some(())
+        })
+        .await;
+        assert_eq!(bodies(sink), expected, "{filter}");
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = $1::uuid")
+            .bind(endpoint_id)
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+        assert_eq!(rows as usize, expected.len(), "{filter}: no delivery row for an event it refuses");
+    }
+    assert_eq!(bodies(&everything).len(), EVENTS);
+}
+
+/// A filter is checked when saved: a syntax error is a 422 naming the character, an empty
+/// or oversized one a 422; a PATCH sets, changes and clears it (PostgreSQL's normal form
+/// is shown).
+#[tokio::test]
+async fn a_filter_is_checked_when_saved_and_can_be_changed_and_cleared() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let endpoint = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/"}), 201).await;
+    let create = |filter: Value| json!({"endpoint_id": endpoint["id"], "source": "shop", "filter": filter});
+    let refused = app.admin_post("/v1/subscriptions", create(json!("$.payload.amount = 1")), 422).await;
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("filter: ") && message.contains("(at character 18)"), "{message}");
+    let refused = app.admin_post("/v1/subscriptions", create(json!("$.payload.a ==")), 422).await;
+    assert!(refused["error"]["message"].as_str().unwrap().contains("at character 15"), "{refused}");
+    for bad in [json!(""), json!("  "), json!(format!("$.payload.a == \"{}\"", "x".repeat(5000)))] {
+        app.admin_post("/v1/subscriptions", create(bad), 422).await;
+    }
+    assert_eq!(app.db.count("subscriptions").await, 0, "nothing refused was stored");
+
+    let sub = app.admin_post("/v1/subscriptions", create(json!("$.payload.livemode == true")), 201).await;
+    assert_eq!(sub["filter"], "($.\"payload\".\"livemode\" == true)");
+    let path = format!("/v1/subscriptions/{}", sub["id"].as_str().unwrap());
+    let (status, changed) =
+        app.admin(reqwest::Method::PATCH, &path, Some(json!({"filter": "$.type == \"order.paid\""}))).await;
+    assert_eq!((status, changed["filter"].clone()), (200, json!("($.\"type\" == \"order.paid\")")));
+    let (status, _) = app.admin(reqwest::Method::PATCH, &path, Some(json!({"filter": "$.a ==="}))).await;
+    assert_eq!(status, 422);
+    let (status, cleared) = app.admin(reqwest::Method::PATCH, &path, Some(json!({"filter": null}))).await;
+    assert_eq!((status, cleared["filter"].clone()), (200, Value::Null));
+}
+
+/// `POST /v1/filters/test` evaluates a filter as the fan-out would, on a stored event or
+/// a pasted one, and shows the document; it stores and sends nothing.
+#[tokio::test]
+async fn a_filter_can_be_tried_on_a_stored_or_a_pasted_event() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let (status, stored) = app.ingest("shop", "d-1", "order.created", r#"{"livemode": true, "amount": 1200}"#).await;
+    assert_eq!(status, 200);
+    let event_id = stored["event_id"].clone();
+    let tried = app
+        .admin_post("/v1/filters/test", json!({"filter": "$.payload.amount > 1000", "event_id": event_id}), 200)
+        .await;
+    assert_eq!(tried["matches"], true);
+    assert_eq!(tried["document"]["payload"], json!({"livemode": true, "amount": 1200}));
+    assert_eq!(
+        (tried["document"]["type"].clone(), tried["document"]["source"].clone()),
+        (json!("order.created"), json!("shop"))
+    );
+    let tried = app
+        .admin_post("/v1/filters/test", json!({"filter": "$.payload.amount > 5000", "event_id": event_id}), 200)
+        .await;
+    assert_eq!(tried["matches"], false);
+
+    let pasted = json!({"payload": {"ref": "refs/heads/main"}, "headers": {"x-github-event": "push"}, "type": "push", "source": "github"});
+    let filter =
+        "$.headers.\"x-github-event\" == \"push\" && $.payload.ref == \"refs/heads/main\" && $.source == \"github\"";
+    let tried = app.admin_post("/v1/filters/test", json!({"filter": filter, "event": pasted}), 200).await;
+    assert_eq!(tried["matches"], true, "{tried}");
+    // A type error is no match, not an error.
+    let tried = app.admin_post("/v1/filters/test", json!({"filter": "$.payload.ref > 3", "event": pasted}), 200).await;
+    assert_eq!(tried["matches"], false);
+
+    app.admin_post("/v1/filters/test", json!({"filter": "$.a = 1", "event": pasted}), 422).await;
+    app.admin_post("/v1/filters/test", json!({"filter": "$.a == 1"}), 422).await;
+    app.admin_post("/v1/filters/test", json!({"filter": "$.a == 1", "event": pasted, "event_id": event_id}), 422).await;
+    let unknown = uuid::Uuid::new_v4();
+    app.admin_post("/v1/filters/test", json!({"filter": "$.a == 1", "event_id": unknown}), 404).await;
+    assert_eq!(app.db.count("events").await, 1, "trying stores nothing");
+}

@@ -38,6 +38,9 @@ pub enum FilterError {
     /// Over [`MAX_FILTER_BYTES`].
     #[error("longer than {MAX_FILTER_BYTES} bytes")]
     TooLong,
+    /// A construct whose cost grows faster than the body (see [`superlinear`]).
+    #[error("{0}")]
+    Superlinear(&'static str),
     /// Not a jsonpath: PostgreSQL's message, and the character (1-based) it points at
     /// when it names one.
     #[error("{message}{}", position.map(|p| format!(" (at character {p})")).unwrap_or_default())]
@@ -58,6 +61,9 @@ pub async fn check(pool: &Pool, filter: &str) -> Result<Result<(), FilterError>,
     if filter.len() > MAX_FILTER_BYTES {
         return Ok(Err(FilterError::TooLong));
     }
+    if let Some(why) = superlinear(filter) {
+        return Ok(Err(FilterError::Superlinear(why)));
+    }
     match crate::db::query("SELECT $1::jsonpath").bind(filter).execute(pool).await {
         Ok(_) => Ok(Ok(())),
         Err(sqlx::Error::Database(e))
@@ -69,6 +75,65 @@ pub async fn check(pool: &Pool, filter: &str) -> Result<Result<(), FilterError>,
         }
         Err(e) => Err(e),
     }
+}
+
+/// Why a filter could cost more than a walk of the body, if it could: the body comes from
+/// outside, and a filter runs inside the ingest statement, so its cost must stay linear in
+/// the body's size. Two constructs are not:
+///
+/// - more than one recursive wildcard (`**`): each walks every descendant of every item
+///   the one before it reached, so `$.**.**` on a body nested 5,000 deep took 3 s
+///   (one `**`: 2 ms), and each more multiplies by the depth;
+/// - the root (`$`) inside a predicate (`? (...)`): the predicate runs for every item,
+///   and each run walks from the root again (`@` is the item: use it).
+///
+/// String literals are skipped; the scan is conservative (a `**` written in a regex
+/// outside quotes is not possible, so none is missed).
+pub fn superlinear(filter: &str) -> Option<&'static str> {
+    let chars: Vec<char> = filter.chars().collect();
+    let (mut i, mut wildcards, mut in_string) = (0, 0, false);
+    // Paren depth, and the depths at which a predicate `?(` opened.
+    let (mut depth, mut predicates): (usize, Vec<usize>) = (0, Vec::new());
+    while i < chars.len() {
+        let c = chars[i];
+        if in_string {
+            match c {
+                '\\' => i += 1,
+                '"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match c {
+                '"' => in_string = true,
+                '*' if chars.get(i + 1) == Some(&'*') => {
+                    wildcards += 1;
+                    i += 1;
+                }
+                '?' => {
+                    let next = chars[i + 1..].iter().position(|c| !c.is_whitespace()).map(|p| chars[i + 1 + p]);
+                    if next == Some('(') {
+                        predicates.push(depth + 1);
+                    }
+                }
+                '(' => depth += 1,
+                ')' => {
+                    if predicates.last() == Some(&depth) {
+                        predicates.pop();
+                    }
+                    depth = depth.saturating_sub(1);
+                }
+                '$' if !predicates.is_empty() => {
+                    return Some(
+                        "the root `$` inside a predicate `? (...)` walks the whole body again for every item: use `@`",
+                    );
+                }
+                _ => {}
+            }
+        }
+        i += 1;
+    }
+    (wildcards > 1)
+        .then_some("at most one recursive wildcard `**`: each one more multiplies the cost by the body's depth")
 }
 
 /// The character (1-based) PostgreSQL's message points at: `at end of jsonpath input` is
@@ -165,6 +230,26 @@ pub struct PastedEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn filters_that_cost_more_than_a_walk_of_the_body_are_named() {
+        for fine in [
+            "$.payload.livemode == true",
+            "exists($.payload.** ? (@ == \"x\"))",
+            "$.payload.items[*] ? (@.qty > 2 && @.sku like_regex \"^A\") == 1",
+            "$.payload.note == \"$.a ? ($.b) **\"",
+        ] {
+            assert_eq!(superlinear(fine), None, "{fine}");
+        }
+        for bad in [
+            "exists($.**.** ? (@ == 1))",
+            "exists($.payload.** ? (@.** == 1))",
+            "exists($.payload.items[*] ? ($.payload.x == @.y))",
+            "exists($.a ? (exists(@.b ? ($.c == 1))))",
+        ] {
+            assert!(superlinear(bad).is_some(), "{bad}");
+        }
+    }
 
     #[test]
     fn the_position_is_where_postgresql_points() {

@@ -176,6 +176,14 @@ async fn a_filter_is_checked_when_saved_and_can_be_changed_and_cleared() {
     for bad in [json!(""), json!("  "), json!(format!("$.payload.a == \"{}\"", "x".repeat(5000)))] {
         app.admin_post("/v1/subscriptions", create(bad), 422).await;
     }
+    // Costs that grow faster than the body: refused with the reason.
+    for (bad, why) in [
+        ("exists($.payload.**.** ? (@ == 1))", "recursive wildcard"),
+        ("exists($.payload.items[*] ? ($.payload.x == @.y))", "inside a predicate"),
+    ] {
+        let refused = app.admin_post("/v1/subscriptions", create(json!(bad)), 422).await;
+        assert!(refused["error"]["message"].as_str().unwrap().contains(why), "{refused}");
+    }
     assert_eq!(app.db.count("subscriptions").await, 0, "nothing refused was stored");
 
     let sub = app.admin_post("/v1/subscriptions", create(json!("$.payload.livemode == true")), 201).await;
@@ -228,4 +236,40 @@ async fn a_filter_can_be_tried_on_a_stored_or_a_pasted_event() {
     let unknown = uuid::Uuid::new_v4();
     app.admin_post("/v1/filters/test", json!({"filter": "$.a == 1", "event_id": unknown}), 404).await;
     assert_eq!(app.db.count("events").await, 1, "trying stores nothing");
+}
+
+/// A body nested as deep as PostgreSQL's JSON takes, to a source whose subscription
+/// walks the whole body (`**`, the most a filter may): stored, matched, delivered, and the
+/// subscription without a filter beside it gets it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deeply_nested_body_is_filtered_in_one_walk() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let filtered = Sink::ok().await;
+    let endpoint = app.admin_post("/v1/endpoints", json!({"url": filtered.url("/")}), 201).await;
+    let filter = "exists($.payload.** ? (@ == \"needle\"))";
+    app.admin_post(
+        "/v1/subscriptions",
+        json!({"endpoint_id": endpoint["id"], "source": "shop", "filter": filter}),
+        201,
+    )
+    .await;
+    let everything = Sink::ok().await;
+    app.endpoint_for(&everything.url("/"), Some("shop")).await;
+    let deep = format!("{}\"needle\"{}", "[".repeat(5000), "]".repeat(5000));
+    let shallow = r#"{"hay": ["stack"]}"#;
+    for (id, body) in [("deep", deep.as_str()), ("shallow", shallow)] {
+        let (status, _) = app.ingest("shop", id, "t", body).await;
+        assert_eq!(status, 200, "{id}");
+    }
+    eventually(Duration::from_secs(30), "both delivered to the endpoint without a filter", || async {
+        (everything.count() >= 2).then_some(())
+    })
+    .await;
+    eventually(Duration::from_secs(30), "the deep one delivered to the filtered endpoint", || async {
+        (filtered.count() >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(filtered.count(), 1, "only the body that holds the needle");
+    assert!(filtered.received()[0].body.starts_with(b"[[[["));
 }

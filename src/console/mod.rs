@@ -22,6 +22,7 @@
 mod dead;
 mod endpoints;
 mod events;
+mod filters;
 mod overview;
 mod session;
 mod sources;
@@ -60,6 +61,7 @@ pub fn router() -> Router<AppState> {
         .route("/endpoints/{id}/recover", get(dead::confirm_recover).post(dead::recover))
         .route("/dead", get(dead::list))
         .route("/sources", get(sources::list))
+        .route("/filters", get(filters::page))
         .route("/static/console.js", get(script))
         .route("/static/console.css", get(style))
         .layer(axum::Extension(overview::Recent::default()))

@@ -415,3 +415,33 @@ async fn an_ordered_delivery_shows_its_key_and_that_it_waits_for_its_line() {
     assert!(next.contains("waiting for earlier deliveries of this key"), "{next}");
     assert!(next.contains("waiting (ordered)"));
 }
+
+/// The filters page tries a filter on a pasted payload or a stored event, as the API
+/// does, and shows what is wrong with a bad filter on the page (escaped like every
+/// value); it stores nothing.
+#[tokio::test]
+async fn the_filters_page_tries_a_filter_on_a_pasted_or_a_stored_event() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let (status, stored) = app.ingest("shop", "d-1", "order.created", r#"{"amount": 1200}"#).await;
+    assert_eq!(status, 200);
+    let cookie = sign_in(&app).await;
+    let query = |pairs: &[(&str, &str)]| format!("/console/filters?{}", serde_urlencoded::to_string(pairs).unwrap());
+
+    let (status, html) =
+        page(&app, &cookie, &query(&[("filter", "$.payload.amount > 1000"), ("payload", r#"{"amount": 5}"#)])).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains(r#"id="filter-result" class="bad">does not match"#), "{html}");
+    let event_id = stored["event_id"].as_str().unwrap();
+    let (_, html) = page(&app, &cookie, &query(&[("filter", "$.payload.amount > 1000"), ("event_id", event_id)])).await;
+    assert!(html.contains(r#"id="filter-result" class="ok">matches"#), "{html}");
+    assert!(
+        html.contains("&quot;order.created&quot;") || html.contains("&#34;order.created&#34;"),
+        "the document, escaped: {html}"
+    );
+    let (status, html) = page(&app, &cookie, &query(&[("filter", "$.a = <b>"), ("payload", "{}")])).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains(r#"id="filter-error""#) && html.contains("at character"), "{html}");
+    assert!(!html.contains("<b>"), "escaped: {html}");
+    assert_eq!(app.db.count("events").await, 1, "trying stores nothing");
+}

@@ -13,6 +13,7 @@
 
 mod delivery;
 mod e2e;
+mod filters;
 mod fleet;
 mod gateway;
 mod ingest;
@@ -60,6 +61,8 @@ enum Scenario {
     Pooler,
     /// 13: 1, 4 and 8 replicas on one database, idle and at 1,000/s: PostgreSQL's CPU.
     Fleet,
+    /// 14: ingest with ten subscriptions, without filters, with filters that all match, and none.
+    Filters,
 }
 
 /// The webhook-gateway benchmark harness.
@@ -220,6 +223,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Sustained,
             Scenario::Pooler,
             Scenario::Fleet,
+            Scenario::Filters,
         ];
     }
     scenarios.dedup();
@@ -269,6 +273,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Sustained => e2e::sustained(&ctx).await,
             Scenario::Pooler => pooler::run(&ctx).await,
             Scenario::Fleet => fleet::run(&ctx).await,
+            Scenario::Filters => filters::run(&ctx).await,
             Scenario::All => Ok(()),
         };
         if let Err(e) = result {

@@ -273,3 +273,73 @@ async fn a_deeply_nested_body_is_filtered_in_one_walk() {
     assert_eq!(filtered.count(), 1, "only the body that holds the needle");
     assert!(filtered.received()[0].body.starts_with(b"[[[["));
 }
+
+/// Two replicas: a filter set, changed and cleared through one replica applies at once
+/// to webhooks the other one stores (the fan-out reads the subscription in the ingest
+/// statement: no copy of it to go stale), and a subscription with a filter sits beside
+/// one without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_filter_changed_through_one_replica_applies_at_once_on_another() {
+    use crate::support::{ADMIN_TOKEN, GatewayProcess, TestDb, wait_ready};
+    let db = TestDb::new().await;
+    let (a, b) = (GatewayProcess::start(&db.url, &[]), GatewayProcess::start(&db.url, &[]));
+    wait_ready(a.addr).await;
+    wait_ready(b.addr).await;
+    let http = reqwest::Client::new();
+    let admin = |method: reqwest::Method, path: String, body: Value| {
+        let request = http.request(method, format!("http://{}{path}", a.addr)).bearer_auth(ADMIN_TOKEN).json(&body);
+        async move {
+            let answer = request.send().await.expect("admin call");
+            assert!(answer.status().is_success(), "{path}: {}", answer.status());
+            answer.json::<Value>().await.expect("json")
+        }
+    };
+    admin(
+        reqwest::Method::POST,
+        "/v1/sources".into(),
+        json!({"name": "shop", "kind": "none", "dedupe": {"header": "X-Delivery-Id"}}),
+    )
+    .await;
+    let (filtered, everything) = (Sink::ok().await, Sink::ok().await);
+    let mut filtered_sub = String::new();
+    for (sink, filter) in [(&filtered, json!("$.payload.n == 1")), (&everything, Value::Null)] {
+        let endpoint = admin(reqwest::Method::POST, "/v1/endpoints".into(), json!({"url": sink.url("/")})).await;
+        let mut body = json!({"endpoint_id": endpoint["id"], "source": "shop"});
+        if !filter.is_null() {
+            body["filter"] = filter;
+        }
+        let sub = admin(reqwest::Method::POST, "/v1/subscriptions".into(), body).await;
+        if sink.url("/") == filtered.url("/") {
+            filtered_sub = sub["id"].as_str().unwrap().to_owned();
+        }
+    }
+    // Through replica b: n = 1 matches, n = 2 does not.
+    let send = |n: u32| {
+        let request = http
+            .post(format!("http://{}/ingest/shop", b.addr))
+            .header("x-delivery-id", format!("d-{n}"))
+            .body(json!({"n": n}).to_string());
+        async move { assert_eq!(request.send().await.unwrap().status(), 200) }
+    };
+    send(1).await;
+    send(2).await;
+    // Changed through a, used at once by b.
+    let path = format!("/v1/subscriptions/{filtered_sub}");
+    admin(reqwest::Method::PATCH, path.clone(), json!({"filter": "$.payload.n == 3"})).await;
+    send(3).await;
+    send(4).await;
+    admin(reqwest::Method::PATCH, path, json!({"filter": null})).await;
+    send(5).await;
+    eventually(Duration::from_secs(30), "all five delivered to the endpoint without a filter", || async {
+        (everything.count() >= 5).then_some(())
+    })
+    .await;
+    eventually(Duration::from_secs(30), "the filtered endpoint's three", || async {
+        (filtered.count() >= 3).then_some(())
+    })
+    .await;
+    let got: BTreeSet<String> =
+        filtered.received().iter().map(|r| String::from_utf8_lossy(&r.body).into_owned()).collect();
+    let want: BTreeSet<String> = [1, 3, 5].iter().map(|n| json!({"n": n}).to_string()).collect();
+    assert_eq!(got, want);
+}

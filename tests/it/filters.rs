@@ -343,3 +343,99 @@ async fn a_filter_changed_through_one_replica_applies_at_once_on_another() {
     let want: BTreeSet<String> = [1, 3, 5].iter().map(|n| json!({"n": n}).to_string()).collect();
     assert_eq!(got, want);
 }
+
+/// A filter from a small grammar over the generated events' fields: comparisons of each
+/// JSON type, `exists`, `starts with`, `like_regex`, array wildcards, headers and type,
+/// combined with `&&`, `||` and `!`.
+fn generated_filter(rng: &mut StdRng, depth: u32) -> String {
+    if depth == 0 || rng.random_bool(0.4) {
+        let atoms = [
+            "$.payload.livemode == true".to_owned(),
+            format!("$.payload.amount > {}", rng.random_range(0..2000)),
+            format!("$.payload.amount <= {}.5", rng.random_range(0..2000)),
+            "exists($.payload.amount.value)".to_owned(),
+            "$.payload.livemode == \"true\"".to_owned(),
+            format!("$.payload.n == {}", rng.random_range(0..40)),
+            format!("$.payload.tags[*] == \"t{}\"", rng.random_range(0..4)),
+            "$.payload.name starts with \"a\"".to_owned(),
+            "$.payload.name like_regex \"^[a-c].*z$\"".to_owned(),
+            "$.type == \"order.created\"".to_owned(),
+            "$.headers.\"x-region\" == \"eu\"".to_owned(),
+            "$.payload == null".to_owned(),
+            "$.payload.amount.type() == \"number\"".to_owned(),
+        ];
+        return atoms[rng.random_range(0..atoms.len())].clone();
+    }
+    let (a, b) = (generated_filter(rng, depth - 1), generated_filter(rng, depth - 1));
+    match rng.random_range(0..3) {
+        0 => format!("({a}) && ({b})"),
+        1 => format!("({a}) || ({b})"),
+        _ => format!("!({a})"),
+    }
+}
+
+/// For generated filters and generated events, the fan-out's decision (a delivery row for
+/// the filter's endpoint, or none) is the decision `POST /v1/filters/test` shows for the
+/// same stored event: trying a filter tells the truth about routing, whatever the filter
+/// and the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_fan_out_decides_what_trying_the_filter_shows_for_generated_filters_and_events() {
+    const FILTERS: usize = 24;
+    const EVENTS: usize = 40;
+    let app = TestApp::ingest_only().await;
+    app.source_none("shop").await;
+    let mut rng = StdRng::seed_from_u64(2029);
+    let mut subscriptions = Vec::new();
+    for i in 0..FILTERS {
+        let filter = generated_filter(&mut rng, 3);
+        let endpoint = app.admin_post("/v1/endpoints", json!({"url": format!("http://127.0.0.1:9/{i}")}), 201).await;
+        app.admin_post(
+            "/v1/subscriptions",
+            json!({"endpoint_id": endpoint["id"], "source": "shop", "filter": filter}),
+            201,
+        )
+        .await;
+        subscriptions.push((filter, endpoint["id"].as_str().unwrap().to_owned()));
+    }
+    let mut matched = 0;
+    for n in 0..EVENTS {
+        let mut event = generate(&mut rng, n);
+        if let Some(Value::Object(object)) = &mut event.json {
+            let names = ["abz", "cz", "b", "zz"];
+            object.insert("name".into(), json!(names[rng.random_range(0..names.len())]));
+            let tags: Vec<String> =
+                (0..rng.random_range(0..3)).map(|_| format!("t{}", rng.random_range(0..4))).collect();
+            object.insert("tags".into(), json!(tags));
+            event.body = serde_json::to_vec(object).unwrap();
+        }
+        let mut request = app
+            .http
+            .post(app.url("/ingest/shop"))
+            .header("x-delivery-id", format!("g-{n}"))
+            .header("x-event-type", event.event_type)
+            .body(event.body.clone());
+        if let Some(region) = event.region {
+            request = request.header("x-region", region);
+        }
+        let answer: Value = request.send().await.unwrap().json().await.unwrap();
+        let event_id = answer["event_id"].clone();
+        for (filter, endpoint) in &subscriptions {
+            let tried = app.admin_post("/v1/filters/test", json!({"filter": filter, "event_id": event_id}), 200).await;
+            let routed: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM deliveries WHERE event_id = $1::uuid AND endpoint_id = $2::uuid)",
+            )
+            .bind(event_id.as_str().unwrap())
+            .bind(endpoint)
+            .fetch_one(&app.db.pool)
+            .await
+            .unwrap();
+            assert_eq!(tried["matches"].as_bool(), Some(routed), "event {n}, filter {filter}: {tried}");
+            matched += usize::from(routed);
+        }
+    }
+    let total = FILTERS * EVENTS;
+    assert!(
+        matched > total / 20 && matched < total - total / 20,
+        "the generator covers both answers: {matched} of {total}"
+    );
+}

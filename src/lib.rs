@@ -33,5 +33,6 @@ pub mod server;
 pub mod state;
 pub mod store;
 pub mod telemetry;
+pub mod transforms;
 pub mod verify;
 pub mod wake;

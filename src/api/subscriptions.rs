@@ -39,6 +39,11 @@ pub struct CreateSubscription {
     #[serde(default)]
     #[schema(example = "$.payload.livemode == true")]
     pub filter: Option<String>,
+    /// JavaScript defining `handler(webhook)`, whose result is the body sent (as JSON) to
+    /// the endpoint (docs/api.md, "Transformations"); absent: the event's body as it is.
+    #[serde(default)]
+    #[schema(example = "function handler(w) { return {text: `Order ${w.payload.id} paid`}; }")]
+    pub transform: Option<String>,
 }
 
 /// Ordered delivery: the events of one key go one at a time, in ingest order.
@@ -70,6 +75,8 @@ pub struct SubscriptionView {
     ordered: Option<Ordered>,
     /// Content filter, as PostgreSQL normalizes it; `null`: every event.
     filter: Option<String>,
+    /// Transformation; `null`: the event's body is sent as it is.
+    transform: Option<String>,
     created_at: DateTime<Utc>,
 }
 
@@ -89,6 +96,7 @@ impl From<Subscription> for SubscriptionView {
             event_types: s.event_types,
             ordered: s.ordered.then_some(Ordered { on_dead: Some(s.ordered_on_dead) }),
             filter: s.filter,
+            transform: s.transform,
             created_at: s.created_at,
         }
     }
@@ -107,6 +115,16 @@ fn validate_patterns(types: &[String]) -> Result<(), ApiError> {
 /// A filter checked, or the 422 naming what is wrong (and where).
 async fn check_filter(state: &AppState, filter: &str) -> Result<(), ApiError> {
     crate::filters::check(&state.pool, filter).await?.map_err(|e| ApiError::validation("filter", e))
+}
+
+/// A transformation checked (it compiles and defines `handler`, within the run bounds), or
+/// the 422 naming what is wrong and where.
+async fn check_transform(script: &str) -> Result<(), ApiError> {
+    let script = script.to_owned();
+    tokio::task::spawn_blocking(move || crate::transforms::check(&script))
+        .await
+        .map_err(|_| ApiError::internal())?
+        .map_err(|e| ApiError::validation("transform", e))
 }
 
 async fn source_id_by_name(state: &AppState, name: &str) -> Result<crate::ids::SourceId, ApiError> {
@@ -138,6 +156,9 @@ pub async fn create(
     if let Some(filter) = &body.filter {
         check_filter(&state, filter).await?;
     }
+    if let Some(transform) = &body.transform {
+        check_transform(transform).await?;
+    }
     if store::endpoints::by_id(&state.pool, body.endpoint_id).await?.is_none() {
         return Err(ApiError::validation("endpoint_id", "no such endpoint"));
     }
@@ -147,17 +168,24 @@ pub async fn create(
     };
     let ordered = body.ordered.map(Ordered::on_dead);
     let types = body.event_types.as_deref();
-    let created =
-        store::subscriptions::insert(&state.pool, body.endpoint_id, source_id, types, ordered, body.filter.as_deref())
-            .await
-            .map_err(|e| {
-                // The endpoint or source was deleted between our check and the insert.
-                if store::is_foreign_key_violation(&e) {
-                    ApiError::validation("endpoint_id", "no such endpoint or source")
-                } else {
-                    e.into()
-                }
-            })?;
+    let created = store::subscriptions::insert(
+        &state.pool,
+        body.endpoint_id,
+        source_id,
+        types,
+        ordered,
+        body.filter.as_deref(),
+        body.transform.as_deref(),
+    )
+    .await
+    .map_err(|e| {
+        // The endpoint or source was deleted between our check and the insert.
+        if store::is_foreign_key_violation(&e) {
+            ApiError::validation("endpoint_id", "no such endpoint or source")
+        } else {
+            e.into()
+        }
+    })?;
     Ok((StatusCode::CREATED, Json(created.into())))
 }
 
@@ -227,6 +255,9 @@ pub struct UpdateSubscription {
     /// Content filter, or `null` to deliver every event.
     #[serde(default, deserialize_with = "super::extract::double_option")]
     pub filter: Option<Option<String>>,
+    /// Transformation, or `null` to send the event's body as it is.
+    #[serde(default, deserialize_with = "super::extract::double_option")]
+    pub transform: Option<Option<String>>,
 }
 
 /// `PATCH /v1/subscriptions/{id}`.
@@ -256,6 +287,9 @@ pub async fn update(
     if let Some(Some(filter)) = &body.filter {
         check_filter(&state, filter).await?;
     }
+    if let Some(Some(transform)) = &body.transform {
+        check_transform(transform).await?;
+    }
     let source_id = match &body.source {
         None => None,
         Some(None) => Some(None),
@@ -264,7 +298,8 @@ pub async fn update(
     let types = body.event_types.as_ref().map(|t| t.as_deref());
     let ordered = body.ordered.map(|o| o.map(Ordered::on_dead));
     let filter = body.filter.as_ref().map(|f| f.as_deref());
-    let sub = store::subscriptions::update(&state.pool, id, source_id, types, ordered, filter)
+    let transform = body.transform.as_ref().map(|t| t.as_deref());
+    let sub = store::subscriptions::update(&state.pool, id, source_id, types, ordered, filter, transform)
         .await?
         .ok_or_else(|| ApiError::not_found("subscription"))?;
     Ok(Json(sub.into()))

@@ -51,7 +51,7 @@ pub async fn run(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, claim: 
     attempt(ctx, job, slot, span.clone()).instrument(span).await
 }
 
-async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, span: tracing::Span) {
+async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, span: tracing::Span) {
     let settings = &ctx.settings;
     // The budget counts attempts since the last manual redelivery.
     let budget_attempt = job.attempt - job.attempts_base;
@@ -64,6 +64,8 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, span: t
         );
         return hand_over(&ctx, &job, UnsentEnd::Bury { reason }, slot).await;
     }
+    // Before the secrets are opened (they borrow the job): the body to sign and send.
+    let transformed = transform(&mut job).await;
     // Opened just before signing: a lookup in the keyring's cache after the first claim
     // of an endpoint (no allocation at all without a key).
     let secrets: Result<Vec<_>, _> = std::iter::once(&job.secret)
@@ -86,7 +88,11 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, span: t
 
     let started_at = Utc::now();
     let clock = std::time::Instant::now();
-    let (observed, status_code, excerpt) = send(&ctx.egress, &ctx.urls, &job, &secrets, started_at.timestamp()).await;
+    let (observed, status_code, excerpt) = match transformed {
+        Ok(()) => send(&ctx.egress, &ctx.urls, &job, &secrets, started_at.timestamp()).await,
+        // Nothing sent: dead at once with the reason, not the endpoint's failure.
+        Err(refused) => (refused, None, None),
+    };
     let duration_ms = clock.elapsed().as_millis().min(i32::MAX as u128) as i32;
     let policy = Policy {
         max_attempts: settings.max_attempts,
@@ -120,6 +126,46 @@ async fn attempt(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, span: t
     let finished = Finished { record, signal: judged.signal, probe_token: job.probe_token, span };
     if ctx.outcomes.send((Done::Attempted(finished), slot)).await.is_err() {
         tracing::error!(delivery_id = %job.id, "outcome recorder is gone; the lease will bring this delivery back");
+    }
+}
+
+/// Run the delivery's transformation, if it has one, on the blocking pool: the body (and
+/// `application/json`) it sends instead of the event's, or why there is none.
+async fn transform(job: &mut Claimed) -> Result<(), Observed> {
+    let Some(script) = job.transform.clone() else {
+        return Ok(());
+    };
+    // The body goes in as it came (not through a map that would sort its keys), so the
+    // handler sees the producer's order; `null` when it is not JSON.
+    let payload = match std::str::from_utf8(&job.payload) {
+        Ok(text) if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() => text,
+        _ => "null",
+    };
+    let rest = |value: serde_json::Value| value.to_string();
+    let webhook = format!(
+        r#"{{"payload":{payload},"headers":{},"type":{},"source":{}}}"#,
+        rest(job.event_headers.as_ref().map_or(serde_json::Value::Null, |h| h.0.clone())),
+        rest(serde_json::Value::from(job.event_type.as_str())),
+        rest(serde_json::Value::from(job.source_name.as_str())),
+    );
+    // At most one run per core at a time: each may hold up to `transforms::MEMORY_LIMIT`,
+    // and a thousand workers must not mean a thousand of those at once.
+    static RUNS: std::sync::LazyLock<tokio::sync::Semaphore> = std::sync::LazyLock::new(|| {
+        tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, std::num::NonZero::get))
+    });
+    let _run = RUNS
+        .acquire()
+        .await
+        .map_err(|e| Observed::Refused { kind: ErrorKind::Transform, message: format!("transform: {e}") })?;
+    let ran = tokio::task::spawn_blocking(move || crate::transforms::apply(&script, &webhook)).await;
+    match ran {
+        Ok(Ok(body)) => {
+            job.payload = Bytes::from(body);
+            job.content_type = Some("application/json".to_owned());
+            Ok(())
+        }
+        Ok(Err(why)) => Err(Observed::Refused { kind: ErrorKind::Transform, message: format!("transform: {why}") }),
+        Err(e) => Err(Observed::Refused { kind: ErrorKind::Transform, message: format!("transform: {e}") }),
     }
 }
 

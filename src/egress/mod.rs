@@ -126,6 +126,9 @@ pub enum ErrorKind {
     Tls,
     /// Anything else (protocol errors, body errors, ...).
     Other,
+    /// Not sent: the subscription's transformation failed (threw, returned nothing, or
+    /// broke a bound).
+    Transform,
 }
 
 crate::db::text_enum!(ErrorKind {
@@ -137,6 +140,7 @@ crate::db::text_enum!(ErrorKind {
     Connect => "connect",
     Tls => "tls",
     Other => "other",
+    Transform => "transform",
 });
 
 /// Why [`EgressClient::post`] did not produce a response.

@@ -47,6 +47,11 @@ pub struct Claimed {
     pub traceparent: Option<String>,
     /// The `tracestate` stored with it.
     pub tracestate: Option<String>,
+    /// The transformation to run on the event before sending (`crate::transforms`), when
+    /// the subscription that made this delivery has one.
+    pub transform: Option<String>,
+    /// The event's stored headers, claimed only with a transformation (its input).
+    pub event_headers: Option<sqlx::types::Json<serde_json::Value>>,
 }
 
 /// Columns a worker needs, from the claimed delivery `d`, its event `e`, endpoint `ep`
@@ -57,7 +62,9 @@ const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count 
           ELSE ARRAY(SELECT p.s FROM unnest(ep.previous_secrets, ep.previous_secrets_until) AS p(s, u) \
                      WHERE p.u > now() ORDER BY p.u DESC) END AS previous_secrets, \
      e.event_type, s.name AS source_name, e.content_type, e.payload, d.ordering_key IS NOT NULL AS ordered, \
-     e.traceparent, e.tracestate";
+     e.traceparent, e.tracestate, \
+     (SELECT tr.transform FROM subscriptions tr WHERE tr.id = d.transform_by) AS transform, \
+     CASE WHEN d.transform_by IS NOT NULL THEN e.headers END AS event_headers";
 
 /// How a claim shares the workers among endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -272,7 +279,7 @@ fn claim_sql_text() -> String {
                  updated_at = now()
              WHERE d.id = ANY(ARRAY(SELECT id FROM due))
              RETURNING d.id, d.event_id, d.endpoint_id, d.attempt_count, d.attempts_base, d.claim_token,
-                       d.ordering_key
+                       d.ordering_key, d.transform_by
          ), paid AS (
              UPDATE endpoints ep
              SET rate_tokens = room.tokens - spent.n, rate_tokens_at = now()
@@ -364,6 +371,8 @@ mod tests {
             probe_token: None,
             traceparent: None,
             tracestate: None,
+            transform: None,
+            event_headers: None,
         }
     }
 

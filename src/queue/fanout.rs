@@ -8,6 +8,10 @@
 /// statements, which also define `bodies` (`id`, `headers` jsonb, `payload` bytea) for
 /// the events of `ev`.
 ///
+/// **Transformations**: a delivery records the subscription whose transformation
+/// applies (`transform_by`: the first by id of the endpoint's matching subscriptions that
+/// has one); the worker runs it when it sends (`crate::transforms`).
+///
 /// **Filters** are evaluated here, in the ingest statement, against the subscription rows
 /// as they are now (no cache can be stale): `docs` builds each event's document
 /// (`wg_event_doc`: payload, headers, type, source) once, and only for events whose
@@ -39,7 +43,8 @@ pub const FANOUT: &str = "
         ), targets AS (
             SELECT ev.id AS event_id, ev.ord, s.endpoint_id,
                    CASE WHEN bool_or(s.ordered) THEN ev.ordering_key END AS ordering_key,
-                   bool_or(s.ordered AND s.ordered_on_dead = 'block') AS blocks_on_dead
+                   bool_or(s.ordered AND s.ordered_on_dead = 'block') AS blocks_on_dead,
+                   (array_agg(s.id ORDER BY s.id) FILTER (WHERE s.transform IS NOT NULL))[1] AS transform_by
             FROM ev JOIN subscriptions s ON s.source_id IS NULL OR s.source_id = ev.source_id
             WHERE (s.event_type_likes IS NULL
                    OR EXISTS (SELECT 1 FROM unnest(s.event_type_likes) AS p(pattern) WHERE ev.event_type LIKE p.pattern))
@@ -63,10 +68,11 @@ pub const FANOUT: &str = "
             LEFT JOIN lines l ON l.endpoint_id = n.endpoint_id AND l.ordering_key = n.ordering_key
             ORDER BY n.ord, n.endpoint_id
         ), fan AS (
-            INSERT INTO deliveries (id, event_id, endpoint_id, ordering_key, line_seq, waiting, blocks_on_dead)
+            INSERT INTO deliveries (id, event_id, endpoint_id, ordering_key, line_seq, waiting, blocks_on_dead,
+                                    transform_by)
             SELECT n.delivery_id, n.event_id, n.endpoint_id, n.ordering_key, n.line_seq,
                    n.ordering_key IS NOT NULL AND n.head_id IS DISTINCT FROM n.delivery_id,
-                   n.ordering_key IS NOT NULL AND n.blocks_on_dead
+                   n.ordering_key IS NOT NULL AND n.blocks_on_dead, n.transform_by
             FROM sequenced n
             ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING
             RETURNING event_id

@@ -26,6 +26,9 @@ pub struct Subscription {
     /// Content filter (`crate::filters`): only events it matches are delivered; None:
     /// every event.
     pub filter: Option<String>,
+    /// Transformation (`crate::transforms`): the JavaScript whose result is the body sent;
+    /// None: the event's body as it is.
+    pub transform: Option<String>,
     /// When the subscription was created (shown by the API).
     pub created_at: DateTime<Utc>,
 }
@@ -39,15 +42,16 @@ pub async fn insert(
     event_types: Option<&[String]>,
     ordered: Option<crate::queue::OnDead>,
     filter: Option<&str>,
+    transform: Option<&str>,
 ) -> Result<Subscription, sqlx::Error> {
     let likes: Option<Vec<String>> = event_types.map(|ts| ts.iter().map(|t| fanout::to_like(t)).collect());
     crate::db::query_as(
         "WITH s AS (
              INSERT INTO subscriptions (endpoint_id, source_id, event_types, event_type_likes, ordered, ordered_on_dead,
-                                        filter)
-             VALUES ($1, $2, $3, $4, $5, COALESCE($6, 'block'), $7::jsonpath)
+                                        filter, transform)
+             VALUES ($1, $2, $3, $4, $5, COALESCE($6, 'block'), $7::jsonpath, $8)
              RETURNING id, endpoint_id, source_id, event_types, ordered, ordered_on_dead, filter::text AS filter,
-                       created_at)
+                       transform, created_at)
          SELECT s.*, src.name AS source_name FROM s LEFT JOIN sources src ON src.id = s.source_id",
     )
     .bind(endpoint_id)
@@ -57,12 +61,13 @@ pub async fn insert(
     .bind(ordered.is_some())
     .bind(ordered)
     .bind(filter)
+    .bind(transform)
     .fetch_one(db)
     .await
 }
 
 const SELECT: &str = "SELECT s.id, s.endpoint_id, s.source_id, s.event_types, s.ordered, s.ordered_on_dead,
-                             s.filter::text AS filter, s.created_at, src.name AS source_name
+                             s.filter::text AS filter, s.transform, s.created_at, src.name AS source_name
                       FROM subscriptions s LEFT JOIN sources src ON src.id = s.source_id";
 
 /// Subscriptions, optionally of one endpoint, in creation order.
@@ -88,6 +93,7 @@ pub async fn update(
     event_types: Option<Option<&[String]>>,
     ordered: Option<Option<crate::queue::OnDead>>,
     filter: Option<Option<&str>>,
+    transform: Option<Option<&str>>,
 ) -> Result<Option<Subscription>, sqlx::Error> {
     let types: Option<Vec<String>> = event_types.flatten().map(<[String]>::to_vec);
     let likes: Option<Vec<String>> = types.as_ref().map(|ts| ts.iter().map(|t| fanout::to_like(t)).collect());
@@ -99,10 +105,11 @@ pub async fn update(
                  event_type_likes = CASE WHEN $4 THEN $6 ELSE event_type_likes END,
                  ordered = CASE WHEN $7 THEN $8 IS NOT NULL ELSE ordered END,
                  ordered_on_dead = CASE WHEN $7 THEN COALESCE($8, 'block') ELSE ordered_on_dead END,
-                 filter = CASE WHEN $9 THEN $10::jsonpath ELSE filter END
+                 filter = CASE WHEN $9 THEN $10::jsonpath ELSE filter END,
+                 transform = CASE WHEN $11 THEN $12 ELSE transform END
              WHERE id = $1
              RETURNING id, endpoint_id, source_id, event_types, ordered, ordered_on_dead, filter::text AS filter,
-                       created_at)
+                       transform, created_at)
          SELECT s.*, src.name AS source_name FROM s LEFT JOIN sources src ON src.id = s.source_id",
     )
     .bind(id)
@@ -115,6 +122,8 @@ pub async fn update(
     .bind(ordered.flatten())
     .bind(filter.is_some())
     .bind(filter.flatten())
+    .bind(transform.is_some())
+    .bind(transform.flatten())
     .fetch_optional(db)
     .await
 }

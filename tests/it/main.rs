@@ -39,4 +39,5 @@ mod rolling;
 mod secrets;
 mod slow_clients;
 mod sources;
+mod transforms;
 mod upgrades;

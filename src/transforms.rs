@@ -1,0 +1,143 @@
+//! Subscription transformations: a JavaScript `handler(webhook)` whose result is the body
+//! sent to the subscription's endpoint (`docs/api.md`, "Transformations").
+//!
+//! **Why JavaScript on QuickJS.** It is the language people write webhook
+//! transformations in elsewhere (Svix, Hookdeck), and QuickJS bounds all three things a
+//! hostile or broken script can run away with, in the engine itself: time (an interrupt
+//! checked while it runs: [`TIME_LIMIT`]), memory ([`MEMORY_LIMIT`]) and stack depth
+//! ([`STACK_LIMIT`]). jq (`jaq`) has none of these: `def f: f; f` overflows the process's
+//! stack and aborts the gateway. Each run gets a fresh runtime, so no state leaks from one
+//! event to the next, and runs on the blocking pool, so a slow one holds no async worker.
+//!
+//! The webhook a handler gets is the event's document, as filters see it:
+//! `{payload, headers, type, source}` (`payload` is null when the body is not JSON). What
+//! it returns is sent as JSON (`application/json`), signed like any delivery, under the
+//! delivery's `webhook-id`. A script that throws, returns nothing, or breaks a bound makes
+//! that delivery dead with the reason; nothing else waits for it.
+
+use std::time::{Duration, Instant};
+
+use rquickjs::{Context, Function, Runtime, Value};
+
+/// Longest script, in bytes (also a database constraint).
+pub const MAX_TRANSFORM_BYTES: usize = 16 * 1024;
+/// Longest a run may take.
+pub const TIME_LIMIT: Duration = Duration::from_millis(200);
+/// Most memory a run may allocate.
+pub const MEMORY_LIMIT: usize = 64 << 20;
+/// Deepest a run's stack may grow.
+pub const STACK_LIMIT: usize = 512 << 10;
+
+/// Check a script when it is saved: it compiles and defines a function `handler`.
+pub fn check(script: &str) -> Result<(), String> {
+    if script.trim().is_empty() {
+        return Err("must not be empty (omit it, or set null, to send the event as it is)".into());
+    }
+    if script.len() > MAX_TRANSFORM_BYTES {
+        return Err(format!("longer than {MAX_TRANSFORM_BYTES} bytes"));
+    }
+    in_runtime(|ctx| {
+        ctx.eval::<(), _>(script)?;
+        let handler: Value = ctx.globals().get("handler")?;
+        Ok(handler.is_function())
+    })
+    .and_then(|defined| if defined { Ok(()) } else { Err("defines no function `handler(webhook)`".into()) })
+}
+
+/// Run `script`'s `handler` on `webhook` (the event's document, JSON): the body to send,
+/// or why there is none.
+pub fn apply(script: &str, webhook: &str) -> Result<Vec<u8>, String> {
+    in_runtime(|ctx| {
+        ctx.eval::<(), _>(script)?;
+        let handler: Function = ctx.globals().get("handler")?;
+        let input = ctx.json_parse(webhook)?;
+        let output: Value = handler.call((input,))?;
+        ctx.json_stringify(output)?.map(|s| s.to_string()).transpose()
+    })?
+    .map(String::into_bytes)
+    .ok_or_else(|| "handler returned nothing JSON can hold (undefined or a function)".into())
+}
+
+/// Run `f` in a fresh, bounded runtime; a JavaScript exception becomes its message (with
+/// where it was thrown).
+fn in_runtime<T>(f: impl for<'js> FnOnce(&rquickjs::Ctx<'js>) -> rquickjs::Result<T>) -> Result<T, String> {
+    let runtime = Runtime::new().map_err(|e| format!("cannot start the script engine: {e}"))?;
+    runtime.set_memory_limit(MEMORY_LIMIT);
+    runtime.set_max_stack_size(STACK_LIMIT);
+    let deadline = Instant::now() + TIME_LIMIT;
+    runtime.set_interrupt_handler(Some(Box::new(move || Instant::now() > deadline)));
+    let context = Context::full(&runtime).map_err(|e| format!("cannot start the script engine: {e}"))?;
+    context.with(|ctx| {
+        f(&ctx).map_err(|e| match e {
+            rquickjs::Error::Exception => describe(&ctx, ctx.catch()),
+            other => other.to_string(),
+        })
+    })
+}
+
+/// A thrown value as one line: its message and where (`line:column`), or what it was.
+fn describe<'js>(_ctx: &rquickjs::Ctx<'js>, thrown: Value<'js>) -> String {
+    if let Some(exception) = thrown.as_exception() {
+        let message = exception.message().unwrap_or_default();
+        let message =
+            if message == "interrupted" { format!("ran longer than {} ms", TIME_LIMIT.as_millis()) } else { message };
+        let at = exception
+            .stack()
+            .and_then(|s| s.lines().next().map(|l| l.trim().trim_start_matches("at ").to_owned()))
+            .map(|l| format!(" (at {l})"))
+            .unwrap_or_default();
+        return format!("{message}{at}");
+    }
+    format!("threw {:?}", thrown.type_of())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WEBHOOK: &str =
+        r#"{"payload": {"id": "ord_1", "amount": 1200, "card": {"number": "4242"}}, "type": "order.paid"}"#;
+
+    #[test]
+    fn a_handler_reshapes_the_webhook() {
+        let slack = "function handler(w) { return {text: `Order ${w.payload.id} paid: ${w.payload.amount}`}; }";
+        assert_eq!(apply(slack, WEBHOOK).unwrap(), br#"{"text":"Order ord_1 paid: 1200"}"#);
+        let redact = "function handler(w) { delete w.payload.card; return w.payload; }";
+        assert_eq!(apply(redact, WEBHOOK).unwrap(), br#"{"id":"ord_1","amount":1200}"#);
+    }
+
+    /// A body at the default size limit (1 MiB of JSON) fits the memory bound.
+    #[test]
+    fn a_large_body_fits_the_bounds() {
+        let items: Vec<String> =
+            (0..20_000).map(|i| format!(r#"{{"sku":"SKU-{i}","qty":{i},"note":"a fairly long note"}}"#)).collect();
+        let webhook = format!(r#"{{"payload":{{"items":[{}]}}}}"#, items.join(","));
+        assert!(webhook.len() > 1 << 20, "{}", webhook.len());
+        let count = "function handler(w) { return {n: w.payload.items.length}; }";
+        assert_eq!(apply(count, &webhook).unwrap(), br#"{"n":20000}"#);
+    }
+
+    #[test]
+    fn runaway_scripts_are_cut_off_with_the_reason() {
+        for (script, why) in [
+            ("function handler(w) { while (true) {} }", "ran longer than"),
+            ("function handler(w) { let a = []; while (true) a.push(new Array(100000).fill(1)); }", "out of memory"),
+            ("function f() { return f(); } function handler(w) { return f(); }", "call stack"),
+            ("function handler(w) { throw new Error('no card'); }", "no card"),
+            ("function handler(w) { }", "returned nothing"),
+        ] {
+            let err = apply(script, WEBHOOK).unwrap_err();
+            assert!(err.contains(why), "{script}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_script_is_checked_when_saved() {
+        assert_eq!(check("function handler(w) { return w; }"), Ok(()));
+        assert!(check("function handler(w { ").unwrap_err().contains("eval_script:1:"));
+        assert!(check("const x = 1;").unwrap_err().contains("handler"));
+        assert!(check("while (true) {}").unwrap_err().contains("ran longer than"));
+        assert!(check(" ").is_err());
+        assert!(check(&"x".repeat(MAX_TRANSFORM_BYTES + 1)).is_err());
+    }
+}

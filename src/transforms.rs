@@ -58,6 +58,47 @@ pub fn apply(script: &str, webhook: &str) -> Result<Vec<u8>, String> {
     .ok_or_else(|| "handler returned nothing JSON can hold (undefined or a function)".into())
 }
 
+/// The webhook a handler gets, as JSON: `{payload, headers, type, source}`. The body goes
+/// in as it came (not through a map that would sort its keys), so the handler sees the
+/// producer's order; `payload` is null when the body is not JSON.
+pub fn webhook(payload: &[u8], headers: Option<&serde_json::Value>, event_type: &str, source: Option<&str>) -> String {
+    let payload = match std::str::from_utf8(payload) {
+        Ok(text) if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() => text,
+        _ => "null",
+    };
+    format!(
+        r#"{{"payload":{payload},"headers":{},"type":{},"source":{}}}"#,
+        headers.cloned().unwrap_or(serde_json::Value::Null),
+        serde_json::Value::from(event_type),
+        source.map_or(serde_json::Value::Null, serde_json::Value::from),
+    )
+}
+
+/// A transformation to try (`POST /v1/transforms/test`): a script, and either a stored
+/// event or a pasted one.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TransformTest {
+    /// The script to try (as a subscription's `transform`).
+    #[schema(example = "function handler(w) { return {text: `Paid: ${w.payload.amount}`}; }")]
+    pub transform: String,
+    /// A stored event to try it on.
+    #[serde(default)]
+    pub event_id: Option<crate::ids::EventId>,
+    /// Or an event pasted here.
+    #[serde(default)]
+    pub event: Option<crate::filters::PastedEvent>,
+}
+
+/// What trying a transformation gives: the body it would send, or why there is none.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct TriedTransform {
+    /// The body the endpoint would receive (any JSON), when the handler succeeded.
+    pub body: Option<serde_json::Value>,
+    /// Why there is no body (the reason its delivery would be dead with).
+    pub error: Option<String>,
+}
+
 /// Run `f` in a fresh, bounded runtime; a JavaScript exception becomes its message (with
 /// where it was thrown).
 fn in_runtime<T>(f: impl for<'js> FnOnce(&rquickjs::Ctx<'js>) -> rquickjs::Result<T>) -> Result<T, String> {

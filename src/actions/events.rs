@@ -107,3 +107,51 @@ pub async fn try_filter(state: &AppState, body: crate::filters::FilterTest) -> R
         _ => Err(ApiError::validation("event_id", "give exactly one of `event_id` (a stored event) and `event`")),
     }
 }
+
+/// Try a subscription transformation on a stored or a pasted event (the API's
+/// `POST /v1/transforms/test`): checked like a saved one, run like the worker runs it;
+/// nothing is stored or sent.
+pub async fn try_transform(
+    state: &AppState,
+    body: crate::transforms::TransformTest,
+) -> Result<crate::transforms::TriedTransform, ApiError> {
+    let script = body.transform;
+    let checked = script.clone();
+    tokio::task::spawn_blocking(move || crate::transforms::check(&checked))
+        .await
+        .map_err(|_| ApiError::internal())?
+        .map_err(|e| ApiError::validation("transform", e))?;
+    let webhook = match (body.event_id, body.event) {
+        (Some(id), None) => {
+            let event = store::events::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("event"))?;
+            let source = store::sources::by_id(&state.pool, event.source_id).await?;
+            crate::transforms::webhook(
+                &event.payload,
+                Some(&event.headers.0),
+                &event.event_type,
+                source.as_ref().map(|s| s.name.as_str()),
+            )
+        }
+        (None, Some(pasted)) => {
+            let payload = serde_json::to_vec(&pasted.payload).map_err(|_| ApiError::internal())?;
+            let headers = serde_json::Value::Object(pasted.headers);
+            crate::transforms::webhook(&payload, Some(&headers), &pasted.event_type, pasted.source.as_deref())
+        }
+        _ => {
+            return Err(ApiError::validation(
+                "event_id",
+                "give exactly one of `event_id` (a stored event) and `event`",
+            ));
+        }
+    };
+    let ran = tokio::task::spawn_blocking(move || crate::transforms::apply(&script, &webhook))
+        .await
+        .map_err(|_| ApiError::internal())?;
+    Ok(match ran {
+        Ok(bytes) => crate::transforms::TriedTransform {
+            body: Some(serde_json::from_slice(&bytes).map_err(|_| ApiError::internal())?),
+            error: None,
+        },
+        Err(why) => crate::transforms::TriedTransform { body: None, error: Some(format!("transform: {why}")) },
+    })
+}

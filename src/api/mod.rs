@@ -17,6 +17,7 @@ mod routes;
 mod sources;
 mod storage;
 mod subscriptions;
+mod transforms;
 
 use std::time::Duration;
 

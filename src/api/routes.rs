@@ -12,7 +12,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::openapi::{AdminToken, ApiDoc, Fixups};
-use super::{AppState, deliveries, endpoints, events, filters, health, ingest, sources, storage, subscriptions};
+use super::{
+    AppState, deliveries, endpoints, events, filters, health, ingest, sources, storage, subscriptions, transforms,
+};
 
 /// The routes by who may call them; the router puts each group behind its own layers.
 pub(super) struct Declared {
@@ -45,6 +47,7 @@ pub(super) fn declared() -> Declared {
         .routes(routes!(subscriptions::create, subscriptions::list))
         .routes(routes!(subscriptions::get, subscriptions::update, subscriptions::delete))
         .routes(routes!(filters::test))
+        .routes(routes!(transforms::test))
         .routes(routes!(events::publish, events::list))
         .routes(routes!(events::get))
         .routes(routes!(deliveries::list))

@@ -135,18 +135,11 @@ async fn transform(job: &mut Claimed) -> Result<(), Observed> {
     let Some(script) = job.transform.clone() else {
         return Ok(());
     };
-    // The body goes in as it came (not through a map that would sort its keys), so the
-    // handler sees the producer's order; `null` when it is not JSON.
-    let payload = match std::str::from_utf8(&job.payload) {
-        Ok(text) if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() => text,
-        _ => "null",
-    };
-    let rest = |value: serde_json::Value| value.to_string();
-    let webhook = format!(
-        r#"{{"payload":{payload},"headers":{},"type":{},"source":{}}}"#,
-        rest(job.event_headers.as_ref().map_or(serde_json::Value::Null, |h| h.0.clone())),
-        rest(serde_json::Value::from(job.event_type.as_str())),
-        rest(serde_json::Value::from(job.source_name.as_str())),
+    let webhook = crate::transforms::webhook(
+        &job.payload,
+        job.event_headers.as_ref().map(|h| &h.0),
+        &job.event_type,
+        Some(&job.source_name),
     );
     // At most one run per core at a time: each may hold up to `transforms::MEMORY_LIMIT`,
     // and a thousand workers must not mean a thousand of those at once.

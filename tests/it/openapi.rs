@@ -662,6 +662,15 @@ async fn real_answers_match_the_document() {
     let unknown = json!({"filter": "$.a == 1", "event_id": uuid::Uuid::new_v4()});
     w.call(Call::admin(M::POST, "/v1/filters/test").json(unknown), 404).await;
 
+    // Trying a transformation: one that works, one that throws (still 200, with the error), a bad script.
+    let works =
+        json!({"transform": "function handler(w) { return {n: w.payload.a}; }", "event": {"payload": {"a": 1}}});
+    w.call(Call::admin(M::POST, "/v1/transforms/test").json(works), 200).await;
+    let throws = json!({"transform": "function handler(w) { throw new Error('x'); }", "event": {}});
+    w.call(Call::admin(M::POST, "/v1/transforms/test").json(throws), 200).await;
+    let bad = json!({"transform": "function handler(w {", "event": {}});
+    w.call(Call::admin(M::POST, "/v1/transforms/test").json(bad), 422).await;
+
     // Deleting what is left.
     w.call(Call::admin(M::DELETE, format!("/v1/subscriptions/{sub_id}")), 204).await;
     w.call(Call::admin(M::DELETE, format!("/v1/subscriptions/{sub_id}")), 404).await;

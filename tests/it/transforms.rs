@@ -135,3 +135,29 @@ async fn a_transformation_is_checked_when_saved() {
     let (status, cleared) = app.admin(reqwest::Method::PATCH, &path, Some(json!({"transform": null}))).await;
     assert_eq!((status, cleared["transform"].clone()), (200, Value::Null));
 }
+
+/// `POST /v1/transforms/test` runs a transformation as the worker would, on a stored event
+/// (its body in the producer's key order) or a pasted one, and shows the body or the
+/// reason its delivery would be dead with; nothing is stored or sent.
+#[tokio::test]
+async fn a_transformation_can_be_tried_on_a_stored_or_a_pasted_event() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let (status, stored) = app.ingest("shop", "d-1", "order.paid", r#"{"zeta": 1, "alpha": 2}"#).await;
+    assert_eq!(status, 200);
+    let keys = "function handler(w) { return {keys: Object.keys(w.payload), type: w.type, source: w.source}; }";
+    let tried =
+        app.admin_post("/v1/transforms/test", json!({"transform": keys, "event_id": stored["event_id"]}), 200).await;
+    assert_eq!(tried["body"], json!({"keys": ["zeta", "alpha"], "type": "order.paid", "source": "shop"}));
+    assert!(tried["error"].is_null());
+    let pasted = json!({"payload": {"id": "ord_2"}, "headers": {"x-a": "1"}, "type": "t"});
+    let echo = "function handler(w) { return [w.payload.id, w.headers['x-a']]; }";
+    let tried = app.admin_post("/v1/transforms/test", json!({"transform": echo, "event": pasted}), 200).await;
+    assert_eq!(tried["body"], json!(["ord_2", "1"]));
+    let throws = "function handler(w) { throw new Error('no ' + w.payload.id); }";
+    let tried = app.admin_post("/v1/transforms/test", json!({"transform": throws, "event": pasted}), 200).await;
+    assert!(tried["body"].is_null() && tried["error"].as_str().unwrap().contains("no ord_2"), "{tried}");
+    app.admin_post("/v1/transforms/test", json!({"transform": "function handler(w {", "event": pasted}), 422).await;
+    app.admin_post("/v1/transforms/test", json!({"transform": echo}), 422).await;
+    assert_eq!(app.db.count("events").await, 1, "trying stores nothing");
+}

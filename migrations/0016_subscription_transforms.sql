@@ -6,3 +6,6 @@ ALTER TABLE subscriptions
     ADD COLUMN transform text,
     ADD CONSTRAINT subscriptions_transform_size CHECK (octet_length(transform) <= 16384);
 ALTER TABLE deliveries ADD COLUMN transform_by uuid;
+-- What a transformed attempt sent: the start of the body its handler returned (the
+-- attempt log shows what the subscriber received, not the event's body).
+ALTER TABLE attempts ADD COLUMN sent_excerpt text;

@@ -396,6 +396,7 @@ async fn work(pool: db::Pool, endpoint: EndpointId, shared: Arc<Shared>) -> anyh
                     outcome,
                     reason: "soak".into(),
                     response_excerpt: Some("ok".into()),
+                    sent_excerpt: None,
                     next_attempt_at: (outcome == Outcome::Retry).then(|| now + chrono::Duration::seconds(2)),
                     next_attempt_reason: (outcome == Outcome::Retry)
                         .then_some(webhook_gateway::deliver::policy::NextReason::Backoff),

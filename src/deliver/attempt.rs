@@ -117,6 +117,7 @@ async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, spa
         outcome,
         reason: sanitize::bounded(&verdict.reason, sanitize::MAX_REASON_BYTES),
         response_excerpt: excerpt,
+        sent_excerpt: job.transform.is_some().then(|| sanitize::stored_text(&job.payload, sanitize::MAX_EXCERPT_BYTES)),
         next_attempt_at,
         next_attempt_reason: next_reason,
         endpoint_id: job.endpoint_id,

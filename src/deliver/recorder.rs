@@ -416,6 +416,7 @@ fn summary(row: &AttemptRecord) -> String {
 fn without_details(row: &AttemptRecord, error: &str) -> AttemptRecord {
     AttemptRecord {
         response_excerpt: None,
+        sent_excerpt: None,
         reason: sanitize::bounded(
             &format!("{} (the attempt's details could not be stored: {error})", summary(row)),
             sanitize::MAX_REASON_BYTES,

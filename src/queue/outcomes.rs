@@ -83,6 +83,9 @@ pub struct AttemptRecord {
     pub reason: String,
     /// The start of the subscriber's body, storable and bounded (`sanitize`).
     pub response_excerpt: Option<String>,
+    /// The start of the body sent, when a transformation made it (bounded like the
+    /// response's); `None`: the event's body was sent as it is.
+    pub sent_excerpt: Option<String>,
     /// When the next attempt is due (retries only).
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// `backoff` or `retry_after` (retries only).
@@ -181,6 +184,7 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
     let statuses: Vec<&str> = col(batch, |r| r.outcome.status().as_str());
     let reasons: Vec<&str> = col(batch, |r| r.reason.as_str());
     let excerpts: Vec<Option<&str>> = col(batch, |r| r.response_excerpt.as_deref());
+    let sent: Vec<Option<&str>> = col(batch, |r| r.sent_excerpt.as_deref());
     let next_at: Vec<Option<DateTime<Utc>>> = col(batch, |r| r.next_attempt_at);
     let next_why: Vec<Option<&str>> = col(batch, |r| r.next_attempt_reason.map(|why| why.as_str()));
 
@@ -191,9 +195,9 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
         "WITH o AS (
              SELECT * FROM unnest($1::uuid[], $2::int8[], $3::int4[], $4::timestamptz[], $5::int4[],
                                   $6::int4[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
-                                  $12::timestamptz[], $13::text[])
+                                  $12::timestamptz[], $13::text[], $14::text[])
                  AS o(id, token, attempt, started_at, duration_ms, status_code, error_kind, outcome,
-                      status, reason, excerpt, next_at, next_why)
+                      status, reason, excerpt, next_at, next_why, sent)
          ), upd AS (
              UPDATE deliveries d
              SET status = o.status,
@@ -209,9 +213,10 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
              RETURNING d.id
          ), ins AS (
              INSERT INTO attempts (delivery_id, attempt_number, started_at, duration_ms, status_code, error_kind,
-                                   outcome, reason, response_excerpt, next_attempt_at, next_attempt_reason)
+                                   outcome, reason, response_excerpt, next_attempt_at, next_attempt_reason,
+                                   sent_excerpt)
              SELECT o.id, o.attempt, o.started_at, o.duration_ms, o.status_code, o.error_kind, o.outcome,
-                    o.reason, o.excerpt, o.next_at, o.next_why
+                    o.reason, o.excerpt, o.next_at, o.next_why, o.sent
              FROM o JOIN upd ON upd.id = o.id
              RETURNING delivery_id
          ), prior AS (
@@ -235,6 +240,7 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
     .bind(excerpts)
     .bind(next_at)
     .bind(next_why)
+    .bind(sent)
     .fetch_all(db)
     .await?;
     let mut recorded = Recorded::default();
@@ -324,6 +330,7 @@ mod tests {
             outcome: Outcome::Delivered,
             reason: "HTTP 200".into(),
             response_excerpt: None,
+            sent_excerpt: None,
             next_attempt_at: None,
             next_attempt_reason: None,
             ordered: false,

@@ -26,6 +26,9 @@ pub struct Attempt {
     pub reason: String,
     /// The first 4 KiB of the response body, repaired to UTF-8; null without a response.
     pub response_excerpt: Option<String>,
+    /// The start of the body sent when a transformation made it; null: the event's body
+    /// was sent as it is.
+    pub sent_excerpt: Option<String>,
     /// When the next attempt is due (retry outcomes).
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// Where that time came from: `backoff` (our curve) or `retry_after` (the subscriber's
@@ -37,7 +40,7 @@ pub struct Attempt {
 pub async fn for_delivery(db: impl PgExecutor<'_>, id: DeliveryId) -> Result<Vec<Attempt>, sqlx::Error> {
     crate::db::query_as(
         "SELECT attempt_number, started_at, duration_ms, status_code, error_kind, outcome, reason,
-                response_excerpt, next_attempt_at, next_attempt_reason
+                response_excerpt, sent_excerpt, next_attempt_at, next_attempt_reason
          FROM attempts WHERE delivery_id = $1 ORDER BY id",
     )
     .bind(id)

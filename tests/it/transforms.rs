@@ -31,7 +31,7 @@ async fn each_endpoint_receives_what_its_handler_returns_signed() {
     app.source_none("shop").await;
     let (slack, redacted, plain) = (Sink::ok().await, Sink::ok().await, Sink::ok().await);
     let slack_js = "function handler(w) {\n  return {text: `Order ${w.payload.id} paid: ${w.payload.amount / 100} EUR (${w.type})`};\n}";
-    let (_, slack_secret) = transformed_endpoint(&app, &slack, Some(slack_js)).await;
+    let (slack_endpoint, slack_secret) = transformed_endpoint(&app, &slack, Some(slack_js)).await;
     let redact_js = "function handler(w) { delete w.payload.card; return w.payload; }";
     let (_, redacted_secret) = transformed_endpoint(&app, &redacted, Some(redact_js)).await;
     transformed_endpoint(&app, &plain, None).await;
@@ -74,6 +74,23 @@ async fn each_endpoint_receives_what_its_handler_returns_signed() {
     for id in ids {
         assert!(known.contains(&id), "each request carries its own delivery's webhook-id");
     }
+    // The attempt log shows what was sent.
+    let slack_delivery = deliveries["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["endpoint_id"] == slack_endpoint.as_str())
+        .expect("the slack endpoint's delivery")["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    eventually(Duration::from_secs(30), "the attempt recorded", || async {
+        let attempts = app.admin_get(&format!("/v1/deliveries/{slack_delivery}/attempts")).await;
+        (attempts["data"].as_array().is_some_and(|a| !a.is_empty())).then_some(attempts)
+    })
+    .await;
+    let attempts = app.admin_get(&format!("/v1/deliveries/{slack_delivery}/attempts")).await;
+    assert_eq!(attempts["data"][0]["sent_excerpt"], r#"{"text":"Order ord_1 paid: 12.5 EUR (order.paid)"}"#);
 }
 
 /// Scripts that loop forever, exhaust memory, recurse without end, throw or return nothing

@@ -481,6 +481,7 @@ pub fn attempt_record(
         outcome,
         reason: "HTTP 200".into(),
         response_excerpt: None,
+        sent_excerpt: None,
         next_attempt_at: None,
         next_attempt_reason: None,
         ordered: claim.ordered,

@@ -109,3 +109,68 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Deliveries in each drain of scenario 15.
+const TRANSFORM_DRAIN: u64 = 30_000;
+
+/// Run scenario 15: the drain of one endpoint's backlog, without and with a
+/// transformation (a Slack-style message built from the bench's event).
+pub async fn transform_drain(ctx: &Ctx) -> anyhow::Result<()> {
+    use crate::delivery::{Until, drain_with_worker, prepare};
+    let script = "function handler(w) {\n  const o = w.payload.data.object;\n  \
+                  return {text: `Order ${o.id} paid: ${o.amount_total / 100} ${o.currency.toUpperCase()}`};\n}";
+    let mut plain_rate = None;
+    for (how, transform) in [("no transformation", None), ("a transformation (Slack message)", Some(script))] {
+        let db = if transform.is_some() { "bench_transform_on" } else { "bench_transform_off" };
+        let setup = prepare(ctx, db, 1, 0, TRANSFORM_DRAIN).await?;
+        if let Some(t) = transform {
+            // Seeded rows bypass the fan-out: point them at the subscription as it would.
+            sqlx::query("UPDATE subscriptions SET transform = $1").bind(t).execute(&setup.pool).await?;
+            sqlx::query("UPDATE deliveries SET transform_by = (SELECT id FROM subscriptions LIMIT 1)")
+                .execute(&setup.pool)
+                .await?;
+        }
+        let result = drain_with_worker(ctx, &setup, Until::NothingPending(TRANSFORM_DRAIN)).await;
+        setup.pool.close().await;
+        ctx.server.drop_db(&setup.db).await;
+        let d = match result? {
+            Ok(d) => d,
+            Err(why) => {
+                ctx.row(crate::delivery::not_available("15", "Drain with a transformation", how, &why));
+                continue;
+            }
+        };
+        let rate = d.rate();
+        let of_plain = plain_rate.map(|p: f64| rate / p.max(1e-9));
+        let us = |cores: Option<f64>| cores.map(|c| format!("{:.0} µs", c / rate.max(1e-9) * 1e6));
+        ctx.row(Row {
+            id: "15".into(),
+            scenario: format!("Delivery drain, one endpoint: {how}"),
+            setting: format!("{} pending", crate::stats::thousands(TRANSFORM_DRAIN)),
+            result: match of_plain {
+                Some(x) => format!("{} deliveries · of no transformation **{x:.2}**", fmt_rate(rate)),
+                None => format!("{} deliveries", fmt_rate(rate)),
+            },
+            target: match of_plain {
+                Some(x) => crate::report::verdict(x >= 0.85, "≥ 0.85"),
+                None => "—".into(),
+            },
+            cpu: d.cpu.cell(),
+            note: format!(
+                "CPU per delivery: gateway {}, PostgreSQL {}",
+                us(d.cpu.gateway).unwrap_or_else(|| "n/a".into()),
+                us(d.cpu.postgres).unwrap_or_else(|| "n/a".into())
+            ),
+            ..Row::default()
+        });
+        if transform.is_none() {
+            plain_rate = Some(rate);
+        }
+    }
+    ctx.note(
+        "Row 15: the same backlog of one endpoint drained by one worker process, without and with a transformation \
+         on its subscription (QuickJS, a fresh runtime per run, at most one run per core at a time). The goal is \
+         ≥ 0.85 of the drain without.",
+    );
+    Ok(())
+}

@@ -63,6 +63,8 @@ enum Scenario {
     Fleet,
     /// 14: ingest with ten subscriptions, without filters, with filters that all match, and none.
     Filters,
+    /// 15: drain of one endpoint's backlog, without and with a transformation.
+    Transforms,
 }
 
 /// The webhook-gateway benchmark harness.
@@ -224,6 +226,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Pooler,
             Scenario::Fleet,
             Scenario::Filters,
+            Scenario::Transforms,
         ];
     }
     scenarios.dedup();
@@ -274,6 +277,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Pooler => pooler::run(&ctx).await,
             Scenario::Fleet => fleet::run(&ctx).await,
             Scenario::Filters => filters::run(&ctx).await,
+            Scenario::Transforms => filters::transform_drain(&ctx).await,
             Scenario::All => Ok(()),
         };
         if let Err(e) = result {

@@ -6,8 +6,8 @@
 //! hostile or broken script can run away with, in the engine itself: time (an interrupt
 //! checked while it runs: [`TIME_LIMIT`]), memory ([`MEMORY_LIMIT`]) and stack depth
 //! ([`STACK_LIMIT`]). jq (`jaq`) has none of these: `def f: f; f` overflows the process's
-//! stack and aborts the gateway. Each run gets a fresh runtime, so no state leaks from one
-//! event to the next, and runs on the blocking pool, so a slow one holds no async worker.
+//! stack and aborts the gateway. Runs happen on the blocking pool, so a slow one holds no
+//! async worker, in a context kept warm per thread and script ([`apply`]).
 //!
 //! The webhook a handler gets is the event's document, as filters see it:
 //! `{payload, headers, type, source}` (`payload` is null when the body is not JSON). What

@@ -26,6 +26,7 @@ mod filters;
 mod overview;
 mod session;
 mod sources;
+mod transforms;
 
 use askama::Template;
 use axum::Router;
@@ -62,6 +63,7 @@ pub fn router() -> Router<AppState> {
         .route("/dead", get(dead::list))
         .route("/sources", get(sources::list))
         .route("/filters", get(filters::page))
+        .route("/transforms", get(transforms::page))
         .route("/static/console.js", get(script))
         .route("/static/console.css", get(style))
         .layer(axum::Extension(overview::Recent::default()))

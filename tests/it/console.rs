@@ -445,3 +445,27 @@ async fn the_filters_page_tries_a_filter_on_a_pasted_or_a_stored_event() {
     assert!(!html.contains("<b>"), "escaped: {html}");
     assert_eq!(app.db.count("events").await, 1, "trying stores nothing");
 }
+
+/// The transformations page tries a script on a pasted payload or a stored event, as the
+/// API does: the body it would send, or why there is none, escaped; nothing is stored.
+#[tokio::test]
+async fn the_transformations_page_tries_a_script_on_a_pasted_or_a_stored_event() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let (status, stored) = app.ingest("shop", "d-1", "order.created", r#"{"id": "ord_1"}"#).await;
+    assert_eq!(status, 200);
+    let cookie = sign_in(&app).await;
+    let query = |pairs: &[(&str, &str)]| format!("/console/transforms?{}", serde_urlencoded::to_string(pairs).unwrap());
+    let slack = "function handler(w) { return {text: `Order ${w.payload.id} <b>`}; }";
+    let (status, html) =
+        page(&app, &cookie, &query(&[("transform", slack), ("event_id", stored["event_id"].as_str().unwrap())])).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains(r#"id="transform-body""#) && html.contains("Order ord_1 &#60;b&#62;"), "{html}");
+    assert!(!html.contains("<b>"), "escaped: {html}");
+    let throws = "function handler(w) { throw new Error('no ' + w.payload.x); }";
+    let (_, html) = page(&app, &cookie, &query(&[("transform", throws), ("payload", r#"{"x": "card"}"#)])).await;
+    assert!(html.contains(r#"id="transform-error""#) && html.contains("no card"), "{html}");
+    let (_, html) = page(&app, &cookie, &query(&[("transform", "function handler(w {"), ("payload", "{}")])).await;
+    assert!(html.contains(r#"id="transform-error""#) && html.contains("eval_script:1:"), "{html}");
+    assert_eq!(app.db.count("events").await, 1, "trying stores nothing");
+}

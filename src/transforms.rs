@@ -6,8 +6,9 @@
 //! hostile or broken script can run away with, in the engine itself: time (an interrupt
 //! checked while it runs: [`TIME_LIMIT`]), memory ([`MEMORY_LIMIT`]) and stack depth
 //! ([`STACK_LIMIT`]). jq (`jaq`) has none of these: `def f: f; f` overflows the process's
-//! stack and aborts the gateway. Runs happen on the blocking pool, so a slow one holds no
-//! async worker, in a context kept warm per thread and script ([`apply`]).
+//! stack and aborts the gateway. A run happens on the worker's thread through
+//! `block_in_place` (its other tasks move to another thread meanwhile), in a context kept
+//! warm per thread and script ([`apply`]).
 //!
 //! The webhook a handler gets is the event's document, as filters see it:
 //! `{payload, headers, type, source}` (`payload` is null when the body is not JSON). What

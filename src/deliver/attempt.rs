@@ -151,7 +151,15 @@ async fn transform(job: &mut Claimed) -> Result<(), Observed> {
         .acquire()
         .await
         .map_err(|e| Observed::Refused { kind: ErrorKind::Transform, message: format!("transform: {e}") })?;
-    let ran = tokio::task::spawn_blocking(move || crate::transforms::apply(&script, &webhook)).await;
+    let run = move || crate::transforms::apply(&script, &webhook);
+    // On the multi-threaded runtime the run stays on this thread (its warm context is
+    // this thread's), which hands its other tasks to another thread meanwhile; elsewhere
+    // (a single-threaded runtime, in tests) it goes to the blocking pool.
+    let ran = if tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+        Ok(tokio::task::block_in_place(run))
+    } else {
+        tokio::task::spawn_blocking(run).await
+    };
     match ran {
         Ok(Ok(body)) => {
             job.payload = Bytes::from(body);

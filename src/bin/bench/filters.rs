@@ -63,7 +63,6 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
             let share = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
             let rate = out.rate();
             let base = unfiltered.iter().find(|(conns, _)| *conns == c).map(|(_, r)| *r);
-            let us = |cores: Option<f64>| cores.map(|c| format!("{:.0} µs", c / rate.max(1e-9) * 1e6));
             let latency = Latency::from_micros(&mut out.latencies);
             let of_base = base.map(|b| rate / b.max(1e-9));
             ctx.row(Row {
@@ -83,11 +82,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
                 max: fmt_dur(latency.max),
                 cpu: share.cell(),
                 note: [
-                    Some(format!(
-                        "CPU per webhook: gateway {}, PostgreSQL {}",
-                        us(share.gateway).unwrap_or_else(|| "n/a".into()),
-                        us(share.postgres).unwrap_or_else(|| "n/a".into())
-                    )),
+                    Some(share.per_item("webhook", rate)),
                     (!out.failure_note().is_empty()).then(|| out.failure_note()),
                 ]
                 .into_iter()
@@ -142,7 +137,6 @@ pub async fn transform_drain(ctx: &Ctx) -> anyhow::Result<()> {
         };
         let rate = d.rate();
         let of_plain = plain_rate.map(|p: f64| rate / p.max(1e-9));
-        let us = |cores: Option<f64>| cores.map(|c| format!("{:.0} µs", c / rate.max(1e-9) * 1e6));
         ctx.row(Row {
             id: "15".into(),
             scenario: format!("Delivery drain, one endpoint: {how}"),
@@ -156,11 +150,7 @@ pub async fn transform_drain(ctx: &Ctx) -> anyhow::Result<()> {
                 None => "—".into(),
             },
             cpu: d.cpu.cell(),
-            note: format!(
-                "CPU per delivery: gateway {}, PostgreSQL {}",
-                us(d.cpu.gateway).unwrap_or_else(|| "n/a".into()),
-                us(d.cpu.postgres).unwrap_or_else(|| "n/a".into())
-            ),
+            note: d.cpu.per_item("delivery", rate),
             ..Row::default()
         });
         if transform.is_none() {
@@ -169,7 +159,8 @@ pub async fn transform_drain(ctx: &Ctx) -> anyhow::Result<()> {
     }
     ctx.note(
         "Row 15: the same backlog of one endpoint drained by one worker process, without and with a transformation \
-         on its subscription (QuickJS, a fresh runtime per run, at most one run per core at a time). The goal is \
+         on its subscription (QuickJS, a context kept warm per thread and script, run on the worker's own thread, \
+         at most one run per core at a time). The goal is \
          ≥ 0.85 of the drain without.",
     );
     Ok(())

@@ -56,7 +56,6 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
             let share = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
             let rate = out.rate();
             let direct = rates.iter().find(|(conns, _)| *conns == c).map(|(_, r)| *r);
-            let us = |cores: Option<f64>| cores.map(|c| format!("{:.0} µs", c / rate.max(1e-9) * 1e6));
             let latency = Latency::from_micros(&mut out.latencies);
             ctx.row(Row {
                 id: "12".into(),
@@ -71,11 +70,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
                 max: fmt_dur(latency.max),
                 cpu: share.cell(),
                 note: [
-                    Some(format!(
-                        "CPU per webhook: gateway {}, PostgreSQL {}",
-                        us(share.gateway).unwrap_or_else(|| "n/a".into()),
-                        us(share.postgres).unwrap_or_else(|| "n/a".into())
-                    )),
+                    Some(share.per_item("webhook", rate)),
                     (!out.failure_note().is_empty()).then(|| out.failure_note()),
                 ]
                 .into_iter()

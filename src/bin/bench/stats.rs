@@ -181,6 +181,15 @@ pub struct CpuShare {
 }
 
 impl CpuShare {
+    /// `CPU per webhook: gateway 52 µs, PostgreSQL 275 µs`: the gateway's and PostgreSQL's
+    /// share divided by `rate` items per second (`n/a` for a share not measured).
+    pub fn per_item(&self, item: &str, rate: f64) -> String {
+        let us = |cores: Option<f64>| {
+            cores.map_or_else(|| "n/a".to_owned(), |c| format!("{:.0} µs", c / rate.max(1e-9) * 1e6))
+        };
+        format!("CPU per {item}: gateway {}, PostgreSQL {}", us(self.gateway), us(self.postgres))
+    }
+
     /// `bench 0.42 · gw 0.91 · pg 0.55 · other 0.02` (cores).
     pub fn cell(&self) -> String {
         let mut parts = vec![format!("bench {:.2}", self.bench)];

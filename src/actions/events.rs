@@ -74,38 +74,59 @@ pub async fn search_events(
     Ok(store::events::list(&state.pool, &filter, limit).await?)
 }
 
+/// The event a filter or a transformation is tried on: a stored one or a pasted one.
+struct TryEvent {
+    source_id: Option<crate::ids::SourceId>,
+    source_name: Option<String>,
+    event_type: String,
+    headers: serde_json::Value,
+    payload: Vec<u8>,
+}
+
+impl TryEvent {
+    /// The stored event `event_id`, or the pasted `event`: exactly one must be given.
+    async fn of(
+        state: &AppState,
+        event_id: Option<EventId>,
+        event: Option<crate::filters::PastedEvent>,
+    ) -> Result<TryEvent, ApiError> {
+        match (event_id, event) {
+            (Some(id), None) => {
+                let e = store::events::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("event"))?;
+                Ok(TryEvent {
+                    source_id: Some(e.source_id),
+                    source_name: Some(e.source_name),
+                    event_type: e.event_type,
+                    headers: e.headers.0,
+                    payload: e.payload,
+                })
+            }
+            (None, Some(pasted)) => Ok(TryEvent {
+                source_id: None,
+                source_name: pasted.source,
+                event_type: pasted.event_type,
+                headers: serde_json::Value::Object(pasted.headers),
+                payload: serde_json::to_vec(&pasted.payload).map_err(|_| ApiError::internal())?,
+            }),
+            _ => Err(ApiError::validation("event_id", "give exactly one of `event_id` (a stored event) and `event`")),
+        }
+    }
+}
+
 /// Try a subscription filter on a stored or a pasted event (the API's
 /// `POST /v1/filters/test`): checked like a saved one, evaluated like the fan-out does.
 pub async fn try_filter(state: &AppState, body: crate::filters::FilterTest) -> Result<crate::filters::Tried, ApiError> {
     use crate::filters::{EventFields, check, try_on};
     check(&state.pool, &body.filter).await?.map_err(|e| ApiError::validation("filter", e))?;
-    match (body.event_id, body.event) {
-        (Some(id), None) => {
-            let event = store::events::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("event"))?;
-            let source = store::sources::by_id(&state.pool, event.source_id).await?;
-            let fields = EventFields {
-                source_id: Some(event.source_id),
-                source_name: source.as_ref().map(|s| s.name.as_str()),
-                event_type: &event.event_type,
-                headers: &event.headers.0,
-                payload: &event.payload,
-            };
-            Ok(try_on(&state.pool, &body.filter, &fields).await?)
-        }
-        (None, Some(pasted)) => {
-            let payload = serde_json::to_vec(&pasted.payload).map_err(|_| ApiError::internal())?;
-            let headers = serde_json::Value::Object(pasted.headers);
-            let fields = EventFields {
-                source_id: None,
-                source_name: pasted.source.as_deref(),
-                event_type: &pasted.event_type,
-                headers: &headers,
-                payload: &payload,
-            };
-            Ok(try_on(&state.pool, &body.filter, &fields).await?)
-        }
-        _ => Err(ApiError::validation("event_id", "give exactly one of `event_id` (a stored event) and `event`")),
-    }
+    let event = TryEvent::of(state, body.event_id, body.event).await?;
+    let fields = EventFields {
+        source_id: event.source_id,
+        source_name: event.source_name.as_deref(),
+        event_type: &event.event_type,
+        headers: &event.headers,
+        payload: &event.payload,
+    };
+    Ok(try_on(&state.pool, &body.filter, &fields).await?)
 }
 
 /// Try a subscription transformation on a stored or a pasted event (the API's
@@ -121,29 +142,8 @@ pub async fn try_transform(
         .await
         .map_err(|_| ApiError::internal())?
         .map_err(|e| ApiError::validation("transform", e))?;
-    let webhook = match (body.event_id, body.event) {
-        (Some(id), None) => {
-            let event = store::events::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("event"))?;
-            let source = store::sources::by_id(&state.pool, event.source_id).await?;
-            crate::transforms::webhook(
-                &event.payload,
-                Some(&event.headers.0),
-                &event.event_type,
-                source.as_ref().map(|s| s.name.as_str()),
-            )
-        }
-        (None, Some(pasted)) => {
-            let payload = serde_json::to_vec(&pasted.payload).map_err(|_| ApiError::internal())?;
-            let headers = serde_json::Value::Object(pasted.headers);
-            crate::transforms::webhook(&payload, Some(&headers), &pasted.event_type, pasted.source.as_deref())
-        }
-        _ => {
-            return Err(ApiError::validation(
-                "event_id",
-                "give exactly one of `event_id` (a stored event) and `event`",
-            ));
-        }
-    };
+    let e = TryEvent::of(state, body.event_id, body.event).await?;
+    let webhook = crate::transforms::webhook(&e.payload, Some(&e.headers), &e.event_type, e.source_name.as_deref());
     let ran = tokio::task::spawn_blocking(move || crate::transforms::apply(&script, &webhook))
         .await
         .map_err(|_| ApiError::internal())?;

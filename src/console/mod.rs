@@ -274,6 +274,40 @@ fn non_empty(s: Option<String>) -> Option<String> {
     s.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
 }
 
+/// The event a "try" form names (the filters and transformations pages): a stored event's
+/// id, or a pasted JSON payload; else the message the page shows.
+fn tried_event(
+    event_id: Option<String>,
+    payload: Option<String>,
+) -> Result<(Option<crate::ids::EventId>, Option<crate::filters::PastedEvent>), String> {
+    match (non_empty(event_id), non_empty(payload)) {
+        (Some(id), _) => id.parse().map(|id| (Some(id), None)).map_err(|_| format!("{id:?} is not an event id")),
+        (None, Some(payload)) => match serde_json::from_str(&payload) {
+            Ok(payload) => Ok((
+                None,
+                Some(crate::filters::PastedEvent {
+                    payload,
+                    headers: serde_json::Map::new(),
+                    event_type: String::new(),
+                    source: None,
+                }),
+            )),
+            Err(e) => Err(format!("the pasted payload is not JSON: {e}")),
+        },
+        (None, None) => Err("give a stored event's id, or paste a payload".into()),
+    }
+}
+
+/// What a "try" page shows of a refused try (a bad script or filter, an unknown event),
+/// or the error that goes to the error page.
+fn shown(e: ApiError) -> Result<String, ApiError> {
+    if matches!(e.code, crate::error::ErrorCode::ValidationFailed | crate::error::ErrorCode::NotFound) {
+        Ok(e.message)
+    } else {
+        Err(e)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

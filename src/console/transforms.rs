@@ -6,11 +6,9 @@ use askama::Template;
 use axum::extract::{Query, State};
 use serde::Deserialize;
 
-use super::{Layout, PageResult, Session, non_empty, render};
+use super::{Layout, PageResult, Session, non_empty, render, shown, tried_event};
 use crate::actions;
 use crate::api::AppState;
-use crate::error::ErrorCode;
-use crate::filters::PastedEvent;
 use crate::transforms::TransformTest;
 
 /// The form's fields.
@@ -43,7 +41,7 @@ pub async fn page(session: Session, State(state): State<AppState>, Query(form): 
         error: None,
     };
     if let Some(transform) = non_empty(form.transform) {
-        match tried(&state, transform, non_empty(form.event_id), non_empty(form.payload)).await {
+        match tried(&state, transform, form.event_id, form.payload).await {
             Ok(Ok(body)) => page.body = Some(body),
             Ok(Err(message)) => page.error = Some(message),
             Err(e) => return Err(e.into()),
@@ -60,33 +58,16 @@ async fn tried(
     event_id: Option<String>,
     payload: Option<String>,
 ) -> Result<Result<String, String>, crate::error::ApiError> {
-    let body = match (event_id, payload) {
-        (Some(id), _) => match id.parse() {
-            Ok(id) => TransformTest { transform, event_id: Some(id), event: None },
-            Err(_) => return Ok(Err(format!("{id:?} is not an event id"))),
-        },
-        (None, Some(payload)) => match serde_json::from_str(&payload) {
-            Ok(payload) => TransformTest {
-                transform,
-                event_id: None,
-                event: Some(PastedEvent {
-                    payload,
-                    headers: serde_json::Map::new(),
-                    event_type: String::new(),
-                    source: None,
-                }),
-            },
-            Err(e) => return Ok(Err(format!("the pasted payload is not JSON: {e}"))),
-        },
-        (None, None) => return Ok(Err("give a stored event's id, or paste a payload".into())),
+    let (event_id, event) = match tried_event(event_id, payload) {
+        Ok(event) => event,
+        Err(message) => return Ok(Err(message)),
     };
-    match actions::try_transform(state, body).await {
+    match actions::try_transform(state, TransformTest { transform, event_id, event }).await {
         Ok(tried) => Ok(match (tried.body, tried.error) {
             (Some(body), _) => Ok(serde_json::to_string_pretty(&body).unwrap_or_default()),
             (None, Some(error)) => Err(error),
             (None, None) => Err("no body".into()),
         }),
-        Err(e) if matches!(e.code, ErrorCode::ValidationFailed | ErrorCode::NotFound) => Ok(Err(e.message)),
-        Err(e) => Err(e),
+        Err(e) => shown(e).map(Err),
     }
 }

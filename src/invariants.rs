@@ -61,14 +61,22 @@ pub fn distinct<T: Hash + Eq + std::fmt::Debug>(
     items: impl IntoIterator<Item = T>,
     invariant: &'static str,
 ) -> Result<(), Broken> {
+    distinct_set(items, invariant).map(drop)
+}
+
+/// [`distinct`], keeping the set it built (for a caller that looks values up next).
+pub fn distinct_set<T: Hash + Eq + std::fmt::Debug>(
+    items: impl IntoIterator<Item = T>,
+    invariant: &'static str,
+) -> Result<HashSet<T>, Broken> {
     let mut seen = HashSet::new();
     for item in items {
         if seen.contains(&item) {
-            return ensure(false, invariant, || format!("{item:?} appears twice"));
+            ensure(false, invariant, || format!("{item:?} appears twice"))?;
         }
         seen.insert(item);
     }
-    Ok(())
+    Ok(seen)
 }
 
 /// The message prefix a [`Broken`] carries as a database-layer error.

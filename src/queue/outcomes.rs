@@ -133,15 +133,16 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     if batch.is_empty() {
         return Ok(Recorded::default());
     }
-    invariants::distinct(batch.iter().map(|r| r.borrow().delivery_id), invariants::ONE_OUTCOME_PER_CLAIM)?;
+    let ids =
+        invariants::distinct_set(batch.iter().map(|r| r.borrow().delivery_id), invariants::ONE_OUTCOME_PER_CLAIM)?;
     if !batch.iter().any(|r| r.borrow().ordered && r.borrow().outcome != Outcome::Retry) {
         let recorded = record_outcomes(conn, batch).await?;
-        recorded_from(batch, &recorded)?;
+        recorded_from(&ids, &recorded)?;
         return Ok(recorded);
     }
     let mut tx = conn.begin().await?;
     let recorded = record_outcomes(&mut *tx, batch).await?;
-    recorded_from(batch, &recorded)?;
+    recorded_from(&ids, &recorded)?;
     let finished: Vec<DeliveryId> = batch
         .iter()
         .map(|r| r.borrow())
@@ -155,9 +156,8 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
 }
 
 /// [`invariants::RECORDED_FROM_BATCH`]: every delivery `recorded` reports is one of
-/// `batch`'s, reported once, as written or as already written.
-pub fn recorded_from<R: std::borrow::Borrow<AttemptRecord>>(batch: &[R], recorded: &Recorded) -> Result<(), Broken> {
-    let ids: std::collections::HashSet<DeliveryId> = batch.iter().map(|r| r.borrow().delivery_id).collect();
+/// the batch's (`ids`), reported once, as written or as already written.
+pub fn recorded_from(ids: &std::collections::HashSet<DeliveryId>, recorded: &Recorded) -> Result<(), Broken> {
     let stray = recorded.fresh.iter().chain(&recorded.already).find(|id| !ids.contains(id));
     invariants::ensure(stray.is_none(), invariants::RECORDED_FROM_BATCH, || {
         format!("{stray:?} reported recorded but not in the batch")
@@ -346,7 +346,8 @@ mod tests {
     /// in both).
     #[test]
     fn a_record_reports_only_its_batch_each_once() {
-        let batch = [record(1), record(2), record(3)];
+        let batch: std::collections::HashSet<DeliveryId> =
+            [record(1), record(2), record(3)].iter().map(|r| r.delivery_id).collect();
         let ok = Recorded { fresh: vec![id(1), id(3)], already: vec![id(2)] };
         assert_eq!(recorded_from(&batch, &ok), Ok(()));
         for (what, bad) in [

@@ -144,10 +144,7 @@ pub async fn try_transform(
         .map_err(|e| ApiError::validation("transform", e))?;
     let e = TryEvent::of(state, body.event_id, body.event).await?;
     let webhook = crate::transforms::webhook(&e.payload, Some(&e.headers), &e.event_type, e.source_name.as_deref());
-    let ran = tokio::task::spawn_blocking(move || crate::transforms::apply(&script, &webhook))
-        .await
-        .map_err(|_| ApiError::internal())?;
-    Ok(match ran {
+    Ok(match crate::transforms::run(script, webhook).await {
         Ok(bytes) => crate::transforms::TriedTransform {
             body: Some(serde_json::from_slice(&bytes).map_err(|_| ApiError::internal())?),
             error: None,

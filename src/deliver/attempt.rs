@@ -130,10 +130,10 @@ async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, spa
     }
 }
 
-/// Run the delivery's transformation, if it has one, on the blocking pool: the body (and
-/// `application/json`) it sends instead of the event's, or why there is none.
+/// Run the delivery's transformation, if it has one, on the transformation threads: the
+/// body (and `application/json`) it sends instead of the event's, or why there is none.
 async fn transform(job: &mut Claimed) -> Result<(), Observed> {
-    let Some(script) = job.transform.clone() else {
+    let Some(script) = job.transform.as_deref() else {
         return Ok(());
     };
     let webhook = crate::transforms::webhook(
@@ -142,32 +142,13 @@ async fn transform(job: &mut Claimed) -> Result<(), Observed> {
         &job.event_type,
         Some(&job.source_name),
     );
-    // At most one run per core at a time: each may hold up to `transforms::MEMORY_LIMIT`,
-    // and a thousand workers must not mean a thousand of those at once.
-    static RUNS: std::sync::LazyLock<tokio::sync::Semaphore> = std::sync::LazyLock::new(|| {
-        tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, std::num::NonZero::get))
-    });
-    let _run = RUNS
-        .acquire()
-        .await
-        .map_err(|e| Observed::Refused { kind: ErrorKind::Transform, message: format!("transform: {e}") })?;
-    let run = move || crate::transforms::apply(&script, &webhook);
-    // On the multi-threaded runtime the run stays on this thread (its warm context is
-    // this thread's), which hands its other tasks to another thread meanwhile; elsewhere
-    // (a single-threaded runtime, in tests) it goes to the blocking pool.
-    let ran = if tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
-        Ok(tokio::task::block_in_place(run))
-    } else {
-        tokio::task::spawn_blocking(run).await
-    };
-    match ran {
-        Ok(Ok(body)) => {
+    match crate::transforms::run(script, webhook).await {
+        Ok(body) => {
             job.payload = Bytes::from(body);
             job.content_type = Some("application/json".to_owned());
             Ok(())
         }
-        Ok(Err(why)) => Err(Observed::Refused { kind: ErrorKind::Transform, message: format!("transform: {why}") }),
-        Err(e) => Err(Observed::Refused { kind: ErrorKind::Transform, message: format!("transform: {e}") }),
+        Err(why) => Err(Observed::Refused { kind: ErrorKind::Transform, message: format!("transform: {why}") }),
     }
 }
 

@@ -6,9 +6,9 @@
 //! hostile or broken script can run away with, in the engine itself: time (an interrupt
 //! checked while it runs: [`TIME_LIMIT`]), memory ([`MEMORY_LIMIT`]) and stack depth
 //! ([`STACK_LIMIT`]). jq (`jaq`) has none of these: `def f: f; f` overflows the process's
-//! stack and aborts the gateway. A run happens on the worker's thread through
-//! `block_in_place` (its other tasks move to another thread meanwhile), in a context kept
-//! warm per thread and script ([`apply`]).
+//! stack and aborts the gateway. Runs happen on a few threads of their own, one per core
+//! ([`run`]), each keeping a context warm per script ([`apply`]): a slow script holds one
+//! of them, never a thread that serves requests or deliveries.
 //!
 //! The webhook a handler gets is the event's document, as filters see it:
 //! `{payload, headers, type, source}` (`payload` is null when the body is not JSON). What
@@ -19,6 +19,9 @@
 use std::time::{Duration, Instant};
 
 use rquickjs::{Context, Function, Runtime, Value};
+
+mod pool;
+pub use pool::run;
 
 /// Longest script, in bytes (also a database constraint).
 pub const MAX_TRANSFORM_BYTES: usize = 16 * 1024;
@@ -45,23 +48,27 @@ pub fn check(script: &str) -> Result<(), String> {
     .and_then(|defined| if defined { Ok(()) } else { Err("defines no function `handler(webhook)`".into()) })
 }
 
-/// Run `script`'s `handler` on `webhook` (the event's document, JSON): the body to send,
-/// or why there is none.
+/// Run `script`'s `handler` on `webhook` (the event's document, JSON) on this thread: the
+/// body to send, or why there is none. The gateway calls [`run`], which does this on the
+/// transformation threads; this is for them and for tests.
 ///
-/// The runtime is kept warm per thread and per script: creating a JavaScript context
-/// costs about 90 µs, more than a whole delivery, so a thread that runs one subscription's
-/// script again reuses the context it evaluated the script in (at most [`WARM_RUNS`] runs,
-/// and never after a run that failed: a failure may leave it in any state). The bounds
-/// hold per run. A handler therefore must not count on a fresh global scope.
+/// Contexts are kept warm per thread and per script: creating a JavaScript context costs
+/// about 90 µs, more than a whole delivery, so a thread that runs a script again reuses
+/// the context it evaluated the script in ([`WARM_SCRIPTS`] scripts per thread, least
+/// recently used dropped first; at most [`WARM_RUNS`] runs each, and never after a run
+/// that failed: a failure may leave it in any state). The bounds hold per run. A handler
+/// therefore must not count on a fresh global scope.
 pub fn apply(script: &str, webhook: &str) -> Result<Vec<u8>, String> {
     WARM.with(|cell| {
         let mut warm = cell.borrow_mut();
-        let reusable = warm.as_ref().is_some_and(|w| w.script == script && w.runs < WARM_RUNS);
-        if !reusable {
-            *warm = None;
-            *warm = Some(Warm::new(script)?);
-        }
-        let Some(w) = warm.as_mut() else { return Err("the script engine is unavailable".to_owned()) };
+        let found = warm.iter().position(|w| w.script == script && w.runs < WARM_RUNS);
+        let mut w = match found {
+            Some(at) => warm.remove(at),
+            None => {
+                warm.retain(|w| w.script != script);
+                Warm::new(script)?
+            }
+        };
         w.runs += 1;
         w.arm();
         let result = w.context.with(|ctx| {
@@ -76,8 +83,10 @@ pub fn apply(script: &str, webhook: &str) -> Result<Vec<u8>, String> {
                 other => other.to_string(),
             })
         });
-        if result.is_err() {
-            *warm = None;
+        if result.is_ok() {
+            // Most recently used first; the least recently used falls off the end.
+            warm.insert(0, w);
+            warm.truncate(WARM_SCRIPTS);
         }
         result?
             .map(String::into_bytes)
@@ -88,9 +97,11 @@ pub fn apply(script: &str, webhook: &str) -> Result<Vec<u8>, String> {
 /// Runs one warm context serves before it is replaced (a handler that leaks into its
 /// global scope cannot grow it for ever).
 pub const WARM_RUNS: u32 = 1_000;
+/// Scripts a thread keeps a warm context for.
+pub const WARM_SCRIPTS: usize = 16;
 
 thread_local! {
-    static WARM: std::cell::RefCell<Option<Warm>> = const { std::cell::RefCell::new(None) };
+    static WARM: std::cell::RefCell<Vec<Warm>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A bounded runtime and a context that has evaluated `script`.
@@ -249,8 +260,9 @@ mod tests {
         }
     }
 
-    /// A warm context is reused for the same script, replaced for another, and dropped
-    /// after a failure; the time bound holds on every run, warm or not.
+    /// A warm context is reused for the same script, kept beside others until it is the
+    /// least recently used of too many, and dropped after a failure; the time bound holds
+    /// on every run, warm or not.
     #[test]
     fn a_warm_context_keeps_the_bounds_and_is_dropped_after_a_failure() {
         let counter =
@@ -264,7 +276,12 @@ mod tests {
             assert_eq!(apply(slow, r#"{"payload": {}}"#).unwrap(), b"0");
         }
         assert!(apply(slow, r#"{"payload": {"spin": true}}"#).unwrap_err().contains("ran longer than"));
-        assert_eq!(apply(counter, r#"{"payload": {}}"#).unwrap(), b"1", "another script: another context");
+        assert_eq!(apply(counter, r#"{"payload": {}}"#).unwrap(), b"2", "kept warm beside another script");
+        for n in 0..WARM_SCRIPTS {
+            let other = format!("function handler(w) {{ return {n}; }}");
+            assert_eq!(apply(&other, r#"{"payload": {}}"#).unwrap(), n.to_string().into_bytes());
+        }
+        assert_eq!(apply(counter, r#"{"payload": {}}"#).unwrap(), b"1", "the least recently used was dropped");
     }
 
     #[test]

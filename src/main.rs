@@ -14,13 +14,6 @@ use webhook_gateway::db::{self, embedded};
 use webhook_gateway::secrets::{self, Keyring};
 use webhook_gateway::{admin_token, app};
 
-/// mimalloc instead of the C library's allocator: the gateway allocates and frees many
-/// small, short-lived buffers from many threads (requests, bodies, JSON, and the
-/// transformation engine, which allocates through Rust's allocator), where glibc's malloc
-/// spent a fifth of a transforming worker's CPU in its own bookkeeping (bench row 15).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use rquickjs::{Context, Function, Runtime, Value};
 
+mod alloc;
 mod pool;
 pub use pool::run;
 
@@ -118,9 +119,7 @@ struct Warm {
 
 impl Warm {
     fn new(script: &str) -> Result<Warm, String> {
-        let runtime = Runtime::new().map_err(|e| format!("cannot start the script engine: {e}"))?;
-        runtime.set_memory_limit(MEMORY_LIMIT);
-        runtime.set_max_stack_size(STACK_LIMIT);
+        let runtime = bounded_runtime()?;
         let epoch = Instant::now();
         let deadline = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let armed = deadline.clone();
@@ -187,12 +186,20 @@ pub struct TriedTransform {
     pub error: Option<String>,
 }
 
+/// A runtime on mimalloc ([`alloc`]) within the memory and stack bounds (the time bound
+/// is its caller's: an interrupt handler).
+fn bounded_runtime() -> Result<Runtime, String> {
+    let runtime =
+        Runtime::new_with_alloc(alloc::MiMalloc).map_err(|e| format!("cannot start the script engine: {e}"))?;
+    runtime.set_memory_limit(MEMORY_LIMIT);
+    runtime.set_max_stack_size(STACK_LIMIT);
+    Ok(runtime)
+}
+
 /// Run `f` in a fresh, bounded runtime; a JavaScript exception becomes its message (with
 /// where it was thrown).
 fn in_runtime<T>(f: impl for<'js> FnOnce(&rquickjs::Ctx<'js>) -> rquickjs::Result<T>) -> Result<T, String> {
-    let runtime = Runtime::new().map_err(|e| format!("cannot start the script engine: {e}"))?;
-    runtime.set_memory_limit(MEMORY_LIMIT);
-    runtime.set_max_stack_size(STACK_LIMIT);
+    let runtime = bounded_runtime()?;
     let deadline = Instant::now() + TIME_LIMIT;
     runtime.set_interrupt_handler(Some(Box::new(move || Instant::now() > deadline)));
     let context = Context::full(&runtime).map_err(|e| format!("cannot start the script engine: {e}"))?;
@@ -292,5 +299,45 @@ mod tests {
         assert!(check("while (true) {}").unwrap_err().contains("ran longer than"));
         assert!(check(" ").is_err());
         assert!(check(&"x".repeat(MAX_TRANSFORM_BYTES + 1)).is_err());
+    }
+
+    use proptest::strategy::Strategy;
+
+    proptest::proptest! {
+        #![proptest_config(crate::props::config(64))]
+
+        /// Any body, JSON or not, reaches a handler as the producer sent it (parsed) or as
+        /// `payload: null`, with the headers, type and source beside it; an identity
+        /// handler gives back a document that parses to the same webhook.
+        #[test]
+        fn any_body_reaches_the_handler_as_sent_or_as_null(
+            body in proptest::prop_oneof![
+                proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+                // JSON objects (numbers JavaScript holds exactly; tests/it/transforms.rs
+                // covers every number through the whole gateway).
+                proptest::collection::btree_map(
+                    "(?s).{0,6}",
+                    proptest::prop_oneof![
+                        proptest::num::i32::ANY.prop_map(serde_json::Value::from),
+                        "(?s).{0,8}".prop_map(serde_json::Value::from),
+                        proptest::bool::ANY.prop_map(serde_json::Value::from),
+                        proptest::strategy::Just(serde_json::Value::Null),
+                    ],
+                    0..6,
+                )
+                .prop_map(|m| serde_json::to_vec(&m).unwrap_or_default()),
+            ],
+            event_type in "[a-z.]{1,12}",
+        ) {
+            let headers = serde_json::json!({"x-key": "k"});
+            let built = webhook(&body, Some(&headers), &event_type, Some("shop"));
+            let out = apply("function handler(w) { return w; }", &built).expect("identity");
+            let got: serde_json::Value = serde_json::from_slice(&out).expect("JSON");
+            let sent = serde_json::from_slice::<serde_json::Value>(&body).unwrap_or(serde_json::Value::Null);
+            proptest::prop_assert_eq!(&got["payload"], &sent);
+            proptest::prop_assert_eq!(&got["headers"], &headers);
+            proptest::prop_assert_eq!(got["type"].as_str(), Some(event_type.as_str()));
+            proptest::prop_assert_eq!(got["source"].as_str(), Some("shop"));
+        }
     }
 }

@@ -138,6 +138,7 @@ pub async fn bind(listen: SocketAddr) -> anyhow::Result<tokio::net::TcpListener>
 /// workers, janitor and background tasks of `settings.role`.
 pub async fn start_on(pool: Pool, settings: Settings, listener: tokio::net::TcpListener) -> anyhow::Result<Running> {
     crate::db::migrate(&pool).await?;
+    crate::telemetry::describe_database(&pool);
     crate::secrets::check_stored(&pool, &settings.secrets).await?;
     log_secrets_at_rest(&settings.secrets);
     let sources = ingestible_sources(&pool).await?;

@@ -147,14 +147,14 @@ where
     }
     match answer {
         Ok(Json(answer)) => {
-            span.record("http.response.status_code", 200);
+            span.record("http.response.status_code", 200_i64);
             if let Some(stored) = answer.stored() {
                 span.record("webhook.event_id", tracing::field::display(stored.event_id));
                 span.record("webhook.duplicate", stored.duplicate);
             }
         }
         Err(e) => {
-            span.record("http.response.status_code", e.status().as_u16());
+            span.record("http.response.status_code", i64::from(e.status().as_u16()));
             // A server span fails on a 5xx only: a 4xx is the client's mistake.
             if e.status().is_server_error() {
                 span.record("otel.status_code", "ERROR");

@@ -105,6 +105,10 @@ async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, spa
     let judged = judge(&observed, &verdict);
     tracing::debug!(delivery_id = %job.id, attempt = job.attempt, outcome = outcome.as_str(), reason = %verdict.reason, "attempt finished");
     span.record("webhook.outcome", outcome.as_str());
+    // The attempt's consumer span failed when its delivery is dead (a retry is still on course).
+    if matches!(outcome, Outcome::Dead) {
+        span.record("otel.status_code", "ERROR");
+    }
     crate::metrics::attempt(outcome.as_str(), judged.class, clock.elapsed());
     let record = AttemptRecord {
         delivery_id: job.id,
@@ -239,7 +243,7 @@ async fn send(
     if !span.is_none() {
         match (&observed, status) {
             (_, Some(status)) => {
-                span.record("http.response.status_code", status);
+                span.record("http.response.status_code", i64::from(status));
                 // The HTTP conventions: a client span with a 4xx or 5xx answer failed.
                 if status >= 400 {
                     span.record("error.type", status.to_string());

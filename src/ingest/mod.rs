@@ -134,8 +134,18 @@ impl Intake {
 
     /// Store an accepted event with its fan-out by `deadline`, and wake this process's
     /// workers when it created deliveries. Shared by webhooks and `POST /v1/events`.
-    pub async fn accept(&self, source_name: &str, event: OwnedEvent, deadline: Instant) -> Result<Stored, StoreError> {
-        let stored = self.batcher.store(event, deadline).instrument(crate::telemetry::step("store")).await?;
+    pub async fn accept(
+        &self,
+        source_name: &str,
+        mut event: OwnedEvent,
+        deadline: Instant,
+    ) -> Result<Stored, StoreError> {
+        let producer = crate::telemetry::step("store");
+        // With tracing on, the deliveries' attempts link to the producer span.
+        if let Some(trace) = crate::telemetry::EventTrace::of_span(&producer) {
+            event.trace = Some(trace);
+        }
+        let stored = self.batcher.store(event, deadline).instrument(producer).await?;
         if stored.deliveries > 0 {
             self.wake.notify_one();
         }

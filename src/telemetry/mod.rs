@@ -111,14 +111,9 @@ pub fn start(
         exporter = exporter.with_endpoint(format!("{}/v1/traces", base.trim_end_matches('/')));
     }
     let exporter = exporter.build().map_err(|e| SetupError(e.to_string()))?;
-    let mut resource = Resource::builder().with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")));
-    // The SDK takes OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES' service.name; without
-    // either it would say `unknown_service`.
-    let named = env("OTEL_SERVICE_NAME").is_some_and(|v| !v.is_empty())
-        || env("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|v| v.contains("service.name="));
-    if !named {
-        resource = resource.with_service_name("webhook-gateway");
-    }
+    let resource = Resource::builder()
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .with_attributes(identity(env));
     // The batch processor reads OTEL_BSP_* (schedule delay, queue and batch sizes) and
     // runs on a thread of its own; the sampler follows OTEL_TRACES_SAMPLER.
     let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource.build()).build();
@@ -126,6 +121,50 @@ pub fn start(
     let _ = TRACER.set(tracer.clone());
     ENABLED.store(true, Ordering::Relaxed);
     Ok(Some((Telemetry { provider }, tracer)))
+}
+
+/// The service's name and this process's instance id, as the resource must say them.
+///
+/// The SDK specification gives `OTEL_SERVICE_NAME` precedence over a `service.name` in
+/// `OTEL_RESOURCE_ATTRIBUTES`; the SDK's detectors merge them the other way round, so
+/// the name is set here, last. Without either it is `webhook-gateway` (the SDK would say
+/// `unknown_service`). `service.instance.id` tells replicas apart: a fresh UUID per
+/// process unless `OTEL_RESOURCE_ATTRIBUTES` names one.
+pub fn identity(env: impl Fn(&str) -> Option<String>) -> Vec<KeyValue> {
+    let attributes = env("OTEL_RESOURCE_ATTRIBUTES").unwrap_or_default();
+    let given = |key: &str| {
+        attributes
+            .split(',')
+            .filter_map(|pair| pair.split_once('='))
+            .find(|(k, _)| k.trim() == key)
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    let name = env("OTEL_SERVICE_NAME")
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .or_else(|| given("service.name"))
+        .unwrap_or_else(|| "webhook-gateway".to_owned());
+    let instance = given("service.instance.id").unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    vec![KeyValue::new("service.name", name), KeyValue::new("service.instance.id", instance)]
+}
+
+/// Where the database is, as database client spans say it: `db.namespace`,
+/// `server.address`, `server.port` (set once, by [`describe_database`]).
+static DATABASE: std::sync::OnceLock<(String, String, i64)> = std::sync::OnceLock::new();
+
+/// Remember where `pool` connects (its database, host and port) for database spans.
+pub fn describe_database(pool: &crate::db::Pool) {
+    let options = pool.connect_options();
+    let _ = DATABASE.set((
+        options.get_database().unwrap_or("postgres").to_owned(),
+        options.get_host().to_owned(),
+        i64::from(options.get_port()),
+    ));
+}
+
+/// The database's name, host and port for a span ("" and 0 before [`describe_database`]).
+fn database() -> (&'static str, &'static str, i64) {
+    DATABASE.get().map_or(("", "", 0), |(db, host, port)| (db.as_str(), host.as_str(), *port))
 }
 
 /// The `tracing` layer that turns this module's spans into OpenTelemetry spans. Only
@@ -226,6 +265,18 @@ pub struct EventTrace {
 }
 
 impl EventTrace {
+    /// The context of `span` to store (the producer span), `None` when tracing is off.
+    pub fn of_span(span: &Span) -> Option<EventTrace> {
+        if !enabled() || span.is_none() {
+            return None;
+        }
+        let context = span.context();
+        let span = context.span();
+        let own = TraceParent::of(span.span_context())?;
+        let state = span.span_context().trace_state().header();
+        Some(EventTrace { traceparent: own.header(), tracestate: parse_tracestate(&state) })
+    }
+
     /// What to store for a request with `headers`, handled inside the current span: with
     /// tracing on, the ingest span's context (a child of the producer's, so the same
     /// trace); off, the producer's own context, validated; `None` without either.
@@ -263,15 +314,23 @@ pub fn server_span(route: &'static str, headers: &HeaderMap) -> Span {
     span
 }
 
-/// A child span of the current one (verify, store) with a static name; none when off.
+/// What the messaging conventions' `messaging.system` says: the queue is this gateway's
+/// own, in PostgreSQL (the conventions allow a custom value).
+pub const MESSAGING_SYSTEM: &str = "webhook_gateway";
+
+/// A child span of the current one with a static name (`verify`; `store`, the producer
+/// span the stored trace context comes from); none when off.
 pub fn step(name: &'static str) -> Span {
     if !enabled() {
         return Span::none();
     }
     match name {
         "verify" => tracing::info_span!(target: TARGET, "verify", webhook.source = tracing::field::Empty),
-        _ => tracing::info_span!(target: TARGET, "store", db.system.name = "postgresql",
-            db.operation.name = "INSERT", db.collection.name = "events", webhook.batch_size = tracing::field::Empty),
+        // The messaging conventions' producer span: the event is sent to the queue (its
+        // deliveries); each attempt's consumer span links to it.
+        _ => tracing::info_span!(target: TARGET, "store", otel.name = "send deliveries", otel.kind = "producer",
+            messaging.system = MESSAGING_SYSTEM, messaging.operation.type = "send", messaging.operation.name = "send",
+            messaging.destination.name = "deliveries", webhook.batch_size = tracing::field::Empty),
     }
 }
 
@@ -280,9 +339,11 @@ pub fn commit_span<'a>(events: impl Iterator<Item = &'a Span>, size: usize) -> S
     if !enabled() {
         return Span::none();
     }
+    let (namespace, address, port) = database();
+    let size = size as i64;
     let span = tracing::info_span!(target: TARGET, parent: None, "commit", otel.name = "INSERT events",
-        db.system.name = "postgresql", db.operation.name = "INSERT", db.collection.name = "events",
-        webhook.batch_size = size);
+        otel.kind = "client", db.system.name = "postgresql", db.namespace = namespace, server.address = address,
+        server.port = port, db.operation.name = "INSERT", db.collection.name = "events", webhook.batch_size = size);
     for event in events {
         event.record("webhook.batch_size", size);
         span.follows_from(event);
@@ -297,12 +358,16 @@ pub fn claim_span(started: SystemTime, claimed: usize, probes: usize) -> Option<
         return None;
     }
     let tracer = TRACER.get()?;
+    let (namespace, address, port) = database();
     let mut span = tracer
         .span_builder("claim deliveries")
-        .with_kind(SpanKind::Internal)
+        .with_kind(SpanKind::Client)
         .with_start_time(started)
         .with_attributes([
             KeyValue::new("db.system.name", "postgresql"),
+            KeyValue::new("db.namespace", namespace),
+            KeyValue::new("server.address", address),
+            KeyValue::new("server.port", port),
             KeyValue::new("db.operation.name", "claim"),
             KeyValue::new("db.collection.name", "deliveries"),
             KeyValue::new("webhook.claimed", claimed as i64),
@@ -320,8 +385,10 @@ pub fn attempt_span(job: &crate::queue::Claimed, claim: Option<&SpanContext>) ->
     if !enabled() {
         return Span::none();
     }
-    let span = tracing::info_span!(target: TARGET, parent: None, "attempt", otel.name = "deliver",
-        webhook.delivery_id = %job.id, webhook.event_id = %job.event_id, webhook.endpoint_id = %job.endpoint_id,
+    let span = tracing::info_span!(target: TARGET, parent: None, "attempt", otel.name = "process deliveries",
+        otel.kind = "consumer", messaging.system = MESSAGING_SYSTEM, messaging.operation.type = "process",
+        messaging.operation.name = "process", messaging.destination.name = "deliveries",
+        messaging.message.id = %job.id, otel.status_code = tracing::field::Empty, webhook.delivery_id = %job.id, webhook.event_id = %job.event_id, webhook.endpoint_id = %job.endpoint_id,
         webhook.attempt = job.attempt, webhook.source = %job.source_name, webhook.event_type = %job.event_type,
         webhook.outcome = tracing::field::Empty);
     if let Some(parent) = job.traceparent.as_deref().and_then(TraceParent::parse) {
@@ -374,9 +441,11 @@ pub fn record_span<'a>(attempts: impl Iterator<Item = &'a Span>, size: usize) ->
     if !enabled() {
         return Span::none();
     }
+    let (namespace, address, port) = database();
     let span = tracing::info_span!(target: TARGET, parent: None, "record", otel.name = "record attempts",
-        db.system.name = "postgresql", db.operation.name = "record", db.collection.name = "attempts",
-        webhook.batch_size = size);
+        otel.kind = "client", db.system.name = "postgresql", db.namespace = namespace, server.address = address,
+        server.port = port, db.operation.name = "record", db.collection.name = "attempts",
+        webhook.batch_size = size as i64);
     for attempt in attempts {
         span.follows_from(attempt);
     }
@@ -388,8 +457,10 @@ pub fn janitor_span() -> Span {
     if !enabled() {
         return Span::none();
     }
+    let (namespace, address, port) = database();
     tracing::info_span!(target: TARGET, parent: None, "janitor", otel.name = "janitor pass",
-        db.system.name = "postgresql", db.operation.name = "DELETE", webhook.janitor.status = tracing::field::Empty,
+        otel.kind = "client", db.system.name = "postgresql", db.namespace = namespace, server.address = address,
+        server.port = port, db.operation.name = "DELETE", webhook.janitor.status = tracing::field::Empty,
         webhook.janitor.events = tracing::field::Empty, webhook.janitor.deliveries = tracing::field::Empty,
         webhook.janitor.attempts = tracing::field::Empty)
 }
@@ -397,6 +468,26 @@ pub fn janitor_span() -> Span {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `OTEL_SERVICE_NAME` wins over `OTEL_RESOURCE_ATTRIBUTES`' `service.name`, which wins
+    /// over the default; an instance id given there is kept, else each process has its own.
+    #[test]
+    fn the_service_name_and_instance_follow_the_sdk_specification() {
+        let of = |pairs: &[(&str, &str)]| {
+            let attributes = identity(|name| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| (*v).to_owned()));
+            let get = |key: &str| attributes.iter().find(|kv| kv.key.as_str() == key).map(|kv| kv.value.to_string());
+            (get("service.name").unwrap_or_default(), get("service.instance.id").unwrap_or_default())
+        };
+        const GIVEN: &str = "service.name=from-attributes, service.instance.id=pod-7";
+        assert_eq!(
+            of(&[("OTEL_SERVICE_NAME", "from-name"), ("OTEL_RESOURCE_ATTRIBUTES", GIVEN)]),
+            ("from-name".to_owned(), "pod-7".to_owned())
+        );
+        assert_eq!(of(&[("OTEL_RESOURCE_ATTRIBUTES", GIVEN)]).0, "from-attributes");
+        assert_eq!(of(&[("OTEL_SERVICE_NAME", " ")]).0, "webhook-gateway");
+        let (first, second) = (of(&[]).1, of(&[]).1);
+        assert!(uuid::Uuid::parse_str(&first).is_ok() && first != second, "{first} {second}");
+    }
 
     #[test]
     fn tracing_is_requested_only_by_an_endpoint_and_can_be_vetoed() {

@@ -116,11 +116,28 @@ async fn otel_spans_follow_a_webhook_from_the_producer_to_the_subscriber() {
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ("OTEL_SERVICE_NAME", "wg-otel-test"),
+        // OTEL_SERVICE_NAME takes precedence over this service.name (the SDK specification).
+        ("OTEL_RESOURCE_ATTRIBUTES", "service.name=not-this-one,deployment.environment.name=test"),
     ];
     let mut gateway = Gateway::start(&db, &env, &[]).await;
     let endpoint_id = gateway.route("shop", &sink.url("/hook")).await;
     let event_id = gateway.ingest("shop", "order-1").await;
     delivered(&db).await;
+    // A refused webhook (unknown source): its server span's status code is a number.
+    let refused = gateway.http.post(gateway.url("/ingest/nowhere")).body("{}").send().await.expect("ingest");
+    assert_eq!(refused.status().as_u16(), 404);
+    // A subscriber that answers 400: its delivery is dead at once, and the attempt failed.
+    let rejecting = Sink::start(|_, _| Reply::status(400)).await;
+    gateway.route("strict", &rejecting.url("/hook")).await;
+    gateway.ingest("strict", "order-2").await;
+    eventually(WAIT, "the rejected delivery is dead", || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'dead'")
+            .fetch_one(&db.pool)
+            .await
+            .ok()?;
+        (n == 1).then_some(())
+    })
+    .await;
     // A janitor pass runs within a second of the start, then every second.
     eventually(WAIT, "a janitor pass", || async {
         let n: i64 = sqlx::query_scalar("SELECT count(*) FROM janitor_runs").fetch_one(&db.pool).await.ok()?;
@@ -131,36 +148,73 @@ async fn otel_spans_follow_a_webhook_from_the_producer_to_the_subscriber() {
     // SIGTERM flushed the exporter before the exit: everything is here now.
     let spans = collector.spans();
     assert!(spans.iter().all(|s| s.resource.get("service.name").map(String::as_str) == Some("wg-otel-test")));
+    let instance = spans[0].resource.get("service.instance.id").cloned().unwrap_or_default();
+    assert_eq!(uuid::Uuid::parse_str(&instance).map(|u| u.get_version_num()), Ok(4), "{instance:?}");
+    assert!(spans.iter().all(|s| s.resource.get("service.instance.id") == Some(&instance)), "one instance id");
+    assert_eq!(spans[0].resource.get("deployment.environment.name").map(String::as_str), Some("test"));
+    // Database spans are client spans that say which database, where.
+    let db_url = url::Url::parse(&db.url).expect("database url");
+    let in_database = |s: &Exported| {
+        s.span.kind == 3
+            && s.attr("db.system.name").as_deref() == Some("postgresql")
+            && s.attr("db.namespace").as_deref() == Some(db_url.path().trim_start_matches('/'))
+            && s.attr("server.address").as_deref() == db_url.host_str()
+            && s.int_attr("server.port") == Some(i64::from(db_url.port().unwrap_or(5432)))
+    };
 
     // The ingest request: a server span in the producer's trace, child of its span.
-    let ingest = one(&spans, "POST /ingest/{source}");
+    let ingest = named(&spans, "POST /ingest/{source}")
+        .into_iter()
+        .find(|s| s.attr("webhook.event_id") == Some(event_id.clone()))
+        .expect("the first webhook's span");
     assert_eq!((ingest.trace_id(), ingest.parent_id()), (PRODUCER_TRACE.to_owned(), PRODUCER_SPAN.to_owned()));
     assert_eq!(ingest.span.kind, 2, "SPAN_KIND_SERVER");
     assert_eq!(ingest.attr("http.request.method").as_deref(), Some("POST"));
     assert_eq!(ingest.attr("http.route").as_deref(), Some("/ingest/{source}"));
-    assert_eq!(ingest.attr("http.response.status_code").as_deref(), Some("200"));
+    assert_eq!(ingest.int_attr("http.response.status_code"), Some(200));
     assert_eq!(ingest.attr("webhook.event_id"), Some(event_id.clone()));
-    for step in ["verify", "store"] {
-        let child = one(&spans, step);
-        assert_eq!((child.trace_id(), child.parent_id()), (ingest.trace_id(), ingest.span_id()), "{step}");
-    }
-    let store = one(&spans, "store");
-    let commit = one(&spans, "INSERT events");
-    assert_eq!(commit.attr("db.system.name").as_deref(), Some("postgresql"));
+    let refused = named(&spans, "POST /ingest/{source}")
+        .into_iter()
+        .find(|s| s.int_attr("http.response.status_code") == Some(404))
+        .expect("the refused webhook's span, its status code a number");
+    assert_eq!(refused.span.status.as_ref().map_or(0, |s| s.code), 0, "a 4xx is the client's error, not the server's");
+    let child_of_ingest = |step: &str| {
+        named(&spans, step)
+            .into_iter()
+            .find(|c| (c.trace_id(), c.parent_id()) == (ingest.trace_id(), ingest.span_id()))
+            .unwrap_or_else(|| panic!("{step} is a child of the ingest span"))
+    };
+    child_of_ingest("verify");
+    // The messaging conventions: the event is sent to the queue by a producer span.
+    let store = child_of_ingest("send deliveries");
+    assert_eq!(store.span.kind, 4, "SPAN_KIND_PRODUCER");
+    assert_eq!(store.attr("messaging.operation.type").as_deref(), Some("send"));
+    assert_eq!(store.attr("messaging.destination.name").as_deref(), Some("deliveries"));
+    let commit = named(&spans, "INSERT events")
+        .into_iter()
+        .find(|c| c.links().contains(&(store.trace_id(), store.span_id())))
+        .expect("the commit links to the event's producer span");
+    assert!(in_database(commit), "{commit:?}");
     assert_eq!(commit.attr("db.operation.name").as_deref(), Some("INSERT"));
-    assert!(commit.links().contains(&(store.trace_id(), store.span_id())), "the commit links to the event's store");
 
-    // Stored with the event: the ingest span's context, in the producer's trace.
+    // Stored with the event: the producer span's context, in the producer's trace.
     let (traceparent, tracestate): (Option<String>, Option<String>) =
-        sqlx::query_as("SELECT traceparent, tracestate FROM events").fetch_one(&db.pool).await.expect("event");
-    assert_eq!(traceparent, Some(format!("00-{PRODUCER_TRACE}-{}-01", ingest.span_id())));
+        sqlx::query_as("SELECT traceparent, tracestate FROM events WHERE id = $1::uuid")
+            .bind(&event_id)
+            .fetch_one(&db.pool)
+            .await
+            .expect("event");
+    assert_eq!(traceparent, Some(format!("00-{PRODUCER_TRACE}-{}-01", store.span_id())));
     assert_eq!(tracestate.as_deref(), Some("producer=abc,other=1"));
 
     // Two claims, two attempts, each its own trace, linked to the ingest span and a claim.
     let claims = named(&spans, "claim deliveries");
     assert!(claims.len() >= 2, "a claim span per claim that took something: {}", claims.len());
-    assert!(claims.iter().all(|c| c.attr("db.system.name").as_deref() == Some("postgresql")));
-    let mut attempts = named(&spans, "deliver");
+    assert!(claims.iter().all(|c| in_database(c)), "{claims:?}");
+    let mut attempts: Vec<_> = named(&spans, "process deliveries")
+        .into_iter()
+        .filter(|a| a.attr("webhook.event_id") == Some(event_id.clone()))
+        .collect();
     attempts.sort_by_key(|a| a.attr("webhook.attempt"));
     assert_eq!(attempts.len(), 2, "two attempt spans");
     let sent = sink.received();
@@ -173,10 +227,13 @@ async fn otel_spans_follow_a_webhook_from_the_producer_to_the_subscriber() {
         assert!(attempt.attr("webhook.delivery_id").is_some_and(|d| !d.is_empty()));
         assert_eq!(attempt.attr("webhook.outcome").as_deref(), Some(["retry", "delivered"][n]));
         assert_eq!(attempt.parent_id(), "", "an attempt is a root: retries run later, anywhere");
+        assert_eq!(attempt.span.kind, 5, "SPAN_KIND_CONSUMER");
+        assert_eq!(attempt.attr("messaging.operation.type").as_deref(), Some("process"));
+        assert_eq!(attempt.span.status.as_ref().map_or(0, |s| s.code), 0, "a retry or a delivery is no error");
         let links = attempt.links();
         assert!(
-            links.contains(&(PRODUCER_TRACE.to_owned(), ingest.span_id())),
-            "attempt {} links to the ingest span in the producer's trace: {links:?}",
+            links.contains(&(PRODUCER_TRACE.to_owned(), store.span_id())),
+            "attempt {} links to the producer span in the producer's trace: {links:?}",
             n + 1
         );
         assert!(claims.iter().any(|c| links.contains(&(c.trace_id(), c.span_id()))), "and to its claim");
@@ -190,7 +247,7 @@ async fn otel_spans_follow_a_webhook_from_the_producer_to_the_subscriber() {
         assert_eq!(client.attr("url.full"), Some(sink.url("/hook")));
         assert_eq!(client.attr("server.address").as_deref(), Some("127.0.0.1"));
         assert_eq!(client.attr("server.port"), Some(sink.addr.port().to_string()));
-        assert_eq!(client.attr("http.response.status_code").as_deref(), Some(["500", "200"][n]));
+        assert_eq!(client.int_attr("http.response.status_code"), Some([500, 200][n]));
         let status = client.span.status.as_ref().map_or(0, |s| s.code);
         assert_eq!(status, [2, 0][n], "the failed request's span has status ERROR (2), the other none set");
         let request = sent
@@ -211,9 +268,16 @@ async fn otel_spans_follow_a_webhook_from_the_producer_to_the_subscriber() {
             attempt.attr("webhook.attempt")
         );
     }
-    assert!(records.iter().all(|r| r.attr("db.system.name").as_deref() == Some("postgresql")));
+    assert!(records.iter().all(|r| in_database(r)), "{records:?}");
     let janitor = named(&spans, "janitor pass");
     assert!(!janitor.is_empty(), "the janitor's passes are spans");
+    assert!(janitor.iter().all(|j| in_database(j)), "{janitor:?}");
+    // The attempt that ended its delivery dead failed.
+    let dead = named(&spans, "process deliveries")
+        .into_iter()
+        .find(|a| a.attr("webhook.outcome").as_deref() == Some("dead"))
+        .expect("the dead attempt's span");
+    assert_eq!(dead.span.status.as_ref().map_or(0, |s| s.code), 2, "status ERROR");
     assert!(janitor.iter().all(|j| j.attr("webhook.janitor.status").is_some()));
 }
 
@@ -316,9 +380,9 @@ async fn otel_sigterm_flushes_the_spans_still_queued() {
     assert_eq!((publish.trace_id(), publish.parent_id()), (PRODUCER_TRACE.to_owned(), PRODUCER_SPAN.to_owned()));
     assert_eq!(publish.attr("http.route").as_deref(), Some("/v1/events"));
     assert_eq!(publish.attr("webhook.event_id"), Some(event_id));
-    let store = one(&spans, "store");
+    let store = one(&spans, "send deliveries");
     assert_eq!(store.parent_id(), publish.span_id());
     let traceparent: Option<String> =
         sqlx::query_scalar("SELECT traceparent FROM events").fetch_one(&db.pool).await.expect("event");
-    assert_eq!(traceparent, Some(format!("00-{PRODUCER_TRACE}-{}-01", publish.span_id())));
+    assert_eq!(traceparent, Some(format!("00-{PRODUCER_TRACE}-{}-01", store.span_id())));
 }

@@ -195,8 +195,7 @@ fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
     leaf.prop_recursive(3, 48, 6, move |inner| {
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            proptest::collection::btree_map(text(), inner, 0..6)
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            proptest::collection::btree_map(text(), inner, 0..6).prop_map(|m| Value::Object(m.into_iter().collect())),
         ]
     })
 }

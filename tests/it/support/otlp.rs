@@ -37,6 +37,17 @@ impl Exported {
             .and_then(|v| v.value.as_ref().map(text))
     }
 
+    /// An attribute exported as an integer (`None` when absent or of another type: a
+    /// status code exported as text is a defect queries for `>= 400` miss).
+    pub fn int_attr(&self, key: &str) -> Option<i64> {
+        self.span.attributes.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()).and_then(|v| {
+            match v.value {
+                Some(Value::IntValue(i)) => Some(i),
+                _ => None,
+            }
+        })
+    }
+
     /// The trace id as lower-case hex.
     pub fn trace_id(&self) -> String {
         hex::encode(&self.span.trace_id)

@@ -53,6 +53,8 @@ pub struct Banner {
     pub data_dir: PathBuf,
     /// Names of existing sources (the first few are listed with their URLs).
     pub sources: Vec<String>,
+    /// Whether the web console is served (`--console`).
+    pub console: bool,
 }
 
 /// How many sources the banner lists by name.
@@ -103,6 +105,9 @@ impl Banner {
         }
         let _ = writeln!(out, "  webhooks in  POST {base}/ingest/<source name>");
         let _ = writeln!(out, "  admin API    {base}/v1 (described by {base}/openapi.json)");
+        if self.console {
+            let _ = writeln!(out, "  console      {base}/console (sign in with the admin token)");
+        }
         if self.sources.is_empty() {
             let _ = writeln!(out, "  next         create a source to receive webhooks:");
             let _ = writeln!(
@@ -149,6 +154,7 @@ mod tests {
             token_source: source,
             data_dir: crate::db::DEFAULT_DATA_DIR.into(),
             sources: sources.iter().map(|s| s.to_string()).collect(),
+            console: true,
         }
     }
 
@@ -159,6 +165,7 @@ mod tests {
         assert!(tty.contains("export WEBHOOK_GATEWAY_ADMIN_TOKEN=wgadm_secret-token-value\n"), "{tty}");
         assert!(tty.contains("ready on http://127.0.0.1:8080\n"), "{tty}");
         assert!(tty.contains("POST http://127.0.0.1:8080/ingest/<source name>"), "{tty}");
+        assert!(tty.contains("  console      http://127.0.0.1:8080/console (sign in with the admin token)\n"), "{tty}");
         assert!(tty.contains("curl -sS -X POST http://127.0.0.1:8080/v1/sources"), "{tty}");
         let file = banner(kept, &[]).render(false);
         assert!(!file.contains("wgadm_secret"), "{file}");

@@ -203,6 +203,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         token_source,
         data_dir: args.data_dir.clone(),
         sources: Vec::new(),
+        console: args.console.0,
     };
     let target = db::DbConfig {
         url: url.clone(),

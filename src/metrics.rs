@@ -16,6 +16,10 @@ use tokio::sync::watch;
 
 /// Webhooks received, by source and outcome (`accepted`, `duplicate`, `rejected`).
 pub const INGEST_REQUESTS: &str = "webhook_gateway_ingest_requests_total";
+/// Answers of the ingest endpoint, by HTTP status (`200`, `404`, `413`, `503`...): what
+/// a sender saw, including refusals that store nothing (an unknown source, a database
+/// outage), which `INGEST_REQUESTS` does not count.
+pub const INGEST_RESPONSES: &str = "webhook_gateway_ingest_responses_total";
 /// Refused webhooks, by source and reason (`invalid_signature`, ...).
 pub const INGEST_REJECTED: &str = "webhook_gateway_ingest_rejected_total";
 /// Delivery attempts, by outcome (`delivered`, `retry`, `dead`) and class (`2xx`, `5xx`,
@@ -69,6 +73,15 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
 /// Count one ingest outcome.
 pub fn ingest(source: &str, outcome: &'static str) {
     counter!(INGEST_REQUESTS, "source" => source.to_owned(), "outcome" => outcome).increment(1);
+}
+
+/// Count one answer of the ingest endpoint.
+pub fn ingest_answered(status: axum::http::StatusCode) {
+    let status: std::borrow::Cow<'static, str> = match status.as_u16() {
+        200 => "200".into(),
+        other => other.to_string().into(),
+    };
+    counter!(INGEST_RESPONSES, "status" => status).increment(1);
 }
 
 /// Count one refused webhook.

@@ -133,6 +133,7 @@ pub async fn ingest(
 ) -> Result<Json<IngestAnswer>, ApiError> {
     let span = crate::telemetry::server_span("/ingest/{source}", &headers);
     let answer = receive(state, &source_name, &headers, body).instrument(span.clone()).await;
+    crate::metrics::ingest_answered(answer.as_ref().map_or_else(|e| e.status(), |_| axum::http::StatusCode::OK));
     traced_answer(&span, &answer);
     answer
 }

@@ -270,6 +270,8 @@ struct DeliveryPage {
     waiting: bool,
     parked: bool,
     can_redeliver: bool,
+    /// It was delivered: redelivering sends it again, so the button asks first.
+    delivered: bool,
     attempts: Vec<AttemptRow>,
     notice: Option<&'static str>,
 }
@@ -329,6 +331,7 @@ pub async fn delivery(
         waiting: d.waiting,
         parked: d.parked,
         can_redeliver: !pending,
+        delivered: d.status == crate::queue::DeliveryStatus::Delivered,
         attempts,
         notice,
         d: d.into(),

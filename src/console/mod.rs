@@ -66,6 +66,9 @@ pub fn router() -> Router<AppState> {
         .route("/transforms", get(transforms::page))
         .route("/static/console.js", get(script))
         .route("/static/console.css", get(style))
+        .route("/static/favicon.svg", get(favicon))
+        // Unknown console URLs get the console's own 404 page, not the API's JSON.
+        .fallback(not_found)
         .layer(axum::Extension(overview::Recent::default()))
         .layer(middleware::from_fn(security_headers))
 }
@@ -81,6 +84,19 @@ async fn script() -> impl IntoResponse {
 
 async fn style() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE)
+}
+
+/// The console's icon (browser tabs, bookmarks).
+async fn favicon() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "image/svg+xml"), (header::CACHE_CONTROL, "max-age=86400")], FAVICON)
+}
+
+const FAVICON: &str = include_str!("assets/favicon.svg");
+
+/// A console URL that names no page: the console's error page, 404.
+async fn not_found(axum::extract::OriginalUri(uri): axum::extract::OriginalUri) -> Response {
+    ConsoleError(ApiError::new(crate::error::ErrorCode::NotFound, format!("no console page at {}", uri.path())))
+        .into_response()
 }
 
 /// The Content-Security-Policy of every console response: only this origin's files, no

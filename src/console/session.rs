@@ -135,7 +135,14 @@ impl FromRequestParts<AppState> for Session {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         match cookie_value(&parts.headers).and_then(|v| Session::verify(&state.admin_token, v, now())) {
             Some(session) => Ok(session),
-            None if parts.method == axum::http::Method::GET => Err(see_other("/console/login")),
+            // Signing in brings the operator back to the page asked for (a deep link).
+            None if parts.method == axum::http::Method::GET => {
+                // The URI as the browser sent it (inside /console, `parts.uri` lacks the prefix).
+                let original = parts.extensions.get::<axum::extract::OriginalUri>().map_or(&parts.uri, |o| &o.0);
+                let asked = original.path_and_query().map_or("/console", |p| p.as_str());
+                let next: String = url::form_urlencoded::byte_serialize(asked.as_bytes()).collect();
+                Err(see_other(&format!("/console/login?next={next}")))
+            }
             None => Err(ConsoleError(ApiError::new(
                 ErrorCode::Forbidden,
                 "not signed in (or the session expired): sign in again",
@@ -182,17 +189,47 @@ pub struct NoFields {}
 #[template(path = "console/login.html")]
 struct LoginPage<'a> {
     error: Option<&'a str>,
+    /// Where to go once signed in (a console path), carried through the form.
+    next: &'a str,
 }
 
-/// `GET /console/login`.
-pub async fn login_page() -> PageResult {
-    render(&LoginPage { error: None })
+/// Where the sign-in page was sent from.
+#[derive(Deserialize)]
+pub struct LoginQuery {
+    #[serde(default)]
+    next: Option<String>,
+}
+
+/// `GET /console/login[?next=/console/...]`.
+pub async fn login_page(axum::extract::Query(query): axum::extract::Query<LoginQuery>) -> PageResult {
+    render(&LoginPage { error: None, next: safe_next(query.next.as_deref()) })
 }
 
 /// The sign-in form.
 #[derive(Deserialize)]
 pub struct LoginForm {
     token: String,
+    #[serde(default)]
+    next: Option<String>,
+}
+
+/// Where a sign-in may lead: a page of this console (a path under `/console`), never
+/// another site (`//evil.example`, `/console/../`, a scheme): anything else is the overview.
+fn safe_next(next: Option<&str>) -> &str {
+    match next {
+        Some(path)
+            if (path == "/console" || path.starts_with("/console/") || path.starts_with("/console?"))
+                && path.is_ascii()
+                && !path.contains("..")
+                && !path.contains('\\')
+                && !path.chars().any(char::is_control)
+                && path != "/console/login"
+                && !path.starts_with("/console/login?") =>
+        {
+            path
+        }
+        _ => "/console",
+    }
 }
 
 /// `POST /console/login`: the admin token in, a session cookie out.
@@ -205,14 +242,15 @@ pub async fn login(State(state): State<AppState>, request: Request) -> PageResul
     let good: bool = form.token.trim().as_bytes().ct_eq(state.admin_token.as_bytes()).into();
     if !good {
         tracing::warn!("console: sign-in with a wrong admin token");
-        let mut response = render(&LoginPage { error: Some("That is not the admin token.") })?;
+        let mut response =
+            render(&LoginPage { error: Some("That is not the admin token."), next: safe_next(form.next.as_deref()) })?;
         *response.status_mut() = StatusCode::UNAUTHORIZED;
         return Ok(response);
     }
     let value = Session::issue(&state.admin_token, now());
     let secure = if https { "; Secure" } else { "" };
     let cookie = format!("{COOKIE}={value}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={SESSION_TTL}{secure}");
-    let mut response = see_other("/console");
+    let mut response = see_other(safe_next(form.next.as_deref()));
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         response.headers_mut().insert(header::SET_COOKIE, v);
     }
@@ -240,6 +278,30 @@ pub async fn logout(State(state): State<AppState>, request: Request) -> Response
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Signing in leads back to a console page, and nowhere else.
+    #[test]
+    fn sign_in_leads_only_to_a_console_page() {
+        for kept in ["/console", "/console/events?type=order.*", "/console/deliveries/0190a1b2", "/console?x=1"] {
+            assert_eq!(safe_next(Some(kept)), kept);
+        }
+        for refused in [
+            None,
+            Some(""),
+            Some("//evil.example/console"),
+            Some("https://evil.example/console"),
+            Some("/consolex"),
+            Some("/console/../v1/endpoints"),
+            Some("/console/login"),
+            Some("/console/login?next=/console"),
+            Some("/console/\\evil"),
+            Some("/console/\r\nSet-Cookie: x"),
+            Some("/console/é"),
+            Some("/v1/endpoints"),
+        ] {
+            assert_eq!(safe_next(refused), "/console", "{refused:?}");
+        }
+    }
 
     const TOKEN: &str = "admin-token-for-unit-tests";
 

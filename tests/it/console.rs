@@ -35,13 +35,21 @@ fn csrf_of(html: &str) -> String {
     html[start..].split('"').next().expect("token").to_owned()
 }
 
+/// A page without a session redirects to sign in, carrying the page asked for (a deep
+/// link survives signing in).
 #[tokio::test]
 async fn a_page_without_a_session_redirects_to_sign_in() {
     let app = TestApp::spawn().await;
-    for path in ["/console", "/console/events", "/console/endpoints", "/console/dead", "/console/sources"] {
+    for (path, next) in [
+        ("/console", "%2Fconsole"),
+        ("/console/events?type=order.*", "%2Fconsole%2Fevents%3Ftype%3Dorder.*"),
+        ("/console/endpoints", "%2Fconsole%2Fendpoints"),
+        ("/console/dead", "%2Fconsole%2Fdead"),
+        ("/console/sources", "%2Fconsole%2Fsources"),
+    ] {
         let response = client().get(app.url(path)).send().await.unwrap();
         assert_eq!(response.status(), StatusCode::SEE_OTHER, "{path}");
-        assert_eq!(response.headers()["location"], "/console/login", "{path}");
+        assert_eq!(response.headers()["location"], format!("/console/login?next={next}").as_str(), "{path}");
     }
     // A forged or foreign cookie is no session either.
     let (status, _) = page(&app, "wg_console=abc.1.def", "/console").await;
@@ -468,4 +476,63 @@ async fn the_transformations_page_tries_a_script_on_a_pasted_or_a_stored_event()
     let (_, html) = page(&app, &cookie, &query(&[("transform", "function handler(w {"), ("payload", "{}")])).await;
     assert!(html.contains(r#"id="transform-error""#) && html.contains("eval_script:1:"), "{html}");
     assert_eq!(app.db.count("events").await, 1, "trying stores nothing");
+}
+
+/// Signing in from a deep link leads back to it; a `next` that points anywhere but a
+/// console page (another site, the API) leads to the overview instead.
+#[tokio::test]
+async fn signing_in_leads_back_to_the_page_asked_for_and_nowhere_else() {
+    let app = TestApp::spawn().await;
+    let (status, form) = page(&app, "", "/console/login?next=%2Fconsole%2Fevents%3Ftype%3Dorder.*").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(form.contains(r#"name="next" value="/console/events?type=order.*""#), "{form}");
+    for (next, lands) in [
+        ("/console/events?type=order.*", "/console/events?type=order.*"),
+        ("//evil.example/console", "/console"),
+        ("https://evil.example/", "/console"),
+        ("/v1/endpoints", "/console"),
+        ("/console/../v1/endpoints", "/console"),
+    ] {
+        let response = client()
+            .post(app.url("/console/login"))
+            .form(&[("token", ADMIN_TOKEN), ("next", next)])
+            .send()
+            .await
+            .expect("sign in");
+        assert_eq!(response.status(), StatusCode::SEE_OTHER, "{next}");
+        assert_eq!(response.headers()["location"], lands, "{next}");
+    }
+    // A wrong token keeps the deep link for the next try.
+    let wrong = client()
+        .post(app.url("/console/login"))
+        .form(&[("token", "wrong"), ("next", "/console/dead")])
+        .send()
+        .await
+        .expect("sign in");
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    assert!(wrong.text().await.expect("body").contains(r#"name="next" value="/console/dead""#));
+}
+
+/// Unknown console URLs get the console's 404 page (HTML, signed in or not), and every
+/// page names the console's icon, which is served.
+#[tokio::test]
+async fn unknown_console_urls_get_the_console_404_page_and_there_is_a_favicon() {
+    let app = TestApp::spawn().await;
+    let cookie = sign_in(&app).await;
+    for who in ["", cookie.as_str()] {
+        let response = client().get(app.url("/console/no/such/page")).header("cookie", who).send().await.expect("page");
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+        assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+        let body = response.text().await.expect("body");
+        assert!(body.contains("no console page at /console/no/such/page"), "{body}");
+    }
+    let (status, overview) = page(&app, &cookie, "/console").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(overview.contains(r#"<link rel="icon" href="/console/static/favicon.svg""#));
+    let (_, login) = page(&app, "", "/console/login").await;
+    assert!(login.contains(r#"<link rel="icon" href="/console/static/favicon.svg""#));
+    let icon = client().get(app.url("/console/static/favicon.svg")).send().await.expect("icon");
+    assert_eq!(icon.status(), StatusCode::OK);
+    assert_eq!(icon.headers()["content-type"], "image/svg+xml");
+    assert!(icon.text().await.expect("svg").starts_with("<svg"));
 }

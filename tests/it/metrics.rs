@@ -66,6 +66,8 @@ async fn scraped_counters_match_a_scripted_sequence() {
         .await
         .unwrap();
     assert_eq!(forged.status(), 401);
+    let unknown = http.post(format!("{base}/ingest/nowhere")).body("{}").send().await.unwrap();
+    assert_eq!(unknown.status(), 404);
     assert_eq!(ingest("d2", "bad.created").await.unwrap().status(), 200);
     eventually(Duration::from_secs(30), "one delivered, one dead", || async {
         (count_status(&db.pool, "delivered").await == 1 && count_status(&db.pool, "dead").await == 1).then_some(())
@@ -84,6 +86,10 @@ async fn scraped_counters_match_a_scripted_sequence() {
     assert_eq!(get(r#"webhook_gateway_ingest_requests_total{outcome="duplicate",source="shop"}"#), 1.0);
     assert_eq!(get(r#"webhook_gateway_ingest_requests_total{outcome="rejected",source="gh"}"#), 1.0);
     assert_eq!(get(r#"webhook_gateway_ingest_rejected_total{reason="invalid_signature",source="gh"}"#), 1.0);
+    // What senders saw, refusals that stored nothing included.
+    assert_eq!(get(r#"webhook_gateway_ingest_responses_total{status="200"}"#), 3.0);
+    assert_eq!(get(r#"webhook_gateway_ingest_responses_total{status="401"}"#), 1.0);
+    assert_eq!(get(r#"webhook_gateway_ingest_responses_total{status="404"}"#), 1.0);
     assert_eq!(get(r#"webhook_gateway_attempts_total{class="2xx",outcome="delivered"}"#), 1.0);
     assert_eq!(get(r#"webhook_gateway_attempts_total{class="4xx",outcome="dead"}"#), 1.0);
     assert_eq!(get("webhook_gateway_attempt_duration_seconds_count"), 2.0);

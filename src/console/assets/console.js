@@ -20,6 +20,19 @@ function localizeTimes(root) {
   }
 }
 
+// A button with data-confirm="question" asks before its form is sent (an action that is
+// hard to take back: resending what was delivered, rotating a secret). Cancel sends
+// nothing.
+function confirmations(root) {
+  root.addEventListener("submit", (event) => {
+    const button = event.submitter;
+    const question = button && button.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) {
+      event.preventDefault();
+    }
+  });
+}
+
 // An element with data-refresh="URL" is replaced every few seconds by the HTML fragment
 // at URL (rendered and escaped by the server). A failed fetch leaves the last numbers and
 // marks them stale; a signed-out session stops the refresh.
@@ -47,7 +60,19 @@ function liveRefresh(el) {
   setTimeout(tick, every);
 }
 
+// A page reached after an action says what was done once (`?done=...`): the parameter
+// leaves the address bar, so a reload or a bookmark does not repeat a stale notice.
+function forgetDone() {
+  const url = new URL(window.location.href);
+  if (url.searchParams.has("done")) {
+    url.searchParams.delete("done");
+    window.history.replaceState(null, "", url.pathname + url.search + url.hash);
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  forgetDone();
   localizeTimes(document);
+  confirmations(document);
   for (const el of document.querySelectorAll("[data-refresh]")) liveRefresh(el);
 });

@@ -161,8 +161,10 @@ async fn an_operator_works_through_the_console_in_a_real_browser() {
     let browser = driver.browser().await;
 
     // Not signed in: any page leads to the sign-in form.
-    browser.goto(&app.url("/console/events")).await.unwrap();
+    browser.goto(&app.url("/console")).await.unwrap();
     assert_eq!(path(&browser).await, "/console/login");
+    let icon = "return document.querySelector('link[rel=icon]').href";
+    assert!(browser.execute(icon, vec![]).await.unwrap().as_str().unwrap_or_default().ends_with("/favicon.svg"));
     screenshot(&browser, "login").await;
     browser.find(Locator::Css("#token")).await.unwrap().send_keys(ADMIN_TOKEN).await.unwrap();
     click_to(&browser, "#sign-in", "#dead-hour").await;
@@ -209,6 +211,8 @@ async fn an_operator_works_through_the_console_in_a_real_browser() {
     assert_eq!(order_2(), 1);
     click_to(&browser, "#redeliver", "#notice").await;
     assert!(text(&browser, "#notice").await.contains("Redelivery queued"));
+    let query = browser.current_url().await.expect("url").query().map(str::to_owned).unwrap_or_default();
+    assert!(!query.contains("done="), "the notice left the address bar: a reload does not repeat it ({query})");
     eventually(Duration::from_secs(20), "the sink receives the redelivery", || async {
         (order_2() == 2).then_some(())
     })
@@ -219,6 +223,15 @@ async fn an_operator_works_through_the_console_in_a_real_browser() {
     })
     .await;
     screenshot(&browser, "delivery").await;
+    // Delivered now: resending it asks first, and Cancel sends nothing.
+    click(&browser, "#redeliver").await;
+    let asked = browser.get_alert_text().await.expect("a confirmation");
+    assert!(asked.contains("was delivered"), "{asked}");
+    browser.dismiss_alert().await.expect("cancel");
+    assert_eq!(text(&browser, "#status").await, "delivered");
+    assert!(browser.find(Locator::Css("#notice")).await.is_err(), "nothing queued");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(order_2(), 2, "cancelled: not sent again");
 
     // Pause endpoint B from its page.
     browser.goto(&app.url("/console/endpoints")).await.unwrap();
@@ -228,6 +241,19 @@ async fn an_operator_works_through_the_console_in_a_real_browser() {
     assert_eq!(text(&browser, "#state").await, "paused");
     assert_eq!(app.admin_get(&format!("/v1/endpoints/{b}")).await["paused"], true);
     screenshot(&browser, "endpoint").await;
+    // Rotating its secret asks first: Cancel stays on the page, OK rotates it.
+    click(&browser, "#rotate").await;
+    assert!(browser.get_alert_text().await.expect("a confirmation").contains("Rotate"));
+    browser.dismiss_alert().await.expect("cancel");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(text(&browser, "#state").await, "paused", "cancelled: still the endpoint's page");
+    assert!(browser.find(Locator::Css("#new-secret")).await.is_err(), "cancelled: nothing rotated");
+    click(&browser, "#rotate").await;
+    browser.accept_alert().await.expect("confirm");
+    eventually(Duration::from_secs(20), "the new secret is shown", || async {
+        browser.find(Locator::Css("#new-secret")).await.ok().map(|_| ())
+    })
+    .await;
 
     // Recover A's window of dead letters: the confirmation says how many first.
     browser.goto(&app.url(&format!("/console/dead?endpoint={a}"))).await.unwrap();
@@ -255,8 +281,16 @@ async fn an_operator_works_through_the_console_in_a_real_browser() {
     // Sign out: the session is gone from this browser.
     click_to(&browser, "#sign-out", "#sign-in").await;
     assert_eq!(path(&browser).await, "/console/login");
-    browser.goto(&app.url("/console")).await.unwrap();
+    // A deep link survives signing in.
+    browser.goto(&app.url(&format!("/console/dead?endpoint={a}"))).await.unwrap();
     assert_eq!(path(&browser).await, "/console/login");
+    browser.find(Locator::Css("#token")).await.unwrap().send_keys(ADMIN_TOKEN).await.unwrap();
+    click_to(&browser, "#sign-in", "#sign-out").await;
+    let url = browser.current_url().await.expect("url");
+    assert_eq!((url.path(), url.query()), ("/console/dead", Some(format!("endpoint={a}").as_str())));
+    // An unknown console URL: the console's own 404 page.
+    browser.goto(&app.url("/console/no-such-page")).await.unwrap();
+    assert!(text(&browser, "#error-message").await.contains("no console page"));
     close(browser).await;
 
     // The same console in the dark (prefers-color-scheme: dark).

@@ -193,7 +193,8 @@ pub async fn get(State(state): State<AppState>, Id(id): Id<EventId>) -> Result<J
 pub struct ListQuery {
     /// Only events of the source with this name (422 when there is none).
     source: Option<String>,
-    /// Only events of exactly this type (not a pattern).
+    /// Only events of this type, or matching this pattern when it has a `*`, as a
+    /// subscription's `event_types` (`order.*`).
     event_type: Option<String>,
     /// Only the event with exactly this dedupe key (needs `source`).
     dedupe_key: Option<String>,

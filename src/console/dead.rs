@@ -75,6 +75,7 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(q): Que
     });
     let mut rows: Vec<DeliveryRow> = dead.into_iter().map(Into::into).collect();
     super::events::name_endpoints(&state, &mut rows).await?;
+    super::events::name_events(&state, &mut rows).await?;
     let endpoints = super::options(
         store::endpoints::list(&state.pool).await?.into_iter().map(|e| (e.id.to_string(), e.url)),
         q.endpoint.as_deref().unwrap_or(""),

@@ -39,6 +39,10 @@ struct Row {
     dedupe_key: String,
     received_at: Ts,
     payload_bytes: i32,
+    /// Its deliveries in a word (`delivered`, `retrying`, `dead`, `no deliveries`).
+    state: &'static str,
+    /// The state's badge class.
+    badge: &'static str,
 }
 
 #[derive(Template)]
@@ -79,15 +83,23 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(form): 
         store::sources::list(&state.pool).await?.into_iter().map(|s| (s.name.clone(), s.name)),
         form.source.as_deref().unwrap_or(""),
     );
+    let ids: Vec<EventId> = found.iter().map(|e| e.id).collect();
+    let states: std::collections::HashMap<EventId, read::EventDeliveries> =
+        read::by_event(&state.pool, &ids).await?.into_iter().map(|d| (d.event_id, d)).collect();
     let rows = found
         .into_iter()
-        .map(|e| Row {
-            id: e.id.to_string(),
-            source: e.source,
-            event_type: e.event_type,
-            dedupe_key: e.dedupe_key,
-            received_at: Ts(e.received_at),
-            payload_bytes: e.payload_bytes,
+        .map(|e| {
+            let (state, badge) = delivery_state(states.get(&e.id));
+            Row {
+                id: e.id.to_string(),
+                source: e.source,
+                event_type: e.event_type,
+                dedupe_key: e.dedupe_key,
+                received_at: Ts(e.received_at),
+                payload_bytes: e.payload_bytes,
+                state,
+                badge,
+            }
         })
         .collect();
     render(&ListPage {
@@ -135,6 +147,12 @@ pub struct DeliveryRow {
     pub finished_at: String,
     /// Its ordering key (empty without one).
     pub ordering_key: String,
+    /// Its event's type, source and dedupe key (empty until [`name_events`] fills them in).
+    pub event_type: String,
+    /// Its event's source.
+    pub source: String,
+    /// Its event's dedupe key.
+    pub dedupe_key: String,
 }
 
 impl From<Delivery> for DeliveryRow {
@@ -152,7 +170,39 @@ impl From<Delivery> for DeliveryRow {
             created_at: Ts(d.created_at),
             finished_at: ts(d.finished_at),
             ordering_key: d.ordering_key.unwrap_or_default(),
+            event_type: String::new(),
+            source: String::new(),
+            dedupe_key: String::new(),
         }
+    }
+}
+
+/// Show each row's event by its type, source and dedupe key (one query for the page).
+pub async fn name_events(state: &AppState, rows: &mut [DeliveryRow]) -> Result<(), sqlx::Error> {
+    let ids: Vec<EventId> = rows.iter().filter_map(|r| r.event_id.parse().ok()).collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let events: std::collections::HashMap<String, store::events::EventSummary> =
+        store::events::summaries(&state.pool, &ids).await?.into_iter().map(|e| (e.id.to_string(), e)).collect();
+    for row in rows {
+        if let Some(e) = events.get(&row.event_id) {
+            row.event_type.clone_from(&e.event_type);
+            row.source.clone_from(&e.source);
+            row.dedupe_key.clone_from(&e.dedupe_key);
+        }
+    }
+    Ok(())
+}
+
+/// An event's deliveries in a word, and its badge class: dead if any is, retrying while any
+/// is pending, delivered when all are.
+fn delivery_state(d: Option<&read::EventDeliveries>) -> (&'static str, &'static str) {
+    match d {
+        None => ("no deliveries", "muted"),
+        Some(d) if d.dead > 0 => ("dead", "bad"),
+        Some(d) if d.delivered < d.total => ("retrying", "warn"),
+        Some(_) => ("delivered", "ok"),
     }
 }
 
@@ -323,18 +373,24 @@ pub async fn delivery(
         Some("redelivered") => Some("Redelivery queued: it goes out now, with a fresh attempt budget."),
         _ => None,
     };
+    let webhook_id = d.id.webhook_id();
+    let delivered = d.status == crate::queue::DeliveryStatus::Delivered;
+    let (waiting, parked) = (d.waiting, d.parked);
+    let mut row = [DeliveryRow::from(d)];
+    name_events(&state, &mut row).await?;
+    let [d] = row;
     render(&DeliveryPage {
         layout: Layout::new(&session, "events"),
-        webhook_id: d.id.webhook_id(),
+        webhook_id,
         endpoint_url,
         next_attempt_at,
-        waiting: d.waiting,
-        parked: d.parked,
+        waiting,
+        parked,
         can_redeliver: !pending,
-        delivered: d.status == crate::queue::DeliveryStatus::Delivered,
+        delivered,
         attempts,
         notice,
-        d: d.into(),
+        d,
     })
 }
 

@@ -87,6 +87,32 @@ pub async fn list(db: impl PgExecutor<'_>, filter: &Filter, limit: i64) -> Resul
     q.build_query_as().fetch_all(db).await
 }
 
+/// Where an event's deliveries stand, for listings.
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
+pub struct EventDeliveries {
+    /// The event.
+    pub event_id: EventId,
+    /// Its deliveries.
+    pub total: i64,
+    /// Delivered.
+    pub delivered: i64,
+    /// Dead-lettered.
+    pub dead: i64,
+}
+
+/// How the deliveries of the events `ids` stand (one probe of `deliveries_once` per
+/// event; an event without deliveries is missing).
+pub async fn by_event(db: impl PgExecutor<'_>, ids: &[EventId]) -> Result<Vec<EventDeliveries>, sqlx::Error> {
+    crate::db::query_as(
+        "SELECT event_id, count(*) AS total, count(*) FILTER (WHERE status = 'delivered') AS delivered,
+                count(*) FILTER (WHERE status = 'dead') AS dead
+         FROM deliveries WHERE event_id = ANY($1) GROUP BY event_id",
+    )
+    .bind(ids)
+    .fetch_all(db)
+    .await
+}
+
 /// Queue depth and lag, for the metrics sampler.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Stats {

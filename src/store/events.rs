@@ -343,7 +343,8 @@ pub struct EventSummary {
 pub struct Filter {
     /// Only events of this source.
     pub source_id: Option<SourceId>,
-    /// Only events of exactly this type (not a pattern).
+    /// Only events of this type, or matching this pattern when it has a `*` (as a
+    /// subscription's `event_types`).
     pub event_type: Option<String>,
     /// Received at or after.
     pub since: Option<DateTime<Utc>>,
@@ -367,8 +368,15 @@ pub async fn list(db: impl PgExecutor<'_>, filter: &Filter, limit: i64) -> Resul
     if let Some(id) = filter.source_id {
         q.push(" AND e.source_id = ").push_bind(id);
     }
-    if let Some(t) = &filter.event_type {
-        q.push(" AND e.event_type = ").push_bind(t.clone());
+    match &filter.event_type {
+        // A pattern, as subscriptions take them (`order.*`, `*.failed`).
+        Some(t) if t.contains('*') => {
+            q.push(" AND e.event_type LIKE ").push_bind(crate::fanout::to_like(t));
+        }
+        Some(t) => {
+            q.push(" AND e.event_type = ").push_bind(t.clone());
+        }
+        None => {}
     }
     if let Some(t) = filter.since {
         q.push(" AND e.received_at >= ").push_bind(t);
@@ -386,6 +394,17 @@ pub async fn list(db: impl PgExecutor<'_>, filter: &Filter, limit: i64) -> Resul
     }
     q.push(order).push(" LIMIT ").push_bind(limit);
     q.build_query_as().fetch_all(db).await
+}
+
+/// The summaries of the events `ids` (in no order; a deleted event is missing).
+pub async fn summaries(db: impl PgExecutor<'_>, ids: &[EventId]) -> Result<Vec<EventSummary>, sqlx::Error> {
+    crate::db::query_as(
+        "SELECT e.id, s.name AS source, e.event_type, e.dedupe_key, e.received_at, length(e.payload) AS payload_bytes
+         FROM events e JOIN sources s ON s.id = e.source_id WHERE e.id = ANY($1)",
+    )
+    .bind(ids)
+    .fetch_all(db)
+    .await
 }
 
 /// Events stored at or after `since` (one range scan of `events_received_at`: meant for

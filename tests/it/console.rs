@@ -536,3 +536,56 @@ async fn unknown_console_urls_get_the_console_404_page_and_there_is_a_favicon() 
     assert_eq!(icon.headers()["content-type"], "image/svg+xml");
     assert!(icon.text().await.expect("svg").starts_with("<svg"));
 }
+
+/// The 3 a.m. questions about what died: a dead letter shows its event (type, source,
+/// key) in the list and on its page; the events list says how each event's deliveries
+/// stand, and its type search takes the wildcards subscriptions take (the API's too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_name_their_event_and_events_show_their_delivery_state() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let ok = crate::support::sink::Sink::ok().await;
+    let strict = crate::support::sink::Sink::start(|_, _| crate::support::sink::Reply::status(400)).await;
+    for (sink, types) in [(&ok, json!(["order.paid", "invoice.*"])), (&strict, json!(["order.failed"]))] {
+        let ep = app.admin_post("/v1/endpoints", json!({"url": sink.url("/hook")}), 201).await;
+        let sub = json!({"endpoint_id": ep["id"], "source": "shop", "event_types": types});
+        app.admin_post("/v1/subscriptions", sub, 201).await;
+    }
+    for (key, event_type) in [("k-paid", "order.paid"), ("k-<failed>", "order.failed"), ("k-invoice", "invoice.sent")] {
+        assert_eq!(app.ingest("shop", key, event_type, "{}").await.0, 200);
+    }
+    app.ingest("shop", "k-none", "unrouted.thing", "{}").await;
+    crate::support::eventually(std::time::Duration::from_secs(30), "two delivered, one dead", || async {
+        (crate::support::count_status(&app.db.pool, "delivered").await == 2
+            && crate::support::count_status(&app.db.pool, "dead").await == 1)
+            .then_some(())
+    })
+    .await;
+    let cookie = sign_in(&app).await;
+
+    let (status, dead) = page(&app, &cookie, "/console/dead").await;
+    assert_eq!(status, StatusCode::OK);
+    let (rows, _) = rows_and_next(&dead, "/console/deliveries/");
+    assert_eq!(rows.len(), 1, "{dead}");
+    assert!(dead.contains(r#"class="event-type">order.failed</a>"#), "the event's type: {dead}");
+    assert!(shown_escaped(&dead, "k-<failed>") && dead.contains("<td>shop</td>"), "its key and source: {dead}");
+    let (_, delivery) = page(&app, &cookie, &format!("/console/deliveries/{}", rows[0])).await;
+    assert!(delivery.contains(r#"id="event-type">order.failed</a>"#), "{delivery}");
+    assert!(delivery.contains(r#"id="event-source">shop</span>"#));
+    assert!(shown_escaped(&delivery, "k-<failed>"));
+
+    let (_, all) = page(&app, &cookie, "/console/events").await;
+    let state_of = |html: &str, key: &str| {
+        let row = html.split("<tr>").find(|r| r.contains(key)).unwrap_or_else(|| panic!("{key} listed: {html}"));
+        row.split(r#" state">"#).nth(1).and_then(|s| s.split('<').next()).expect("a state").to_owned()
+    };
+    assert_eq!(state_of(&all, "k-paid"), "delivered");
+    assert_eq!(state_of(&all, "order.failed"), "dead");
+    assert_eq!(state_of(&all, "k-none"), "no deliveries");
+    let (_, orders) = page(&app, &cookie, "/console/events?event_type=order.*").await;
+    assert!(orders.contains("k-paid") && orders.contains("order.failed"), "{orders}");
+    assert!(!orders.contains("k-invoice") && !orders.contains("k-none"), "{orders}");
+    let api = app.admin_get("/v1/events?event_type=*.sent").await;
+    let keys: Vec<&str> = api["data"].as_array().unwrap().iter().map(|e| e["dedupe_key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["k-invoice"]);
+}

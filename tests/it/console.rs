@@ -585,6 +585,20 @@ async fn dead_letters_name_their_event_and_events_show_their_delivery_state() {
     let (_, orders) = page(&app, &cookie, "/console/events?event_type=order.*").await;
     assert!(orders.contains("k-paid") && orders.contains("order.failed"), "{orders}");
     assert!(!orders.contains("k-invoice") && !orders.contains("k-none"), "{orders}");
+    // The overview's "N still dead" opens the list of those N, however long ago they died.
+    sqlx::query("UPDATE deliveries SET finished_at = now() - interval '3 days' WHERE status = 'dead'")
+        .execute(&app.db.pool)
+        .await
+        .expect("age the dead letter");
+    let (_, live) = page(&app, &cookie, "/console/overview/live").await;
+    let link = live.split(r#"id="still-dead""#).next().and_then(|s| s.rsplit(r#"href=""#).next()).expect("link");
+    let link = unescape(link.split('"').next().expect("href"));
+    assert!(live.contains(r#"id="still-dead">1 still dead</a>"#), "{live}");
+    let (_, recent) = page(&app, &cookie, "/console/dead").await;
+    assert_eq!(rows_and_next(&recent, "/console/deliveries/").0.len(), 0, "the default window: the last 24 h");
+    let (_, still) = page(&app, &cookie, &link).await;
+    assert_eq!(rows_and_next(&still, "/console/deliveries/").0, rows, "the link shows the one still dead");
+
     let api = app.admin_get("/v1/events?event_type=*.sent").await;
     let keys: Vec<&str> = api["data"].as_array().unwrap().iter().map(|e| e["dedupe_key"].as_str().unwrap()).collect();
     assert_eq!(keys, ["k-invoice"]);

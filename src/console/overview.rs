@@ -12,8 +12,10 @@ use crate::circuit::CircuitDisplay;
 use crate::queue::{self, Outcome};
 use crate::store;
 
-/// Rates are averaged over this window.
-const RATE_WINDOW_SECS: i64 = 300;
+/// The rates shown large: per second over the last minute, so a short burst shows.
+const RATE_WINDOW_SECS: i64 = 60;
+/// The steadier rates shown beside them: per second over the last 5 minutes.
+const SLOW_WINDOW_SECS: i64 = 300;
 
 /// How long this process reuses the numbers: however many consoles are open, the
 /// overview's queries (the queue counts read every pending row) run at most once per this
@@ -40,6 +42,10 @@ pub struct Live {
     ingest_per_sec: String,
     delivered_per_sec: String,
     failed_per_sec: String,
+    /// The same three over the last 5 minutes.
+    ingest_5m: String,
+    delivered_5m: String,
+    failed_5m: String,
     pending: i64,
     due: i64,
     parked: i64,
@@ -57,9 +63,16 @@ struct Page {
     live: Live,
 }
 
-/// Per second over the rate window, one decimal.
-fn rate(count: i64) -> String {
-    format!("{:.1}", count as f64 / RATE_WINDOW_SECS as f64)
+/// `count` per second over `secs`, with the precision its size needs: a handful of
+/// webhooks in a minute shows (`0.05`), a busy gateway shows whole numbers; none is `0`.
+fn rate(count: i64, secs: i64) -> String {
+    let per_sec = count as f64 / secs as f64;
+    match per_sec {
+        r if r <= 0.0 => "0".to_owned(),
+        r if r < 1.0 => format!("{r:.2}"),
+        r if r < 100.0 => format!("{r:.1}"),
+        r => format!("{r:.0}"),
+    }
 }
 
 /// A lag in seconds, readable: `0 s`, `42 s`, `3 min 5 s`, `2 h 10 min`.
@@ -90,6 +103,9 @@ async fn read_numbers(state: &AppState) -> Result<Live, sqlx::Error> {
     let window = now - chrono::Duration::seconds(RATE_WINDOW_SECS);
     let received = store::events::received_since(&state.pool, window).await?;
     let outcomes = store::attempts::outcomes_since(&state.pool, window).await?;
+    let slow = now - chrono::Duration::seconds(SLOW_WINDOW_SECS);
+    let received_5m = store::events::received_since(&state.pool, slow).await?;
+    let outcomes_5m = store::attempts::outcomes_since(&state.pool, slow).await?;
     let hour = store::attempts::outcomes_since(&state.pool, now - chrono::Duration::hours(1)).await?;
     let count = |rows: &[(Outcome, i64)], outcome: Outcome| rows.iter().find(|(o, _)| *o == outcome).map_or(0, |r| r.1);
     let stats = queue::read::stats(&state.pool).await?;
@@ -110,9 +126,12 @@ async fn read_numbers(state: &AppState) -> Result<Live, sqlx::Error> {
         })
         .collect();
     Ok(Live {
-        ingest_per_sec: rate(received),
-        delivered_per_sec: rate(count(&outcomes, Outcome::Delivered)),
-        failed_per_sec: rate(count(&outcomes, Outcome::Retry) + count(&outcomes, Outcome::Dead)),
+        ingest_per_sec: rate(received, RATE_WINDOW_SECS),
+        delivered_per_sec: rate(count(&outcomes, Outcome::Delivered), RATE_WINDOW_SECS),
+        failed_per_sec: rate(count(&outcomes, Outcome::Retry) + count(&outcomes, Outcome::Dead), RATE_WINDOW_SECS),
+        ingest_5m: rate(received_5m, SLOW_WINDOW_SECS),
+        delivered_5m: rate(count(&outcomes_5m, Outcome::Delivered), SLOW_WINDOW_SECS),
+        failed_5m: rate(count(&outcomes_5m, Outcome::Retry) + count(&outcomes_5m, Outcome::Dead), SLOW_WINDOW_SECS),
         pending: stats.pending,
         due: stats.due,
         parked: stats.parked,
@@ -147,5 +166,14 @@ mod tests {
         assert_eq!(super::human_secs(42.4), "42 s");
         assert_eq!(super::human_secs(185.0), "3 min 5 s");
         assert_eq!(super::human_secs(7800.0), "2 h 10 min");
+    }
+
+    /// A short burst shows; whole numbers when busy.
+    #[test]
+    fn rates_have_the_precision_their_size_needs() {
+        assert_eq!(super::rate(0, 60), "0");
+        assert_eq!(super::rate(3, 60), "0.05");
+        assert_eq!(super::rate(90, 60), "1.5");
+        assert_eq!(super::rate(360_000, 60), "6000");
     }
 }

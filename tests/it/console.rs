@@ -144,9 +144,16 @@ async fn the_overview_fragment_has_the_numbers_without_the_page() {
     app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/hook"}), 201).await;
     let id = app.admin_get("/v1/endpoints").await["data"][0]["id"].as_str().unwrap().to_owned();
     app.admin_post(&format!("/v1/endpoints/{id}/pause"), json!({}), 200).await;
+    // A short burst: three webhooks show as a rate over the last minute, not as 0.0.
+    app.source_none("shop").await;
+    for key in ["b-1", "b-2", "b-3"] {
+        assert_eq!(app.ingest("shop", key, "t", "{}").await.0, 200);
+    }
     let cookie = sign_in(&app).await;
     let (status, fragment) = page(&app, &cookie, "/console/overview/live").await;
     assert_eq!(status, StatusCode::OK);
+    assert!(fragment.contains(r#"id="ingest-rate">0.05</div>"#), "3 in the last minute: {fragment}");
+    assert!(fragment.contains(r#"id="ingest-5m">0.01</span>"#), "3 in 5 minutes: {fragment}");
     assert!(!fragment.contains("<html") && !fragment.contains("<nav"), "a fragment: {fragment}");
     assert!(fragment.contains(r#"id="queue-pending""#) && fragment.contains("paused"), "{fragment}");
     let (status, _) = page(&app, "", "/console/overview/live").await;

@@ -51,6 +51,16 @@ impl Driver {
 
     /// A new headless browser session with extra Chromium flags.
     async fn browser_with(&self, extra: &[&str]) -> Client {
+        self.session(extra, None).await
+    }
+
+    /// A new headless session that emulates a phone's screen (390 × 844 CSS pixels: a
+    /// desktop window cannot be made narrower than 500).
+    async fn phone(&self) -> Client {
+        self.session(&[], Some(json!({"deviceMetrics": {"width": 390, "height": 844, "pixelRatio": 3.0}}))).await
+    }
+
+    async fn session(&self, extra: &[&str], mobile: Option<serde_json::Value>) -> Client {
         let mut args = vec![
             // As root Chromium needs --no-sandbox; /dev/shm is small in containers.
             "--headless=new",
@@ -62,7 +72,11 @@ impl Driver {
         ];
         args.extend_from_slice(extra);
         let mut caps = serde_json::Map::new();
-        caps.insert("goog:chromeOptions".into(), json!({"binary": CHROMIUM, "args": args}));
+        let mut options = json!({"binary": CHROMIUM, "args": args});
+        if let Some(mobile) = mobile {
+            options["mobileEmulation"] = mobile;
+        }
+        caps.insert("goog:chromeOptions".into(), options);
         let connector = hyper_util::client::legacy::connect::HttpConnector::new();
         ClientBuilder::new(connector)
             .capabilities(caps)
@@ -292,6 +306,35 @@ async fn an_operator_works_through_the_console_in_a_real_browser() {
     browser.goto(&app.url("/console/no-such-page")).await.unwrap();
     assert!(text(&browser, "#error-message").await.contains("no console page"));
     close(browser).await;
+
+    // At a phone's width every page fits the screen: nothing scrolls the page sideways
+    // (wide tables scroll inside themselves).
+    let phone = driver.phone().await;
+    phone.goto(&app.url("/console/login")).await.unwrap();
+    phone.find(Locator::Css("#token")).await.unwrap().send_keys(ADMIN_TOKEN).await.unwrap();
+    click_to(&phone, "#sign-in", "#dead-hour").await;
+    let width = phone.execute("return window.innerWidth", vec![]).await.unwrap();
+    assert!(width.as_i64().is_some_and(|w| w <= 420), "a phone's width: {width}");
+    let delivery = app.admin_get(&format!("/v1/deliveries?endpoint_id={a}&limit=1")).await["data"][0]["id"].clone();
+    let delivery = delivery.as_str().expect("a delivery of A").to_owned();
+    for page in [
+        "/console".to_owned(),
+        "/console/events".to_owned(),
+        "/console/dead?window=all".to_owned(),
+        "/console/endpoints".to_owned(),
+        format!("/console/endpoints/{a}"),
+        format!("/console/deliveries/{delivery}"),
+        "/console/sources".to_owned(),
+        "/console/filters".to_owned(),
+        "/console/transforms".to_owned(),
+    ] {
+        phone.goto(&app.url(&page)).await.unwrap();
+        let fits = "return document.documentElement.scrollWidth <= window.innerWidth";
+        assert_eq!(phone.execute(fits, vec![]).await.unwrap(), json!(true), "{page} is wider than a phone");
+    }
+    phone.goto(&app.url("/console")).await.unwrap();
+    screenshot(&phone, "overview-phone").await;
+    close(phone).await;
 
     // The same console in the dark (prefers-color-scheme: dark).
     let dark = driver.browser_with(&["--force-dark-mode", "--blink-settings=preferredColorScheme=0"]).await;

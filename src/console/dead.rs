@@ -26,6 +26,9 @@ pub struct DeadQuery {
     window: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cursor: Option<String>,
+    /// How many a redelivery from this list queued (shown once).
+    #[serde(default, skip_serializing)]
+    redelivered: Option<usize>,
 }
 
 #[derive(Template)]
@@ -40,6 +43,10 @@ struct ListPage {
     next: Option<String>,
     recover_since: String,
     recover_until: String,
+    /// What a redelivery from this list did, once.
+    notice: Option<String>,
+    /// This list's address, to come back to after a redelivery.
+    back: String,
 }
 
 /// A time as the recovery form shows it (UTC, to the second).
@@ -69,8 +76,12 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(q): Que
     };
     let dead = read::list(&state.pool, &filter, PAGE).await?;
     let next = (dead.len() as i64 == PAGE).then(|| dead.last().map(|d| d.id.to_string())).flatten().and_then(|last| {
-        let query =
-            DeadQuery { endpoint: non_empty(q.endpoint.clone()), window: Some(window.clone()), cursor: Some(last) };
+        let query = DeadQuery {
+            endpoint: non_empty(q.endpoint.clone()),
+            window: Some(window.clone()),
+            cursor: Some(last),
+            redelivered: None,
+        };
         serde_urlencoded::to_string(&query).ok()
     });
     let mut rows: Vec<DeliveryRow> = dead.into_iter().map(Into::into).collect();
@@ -90,7 +101,64 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(q): Que
         next,
         recover_since: form_time(since.unwrap_or(now - chrono::Duration::hours(1))),
         recover_until: form_time(now + chrono::Duration::minutes(1)),
+        back: format!(
+            "/console/dead?{}",
+            serde_urlencoded::to_string(&DeadQuery { redelivered: None, ..q.clone_filters() }).unwrap_or_default()
+        ),
+        notice: q.redelivered.map(|n| match n {
+            1 => "1 dead letter queued again: it goes out now, with a fresh attempt budget.".to_owned(),
+            n => format!("{n} dead letters queued again: they go out now, each with a fresh attempt budget."),
+        }),
     })
+}
+
+impl DeadQuery {
+    /// The same list (filters and page), without what was done.
+    fn clone_filters(&self) -> DeadQuery {
+        DeadQuery {
+            endpoint: self.endpoint.clone(),
+            window: self.window.clone(),
+            cursor: self.cursor.clone(),
+            redelivered: None,
+        }
+    }
+}
+
+/// Most dead letters one post redelivers: a page of the list.
+const MAX_SET: usize = PAGE as usize;
+
+/// `POST /console/dead/redeliver`: redeliver the dead letter of the row's button (`one`),
+/// or every one ticked (`id`, repeated), as the API's redelivery does each; then back to
+/// the list, which says how many went. A delivery that is no longer dead (redelivered
+/// meanwhile, in another tab) is skipped, not redelivered twice.
+pub async fn redeliver(
+    State(state): State<AppState>,
+    Posted(_, fields): Posted<Vec<(String, String)>>,
+) -> Result<axum::response::Response, ConsoleError> {
+    let one = fields.iter().find(|(name, _)| name == "one").map(|(_, v)| v.as_str());
+    let chosen: Vec<&str> = match one {
+        Some(id) => vec![id],
+        None => fields.iter().filter(|(name, _)| name == "id").map(|(_, v)| v.as_str()).collect(),
+    };
+    if chosen.is_empty() {
+        return Err(ConsoleError(ApiError::validation("id", "tick the dead letters to redeliver")));
+    }
+    if chosen.len() > MAX_SET {
+        return Err(ConsoleError(ApiError::validation("id", format!("at most {MAX_SET} at a time"))));
+    }
+    let mut queued = 0;
+    for id in chosen {
+        let id: DeliveryId = super::parse_id(id, "delivery")?;
+        let Some(d) = read::by_id(&state.pool, id).await? else { continue };
+        if d.status == DeliveryStatus::Dead {
+            actions::redeliver_one(&state, id).await?;
+            queued += 1;
+        }
+    }
+    let back = fields.iter().find(|(name, _)| name == "back").map_or("/console/dead", |(_, v)| v.as_str());
+    let back = if back.starts_with("/console/dead") && back.is_ascii() { back } else { "/console/dead" };
+    let joiner = if back.contains('?') { '&' } else { '?' };
+    Ok(super::see_other(&format!("{back}{joiner}redelivered={queued}")))
 }
 
 /// The recovery window, as typed (UTC or RFC 3339).

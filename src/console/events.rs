@@ -408,6 +408,22 @@ pub async fn redeliver(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// Dead wins over pending (it needs a human), retrying while any is pending.
+    #[test]
+    fn an_event_s_deliveries_in_a_word() {
+        let event_id: EventId = "00000000-0000-0000-0000-000000000000".parse().expect("an id");
+        let of = |total, delivered, dead| {
+            delivery_state(Some(&read::EventDeliveries { event_id, total, delivered, dead })).0
+        };
+        assert_eq!(delivery_state(None).0, "no deliveries");
+        assert_eq!(of(3, 3, 0), "delivered");
+        assert_eq!(of(3, 2, 0), "retrying");
+        assert_eq!(of(3, 2, 1), "dead");
+        assert_eq!(of(3, 0, 1), "dead");
+    }
+
     #[test]
     fn payloads_are_pretty_json_or_text() {
         let (text, json) = super::readable_payload(br#"{"a":[1,2]}"#);

@@ -61,6 +61,7 @@ pub fn router() -> Router<AppState> {
         .route("/endpoints/{id}/test", post(endpoints::test_send))
         .route("/endpoints/{id}/recover", get(dead::confirm_recover).post(dead::recover))
         .route("/dead", get(dead::list))
+        .route("/dead/redeliver", post(dead::redeliver))
         .route("/sources", get(sources::list))
         .route("/filters", get(filters::page))
         .route("/transforms", get(transforms::page))

@@ -610,3 +610,69 @@ async fn dead_letters_name_their_event_and_events_show_their_delivery_state() {
     let keys: Vec<&str> = api["data"].as_array().unwrap().iter().map(|e| e["dedupe_key"].as_str().unwrap()).collect();
     assert_eq!(keys, ["k-invoice"]);
 }
+
+/// Dead letters are redelivered from the list: the ticked ones, or one by its row's button;
+/// each goes out again (the list says how many), and a post without a choice is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_redelivered_from_the_list_one_or_a_selected_set() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let strict = crate::support::sink::Sink::start(|_, _| crate::support::sink::Reply::status(400)).await;
+    app.endpoint_for(&strict.url("/hook"), Some("shop")).await;
+    for key in ["d-1", "d-2", "d-3"] {
+        assert_eq!(app.ingest("shop", key, "order.failed", "{}").await.0, 200);
+    }
+    crate::support::eventually(std::time::Duration::from_secs(30), "three dead", || async {
+        (crate::support::count_status(&app.db.pool, "dead").await == 3).then_some(())
+    })
+    .await;
+    assert_eq!(strict.count(), 3);
+    let cookie = sign_in(&app).await;
+    let (_, list) = page(&app, &cookie, "/console/dead?window=all").await;
+    assert!(list.contains(r#"data-confirm="Redeliver the selected dead letters now"#), "the set asks first");
+    let csrf = csrf_of(&list);
+    let (ids, _) = rows_and_next(&list, "/console/deliveries/");
+    assert_eq!(ids.len(), 3);
+    let post = |fields: Vec<(&'static str, String)>| {
+        let mut form = vec![("csrf", csrf.clone()), ("back", "/console/dead?window=all".to_owned())];
+        form.extend(fields);
+        client().post(app.url("/console/dead/redeliver")).header("cookie", &cookie).form(&form).send()
+    };
+
+    let set = post(vec![("id", ids[0].clone()), ("id", ids[1].clone())]).await.unwrap();
+    assert_eq!(set.status(), StatusCode::SEE_OTHER);
+    let back = set.headers()["location"].to_str().unwrap().to_owned();
+    assert_eq!(back, "/console/dead?window=all&redelivered=2");
+    let (_, shown) = page(&app, &cookie, &back).await;
+    assert!(shown.contains("2 dead letters queued again"), "{shown}");
+    crate::support::eventually(std::time::Duration::from_secs(30), "the two sent again", || async {
+        (strict.count() == 5).then_some(())
+    })
+    .await;
+
+    let one = post(vec![("one", ids[2].clone()), ("id", ids[0].clone())]).await.unwrap();
+    assert_eq!(one.headers()["location"], "/console/dead?window=all&redelivered=1", "the row's button wins");
+    crate::support::eventually(std::time::Duration::from_secs(30), "the one sent again", || async {
+        (strict.count() == 6).then_some(())
+    })
+    .await;
+    crate::support::eventually(std::time::Duration::from_secs(30), "its second attempt in its timeline", || async {
+        let attempts = app.admin_get(&format!("/v1/deliveries/{}/attempts", ids[2])).await;
+        (attempts["data"].as_array().map(Vec::len) == Some(2)).then_some(())
+    })
+    .await;
+
+    let none = post(vec![]).await.unwrap();
+    assert_eq!(none.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(none.text().await.unwrap().contains("tick the dead letters to redeliver"));
+    let elsewhere = post(vec![("one", ids[0].clone())]).await.unwrap();
+    assert_eq!(elsewhere.status(), StatusCode::SEE_OTHER);
+    let forged = client()
+        .post(app.url("/console/dead/redeliver"))
+        .header("cookie", &cookie)
+        .form(&[("csrf", "0000"), ("one", ids[0].as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), StatusCode::FORBIDDEN, "no CSRF token, no redelivery");
+}

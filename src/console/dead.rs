@@ -29,6 +29,13 @@ pub struct DeadQuery {
     /// How many a redelivery from this list queued (shown once).
     #[serde(default, skip_serializing)]
     redelivered: Option<usize>,
+    /// A recovery window typed in and refused: what was typed, and why, shown again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    since: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    until: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    problem: Option<String>,
 }
 
 #[derive(Template)]
@@ -47,6 +54,8 @@ struct ListPage {
     notice: Option<String>,
     /// This list's address, to come back to after a redelivery.
     back: String,
+    /// Why the recovery window typed was refused (empty: it was not).
+    problem: String,
 }
 
 /// A time as the recovery form shows it (UTC, to the second).
@@ -80,7 +89,7 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(q): Que
             endpoint: non_empty(q.endpoint.clone()),
             window: Some(window.clone()),
             cursor: Some(last),
-            redelivered: None,
+            ..DeadQuery::default()
         };
         serde_urlencoded::to_string(&query).ok()
     });
@@ -99,12 +108,10 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(q): Que
         endpoints,
         rows,
         next,
-        recover_since: form_time(since.unwrap_or(now - chrono::Duration::hours(1))),
-        recover_until: form_time(now + chrono::Duration::minutes(1)),
-        back: format!(
-            "/console/dead?{}",
-            serde_urlencoded::to_string(&DeadQuery { redelivered: None, ..q.clone_filters() }).unwrap_or_default()
-        ),
+        recover_since: q.since.clone().unwrap_or_else(|| form_time(since.unwrap_or(now - chrono::Duration::hours(1)))),
+        recover_until: q.until.clone().unwrap_or_else(|| form_time(now + chrono::Duration::minutes(1))),
+        problem: q.problem.clone().unwrap_or_default(),
+        back: format!("/console/dead?{}", serde_urlencoded::to_string(&q.clone_filters()).unwrap_or_default()),
         notice: q.redelivered.map(|n| match n {
             1 => "1 dead letter queued again: it goes out now, with a fresh attempt budget.".to_owned(),
             n => format!("{n} dead letters queued again: they go out now, each with a fresh attempt budget."),
@@ -119,7 +126,7 @@ impl DeadQuery {
             endpoint: self.endpoint.clone(),
             window: self.window.clone(),
             cursor: self.cursor.clone(),
-            redelivered: None,
+            ..DeadQuery::default()
         }
     }
 }
@@ -204,7 +211,25 @@ pub async fn confirm_recover(
     let id: EndpointId = super::parse_id(&id, "endpoint")?;
     let e =
         store::endpoints::by_id(&state.pool, id).await?.ok_or_else(|| ConsoleError(ApiError::not_found("endpoint")))?;
-    let body = form.recover()?;
+    let body = match form.recover() {
+        Ok(body) => body,
+        // A window typed wrong: back to the form, with what was typed and why.
+        Err(ConsoleError(e)) if e.status() == axum::http::StatusCode::UNPROCESSABLE_ENTITY => {
+            let back = DeadQuery {
+                endpoint: Some(id.to_string()),
+                window: Some("all".to_owned()),
+                since: form.since.clone(),
+                until: form.until.clone(),
+                problem: Some(e.message),
+                ..DeadQuery::default()
+            };
+            return Ok(super::see_other(&format!(
+                "/console/dead?{}",
+                serde_urlencoded::to_string(&back).unwrap_or_default()
+            )));
+        }
+        Err(e) => return Err(e),
+    };
     let (since, until) = actions::recovery_window(&body)?;
     let count = read::dead_in_window(&state.pool, id, since, until).await?;
     render(&ConfirmPage {

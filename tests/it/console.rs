@@ -676,3 +676,31 @@ async fn dead_letters_are_redelivered_from_the_list_one_or_a_selected_set() {
         .unwrap();
     assert_eq!(forged.status(), StatusCode::FORBIDDEN, "no CSRF token, no redelivery");
 }
+
+/// A recovery window typed wrong comes back to the form with what was typed and why, on
+/// the same page, instead of an error page that loses it.
+#[tokio::test]
+async fn a_refused_recovery_window_keeps_what_was_typed_and_says_why() {
+    let app = TestApp::spawn().await;
+    let ep = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/hook"}), 201).await;
+    let id = ep["id"].as_str().unwrap().to_owned();
+    let cookie = sign_in(&app).await;
+    for (since, until, why) in
+        [("yesterday-ish", "", "a time like"), ("2026-01-02 10:00", "2026-01-01 10:00", "until"), ("", "", "since")]
+    {
+        let path = format!(
+            "/console/endpoints/{id}/recover?{}",
+            serde_urlencoded::to_string([("since", since), ("until", until)]).unwrap()
+        );
+        let response = client().get(app.url(&path)).header("cookie", &cookie).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::SEE_OTHER, "{since:?} {until:?}");
+        let back = response.headers()["location"].to_str().unwrap().to_owned();
+        assert!(back.starts_with("/console/dead?"), "{back}");
+        let (status, html) = page(&app, &cookie, &back).await;
+        assert_eq!(status, StatusCode::OK);
+        let problem = html.split(r#"id="recover-problem">"#).nth(1).and_then(|s| s.split('<').next()).unwrap_or("");
+        assert!(problem.contains(why), "{since:?} {until:?}: {problem:?}");
+        assert!(html.contains(&format!(r#"id="r-since" value="{since}""#)), "what was typed is kept: {since:?}");
+        assert!(html.contains(&format!(r#"id="r-until" value="{until}""#)), "what was typed is kept: {until:?}");
+    }
+}

@@ -20,6 +20,24 @@ function localizeTimes(root) {
   }
 }
 
+// A form field with data-utc holds a UTC time as the server wrote it; it is shown in the
+// viewer's time zone, as the lists are, with its offset (RFC 3339), which the server
+// reads back exactly. One time zone on every page.
+function localizeInputs(root) {
+  const pad = (n) => String(Math.abs(n)).padStart(2, "0");
+  for (const input of root.querySelectorAll("input[data-utc]")) {
+    const when = new Date(input.value.trim().replace(" ", "T") + "Z");
+    if (isNaN(when.getTime())) continue;
+    const offset = -when.getTimezoneOffset();
+    const local = new Date(when.getTime() + offset * 60000).toISOString().slice(0, 19);
+    const sign = offset >= 0 ? "+" : "-";
+    input.value = `${local}${sign}${pad(Math.trunc(offset / 60))}:${pad(offset % 60)}`;
+    const label = input.closest("label");
+    const tz = label && label.querySelector(".tz");
+    if (tz) tz.textContent = "(your time zone)";
+  }
+}
+
 // A button with data-confirm="question" asks before its form is sent (an action that is
 // hard to take back: resending what was delivered, rotating a secret). Cancel sends
 // nothing.
@@ -73,6 +91,7 @@ function forgetDone() {
 document.addEventListener("DOMContentLoaded", () => {
   forgetDone();
   localizeTimes(document);
+  localizeInputs(document);
   confirmations(document);
   for (const el of document.querySelectorAll("[data-refresh]")) liveRefresh(el);
 });

@@ -273,6 +273,11 @@ async fn an_operator_works_through_the_console_in_a_real_browser() {
     browser.goto(&app.url(&format!("/console/dead?endpoint={a}"))).await.unwrap();
     assert_eq!(browser.find_all(Locator::Css("#dead tbody tr")).await.unwrap().len(), 2);
     screenshot(&browser, "dead-letters").await;
+    // Its times are in the viewer's time zone, as the lists are, with the offset.
+    let since = browser.find(Locator::Css("#r-since")).await.unwrap().prop("value").await.unwrap().unwrap_or_default();
+    assert!(chrono::DateTime::parse_from_rfc3339(&since).is_ok(), "a local time with its offset: {since}");
+    let label = browser.execute("return document.querySelector('#r-since').closest('label').textContent", vec![]);
+    assert!(label.await.unwrap().as_str().unwrap_or_default().contains("your time zone"));
     click_to(&browser, "#r-review", "#recover-count").await;
     assert_eq!(text(&browser, "#recover-count").await, "2");
     screenshot(&browser, "recover-confirm").await;

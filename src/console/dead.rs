@@ -111,7 +111,7 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(q): Que
         recover_since: q.since.clone().unwrap_or_else(|| form_time(since.unwrap_or(now - chrono::Duration::hours(1)))),
         recover_until: q.until.clone().unwrap_or_else(|| form_time(now + chrono::Duration::minutes(1))),
         problem: q.problem.clone().unwrap_or_default(),
-        back: format!("/console/dead?{}", serde_urlencoded::to_string(&q.clone_filters()).unwrap_or_default()),
+        back: format!("/console/dead?{}", serde_urlencoded::to_string(q.clone_filters()).unwrap_or_default()),
         notice: q.redelivered.map(|n| match n {
             1 => "1 dead letter queued again: it goes out now, with a fresh attempt budget.".to_owned(),
             n => format!("{n} dead letters queued again: they go out now, each with a fresh attempt budget."),

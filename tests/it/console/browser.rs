@@ -272,6 +272,14 @@ async fn an_operator_works_through_the_console_in_a_real_browser() {
     // Recover A's window of dead letters: the confirmation says how many first.
     browser.goto(&app.url(&format!("/console/dead?endpoint={a}"))).await.unwrap();
     assert_eq!(browser.find_all(Locator::Css("#dead tbody tr")).await.unwrap().len(), 2);
+    // Each says what it is (its event's type, source and key), and can be redelivered
+    // from here, after a confirmation (cancelled here: the recovery below takes both).
+    let first = text(&browser, "#dead tbody tr").await;
+    assert!(first.contains("order.") && first.contains("shop"), "{first}");
+    click(&browser, "#dead tbody tr button[name=one]").await;
+    assert!(browser.get_alert_text().await.expect("a confirmation").contains("Redeliver"));
+    browser.dismiss_alert().await.expect("cancel");
+    assert_eq!(browser.find_all(Locator::Css("#dead tbody tr")).await.unwrap().len(), 2, "cancelled");
     screenshot(&browser, "dead-letters").await;
     // Its times are in the viewer's time zone, as the lists are, with the offset.
     let since = browser.find(Locator::Css("#r-since")).await.unwrap().prop("value").await.unwrap().unwrap_or_default();

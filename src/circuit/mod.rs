@@ -187,6 +187,18 @@ pub enum Change {
     Closed,
 }
 
+impl Change {
+    /// The name a change is kept under in the circuit's history, if it is kept.
+    pub fn recorded(self) -> Option<&'static str> {
+        match self {
+            Change::Opened => Some("opened"),
+            Change::Reopened => Some("reopened"),
+            Change::Closed => Some("closed"),
+            Change::Updated | Change::None => None,
+        }
+    }
+}
+
 /// The transition function.
 pub fn apply(current: &Circuit, seen: &Observation, now: DateTime<Utc>, cfg: &CircuitConfig) -> (Circuit, Change) {
     let mut next = current.clone();

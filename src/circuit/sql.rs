@@ -66,6 +66,19 @@ pub async fn observe(
         .bind(change == Change::Closed)
         .execute(&mut *conn)
         .await?;
+        if let Some(what) = change.recorded() {
+            crate::db::query(
+                "INSERT INTO circuit_transitions (endpoint_id, change, failures, open_count, reopen_at)
+                 VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(id)
+            .bind(what)
+            .bind(next.consecutive_failures.max(current.consecutive_failures))
+            .bind(next.open_count.max(current.open_count))
+            .bind(next.reopen_at)
+            .execute(&mut *conn)
+            .await?;
+        }
         match change {
             Change::Opened => tracing::warn!(endpoint_id = %id, failures = next.consecutive_failures,
                 reopen_at = ?next.reopen_at, "circuit opened: deliveries to this endpoint are parked"),
@@ -79,6 +92,37 @@ pub async fn observe(
         }
     }
     Ok(closed)
+}
+
+/// One change of an endpoint's circuit, as the endpoint page shows it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Transition {
+    /// When.
+    pub at: chrono::DateTime<Utc>,
+    /// `opened`, `reopened` (a half-open probe failed) or `closed` (a probe succeeded).
+    pub change: String,
+    /// Failures in a row that opened it, or that the probe ended.
+    pub failures: i32,
+    /// Times it had opened since it last closed.
+    pub open_count: i32,
+    /// When the next probe may go (open and reopened).
+    pub reopen_at: Option<chrono::DateTime<Utc>>,
+}
+
+/// The latest `limit` changes of `endpoint`'s circuit, newest first.
+pub async fn history(
+    db: impl sqlx::PgExecutor<'_>,
+    endpoint: EndpointId,
+    limit: i64,
+) -> Result<Vec<Transition>, sqlx::Error> {
+    crate::db::query_as(
+        "SELECT at, change, failures, open_count, reopen_at FROM circuit_transitions
+         WHERE endpoint_id = $1 ORDER BY id DESC LIMIT $2",
+    )
+    .bind(endpoint)
+    .bind(limit)
+    .fetch_all(db)
+    .await
 }
 
 #[derive(sqlx::FromRow)]

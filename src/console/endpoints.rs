@@ -126,6 +126,31 @@ struct ShowPage {
     next: Option<String>,
     notice: Option<&'static str>,
     window: i64,
+    /// The circuit's latest changes, newest first.
+    history: Vec<TransitionRow>,
+}
+
+/// One change of the circuit, in words.
+struct TransitionRow {
+    at: super::Ts,
+    what: &'static str,
+    badge: &'static str,
+    why: String,
+    next_probe: String,
+}
+
+/// Changes of the circuit the endpoint page shows.
+const HISTORY: i64 = 20;
+
+impl From<crate::circuit::sql::Transition> for TransitionRow {
+    fn from(t: crate::circuit::sql::Transition) -> Self {
+        let (what, badge, why) = match t.change.as_str() {
+            "opened" => ("opened", "bad", format!("{} failures in a row", t.failures)),
+            "reopened" => ("opened again", "bad", format!("the half-open probe failed (open #{})", t.open_count)),
+            _ => ("closed", "ok", format!("the half-open probe succeeded, after {} opening(s)", t.open_count)),
+        };
+        TransitionRow { at: super::Ts(t.at), what, badge, why, next_probe: super::ts(t.reopen_at) }
+    }
 }
 
 /// Query of an endpoint's page: its deliveries' cursor, and what was just done.
@@ -150,6 +175,7 @@ pub async fn show(
     Query(q): Query<ShowQuery>,
 ) -> PageResult {
     let e = endpoint(&state, &id).await?;
+    let id_of_page = e.id;
     let cursor = match non_empty(q.cursor) {
         Some(c) => Some(super::parse_id::<DeliveryId>(&c, "cursor")?),
         None => None,
@@ -172,6 +198,11 @@ pub async fn show(
         next,
         notice,
         window: read::HEALTH_WINDOW,
+        history: crate::circuit::sql::history(&state.pool, id_of_page, HISTORY)
+            .await?
+            .into_iter()
+            .map(Into::into)
+            .collect(),
     })
 }
 

@@ -291,3 +291,53 @@ async fn a_pending_release_waits_for_its_endpoint_to_be_runnable() {
     .unwrap();
     assert_eq!((parked, flagged), (0, false));
 }
+
+/// The circuit's history: an endpoint that fails long enough to open its circuit, fails
+/// a probe, then recovers has each change recorded (opened, opened again, closed, with
+/// the failures and opens behind it), and its console page shows them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_circuit_s_openings_and_closing_are_kept_and_shown_on_the_endpoint_page() {
+    let mut settings = test_settings();
+    settings.delivery.circuit.cooldown_cap = Duration::from_millis(1000);
+    let threshold = settings.delivery.circuit.failure_threshold as usize;
+    let app = TestApp::spawn_with(TestDb::new().await, settings, 16).await;
+    let healthy = Arc::new(AtomicBool::new(false));
+    let flag = healthy.clone();
+    let sink =
+        Sink::start(move |_, _| if flag.load(Ordering::SeqCst) { Reply::status(200) } else { Reply::status(503) })
+            .await;
+    let ep = app.endpoint_for(&sink.url("/"), Some("api")).await;
+    seed_deliveries(&app.db.pool, &ep, 40).await;
+    // Opened, then a probe failed (opened again); then the endpoint recovers.
+    eventually(Duration::from_secs(30), "opened and a probe failed", || async {
+        (endpoint(&app, &ep).await["circuit"]["open_count"].as_i64() >= Some(2)).then_some(())
+    })
+    .await;
+    healthy.store(true, Ordering::SeqCst);
+    eventually(Duration::from_secs(60), "backlog delivered", || async {
+        (count_status(&app.db.pool, "delivered").await == 40).then_some(())
+    })
+    .await;
+    let changes: Vec<(String, i32, i32)> = sqlx::query_as(
+        "SELECT change, failures, open_count FROM circuit_transitions WHERE endpoint_id = $1::uuid ORDER BY id",
+    )
+    .bind(&ep)
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    let names: Vec<&str> = changes.iter().map(|c| c.0.as_str()).collect();
+    assert_eq!(names.first(), Some(&"opened"), "{changes:?}");
+    assert_eq!(names.last(), Some(&"closed"), "{changes:?}");
+    assert!(names[1..names.len() - 1].iter().all(|n| *n == "reopened"), "{changes:?}");
+    assert!(changes[0].1 >= threshold as i32 && changes[0].2 == 1, "opened after the threshold: {changes:?}");
+
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let login =
+        http.post(app.url("/console/login")).form(&[("token", crate::support::ADMIN_TOKEN)]).send().await.unwrap();
+    let cookie = login.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_owned();
+    let page = http.get(app.url(&format!("/console/endpoints/{ep}"))).header("cookie", cookie).send().await.unwrap();
+    let html = page.text().await.unwrap();
+    let table = html.split(r#"id="circuit-history""#).nth(1).expect("the circuit's history on the page");
+    assert!(table.contains(">opened<") && table.contains(">closed<"), "{table}");
+    assert!(table.contains(&format!("{} failures in a row", changes[0].1)), "{table}");
+}

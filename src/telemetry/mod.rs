@@ -277,18 +277,10 @@ impl EventTrace {
         Some(EventTrace { traceparent: own.header(), tracestate: parse_tracestate(&state) })
     }
 
-    /// What to store for a request with `headers`, handled inside the current span: with
-    /// tracing on, the ingest span's context (a child of the producer's, so the same
-    /// trace); off, the producer's own context, validated; `None` without either.
+    /// The producer's own context sent with a request (`traceparent`, `tracestate`),
+    /// validated; `None` without one. What an event stores with tracing off: with tracing
+    /// on, `Ingest::accept` stores its producer span's context instead ([`Self::of_span`]).
     pub fn for_request(headers: &HeaderMap) -> Option<EventTrace> {
-        if enabled() {
-            let context = Span::current().context();
-            let span = context.span();
-            if let Some(own) = TraceParent::of(span.span_context()) {
-                let state = span.span_context().trace_state().header();
-                return Some(EventTrace { traceparent: own.header(), tracestate: parse_tracestate(&state) });
-            }
-        }
         incoming(headers).map(|(parent, tracestate)| EventTrace { traceparent: parent.header(), tracestate })
     }
 }

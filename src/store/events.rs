@@ -359,12 +359,13 @@ pub struct Filter {
     pub newest_first: bool,
 }
 
+/// An [`EventSummary`] of each event `e` (with its source `s`), before the conditions.
+const SUMMARIES: &str = "SELECT e.id, s.name AS source, e.event_type, e.dedupe_key, e.received_at, \
+                         length(e.payload) AS payload_bytes FROM events e JOIN sources s ON s.id = e.source_id";
+
 /// Events matching `filter`, oldest first, at most `limit`.
 pub async fn list(db: impl PgExecutor<'_>, filter: &Filter, limit: i64) -> Result<Vec<EventSummary>, sqlx::Error> {
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(
-        "SELECT e.id, s.name AS source, e.event_type, e.dedupe_key, e.received_at, length(e.payload) AS payload_bytes
-         FROM events e JOIN sources s ON s.id = e.source_id WHERE true",
-    );
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("{SUMMARIES} WHERE true"));
     if let Some(id) = filter.source_id {
         q.push(" AND e.source_id = ").push_bind(id);
     }
@@ -398,13 +399,7 @@ pub async fn list(db: impl PgExecutor<'_>, filter: &Filter, limit: i64) -> Resul
 
 /// The summaries of the events `ids` (in no order; a deleted event is missing).
 pub async fn summaries(db: impl PgExecutor<'_>, ids: &[EventId]) -> Result<Vec<EventSummary>, sqlx::Error> {
-    crate::db::query_as(
-        "SELECT e.id, s.name AS source, e.event_type, e.dedupe_key, e.received_at, length(e.payload) AS payload_bytes
-         FROM events e JOIN sources s ON s.id = e.source_id WHERE e.id = ANY($1)",
-    )
-    .bind(ids)
-    .fetch_all(db)
-    .await
+    crate::db::query_as(&format!("{SUMMARIES} WHERE e.id = ANY($1)")).bind(ids).fetch_all(db).await
 }
 
 /// Events stored at or after `since` (one range scan of `events_received_at`: meant for

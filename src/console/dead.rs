@@ -111,7 +111,7 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(q): Que
         recover_since: q.since.clone().unwrap_or_else(|| form_time(since.unwrap_or(now - chrono::Duration::hours(1)))),
         recover_until: q.until.clone().unwrap_or_else(|| form_time(now + chrono::Duration::minutes(1))),
         problem: q.problem.clone().unwrap_or_default(),
-        back: format!("/console/dead?{}", serde_urlencoded::to_string(q.clone_filters()).unwrap_or_default()),
+        back: q.clone_filters().href(),
         notice: q.redelivered.map(|n| match n {
             1 => "1 dead letter queued again: it goes out now, with a fresh attempt budget.".to_owned(),
             n => format!("{n} dead letters queued again: they go out now, each with a fresh attempt budget."),
@@ -120,6 +120,11 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(q): Que
 }
 
 impl DeadQuery {
+    /// This list's address.
+    fn href(&self) -> String {
+        format!("/console/dead?{}", serde_urlencoded::to_string(self).unwrap_or_default())
+    }
+
     /// The same list (filters and page), without what was done.
     fn clone_filters(&self) -> DeadQuery {
         DeadQuery {
@@ -162,8 +167,12 @@ pub async fn redeliver(
             queued += 1;
         }
     }
-    let back = fields.iter().find(|(name, _)| name == "back").map_or("/console/dead", |(_, v)| v.as_str());
-    let back = if back.starts_with("/console/dead") && back.is_ascii() { back } else { "/console/dead" };
+    let back = fields
+        .iter()
+        .find(|(name, _)| name == "back")
+        .and_then(|(_, v)| super::console_path(v))
+        .filter(|path| *path == "/console/dead" || path.starts_with("/console/dead?"))
+        .unwrap_or("/console/dead");
     let joiner = if back.contains('?') { '&' } else { '?' };
     Ok(super::see_other(&format!("{back}{joiner}redelivered={queued}")))
 }
@@ -223,10 +232,7 @@ pub async fn confirm_recover(
                 problem: Some(e.message),
                 ..DeadQuery::default()
             };
-            return Ok(super::see_other(&format!(
-                "/console/dead?{}",
-                serde_urlencoded::to_string(&back).unwrap_or_default()
-            )));
+            return Ok(super::see_other(&back.href()));
         }
         Err(e) => return Err(e),
     };

@@ -291,6 +291,16 @@ fn non_empty(s: Option<String>) -> Option<String> {
     s.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
 }
 
+/// `path` if it is a page of this console that a form may send the browser back to: a
+/// path under `/console`, never another site (`//evil.example`, a scheme), `..`, a
+/// backslash, a control character (a header split) or anything a `Location` header cannot
+/// hold as it is.
+fn console_path(path: &str) -> Option<&str> {
+    let under = path == "/console" || path.starts_with("/console/") || path.starts_with("/console?");
+    let plain = path.is_ascii() && !path.contains("..") && !path.contains('\\') && !path.chars().any(char::is_control);
+    (under && plain).then_some(path)
+}
+
 /// The event a "try" form names (the filters and transformations pages): a stored event's
 /// id, or a pasted JSON payload; else the message the page shows.
 fn tried_event(

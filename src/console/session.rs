@@ -213,23 +213,12 @@ pub struct LoginForm {
     next: Option<String>,
 }
 
-/// Where a sign-in may lead: a page of this console (a path under `/console`), never
-/// another site (`//evil.example`, `/console/../`, a scheme): anything else is the overview.
+/// Where a sign-in may lead: a page of this console ([`super::console_path`]) other than
+/// the sign-in page itself; anything else is the overview.
 fn safe_next(next: Option<&str>) -> &str {
-    match next {
-        Some(path)
-            if (path == "/console" || path.starts_with("/console/") || path.starts_with("/console?"))
-                && path.is_ascii()
-                && !path.contains("..")
-                && !path.contains('\\')
-                && !path.chars().any(char::is_control)
-                && path != "/console/login"
-                && !path.starts_with("/console/login?") =>
-        {
-            path
-        }
-        _ => "/console",
-    }
+    next.and_then(super::console_path)
+        .filter(|path| *path != "/console/login" && !path.starts_with("/console/login?"))
+        .unwrap_or("/console")
 }
 
 /// `POST /console/login`: the admin token in, a session cookie out.

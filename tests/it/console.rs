@@ -667,6 +667,18 @@ async fn dead_letters_are_redelivered_from_the_list_one_or_a_selected_set() {
     assert!(none.text().await.unwrap().contains("tick the dead letters to redeliver"));
     let elsewhere = post(vec![("one", ids[0].clone())]).await.unwrap();
     assert_eq!(elsewhere.status(), StatusCode::SEE_OTHER);
+    // The way back is only ever the dead-letter list (not another site, page or a header split).
+    for back in ["https://evil.example/", "//evil.example/console/dead", "/console/endpoints", "/console/dead?\r\nx: y"] {
+        let response = client()
+            .post(app.url("/console/dead/redeliver"))
+            .header("cookie", &cookie)
+            .form(&[("csrf", csrf.as_str()), ("back", back), ("one", ids[1].as_str())])
+            .send()
+            .await
+            .unwrap();
+        let location = response.headers()["location"].to_str().unwrap().to_owned();
+        assert!(location.starts_with("/console/dead?redelivered="), "{back:?} led to {location}");
+    }
     let forged = client()
         .post(app.url("/console/dead/redeliver"))
         .header("cookie", &cookie)

@@ -187,13 +187,26 @@ pub enum Change {
     Closed,
 }
 
+/// A change kept in the circuit's history (`circuit_transitions.change`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transitioned {
+    /// It opened (from closed).
+    Opened,
+    /// A half-open probe failed: open again.
+    Reopened,
+    /// A half-open probe succeeded: closed.
+    Closed,
+}
+
+crate::db::text_enum!(Transitioned { Opened => "opened", Reopened => "reopened", Closed => "closed" });
+
 impl Change {
-    /// The name a change is kept under in the circuit's history, if it is kept.
-    pub fn recorded(self) -> Option<&'static str> {
+    /// What the circuit's history keeps of this change, if anything.
+    pub fn recorded(self) -> Option<Transitioned> {
         match self {
-            Change::Opened => Some("opened"),
-            Change::Reopened => Some("reopened"),
-            Change::Closed => Some("closed"),
+            Change::Opened => Some(Transitioned::Opened),
+            Change::Reopened => Some(Transitioned::Reopened),
+            Change::Closed => Some(Transitioned::Closed),
             Change::Updated | Change::None => None,
         }
     }

@@ -99,8 +99,8 @@ pub async fn observe(
 pub struct Transition {
     /// When.
     pub at: chrono::DateTime<Utc>,
-    /// `opened`, `reopened` (a half-open probe failed) or `closed` (a probe succeeded).
-    pub change: String,
+    /// What changed.
+    pub change: super::Transitioned,
     /// Failures in a row that opened it, or that the probe ended.
     pub failures: i32,
     /// Times it had opened since it last closed.

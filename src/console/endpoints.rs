@@ -144,10 +144,15 @@ const HISTORY: i64 = 20;
 
 impl From<crate::circuit::sql::Transition> for TransitionRow {
     fn from(t: crate::circuit::sql::Transition) -> Self {
-        let (what, badge, why) = match t.change.as_str() {
-            "opened" => ("opened", "bad", format!("{} failures in a row", t.failures)),
-            "reopened" => ("opened again", "bad", format!("the half-open probe failed (open #{})", t.open_count)),
-            _ => ("closed", "ok", format!("the half-open probe succeeded, after {} opening(s)", t.open_count)),
+        use crate::circuit::Transitioned;
+        let (what, badge, why) = match t.change {
+            Transitioned::Opened => ("opened", "bad", format!("{} failures in a row", t.failures)),
+            Transitioned::Reopened => {
+                ("opened again", "bad", format!("the half-open probe failed (open #{})", t.open_count))
+            }
+            Transitioned::Closed => {
+                ("closed", "ok", format!("the half-open probe succeeded, after {} opening(s)", t.open_count))
+            }
         };
         TransitionRow { at: super::Ts(t.at), what, badge, why, next_probe: super::ts(t.reopen_at) }
     }

@@ -668,7 +668,8 @@ async fn dead_letters_are_redelivered_from_the_list_one_or_a_selected_set() {
     let elsewhere = post(vec![("one", ids[0].clone())]).await.unwrap();
     assert_eq!(elsewhere.status(), StatusCode::SEE_OTHER);
     // The way back is only ever the dead-letter list (not another site, page or a header split).
-    for back in ["https://evil.example/", "//evil.example/console/dead", "/console/endpoints", "/console/dead?\r\nx: y"] {
+    for back in ["https://evil.example/", "//evil.example/console/dead", "/console/endpoints", "/console/dead?\r\nx: y"]
+    {
         let response = client()
             .post(app.url("/console/dead/redeliver"))
             .header("cookie", &cookie)

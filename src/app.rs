@@ -57,6 +57,8 @@ pub struct Settings {
     pub secrets: Keyring,
     /// Serve the web console at `/console` (`--console`; roles with the admin API only).
     pub console: bool,
+    /// The gateway's own events (`crate::operational`).
+    pub operational: crate::operational::OperationalSettings,
 }
 
 /// A running gateway: its address, and a handle to stop it.
@@ -203,6 +205,7 @@ async fn serve(
         secrets: settings.secrets.clone(),
         default_max_in_flight: settings.delivery.endpoint_max_in_flight,
         draining: Arc::default(),
+        operational_events: settings.operational.enabled,
     };
     if settings.role.runs_workers() {
         let allow: Vec<String> = settings.egress.allow.iter().map(ToString::to_string).collect();
@@ -242,6 +245,14 @@ async fn serve(
             stop.clone(),
         )));
     }
+    // Every role runs it: each replica reports its own refusals, and the lease makes one
+    // replica at a time run the fleet-wide checks.
+    background.push(tokio::spawn(crate::operational::run(
+        state.pool.clone(),
+        settings.operational.clone(),
+        instance.clone(),
+        stop.clone(),
+    )));
     let addr = listener.local_addr()?;
     // Every role runs one: the lease makes one replica at a time do a pass.
     let janitor = Janitor::spawn(state.pool.clone(), settings.janitor.clone(), instance.clone());

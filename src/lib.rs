@@ -23,11 +23,13 @@ pub mod janitor;
 pub mod lease;
 pub mod log_throttle;
 pub mod metrics;
+pub mod operational;
 #[cfg(test)]
 mod props;
 pub mod queue;
 pub mod role;
 pub mod sanitize;
+pub mod search;
 pub mod secrets;
 pub mod server;
 pub mod state;

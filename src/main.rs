@@ -379,6 +379,7 @@ async fn start(
         http: args.http(),
         secrets: keyring,
         console: args.console.0,
+        operational: args.operational(),
     };
     let running = app::start_on(pool.clone(), settings, listener).await?;
     banner.sources.clone_from(&running.sources);

@@ -50,6 +50,8 @@ pub struct AppState {
     /// Set when the process begins to stop: `/readyz` answers 503 and every answer closes
     /// its connection, while requests are still served (the drain).
     pub draining: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether the gateway publishes its own events (`crate::operational`).
+    pub operational_events: bool,
 }
 
 impl AppState {

@@ -36,9 +36,18 @@ pub(crate) fn validate_secret(secret: &str) -> Result<(), ApiError> {
 /// Pause or resume an endpoint (the API's `pause` / `resume` and the console's buttons).
 /// Resuming releases the first batch of the parked backlog now (the rest follows with the
 /// dispatchers' housekeeping) and wakes this process's workers. 404 when there is none.
+///
+/// A change (not a repeat) publishes `endpoint.paused` or `endpoint.resumed` in the same
+/// transaction (`crate::operational`).
 pub async fn set_paused(state: &AppState, id: EndpointId, paused: bool) -> Result<Endpoint, ApiError> {
+    let mut tx = state.pool.begin().await?;
+    let was = store::endpoints::paused_for_update(&mut *tx, id).await?;
     let endpoint =
-        store::endpoints::set_paused(&state.pool, id, paused).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
+        store::endpoints::set_paused(&mut *tx, id, paused).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
+    if state.operational_events && was != Some(paused) {
+        crate::operational::paused_changed(&mut tx, id, &endpoint.url, paused, chrono::Utc::now()).await?;
+    }
+    tx.commit().await?;
     if paused {
         tracing::info!(endpoint_id = %id, "endpoint paused");
     } else {

@@ -30,9 +30,13 @@ pub struct EventSearch {
     pub source: Option<String>,
     /// Exact event type.
     pub event_type: Option<String>,
-    /// Exact dedupe key; needs `source` (the key is unique per source, and without one the
-    /// search would read every event).
+    /// Exact dedupe key (with `source`, one probe of the unique index; without, through
+    /// the content index).
     pub dedupe_key: Option<String>,
+    /// A value in the payload, `PATH=VALUE` ([`crate::search::Condition::payload`]).
+    pub payload: Option<String>,
+    /// A header's value, `NAME:VALUE` ([`crate::search::Condition::header`]).
+    pub header: Option<String>,
     /// Received at or after.
     pub since: Option<DateTime<Utc>>,
     /// Received before.
@@ -59,13 +63,26 @@ pub async fn search_events(
                 .id,
         ),
     };
-    if search.dedupe_key.is_some() && source_id.is_none() {
-        return Err(ApiError::validation("dedupe_key", "needs `source`: dedupe keys are unique per source"));
+    use crate::search::Condition;
+    let mut content = Vec::new();
+    if let Some(text) = &search.payload {
+        content.push(Condition::payload(text).map_err(|why| ApiError::validation("payload", why))?.alternatives());
+    }
+    if let Some(text) = &search.header {
+        content.push(Condition::header(text).map_err(|why| ApiError::validation("header", why))?.alternatives());
+    }
+    let mut dedupe_key = search.dedupe_key;
+    if source_id.is_none() {
+        // Unique per source only: without one, found through the content index.
+        if let Some(key) = dedupe_key.take() {
+            content.push(Condition::Key(key).alternatives());
+        }
     }
     let filter = store::events::Filter {
         source_id,
         event_type: search.event_type,
-        dedupe_key: search.dedupe_key,
+        dedupe_key,
+        content,
         since: search.since,
         until: search.until,
         after: search.cursor,

@@ -196,8 +196,19 @@ pub struct ListQuery {
     /// Only events of this type, or matching this pattern when it has a `*`, as a
     /// subscription's `event_types` (`order.*`).
     event_type: Option<String>,
-    /// Only the event with exactly this dedupe key (needs `source`).
+    /// Only the event(s) with exactly this dedupe key (in any source without `source`).
     dedupe_key: Option<String>,
+    /// Only events whose JSON payload holds this value at this path: `PATH=VALUE`, the
+    /// path a JSON Pointer (`/data/object/id=ch_123`) or dotted (`order=42`); the value
+    /// compared as text (`42` finds the number and the string), in double quotes for a
+    /// JSON string with spaces at its ends or escapes. Indexed: fast in any window.
+    #[param(example = "/data/object/id=ch_123")]
+    payload: Option<String>,
+    /// Only events that arrived with this header value: `NAME:VALUE` (any case for the
+    /// name; the value exactly as stored, repeated headers joined with ", "; redacted
+    /// headers cannot be searched).
+    #[param(example = "x-github-event:push")]
+    header: Option<String>,
     /// Received at or after (RFC 3339).
     since: Option<DateTime<Utc>>,
     /// Received before (RFC 3339).
@@ -209,7 +220,7 @@ pub struct ListQuery {
     cursor: Option<EventId>,
 }
 
-/// `GET /v1/events?source=&event_type=&dedupe_key=&since=&until=&limit=&cursor=`.
+/// `GET /v1/events?source=&event_type=&dedupe_key=&payload=&header=&since=&until=&limit=&cursor=`.
 ///
 /// Oldest first.
 #[utoipa::path(
@@ -218,8 +229,8 @@ pub struct ListQuery {
     params(ListQuery),
     responses(
         (status = 200, description = "A page of events, oldest first", body = EventPage),
-        (status = 422, description = "Bad query parameter, unknown source, or a dedupe key without a source, named \
-            (`validation_failed`)",
+        (status = 422, description = "Bad query parameter, unknown source, or a malformed `payload` or `header` \
+            condition, named (`validation_failed`)",
             body = ErrorBody),
         AdminErrors,
     ),
@@ -234,6 +245,8 @@ pub async fn list(
         source: q.source,
         event_type: q.event_type,
         dedupe_key: q.dedupe_key,
+        payload: q.payload,
+        header: q.header,
         since: q.since,
         until: q.until,
         cursor: q.cursor,

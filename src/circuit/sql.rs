@@ -125,6 +125,37 @@ pub async fn history(
     .await
 }
 
+/// A circuit change, with its endpoint: what the operational events report.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EndpointTransition {
+    /// The row's id (increasing).
+    pub id: i64,
+    /// Whose circuit.
+    pub endpoint_id: EndpointId,
+    /// That endpoint's URL.
+    pub url: String,
+    /// The change.
+    #[sqlx(flatten)]
+    pub transition: Transition,
+}
+
+/// Changes of every circuit at or after `since`, oldest first, at most `limit`.
+pub async fn transitions_since(
+    db: impl sqlx::PgExecutor<'_>,
+    since: chrono::DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<EndpointTransition>, sqlx::Error> {
+    crate::db::query_as(
+        "SELECT t.id, t.endpoint_id, e.url, t.at, t.change, t.failures, t.open_count, t.reopen_at
+         FROM circuit_transitions t JOIN endpoints e ON e.id = t.endpoint_id
+         WHERE t.at >= $1 ORDER BY t.id LIMIT $2",
+    )
+    .bind(since)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
 #[derive(sqlx::FromRow)]
 struct CircuitRow {
     id: EndpointId,

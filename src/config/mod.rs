@@ -425,6 +425,24 @@ settings! {
         #[arg(long, env = "WEBHOOK_GATEWAY_JANITOR_BATCH_SIZE", default_value_t = janitor::DEFAULT_BATCH_SIZE)]
         pub janitor_batch_size: u32,
 
+        /// Publish the gateway's own events (circuit opened and closed, endpoint paused and resumed, dead
+        /// letters, a late backlog, a source refusing webhooks, retention behind) under the source `_gateway`;
+        /// `--operational-events=false` turns them off.
+        #[arg(long, env = "WEBHOOK_GATEWAY_OPERATIONAL_EVENTS", default_value_t = Enabled(true), action = clap::ArgAction::Set)]
+        pub operational_events: Enabled,
+
+        /// `backlog.delayed` once the longest-waiting due delivery has waited this many seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_BACKLOG_ALERT_SECS", default_value_t = 300)]
+        pub backlog_alert_secs: u64,
+
+        /// `source.refusing` once one replica refused this many of a source's webhooks in a minute.
+        #[arg(long, env = "WEBHOOK_GATEWAY_REFUSALS_ALERT_PER_MINUTE", default_value_t = 20)]
+        pub refusals_alert_per_minute: u64,
+
+        /// Dead letters are reported in one `deliveries.dead_lettered` event per window of this many seconds.
+        #[arg(long, env = "WEBHOOK_GATEWAY_DEAD_LETTER_ALERT_WINDOW_SECS", default_value_t = 60)]
+        pub dead_letter_alert_window_secs: u64,
+
         /// Serve the web console at /console (sign in with the admin token); `--console=false`
         /// turns it off.
         #[arg(long, env = "WEBHOOK_GATEWAY_CONSOLE", default_value_t = Enabled(true), action = clap::ArgAction::Set)]

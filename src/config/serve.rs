@@ -176,6 +176,15 @@ impl ServeArgs {
             return fail("janitor-interval-secs must be between 1 and 86400".into());
         }
         // Larger batches mean longer transactions and more rows locked at once.
+        if !(1..=86_400 * 7).contains(&self.backlog_alert_secs) {
+            return fail("backlog-alert-secs must be between 1 and 604800".into());
+        }
+        if self.refusals_alert_per_minute == 0 {
+            return fail("refusals-alert-per-minute must be at least 1".into());
+        }
+        if !(1..=86_400).contains(&self.dead_letter_alert_window_secs) {
+            return fail("dead-letter-alert-window-secs must be between 1 and 86400".into());
+        }
         if !(1..=MAX_JANITOR_BATCH).contains(&self.janitor_batch_size) {
             return fail(format!("janitor-batch-size must be between 1 and {MAX_JANITOR_BATCH}"));
         }
@@ -226,6 +235,20 @@ impl ServeArgs {
             interval: Duration::from_secs(self.janitor_interval_secs),
             batch_size: self.janitor_batch_size,
             ..JanitorSettings::default()
+        }
+    }
+
+    /// The operational events' settings derived from the flags.
+    pub fn operational(&self) -> crate::operational::OperationalSettings {
+        crate::operational::OperationalSettings {
+            enabled: self.operational_events.0,
+            backlog_after: Duration::from_secs(self.backlog_alert_secs),
+            refusals_per_minute: self.refusals_alert_per_minute,
+            dead_letter_window: Duration::from_secs(self.dead_letter_alert_window_secs),
+            events_retention: self.janitor().events_retention,
+            // Three passes late, and at least an hour.
+            retention_grace: (Duration::from_secs(self.janitor_interval_secs) * 3).max(Duration::from_secs(3600)),
+            ..crate::operational::OperationalSettings::default()
         }
     }
 

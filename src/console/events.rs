@@ -24,6 +24,12 @@ pub struct SearchForm {
     event_type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     dedupe_key: Option<String>,
+    /// `PATH=VALUE` in the payload (`crate::search`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    payload: Option<String>,
+    /// `NAME:VALUE` of a header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    header: Option<String>,
     /// One of [`WINDOWS`] (default: the last 24 hours).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     window: Option<String>,
@@ -51,10 +57,14 @@ struct ListPage {
     layout: Layout,
     event_type: String,
     dedupe_key: String,
+    payload: String,
+    header: String,
     windows: Vec<super::Opt>,
     sources: Vec<super::Opt>,
     rows: Vec<Row>,
     next: Option<String>,
+    /// Why the search could not run (a malformed condition), shown above the form.
+    problem: String,
 }
 
 /// `GET /console/events`: newest first, a keyset page of [`PAGE`].
@@ -68,12 +78,19 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(form): 
         source: non_empty(form.source.clone()),
         event_type: non_empty(form.event_type.clone()),
         dedupe_key: non_empty(form.dedupe_key.clone()),
+        payload: non_empty(form.payload.clone()),
+        header: non_empty(form.header.clone()),
         since: super::window_start(Some(&window)),
         until: None,
         cursor,
         newest_first: true,
     };
-    let found = actions::search_events(&state, search, PAGE).await?;
+    // A condition typed wrong is said on the search page, with what was typed.
+    let (found, problem) = match actions::search_events(&state, search, PAGE).await {
+        Ok(found) => (found, String::new()),
+        Err(e) if e.code == crate::error::ErrorCode::ValidationFailed => (Vec::new(), e.message),
+        Err(e) => return Err(e.into()),
+    };
     let next =
         (found.len() as i64 == PAGE).then(|| found.last().map(|e| e.id.to_string())).flatten().and_then(|last| {
             let query = SearchForm { cursor: Some(last), window: Some(window.clone()), ..clone_filters(&form) };
@@ -106,10 +123,13 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(form): 
         layout: Layout::new(&session, "events"),
         event_type: or_empty(&form.event_type),
         dedupe_key: or_empty(&form.dedupe_key),
+        payload: or_empty(&form.payload),
+        header: or_empty(&form.header),
         windows: super::window_options(&window),
         sources,
         rows,
         next,
+        problem,
     })
 }
 
@@ -118,6 +138,8 @@ fn clone_filters(form: &SearchForm) -> SearchForm {
         source: non_empty(form.source.clone()),
         event_type: non_empty(form.event_type.clone()),
         dedupe_key: non_empty(form.dedupe_key.clone()),
+        payload: non_empty(form.payload.clone()),
+        header: non_empty(form.header.clone()),
         window: None,
         cursor: None,
     }

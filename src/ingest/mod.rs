@@ -26,7 +26,7 @@ use crate::verify::{self, Kind, VerifyError};
 
 pub use batcher::{Batcher, StoreError};
 pub use cache::{LookupError, SourceCache};
-pub use headers::redacted_headers;
+pub use headers::{REDACTED, redacted_headers};
 
 /// What a webhook became.
 #[derive(Debug)]

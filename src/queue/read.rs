@@ -268,3 +268,53 @@ pub async fn dead_in_window(
     .fetch_one(db)
     .await
 }
+
+/// Deliveries of one endpoint that died in a window.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DeadCount {
+    /// The endpoint.
+    pub endpoint_id: EndpointId,
+    /// Its URL.
+    pub url: String,
+    /// Deliveries that died.
+    pub dead: i64,
+}
+
+/// Per endpoint, deliveries that died in `[since, until)` (and are still dead), of events
+/// from any source but `except_source`; most first.
+pub async fn dead_between(
+    db: impl PgExecutor<'_>,
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
+    except_source: crate::ids::SourceId,
+) -> Result<Vec<DeadCount>, sqlx::Error> {
+    crate::db::query_as(
+        "SELECT d.endpoint_id, e.url, count(*) AS dead
+         FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id JOIN events ev ON ev.id = d.event_id
+         WHERE d.status = 'dead' AND d.finished_at >= $1 AND d.finished_at < $2 AND ev.source_id <> $3
+         GROUP BY d.endpoint_id, e.url ORDER BY dead DESC, d.endpoint_id",
+    )
+    .bind(since)
+    .bind(until)
+    .bind(except_source)
+    .fetch_all(db)
+    .await
+}
+
+/// When the longest-waiting claimable delivery (pending, due, not parked, not waiting
+/// for its line) of an event from any source but `except_source` fell due; `None` when
+/// none is due.
+pub async fn oldest_due(
+    db: impl PgExecutor<'_>,
+    except_source: crate::ids::SourceId,
+) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    crate::db::query_scalar(
+        "SELECT d.next_attempt_at FROM deliveries d JOIN events ev ON ev.id = d.event_id
+         WHERE d.status = 'pending' AND NOT d.parked AND NOT d.waiting AND d.next_attempt_at <= now()
+           AND ev.source_id <> $1
+         ORDER BY d.next_attempt_at LIMIT 1",
+    )
+    .bind(except_source)
+    .fetch_optional(db)
+    .await
+}

@@ -82,6 +82,15 @@ pub async fn list(db: impl PgExecutor<'_>) -> Result<Vec<Endpoint>, sqlx::Error>
         .await
 }
 
+/// Whether endpoint `id` is paused, its row locked until the transaction ends; `None`
+/// when there is no such endpoint.
+pub async fn paused_for_update(db: impl PgExecutor<'_>, id: EndpointId) -> Result<Option<bool>, sqlx::Error> {
+    crate::db::query_scalar("SELECT paused FROM endpoints WHERE id = $1 AND deleted_at IS NULL FOR UPDATE")
+        .bind(id)
+        .fetch_optional(db)
+        .await
+}
+
 /// Pause or resume an endpoint; `None` if it does not exist.
 pub async fn set_paused(
     db: impl PgExecutor<'_>,

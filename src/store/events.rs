@@ -44,7 +44,8 @@ pub struct Stored {
 
 /// The single-event ingest statement (`$1` source id, `$2` dedupe key, `$3` event type,
 /// `$4` content type, `$5` headers, `$6` payload, `$7` ordering key, `$8` traceparent,
-/// `$9` tracestate): public so the benchmark's pgbench runs exactly this.
+/// `$9` tracestate, `$10` search terms): public so the benchmark's pgbench runs exactly
+/// this.
 pub fn insert_sql() -> String {
     // The duplicate branch usually answers in the same round trip. It reads the
     // statement's snapshot, so a twin committed after our statement began is invisible
@@ -52,8 +53,8 @@ pub fn insert_sql() -> String {
     format!(
         "WITH ev AS (
             INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload, ordering_key,
-                                traceparent, tracestate)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                                traceparent, tracestate, search)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
             ON CONFLICT ON CONSTRAINT events_dedupe DO NOTHING
             RETURNING id, source_id, event_type, ordering_key, 0 AS ord
         ), bodies AS (
@@ -78,6 +79,7 @@ where
 {
     const FIND: &str = "SELECT id FROM events WHERE source_id = $1 AND dedupe_key = $2";
     let insert = insert_sql();
+    let terms = crate::search::terms(event.dedupe_key, event.headers, event.payload);
     // Bounded: the only way round again is a twin that committed and was then deleted
     // (retention) between our two statements.
     for _ in 0..3 {
@@ -91,6 +93,7 @@ where
             .bind(event.ordering_key)
             .bind(event.trace.map(|t| t.traceparent.as_str()))
             .bind(event.trace.and_then(|t| t.tracestate.as_deref()))
+            .bind(&terms)
             .fetch_optional(db)
             .await?;
         if let Some((event_id, duplicate, deliveries)) = row {
@@ -103,6 +106,45 @@ where
         }
     }
     Err(sqlx::Error::Protocol("event neither inserted nor found after 3 tries (concurrent deletion)".into()))
+}
+
+/// Store an event with its fan-out inside the caller's transaction `conn`, once: `None`
+/// when its key was stored by a transaction this statement could not see (the caller's
+/// transaction then holds nothing of it). For events the gateway publishes about itself
+/// (`crate::operational`), whose keys no producer races for.
+pub async fn insert_in(conn: &mut sqlx::PgConnection, event: &NewEvent<'_>) -> Result<Option<Stored>, sqlx::Error> {
+    let terms = crate::search::terms(event.dedupe_key, event.headers, event.payload);
+    let row: Option<(EventId, bool, i64)> = crate::db::query_as(&insert_sql())
+        .bind(event.source_id)
+        .bind(event.dedupe_key)
+        .bind(event.event_type)
+        .bind(event.content_type)
+        .bind(Json(event.headers))
+        .bind(event.payload)
+        .bind(event.ordering_key)
+        .bind(event.trace.map(|t| t.traceparent.as_str()))
+        .bind(event.trace.and_then(|t| t.tracestate.as_deref()))
+        .bind(&terms)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(|(event_id, duplicate, deliveries)| Stored { event_id, duplicate, deliveries }))
+}
+
+/// The arrival time of the oldest event received before `before` that retention could
+/// delete (no delivery of it pending); `None` when there is none.
+pub async fn oldest_expired(
+    db: impl PgExecutor<'_>,
+    before: DateTime<Utc>,
+) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    crate::db::query_scalar(
+        "SELECT e.received_at FROM events e
+         WHERE e.received_at < $1
+           AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.id AND d.status = 'pending')
+         ORDER BY e.received_at LIMIT 1",
+    )
+    .bind(before)
+    .fetch_optional(db)
+    .await
 }
 
 /// An event to store, owned: it travels to the batch writer.
@@ -181,18 +223,29 @@ pub async fn insert_batch_with_fanout(
         unique.iter().map(|&i| events[i].trace.as_ref().map(|t| t.traceparent.as_str())).collect();
     let tracestates: Vec<Option<&str>> =
         unique.iter().map(|&i| events[i].trace.as_ref().and_then(|t| t.tracestate.as_deref())).collect();
+    // Each event's search terms, end to end in one array: event n's are
+    // `terms[term_ends[n-1] + 1 : term_ends[n]]` (1-based, inclusive), since a
+    // parameter cannot be an array of arrays of different lengths.
+    let mut terms: Vec<i64> = Vec::new();
+    let mut term_ends: Vec<i32> = Vec::with_capacity(unique.len());
+    for &i in &unique {
+        let e = &events[i];
+        terms.extend(crate::search::terms(&e.dedupe_key, &e.headers, &e.payload));
+        term_ends.push(i32::try_from(terms.len()).unwrap_or(i32::MAX));
+    }
 
     let rows: Vec<(i32, Option<EventId>, bool, i64)> = crate::db::query_as(&format!(
         "WITH input AS (
             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::int4[],
-                                 $8::text[], $9::int4[], $10::text[], $11::text[])
+                                 $8::text[], $9::int4[], $10::text[], $11::text[], $13::int4[])
                 AS i(source_id, dedupe_key, event_type, content_type, headers, payload, ord, ordering_key, arrival,
-                     traceparent, tracestate)
+                     traceparent, tracestate, term_end)
         ), ins AS (
             INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload, ordering_key,
-                                traceparent, tracestate)
+                                traceparent, tracestate, search)
             SELECT source_id, dedupe_key, event_type, content_type, headers::jsonb, payload, ordering_key,
-                   traceparent, tracestate
+                   traceparent, tracestate,
+                   ($12::int8[])[COALESCE(lag(term_end) OVER (ORDER BY ord), 0) + 1 : term_end]
             FROM input ORDER BY ord
             ON CONFLICT ON CONSTRAINT events_dedupe DO NOTHING
             RETURNING id, source_id, dedupe_key, event_type, ordering_key
@@ -222,6 +275,8 @@ pub async fn insert_batch_with_fanout(
     .bind(&arrivals)
     .bind(&traceparents)
     .bind(&tracestates)
+    .bind(&terms)
+    .bind(&term_ends)
     .fetch_all(pool)
     .await?;
 
@@ -352,6 +407,9 @@ pub struct Filter {
     pub until: Option<DateTime<Utc>>,
     /// Only the event with exactly this dedupe key (with `source_id`: one index probe).
     pub dedupe_key: Option<String>,
+    /// Content conditions (`crate::search`): for each, the term hashes of which the
+    /// event must hold at least one.
+    pub content: Vec<Vec<i64>>,
     /// Keyset cursor: ids after this one (ids are time-ordered), or before it with
     /// `newest_first`.
     pub after: Option<EventId>,
@@ -363,8 +421,30 @@ pub struct Filter {
 const SUMMARIES: &str = "SELECT e.id, s.name AS source, e.event_type, e.dedupe_key, e.received_at, \
                          length(e.payload) AS payload_bytes FROM events e JOIN sources s ON s.id = e.source_id";
 
-/// Events matching `filter`, oldest first, at most `limit`.
-pub async fn list(db: impl PgExecutor<'_>, filter: &Filter, limit: i64) -> Result<Vec<EventSummary>, sqlx::Error> {
+/// Matches of the content conditions counted before a search (see [`list`]).
+const DENSE_MATCHES: i64 = 2000;
+
+/// Events matching `filter`, oldest first (or newest first), at most `limit`.
+///
+/// A content search ([`Filter::content`]) picks its plan itself. PostgreSQL cannot
+/// estimate how many events hold one hash (it guesses 0.5 %), so with a page in id order
+/// to fill it walks the id index and tests every event of the window: fast for a value
+/// most events hold, a scan of the window for the one event of an order. So the matches
+/// are counted first, up to [`DENSE_MATCHES`] (one GIN lookup); when there are fewer,
+/// the page is read through the index and sorted instead (`enable_indexscan` off for
+/// that one statement's transaction).
+pub async fn list(pool: &crate::db::Pool, filter: &Filter, limit: i64) -> Result<Vec<EventSummary>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    if !filter.content.is_empty() {
+        let mut probe: QueryBuilder<Postgres> =
+            QueryBuilder::new("SELECT count(*) FROM (SELECT 1 FROM events e WHERE true");
+        push_content(&mut probe, filter);
+        probe.push(" LIMIT ").push_bind(DENSE_MATCHES).push(") AS m");
+        let matches: i64 = probe.build_query_scalar().fetch_one(&mut *tx).await?;
+        if matches < DENSE_MATCHES {
+            crate::db::query("SET LOCAL enable_indexscan = off").execute(&mut *tx).await?;
+        }
+    }
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("{SUMMARIES} WHERE true"));
     if let Some(id) = filter.source_id {
         q.push(" AND e.source_id = ").push_bind(id);
@@ -381,6 +461,11 @@ pub async fn list(db: impl PgExecutor<'_>, filter: &Filter, limit: i64) -> Resul
     }
     if let Some(t) = filter.since {
         q.push(" AND e.received_at >= ").push_bind(t);
+        // An event's id is a UUIDv7 taken when its row is written, never before its
+        // `received_at` (the transaction's start): so no event of the window has a
+        // smaller id than the window's start as a UUIDv7, and an id-ordered scan can
+        // start there instead of at the oldest event.
+        q.push(" AND e.id >= ").push_bind(crate::ids::EventId(first_uuid_v7_at(t)));
     }
     if let Some(t) = filter.until {
         q.push(" AND e.received_at < ").push_bind(t);
@@ -388,13 +473,34 @@ pub async fn list(db: impl PgExecutor<'_>, filter: &Filter, limit: i64) -> Resul
     if let Some(key) = &filter.dedupe_key {
         q.push(" AND e.dedupe_key = ").push_bind(key.clone());
     }
+    push_content(&mut q, filter);
     let (cmp, order) =
         if filter.newest_first { (" AND e.id < ", " ORDER BY e.id DESC") } else { (" AND e.id > ", " ORDER BY e.id") };
     if let Some(after) = filter.after {
         q.push(cmp).push_bind(after);
     }
     q.push(order).push(" LIMIT ").push_bind(limit);
-    q.build_query_as().fetch_all(db).await
+    let found = q.build_query_as().fetch_all(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(found)
+}
+
+/// The content conditions of `filter`: for each, the event holds one of its hashes.
+fn push_content(q: &mut QueryBuilder<'_, Postgres>, filter: &Filter) {
+    for any_of in &filter.content {
+        // `&&` (overlap) is what the GIN index on `search` answers.
+        q.push(" AND e.search && ").push_bind(any_of.clone());
+    }
+}
+
+/// The smallest UUIDv7 of the millisecond `t` (before 1970: the nil UUID).
+fn first_uuid_v7_at(t: DateTime<Utc>) -> uuid::Uuid {
+    let ms = u64::try_from(t.timestamp_millis()).unwrap_or(0);
+    let mut bytes = [0u8; 16];
+    bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    bytes[6] = 0x70;
+    bytes[8] = 0x80;
+    uuid::Uuid::from_bytes(bytes)
 }
 
 /// The summaries of the events `ids` (in no order; a deleted event is missing).
@@ -402,10 +508,18 @@ pub async fn summaries(db: impl PgExecutor<'_>, ids: &[EventId]) -> Result<Vec<E
     crate::db::query_as(&format!("{SUMMARIES} WHERE e.id = ANY($1)")).bind(ids).fetch_all(db).await
 }
 
-/// Events stored at or after `since` (one range scan of `events_received_at`: meant for
-/// short windows, such as the console's last few minutes).
+/// Events taken in at or after `since`, not counting the gateway's own
+/// (`crate::operational`): one range scan of `events_received_at`, meant for short
+/// windows, such as the console's last few minutes.
 pub async fn received_since(db: impl PgExecutor<'_>, since: DateTime<Utc>) -> Result<i64, sqlx::Error> {
-    crate::db::query_scalar("SELECT count(*) FROM events WHERE received_at >= $1").bind(since).fetch_one(db).await
+    crate::db::query_scalar(
+        "SELECT count(*) FROM events
+         WHERE received_at >= $1 AND source_id <> (SELECT id FROM sources WHERE name = $2)",
+    )
+    .bind(since)
+    .bind(crate::operational::SOURCE)
+    .fetch_one(db)
+    .await
 }
 
 /// Store a synthetic test event in the `_test` source with one delivery, to `endpoint_id`
@@ -446,6 +560,19 @@ mod tests {
             ordering_key: None,
             trace: None,
         }
+    }
+
+    #[test]
+    fn the_first_uuid_v7_of_a_millisecond_sorts_before_every_id_of_it_and_after_every_earlier_one() {
+        let t = DateTime::<Utc>::from_timestamp_millis(1_764_633_600_123).unwrap();
+        let first = first_uuid_v7_at(t);
+        assert_eq!(first.get_version_num(), 7);
+        let ts = uuid::Timestamp::from_unix(uuid::NoContext, 1_764_633_600, 123_000_000);
+        for _ in 0..100 {
+            assert!(uuid::Uuid::new_v7(ts) >= first);
+        }
+        let earlier = uuid::Timestamp::from_unix(uuid::NoContext, 1_764_633_600, 122_999_999);
+        assert!(uuid::Uuid::new_v7(earlier) < first);
     }
 
     #[test]

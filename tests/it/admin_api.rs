@@ -87,7 +87,7 @@ async fn malformed_json_is_400_and_wrong_shapes_are_422() {
         app.admin(reqwest::Method::POST, "/v1/subscriptions", Some(json!({"endpoint_id": uuid::Uuid::new_v4()}))).await;
     assert_eq!(status, 422, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().starts_with("endpoint_id:"));
-    assert_eq!(app.db.count("sources").await, 2, "only the built-in api and _test sources");
+    assert_eq!(app.db.count("sources").await, 3, "only the built-in api, _test and _gateway sources");
 }
 
 #[tokio::test]

@@ -14,7 +14,7 @@ fn client() -> reqwest::Client {
 }
 
 /// Sign in over plain HTTP; the session cookie as a `Cookie` header value.
-async fn sign_in(app: &TestApp) -> String {
+pub(crate) async fn sign_in(app: &TestApp) -> String {
     let response =
         client().post(app.url("/console/login")).form(&[("token", ADMIN_TOKEN)]).send().await.expect("sign in");
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
@@ -23,7 +23,7 @@ async fn sign_in(app: &TestApp) -> String {
 }
 
 /// GET a console page with the cookie: (status, body).
-async fn page(app: &TestApp, cookie: &str, path: &str) -> (StatusCode, String) {
+pub(crate) async fn page(app: &TestApp, cookie: &str, path: &str) -> (StatusCode, String) {
     let response = client().get(app.url(path)).header("cookie", cookie).send().await.expect("page");
     (response.status(), response.text().await.expect("body"))
 }
@@ -211,19 +211,6 @@ async fn the_console_can_be_turned_off() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     // The API is untouched.
     app.admin_get("/v1/endpoints").await;
-}
-
-#[tokio::test]
-async fn a_dedupe_key_search_needs_its_source() {
-    let app = TestApp::spawn().await;
-    app.source_none("shop").await;
-    app.ingest("shop", "k-1", "a", "{}").await;
-    let (status, body) = app.admin(reqwest::Method::GET, "/v1/events?dedupe_key=k-1", None).await;
-    assert_eq!(status, 422, "{body}");
-    let found = app.admin_get("/v1/events?source=shop&dedupe_key=k-1").await;
-    assert_eq!(found["data"].as_array().unwrap().len(), 1, "{found}");
-    let found = app.admin_get("/v1/events?source=shop&dedupe_key=k-2").await;
-    assert_eq!(found["data"].as_array().unwrap().len(), 0, "{found}");
 }
 
 mod browser;

@@ -338,7 +338,9 @@ async fn every_instance_runs_the_janitor_and_passes_never_overlap() {
     .await;
     a.shutdown().await;
     b.shutdown().await;
-    assert_eq!(a.db.count("events").await, 0);
+    // The gateway reported retention behind (40-day-old events) and then recovered: its own events.
+    let (events, own) = a.db.count_events_but_operational().await;
+    assert_eq!(events, 0, "the gateway's own events besides: {own:?}");
     let deleted: i64 =
         sqlx::query_scalar("SELECT sum(events_deleted)::int8 FROM janitor_runs").fetch_one(&pool).await.unwrap();
     assert_eq!(deleted, 10, "each expired event deleted once");

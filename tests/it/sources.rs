@@ -576,8 +576,8 @@ async fn secrets_are_never_returned_by_the_api() {
     let listed = app.admin_get("/v1/sources").await;
     assert_eq!(
         listed["data"].as_array().expect("data").len(),
-        specs.len() + 2,
-        "plus the built-in api and _test sources"
+        specs.len() + 3,
+        "plus the built-in api, _test and _gateway sources"
     );
     assert_eq!(leaks(&listed.to_string()), Vec::<String>::new(), "list: {listed}");
     // A fixed value, so the test does not merely agree with itself:

@@ -174,6 +174,23 @@ impl Gateway {
         Ok(json)
     }
 
+    /// `GET` an admin call; anything but 200 is an error.
+    pub async fn admin_get(&self, path: &str) -> anyhow::Result<serde_json::Value> {
+        let resp = self
+            .http
+            .get(format!("http://{}{path}", self.addr))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .with_context(|| format!("GET {path}"))?;
+        let status = resp.status();
+        let json: serde_json::Value = resp.json().await.unwrap_or(serde_json::Value::Null);
+        if !status.is_success() {
+            bail!("GET {path}: {status} {json}");
+        }
+        Ok(json)
+    }
+
     /// Create an endpoint for `url` subscribed to the bench source; returns its id.
     pub async fn subscribe(&self, url: &str) -> anyhow::Result<String> {
         let ep = self.admin_post("/v1/endpoints", serde_json::json!({"url": url})).await?;

@@ -200,15 +200,25 @@ pub async fn checkpoint(pool: &PgPool) {
 /// pgbench's variables, taken from a webhook the gateway stored: same source, type,
 /// content type, headers and (one) body.
 async fn pgbench_vars(pool: &PgPool) -> anyhow::Result<PgbenchVars> {
-    let (source, etype, ctype, headers, payload_hex): (String, String, Option<String>, String, String) =
-        sqlx::query_as(
-            "SELECT source_id::text, event_type, content_type, headers::text, '\\x' || encode(payload, 'hex')
-             FROM events ORDER BY received_at DESC LIMIT 1",
-        )
-        .fetch_one(pool)
-        .await
-        .context("no event stored by the gateway to copy pgbench's parameters from")?;
-    Ok(PgbenchVars { source, etype, ctype: ctype.unwrap_or_default(), headers, payload_hex })
+    #[allow(clippy::type_complexity)]
+    let (source, etype, ctype, headers, payload_hex, terms): (
+        String,
+        String,
+        Option<String>,
+        String,
+        String,
+        String,
+    ) = sqlx::query_as(
+        "SELECT source_id::text, event_type, content_type, headers::text, '\\x' || encode(payload, 'hex'),
+                    COALESCE(search, '{}')::text
+             FROM events WHERE source_id = (SELECT id FROM sources WHERE name = $1)
+             ORDER BY received_at DESC LIMIT 1",
+    )
+    .bind(crate::payload::SOURCE)
+    .fetch_one(pool)
+    .await
+    .context("no event stored by the gateway to copy pgbench's parameters from")?;
+    Ok(PgbenchVars { source, etype, ctype: ctype.unwrap_or_default(), headers, payload_hex, terms })
 }
 
 /// Send every request once over 8 connections; all must be answered 200.

@@ -23,6 +23,7 @@ mod payload;
 mod pg;
 mod pooler;
 mod report;
+mod search;
 mod sink;
 mod stats;
 
@@ -65,6 +66,8 @@ enum Scenario {
     Filters,
     /// 15: drain of one endpoint's backlog, without and with a transformation.
     Transforms,
+    /// 16: finding an event by its content: the index's cost at ingest, searches on 1,000,000 events.
+    Search,
 }
 
 /// The webhook-gateway benchmark harness.
@@ -227,6 +230,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Fleet,
             Scenario::Filters,
             Scenario::Transforms,
+            Scenario::Search,
         ];
     }
     scenarios.dedup();
@@ -278,6 +282,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Fleet => fleet::run(&ctx).await,
             Scenario::Filters => filters::run(&ctx).await,
             Scenario::Transforms => filters::transform_drain(&ctx).await,
+            Scenario::Search => search::run(&ctx).await,
             Scenario::All => Ok(()),
         };
         if let Err(e) = result {

@@ -273,8 +273,12 @@ pub fn parse_claim_durations(text: &str) -> Vec<u64> {
 /// always runs exactly what the gateway runs for one event.
 pub fn ingest_statement() -> anyhow::Result<String> {
     let sql = webhook_gateway::store::events::insert_sql();
-    if !sql.contains("INSERT INTO events") || !sql.contains("INSERT INTO deliveries") || sql.contains("$10") {
-        bail!("store::events::insert_sql() no longer looks like the event + fan-out statement with 9 parameters");
+    if !sql.contains("INSERT INTO events")
+        || !sql.contains("INSERT INTO deliveries")
+        || !sql.contains("$10")
+        || sql.contains("$11")
+    {
+        bail!("store::events::insert_sql() no longer looks like the event + fan-out statement with 10 parameters");
     }
     Ok(sql)
 }
@@ -318,7 +322,8 @@ pub fn pgbench_script() -> anyhow::Result<String> {
     for n in [9, 8, 7] {
         sql = sql.replace(&format!("${n}"), "NULL::text");
     }
-    for (n, var) in [(6, "payload"), (5, "headers"), (4, "ctype"), (3, "etype"), (2, "k"), (1, "source")] {
+    for (n, var) in [(10, "terms"), (6, "payload"), (5, "headers"), (4, "ctype"), (3, "etype"), (2, "k"), (1, "source")]
+    {
         sql = sql.replace(&format!("${n}"), &format!(":{var}"));
     }
     Ok(format!("\\set k random(1, 1000000000000000)\n{};\n", sql.trim()))
@@ -349,6 +354,8 @@ pub struct PgbenchVars {
     pub headers: String,
     /// Body, as bytea hex (`\x...`).
     pub payload_hex: String,
+    /// Search terms, as an `int8[]` literal (`{1,2}`): the stored event's own.
+    pub terms: String,
 }
 
 /// Run pgbench with `script` on `db` for `secs` seconds at `clients` connections; with
@@ -372,6 +379,7 @@ pub async fn pgbench(
         .args(["-D", &format!("ctype={}", vars.ctype)])
         .args(["-D", &format!("headers={}", vars.headers)])
         .args(["-D", &format!("payload={}", vars.payload_hex)])
+        .args(["-D", &format!("terms={}", vars.terms)])
         .envs(server.libpq_env());
     if let Some(dir) = log_dir {
         std::fs::create_dir_all(dir)?;
@@ -585,7 +593,7 @@ mod tests {
         assert!(script.starts_with("\\set k random("));
         assert!(
             script.contains(
-                "VALUES (:source, :k, :etype, :ctype, :headers, :payload, NULL::text, NULL::text, NULL::text)"
+                "VALUES (:source, :k, :etype, :ctype, :headers, :payload, NULL::text, NULL::text, NULL::text, :terms)"
             ),
             "{script}"
         );

@@ -119,6 +119,20 @@ impl TestDb {
     pub async fn count(&self, table: &str) -> i64 {
         sqlx::query_scalar(&format!("SELECT count(*) FROM {table}")).fetch_one(&self.pool).await.expect("count")
     }
+
+    /// Events other than the gateway's own (`_gateway`, see `operational`), with the
+    /// types of those own ones, for a message.
+    pub async fn count_events_but_operational(&self) -> (i64, Vec<String>) {
+        let (count, own): (i64, Vec<String>) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE s.name <> '_gateway'),
+                    COALESCE(array_agg(e.event_type) FILTER (WHERE s.name = '_gateway'), '{}')
+             FROM events e JOIN sources s ON s.id = e.source_id",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .expect("count");
+        (count, own)
+    }
 }
 
 /// `CREATE DATABASE name` on the server behind `admin_url`.
@@ -158,6 +172,12 @@ pub fn test_settings() -> Settings {
             ..Default::default()
         },
         janitor: JanitorSettings::default(),
+        // Fast checks and short windows, so tests see operational events within a second.
+        operational: webhook_gateway::operational::OperationalSettings {
+            tick: Duration::from_millis(100),
+            dead_letter_window: Duration::from_millis(500),
+            ..Default::default()
+        },
         resolver: None,
         metrics: None,
         metrics_sample: Duration::from_secs(15),

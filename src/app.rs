@@ -59,6 +59,9 @@ pub struct Settings {
     pub console: bool,
     /// The gateway's own events (`crate::operational`).
     pub operational: crate::operational::OperationalSettings,
+    /// Webhook bodies held at once, in bytes, each counted twice (`--ingest-memory-mib`;
+    /// `crate::ingest::budget`).
+    pub ingest_memory_bytes: u64,
 }
 
 /// A running gateway: its address, and a handle to stop it.
@@ -206,6 +209,7 @@ async fn serve(
         default_max_in_flight: settings.delivery.endpoint_max_in_flight,
         draining: Arc::default(),
         operational_events: settings.operational.enabled,
+        ingest_budget: crate::ingest::MemoryBudget::new(settings.ingest_memory_bytes),
     };
     if settings.role.runs_workers() {
         let allow: Vec<String> = settings.egress.allow.iter().map(ToString::to_string).collect();

@@ -50,11 +50,14 @@ pub enum ErrorCode {
     Internal,
     /// 503: the database is unreachable or did not answer; comes with `Retry-After`.
     DatabaseUnavailable,
+    /// 503: the process holds as many webhook bodies as its memory budget allows (the
+    /// body was not read, nothing was stored); comes with `Retry-After`.
+    Overloaded,
 }
 
 impl ErrorCode {
     /// Every code, for the tests that tie the names and statuses together.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         Self::BadRequest,
         Self::MalformedJson,
         Self::MalformedBody,
@@ -74,6 +77,7 @@ impl ErrorCode {
         Self::SecretUnreadable,
         Self::Internal,
         Self::DatabaseUnavailable,
+        Self::Overloaded,
     ];
 
     /// The HTTP status this code is answered with.
@@ -92,7 +96,7 @@ impl ErrorCode {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::ValidationFailed => StatusCode::UNPROCESSABLE_ENTITY,
             Self::SecretUnreadable | Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::DatabaseUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::DatabaseUnavailable | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -118,6 +122,7 @@ impl ErrorCode {
             Self::SecretUnreadable => "secret_unreadable",
             Self::Internal => "internal",
             Self::DatabaseUnavailable => "database_unavailable",
+            Self::Overloaded => "overloaded",
         }
     }
 }
@@ -176,6 +181,17 @@ impl ApiError {
     /// says what may have been committed.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self { retry_after: Some(5), ..Self::new(ErrorCode::DatabaseUnavailable, message) }
+    }
+
+    /// 503 `overloaded` with `Retry-After: 1`: the memory budget has no room for the body.
+    pub fn overloaded() -> Self {
+        Self {
+            retry_after: Some(1),
+            ..Self::new(
+                ErrorCode::Overloaded,
+                "the gateway holds as many webhook bodies as its memory budget allows; nothing was stored, retry",
+            )
+        }
     }
 
     /// 503 for a request that got no answer from the database within `timeout` and was
@@ -260,7 +276,7 @@ mod tests {
 
     /// The name in the JSON answer, the name in logs and metrics and the status stay one:
     /// serde's name is `as_str`, every code is an error status, and only
-    /// `database_unavailable` (the one that says "retry") is a 503.
+    /// `database_unavailable` and `overloaded` (the ones that say "retry") are 503s.
     #[test]
     fn each_code_has_one_name_and_an_error_status() {
         let mut names = std::collections::HashSet::new();
@@ -269,7 +285,8 @@ mod tests {
             assert!(names.insert(code.as_str()), "{code:?} named twice");
             let status = code.status();
             assert!(status.is_client_error() || status.is_server_error(), "{code:?}: {status}");
-            assert_eq!(status == StatusCode::SERVICE_UNAVAILABLE, code == ErrorCode::DatabaseUnavailable, "{code:?}");
+            let retry = matches!(code, ErrorCode::DatabaseUnavailable | ErrorCode::Overloaded);
+            assert_eq!(status == StatusCode::SERVICE_UNAVAILABLE, retry, "{code:?}");
         }
     }
 

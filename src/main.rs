@@ -380,6 +380,7 @@ async fn start(
         secrets: keyring,
         console: args.console.0,
         operational: args.operational(),
+        ingest_memory_bytes: args.ingest_memory_mib * 1024 * 1024,
     };
     let running = app::start_on(pool.clone(), settings, listener).await?;
     banner.sources.clone_from(&running.sources);

@@ -22,6 +22,8 @@ pub const INGEST_REQUESTS: &str = "webhook_gateway_ingest_requests_total";
 pub const INGEST_RESPONSES: &str = "webhook_gateway_ingest_responses_total";
 /// Refused webhooks, by source and reason (`invalid_signature`, ...).
 pub const INGEST_REJECTED: &str = "webhook_gateway_ingest_rejected_total";
+/// Webhooks answered 503 `overloaded` unread: the ingest memory budget had no room.
+pub const INGEST_SHED: &str = "webhook_gateway_ingest_shed_total";
 /// The gateway's own events published (`crate::operational`), by `type`.
 pub const OPERATIONAL_EVENTS: &str = "webhook_gateway_operational_events_total";
 /// Delivery attempts, by outcome (`delivered`, `retry`, `dead`) and class (`2xx`, `5xx`,
@@ -90,6 +92,11 @@ pub fn ingest_answered(status: axum::http::StatusCode) {
 pub fn rejected(source: &str, reason: &'static str) {
     ingest(source, "rejected");
     counter!(INGEST_REJECTED, "source" => source.to_owned(), "reason" => reason).increment(1);
+}
+
+/// Count a webhook shed by the ingest memory budget.
+pub fn ingest_shed() {
+    counter!(INGEST_SHED).increment(1);
 }
 
 /// Count an operational event published (`crate::operational`).

@@ -52,6 +52,8 @@ pub struct AppState {
     pub draining: Arc<std::sync::atomic::AtomicBool>,
     /// Whether the gateway publishes its own events (`crate::operational`).
     pub operational_events: bool,
+    /// The webhook bodies this process may hold at once (`crate::ingest::budget`).
+    pub ingest_budget: crate::ingest::MemoryBudget,
 }
 
 impl AppState {

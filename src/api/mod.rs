@@ -46,7 +46,9 @@ pub fn router(state: AppState, role: Role, console: Option<Router<AppState>>) ->
             .0
             .route_layer(middleware::from_fn_with_state(state.clone(), db_deadline))
             .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
-        app = app.merge(admin).merge(ingest.split_for_parts().0);
+        let ingest =
+            ingest.split_for_parts().0.route_layer(middleware::from_fn_with_state(state.clone(), admit_by_bytes));
+        app = app.merge(admin).merge(ingest);
     }
     if let Some(pages) = console {
         let pages = pages.route_layer(middleware::from_fn_with_state(state.clone(), db_deadline));
@@ -61,6 +63,26 @@ pub fn router(state: AppState, role: Role, console: Option<Router<AppState>>) ->
         .layer(middleware::from_fn_with_state(state.clone(), close_when_draining))
         .with_state(state);
     with_request_ids(app)
+}
+
+/// Middleware on the ingest route: reserve room in the memory budget for the body before
+/// it is read (its `Content-Length`, or the body limit when it declares none), held until
+/// the answer; without room, 503 `overloaded` at once (see [`crate::ingest::budget`]).
+async fn admit_by_bytes(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let limit = state.max_body_bytes as u64;
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    // Over the limit is a 413 from the body limit; it never holds more than the limit.
+    let size = declared.map_or(limit, |n| n.min(limit));
+    let Some(_reserved) = state.ingest_budget.admit(size) else {
+        crate::metrics::ingest_answered(axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        crate::metrics::ingest_shed();
+        return ApiError::overloaded().into_response();
+    };
+    next.run(request).await
 }
 
 /// Middleware: while the process drains (it is stopping), every answer closes its

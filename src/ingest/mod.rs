@@ -7,6 +7,7 @@
 //! its outcomes to answers.
 
 pub mod batcher;
+pub mod budget;
 mod cache;
 mod headers;
 pub mod rejections;
@@ -25,6 +26,7 @@ use crate::store::events::{OwnedEvent, Stored};
 use crate::verify::{self, Kind, VerifyError};
 
 pub use batcher::{Batcher, StoreError};
+pub use budget::MemoryBudget;
 pub use cache::{LookupError, SourceCache};
 pub use headers::{REDACTED, redacted_headers};
 

@@ -432,7 +432,7 @@ const DENSE_MATCHES: i64 = 2000;
 /// most events hold, a scan of the window for the one event of an order. So the matches
 /// are counted first, up to [`DENSE_MATCHES`] (one GIN lookup); when there are fewer,
 /// the page is read through the index and sorted instead (`enable_indexscan` off for
-/// that one statement's transaction).
+/// that one statement's transaction), and when there are more, through the id order.
 pub async fn list(pool: &crate::db::Pool, filter: &Filter, limit: i64) -> Result<Vec<EventSummary>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     if !filter.content.is_empty() {
@@ -441,9 +441,15 @@ pub async fn list(pool: &crate::db::Pool, filter: &Filter, limit: i64) -> Result
         push_content(&mut probe, filter);
         probe.push(" LIMIT ").push_bind(DENSE_MATCHES).push(") AS m");
         let matches: i64 = probe.build_query_scalar().fetch_one(&mut *tx).await?;
-        if matches < DENSE_MATCHES {
-            crate::db::query("SET LOCAL enable_indexscan = off").execute(&mut *tx).await?;
-        }
+        // Sparse: read the matches through the GIN index and sort them. Dense: walk the id
+        // order and test each event, which fills a page at once; said outright, because with
+        // statistics that lag a fast-growing table the planner may read every match first.
+        let plan = if matches < DENSE_MATCHES {
+            "SET LOCAL enable_indexscan = off"
+        } else {
+            "SET LOCAL enable_bitmapscan = off"
+        };
+        crate::db::query(plan).execute(&mut *tx).await?;
     }
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("{SUMMARIES} WHERE true"));
     if let Some(id) = filter.source_id {

@@ -164,3 +164,57 @@ async fn sigterm_with_stalled_clients_exits_within_the_grace() {
     assert!(status.success(), "{status:?}");
     drop(clients);
 }
+
+/// The ingest memory budget: webhooks whose bodies are still arriving hold their room;
+/// with none left, the next webhook is answered 503 `overloaded` with `Retry-After` at
+/// once and nothing of it is stored; when the held requests end, webhooks are taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_memory_budget_sheds_webhooks_at_once_and_stores_nothing_of_them() {
+    const BODY: usize = 64 * 1024;
+    const HELD: usize = 8;
+    // Room for exactly HELD bodies of BODY bytes (each counted twice).
+    let settings = Settings { max_body_bytes: BODY, ingest_memory_bytes: (HELD * BODY * 2) as u64, ..test_settings() };
+    let app = TestApp::spawn_with(TestDb::new().await, settings, 8).await;
+    app.source_none("shop").await;
+    // Whether a small probe is admitted: 404 (no such source) once in, 503 when shed.
+    let probe = || async {
+        app.http.post(app.url("/ingest/no-such-source")).body("{}").send().await.expect("probe").status().as_u16()
+    };
+    assert_eq!(probe().await, 404);
+    // Requests that declare a full body and send none of it hold their reservations.
+    let mut held = Vec::new();
+    for i in 0..HELD {
+        let mut stream = TcpStream::connect(app.addr).await.expect("connect");
+        let head = format!(
+            "POST /ingest/shop HTTP/1.1\r\nHost: x\r\nContent-Length: {BODY}\r\nX-Delivery-Id: held-{i}\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await.expect("head");
+        held.push(stream);
+    }
+    eventually(Duration::from_secs(10), "the budget full", || async { (probe().await == 503).then_some(()) }).await;
+    // Answered while the held requests still hold their room: shed, not queued behind them.
+    let response = app
+        .http
+        .post(app.url("/ingest/shop"))
+        .header("x-delivery-id", "shed-1")
+        .header("x-event-type", "t")
+        .body(vec![b' '; 1000])
+        .send()
+        .await
+        .expect("shed");
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: serde_json::Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "overloaded", "{body}");
+    // The held requests end (their clients go away): room again.
+    drop(held);
+    eventually(Duration::from_secs(10), "room again", || async { (probe().await == 404).then_some(()) }).await;
+    assert_eq!(app.ingest("shop", "taken-1", "t", "{}").await.0, 200);
+    let keys: Vec<String> = sqlx::query_scalar(
+        "SELECT dedupe_key FROM events e JOIN sources s ON s.id = e.source_id WHERE s.name = 'shop'",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .expect("keys");
+    assert_eq!(keys, ["taken-1"], "nothing of the shed or the held webhooks was stored");
+}

@@ -18,6 +18,7 @@ mod fleet;
 mod gateway;
 mod ingest;
 mod loadgen;
+mod memory;
 mod neighbours;
 mod payload;
 mod pg;
@@ -68,6 +69,8 @@ enum Scenario {
     Transforms,
     /// 16: finding an event by its content: the index's cost at ingest, searches on 1,000,000 events.
     Search,
+    /// 17: memory under big bodies: 1 MB webhooks from 512 connections, peak RSS.
+    Memory,
 }
 
 /// The webhook-gateway benchmark harness.
@@ -231,6 +234,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Filters,
             Scenario::Transforms,
             Scenario::Search,
+            Scenario::Memory,
         ];
     }
     scenarios.dedup();
@@ -283,6 +287,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Filters => filters::run(&ctx).await,
             Scenario::Transforms => filters::transform_drain(&ctx).await,
             Scenario::Search => search::run(&ctx).await,
+            Scenario::Memory => memory::run(&ctx).await,
             Scenario::All => Ok(()),
         };
         if let Err(e) = result {

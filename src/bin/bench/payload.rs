@@ -94,6 +94,30 @@ pub fn http_request(host: &str, run: &str, seq: u64) -> Vec<u8> {
     out
 }
 
+/// A JSON body of about `bytes` (the event padded with a long string), and its signature:
+/// the memory scenario sends it under a fresh key each time (the signature covers the
+/// body only, so one body serves every request).
+pub fn big_body(bytes: usize) -> (String, String) {
+    let pad = "x".repeat(bytes.saturating_sub(200));
+    let body = format!(r#"{{"type":"{EVENT_TYPE}","bench_seq":0,"pad":"{pad}"}}"#);
+    let sig = signature(body.as_bytes());
+    (body, sig)
+}
+
+/// A request carrying `body` (signed `sig`) as webhook `seq`.
+pub fn request_with(host: &str, run: &str, seq: u64, body: &str, sig: &str) -> Vec<u8> {
+    let head = format!(
+        "POST /ingest/{SOURCE} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: wg-bench\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nX-Request-Id: {}\r\nX-Signature: {sig}\r\n\r\n",
+        body.len(),
+        request_id(run, seq),
+    );
+    let mut out = Vec::with_capacity(head.len() + body.len());
+    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(body.as_bytes());
+    out
+}
+
 /// The sequence number in a delivered body, if it carries the marker.
 pub fn find_seq(body: &[u8]) -> Option<u64> {
     let at = body.windows(SEQ_MARKER.len()).position(|w| w == SEQ_MARKER)? + SEQ_MARKER.len();

@@ -195,6 +195,21 @@ async fn an_operator_works_through_the_console_in_a_real_browser() {
     })
     .await;
 
+    // Find the event by what it holds: a value in its payload, in any source.
+    browser.goto(&app.url("/console/events")).await.unwrap();
+    browser.find(Locator::Css("#f-payload")).await.unwrap().send_keys("order = 2").await.unwrap();
+    click_to(&browser, "#f-search", "#events").await;
+    let rows = browser.find_all(Locator::Css("#events tbody tr")).await.unwrap();
+    assert_eq!(rows.len(), 1, "one event holds order 2");
+    assert!(text(&browser, "#events").await.contains("order-2"));
+    // Typed wrong: the reason on the same page, with what was typed still there.
+    browser.goto(&app.url("/console/events")).await.unwrap();
+    browser.find(Locator::Css("#f-payload")).await.unwrap().send_keys("order 2").await.unwrap();
+    click_to(&browser, "#f-search", "#problem").await;
+    assert!(text(&browser, "#problem").await.contains("PATH=VALUE"));
+    let typed = browser.find(Locator::Css("#f-payload")).await.unwrap().prop("value").await.unwrap();
+    assert_eq!(typed.as_deref(), Some("order 2"));
+
     // Find the event by source and dedupe key.
     browser.goto(&app.url("/console/events")).await.unwrap();
     browser.find(Locator::Css("#f-source")).await.unwrap().select_by_value("shop").await.unwrap();

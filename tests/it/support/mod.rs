@@ -172,6 +172,7 @@ pub fn test_settings() -> Settings {
             ..Default::default()
         },
         janitor: JanitorSettings::default(),
+        ingest_memory_bytes: 256 * 1024 * 1024,
         // Fast checks and short windows, so tests see operational events within a second.
         operational: webhook_gateway::operational::OperationalSettings {
             tick: Duration::from_millis(100),

@@ -1,0 +1,75 @@
+//! Scenario 17: memory under big bodies. 512 connections each posting 1 MB JSON webhooks
+//! as fast as they are answered, against an ingest-role gateway with the defaults (its
+//! memory budget included): what is accepted, what is shed (503 `overloaded`), and the
+//! gateway's peak RSS.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::Ctx;
+use crate::gateway::{Gateway, Role};
+use crate::loadgen::{self, Expect, MakeRequest};
+use crate::report::{Row, verdict};
+use crate::stats::{CpuMark, fmt_rate};
+
+const DB: &str = "bench_memory";
+/// Connections of the flood.
+const CONNS: usize = 512;
+/// Body size.
+const BODY: usize = 1_000_000;
+/// The goal for the gateway's peak RSS.
+const GOAL_MIB: f64 = 512.0;
+
+/// Run scenario 17.
+pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
+    let url = ctx.server.create_db(DB).await?;
+    let result = run_on(ctx, &url).await;
+    ctx.server.drop_db(DB).await;
+    result
+}
+
+async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
+    let log = ctx.work_dir.join("gateway-memory.log");
+    let gw = Gateway::start(&ctx.gateway_bin, url, Role::Ingest, &ctx.gateway_args(), &log).await?;
+    gw.admin_post("/v1/sources", crate::payload::source_spec()).await?;
+    gw.subscribe(&ctx.sink.ok_url(0)).await?;
+    let idle = gw.peak_rss().unwrap_or(0);
+    let (body, sig) = crate::payload::big_body(BODY);
+    let (body, sig) = (Arc::new(body), Arc::new(sig));
+    let (seq, run, host) = (ctx.seq.clone(), ctx.run_id.clone(), gw.addr.to_string());
+    let make: MakeRequest =
+        Arc::new(move || crate::payload::request_with(&host, &run, seq.fetch_add(1, Ordering::Relaxed), &body, &sig));
+    let mark = CpuMark::now(Some(gw.pid), ctx.server.postmaster());
+    let measure = Duration::from_secs(15);
+    let out = loadgen::closed_loop(gw.addr, CONNS, Duration::from_secs(2), measure, make, Expect::New).await;
+    let share = mark.share(&CpuMark::now(Some(gw.pid), ctx.server.postmaster()), None);
+    let peak = gw.stop(Duration::from_secs(30)).await.unwrap_or(0);
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let shed = out.failures.get(&503).copied().unwrap_or(0);
+    ctx.row(Row {
+        id: "17".into(),
+        scenario: "Memory: 1 MB JSON webhooks from 512 connections, defaults".into(),
+        setting: format!("{CONNS} conn, {} s", measure.as_secs()),
+        result: format!(
+            "peak RSS **{:.0} MiB** (idle {:.0} MiB); {} accepted ({:.0} MB/s), {} answered 503 overloaded/s",
+            mib(peak),
+            mib(idle),
+            fmt_rate(out.rate()),
+            out.rate() * BODY as f64 / 1e6,
+            fmt_rate(shed as f64 / measure.as_secs_f64()),
+        ),
+        target: verdict(mib(peak) <= GOAL_MIB, "≤ 512 MiB"),
+        cpu: share.cell(),
+        note: out.failure_note(),
+        ..Row::default()
+    });
+    ctx.note(format!(
+        "Row 17: {CONNS} keep-alive connections each send a {BODY}-byte signed JSON webhook (a fresh key each time) \
+         as soon as the last is answered, for {} s after a 2 s warm-up, to an ingest-role gateway with the default \
+         memory budget (`--ingest-memory-mib 256`: bodies counted twice, so about 128 MB of bodies in flight). Peak \
+         RSS is the kernel's high-water mark (VmHWM) of the gateway process for the whole run.",
+        measure.as_secs()
+    ));
+    Ok(())
+}

@@ -51,6 +51,10 @@ fn main() -> ExitCode {
             }
         },
         Command::AdminToken(args) => admin_token_command(&args),
+        Command::Tokens(args) => {
+            init_tracing(LogFormat::Pretty, None);
+            runtime.block_on(tokens_command(args))
+        }
         Command::Serve(mut args) => {
             let Some((_, sub)) = matches.subcommand() else {
                 return fail("missing subcommand");
@@ -278,6 +282,72 @@ async fn stop_embedded(cluster: Option<embedded::Cluster>) -> anyhow::Result<()>
 
 /// `secrets reencrypt`: prints what it rewrote; unreadable values are listed and make the
 /// exit code 1 (the rest is still rewritten).
+/// `webhook-gateway tokens ...`: each change is written to the audit log as `cli`, with
+/// the operating-system user as the actor.
+async fn tokens_command(args: webhook_gateway::config::TokensArgs) -> anyhow::Result<()> {
+    use webhook_gateway::config::TokensAction;
+    use webhook_gateway::tokens;
+    let (url, cluster) = database(args.database_url.as_deref(), &args.data_dir).await?;
+    let actor = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".into()));
+    let result = async {
+        let pool = db::open(&db::DbConfig::direct(&url, 2)).await?;
+        let audit = |action: &'static str, target: String, status: u16| {
+            let pool = pool.clone();
+            let actor = actor.clone();
+            async move {
+                let entry = webhook_gateway::audit::Entry {
+                    actor: &actor,
+                    via: webhook_gateway::audit::Via::Cli,
+                    action,
+                    target: &target,
+                    status,
+                    address: None,
+                    request_id: None,
+                };
+                webhook_gateway::audit::record(&pool, &entry).await
+            }
+        };
+        match args.action {
+            TokensAction::Create { name, scope, expires_in_days } => {
+                let scope = tokens::Scope::parse(&scope)
+                    .ok_or_else(|| anyhow::anyhow!("--scope must be read, operate or admin, not {scope:?}"))?;
+                let expires_at =
+                    expires_in_days.map(|d| chrono::Utc::now() + chrono::Duration::days(i64::from(d.max(1))));
+                let token = tokens::generate();
+                let created =
+                    tokens::sql::create(&pool, &name, scope, &tokens::hash(&token), &actor, expires_at).await?;
+                audit("tokens create", format!("token {name}"), if created.is_some() { 201 } else { 409 }).await?;
+                anyhow::ensure!(created.is_some(), "a token is named {name:?}");
+                println!("{token}");
+            }
+            TokensAction::List => {
+                for t in tokens::sql::list(&pool).await? {
+                    let state = match (t.revoked_at, t.expires_at) {
+                        (Some(at), _) => format!("revoked {at}"),
+                        (None, Some(at)) => format!("expires {at}"),
+                        (None, None) => "no expiry".into(),
+                    };
+                    println!(
+                        "{}\t{}\t{}\t{state}\tcreated {} by {}",
+                        t.id, t.name, t.scope, t.created_at, t.created_by
+                    );
+                }
+            }
+            TokensAction::Revoke { name } => {
+                let revoked = tokens::sql::revoke(&pool, &name).await?;
+                audit("tokens revoke", format!("token {name}"), if revoked.is_some() { 200 } else { 404 }).await?;
+                let revoked = revoked.ok_or_else(|| anyhow::anyhow!("no token is named {name:?}"))?;
+                println!("revoked {} ({})", revoked.name, revoked.id);
+            }
+        }
+        pool.close().await;
+        anyhow::Ok(())
+    }
+    .await;
+    stop_embedded(cluster).await?;
+    result
+}
+
 async fn reencrypt(args: ReencryptArgs, keyring: Keyring) -> anyhow::Result<()> {
     let (url, cluster) = database(args.database_url.as_deref(), &args.data_dir).await?;
     let result = async {

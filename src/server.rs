@@ -74,7 +74,7 @@ pub async fn serve(
             accepted = listener.accept() => accepted,
             _ = stop.wait_for(|s| *s) => break,
         };
-        let (stream, _) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Out of descriptors, or a connection reset before it was accepted: pause
@@ -85,7 +85,14 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        // The peer's address, for whoever asks (`ConnectInfo`: the audit log).
+        let service = TowerToHyperService::new(tower::ServiceExt::map_request(
+            router.clone(),
+            move |mut request: http::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                request
+            },
+        ));
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         connections.spawn(async move {
             if let Err(e) = connection.await {

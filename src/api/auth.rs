@@ -1,28 +1,101 @@
-//! Bearer-token authentication of the admin API.
+//! Who is calling the admin API, and whether its token's scope allows the call: the one
+//! place scopes are enforced (see [`crate::tokens`] for the table), and where every
+//! change and every refused attempt is written to the audit log ([`crate::audit`]).
 
-use axum::extract::{Request, State};
-use axum::http::header;
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
+use axum::http::{HeaderMap, Method, header};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 use super::AppState;
-use crate::error::ApiError;
+use crate::audit::{self, Via};
+use crate::error::{ApiError, ErrorCode};
+use crate::tokens::{self, Principal};
 
-/// Middleware: every `/v1` call needs `Authorization: Bearer <admin token>`.
-pub async fn require_admin(State(state): State<AppState>, request: Request, next: Next) -> Result<Response, ApiError> {
-    let presented = request
-        .headers()
+/// Middleware on every `/v1` route: identify the caller by its bearer token, refuse a
+/// call its scope does not allow (403), run the call, and record it in the audit log when
+/// it changes something or was refused.
+pub async fn authorize(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| request.uri().path().to_owned(), |m| m.as_str().to_owned());
+    let target = request.uri().path().to_owned();
+    let address = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
+    let request_id = request.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let needed = tokens::required(&method, &route);
+    let caller = match identify(&state, request.headers()).await {
+        Ok(caller) => caller,
+        Err(e) => return e.into_response(),
+    };
+    let response = match &caller {
+        None => ApiError::new(ErrorCode::Unauthorized, "missing or unknown token: `Authorization: Bearer <token>`")
+            .into_response(),
+        Some(p) if p.scope < needed => ApiError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "the token {:?} has the scope {}; {method} {route} needs {}",
+                p.name,
+                p.scope.as_str(),
+                needed.as_str()
+            ),
+        )
+        .into_response(),
+        Some(p) => {
+            request.extensions_mut().insert(p.clone());
+            next.run(request).await
+        }
+    };
+    // Publishing an event and trying a filter or a transformation change no configuration:
+    // they are data, not changes (an audit row per published event would double its cost).
+    const NOT_CHANGES: &[&str] = &["/v1/events", "/v1/filters/test", "/v1/transforms/test"];
+    let changes = method != Method::GET && method != Method::HEAD && !NOT_CHANGES.contains(&route.as_str());
+    // A refused change is a change (audited above); a refused read by a known token too.
+    let refused_read = response.status().as_u16() == 403;
+    if changes || refused_read {
+        let entry = audit::Entry {
+            actor: caller.as_ref().map_or("unknown", |p| p.name.as_str()),
+            via: Via::Api,
+            action: &format!("{method} {route}"),
+            target: &target,
+            status: response.status().as_u16(),
+            address,
+            request_id: request_id.as_deref(),
+        };
+        if let Err(e) = audit::record(&state.pool, &entry).await {
+            // The call has been answered already: the gap is logged, loudly.
+            tracing::error!(error = %e, action = entry.action, target = entry.target, actor = entry.actor,
+                "the audit log could not record a call");
+        }
+    }
+    response
+}
+
+/// The caller a request's bearer token stands for: the bootstrap admin token (compared
+/// in constant time), or a stored token looked up by its hash; `None` for no token, an
+/// unknown one, a revoked or an expired one.
+pub async fn identify(state: &AppState, headers: &HeaderMap) -> Result<Option<Principal>, ApiError> {
+    let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    match presented {
-        None => {
-            Err(ApiError::new(crate::error::ErrorCode::Unauthorized, "missing `Authorization: Bearer <admin token>`"))
-        }
-        Some(token) if constant_time_eq(token.as_bytes(), state.admin_token.as_bytes()) => Ok(next.run(request).await),
-        Some(_) => Err(ApiError::new(crate::error::ErrorCode::Unauthorized, "invalid admin token")),
+    let Some(token) = presented else { return Ok(None) };
+    principal_of(state, token).await
+}
+
+/// The caller `token` stands for (see [`identify`]).
+pub async fn principal_of(state: &AppState, token: &str) -> Result<Option<Principal>, ApiError> {
+    if constant_time_eq(token.as_bytes(), state.admin_token.as_bytes()) {
+        return Ok(Some(Principal::bootstrap()));
     }
+    if !token.starts_with(tokens::PREFIX) {
+        return Ok(None);
+    }
+    Ok(tokens::sql::principal(&state.pool, &tokens::hash(token)).await?)
 }
 
 /// Compare without an early exit, so response timing does not reveal a prefix match.

@@ -17,6 +17,7 @@ mod routes;
 mod sources;
 mod storage;
 mod subscriptions;
+mod tokens;
 mod transforms;
 
 use std::time::Duration;
@@ -45,13 +46,15 @@ pub fn router(state: AppState, role: Role, console: Option<Router<AppState>>) ->
             .split_for_parts()
             .0
             .route_layer(middleware::from_fn_with_state(state.clone(), db_deadline))
-            .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_admin));
+            .route_layer(middleware::from_fn_with_state(state.clone(), auth::authorize));
         let ingest =
             ingest.split_for_parts().0.route_layer(middleware::from_fn_with_state(state.clone(), admit_by_bytes));
         app = app.merge(admin).merge(ingest);
     }
     if let Some(pages) = console {
-        let pages = pages.route_layer(middleware::from_fn_with_state(state.clone(), db_deadline));
+        let pages = pages
+            .route_layer(middleware::from_fn_with_state(state.clone(), db_deadline))
+            .route_layer(middleware::from_fn_with_state(state.clone(), crate::console::session::audit));
         app = app.nest("/console", pages);
     }
     let app = app

@@ -46,8 +46,34 @@ impl utoipa::Modify for AdminToken {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
         let mut scheme = Http::new(HttpAuthScheme::Bearer);
-        scheme.description = Some("The admin token (`--admin-token`)".into());
+        scheme.description = Some(
+            "The bootstrap admin token (`--admin-token`), or a scoped token (`POST /v1/tokens`); each operation's \
+             security requirement and `x-required-scope` name the scope it needs (read < operate < admin)"
+                .into(),
+        );
         components.add_security_scheme("admin_token", SecurityScheme::Http(scheme));
+        // Each `/v1` operation's scope, from the one table the middleware enforces.
+        for (path, item) in openapi.paths.paths.iter_mut().filter(|(p, _)| p.starts_with("/v1/")) {
+            let operations = [
+                (axum::http::Method::GET, item.get.as_mut()),
+                (axum::http::Method::POST, item.post.as_mut()),
+                (axum::http::Method::PATCH, item.patch.as_mut()),
+                (axum::http::Method::PUT, item.put.as_mut()),
+                (axum::http::Method::DELETE, item.delete.as_mut()),
+            ];
+            for (method, op) in operations {
+                let Some(op) = op else { continue };
+                let scope = crate::tokens::required(&method, path).as_str();
+                op.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new("admin_token", [scope])]);
+                let mut ext = op.extensions.take().unwrap_or_default();
+                ext.merge(
+                    utoipa::openapi::extensions::ExtensionsBuilder::new()
+                        .add("x-required-scope", serde_json::json!(scope))
+                        .build(),
+                );
+                op.extensions = Some(ext);
+            }
+        }
     }
 }
 
@@ -77,9 +103,16 @@ impl utoipa::Modify for Fixups {
 /// the variants; the answers themselves are [`crate::error::ApiError`]s.)
 #[derive(utoipa::IntoResponses)]
 pub enum AdminErrors {
-    /// `auth::require_admin` refused the call.
-    #[response(status = 401, description = "Missing or wrong admin token (`unauthorized`)")]
+    /// `auth::authorize` did not know the caller.
+    #[response(status = 401, description = "Missing, unknown, revoked or expired token (`unauthorized`)")]
     Unauthorized(crate::error::ErrorBody),
+    /// `auth::authorize` refused the call for the token's scope.
+    #[response(
+        status = 403,
+        description = "The token's scope does not allow this call (`forbidden`); the \
+        operation's `x-required-scope` says which scope it needs"
+    )]
+    Forbidden(crate::error::ErrorBody),
     /// The database is unreachable, or did not answer in time (`db_deadline`).
     #[response(
         status = 503,

@@ -13,7 +13,8 @@ use utoipa_axum::routes;
 
 use super::openapi::{AdminToken, ApiDoc, Fixups};
 use super::{
-    AppState, deliveries, endpoints, events, filters, health, ingest, sources, storage, subscriptions, transforms,
+    AppState, deliveries, endpoints, events, filters, health, ingest, sources, storage, subscriptions, tokens,
+    transforms,
 };
 
 /// The routes by who may call them; the router puts each group behind its own layers.
@@ -55,7 +56,10 @@ pub(super) fn declared() -> Declared {
         .routes(routes!(deliveries::attempts))
         .routes(routes!(deliveries::redeliver))
         .routes(routes!(deliveries::unblock))
-        .routes(routes!(storage::get));
+        .routes(routes!(storage::get))
+        .routes(routes!(tokens::create, tokens::list))
+        .routes(routes!(tokens::revoke))
+        .routes(routes!(tokens::audit_log));
     Declared { public, ingest, admin }
 }
 

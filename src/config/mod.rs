@@ -68,6 +68,48 @@ pub enum Command {
     Secrets(SecretsArgs),
     /// The generated admin token kept in --data-dir: `admin-token show` prints it, `admin-token rotate` replaces it.
     AdminToken(AdminTokenArgs),
+    /// Scoped API tokens: `tokens create`, `tokens list`, `tokens revoke` (audited as `cli`).
+    Tokens(TokensArgs),
+}
+
+/// `webhook-gateway tokens`.
+#[derive(Debug, Args)]
+pub struct TokensArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: TokensAction,
+
+    /// PostgreSQL connection URL. Unset: the embedded cluster in --data-dir (gateway stopped).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<String>,
+
+    /// Where the embedded PostgreSQL cluster lives (used only without a database URL).
+    #[arg(long, env = "WEBHOOK_GATEWAY_DATA_DIR", default_value = crate::db::DEFAULT_DATA_DIR, global = true)]
+    pub data_dir: PathBuf,
+}
+
+/// `webhook-gateway tokens ...` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum TokensAction {
+    /// Create a token and print it (only the token: it is shown this once).
+    Create {
+        /// Its unique name, the audit log's actor.
+        #[arg(long)]
+        name: String,
+        /// `read`, `operate` or `admin`.
+        #[arg(long)]
+        scope: String,
+        /// Days until it stops working; unset: until revoked.
+        #[arg(long)]
+        expires_in_days: Option<u32>,
+    },
+    /// List the tokens (never the tokens themselves), one per line.
+    List,
+    /// Revoke a token, by name or id, at once on every replica.
+    Revoke {
+        /// Its name or id.
+        name: String,
+    },
 }
 
 /// `webhook-gateway admin-token`.
@@ -416,6 +458,10 @@ settings! {
         /// Days a delivered delivery is kept (a dead one stays until its event expires).
         #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_DELIVERED_DAYS", default_value_t = janitor::DEFAULT_RETENTION_DELIVERED_DAYS)]
         pub retention_delivered_days: u32,
+
+        /// Days an audit log entry is kept.
+        #[arg(long, env = "WEBHOOK_GATEWAY_RETENTION_AUDIT_DAYS", default_value_t = janitor::DEFAULT_RETENTION_AUDIT_DAYS)]
+        pub retention_audit_days: u32,
 
         /// How often each replica tries a retention pass (one replica at a time does it), in seconds.
         #[arg(long, env = "WEBHOOK_GATEWAY_JANITOR_INTERVAL_SECS", default_value_t = janitor::DEFAULT_INTERVAL_SECS)]

@@ -152,6 +152,7 @@ impl ServeArgs {
             ("retention-events-days", self.retention_events_days),
             ("retention-attempts-days", self.retention_attempts_days),
             ("retention-delivered-days", self.retention_delivered_days),
+            ("retention-audit-days", self.retention_audit_days),
         ] {
             if !(1..=MAX_RETENTION_DAYS).contains(&days) {
                 return fail(format!("{name} must be between 1 and {MAX_RETENTION_DAYS}"));
@@ -237,6 +238,7 @@ impl ServeArgs {
             events_retention: days(self.retention_events_days),
             attempts_retention: days(self.retention_attempts_days),
             delivered_retention: days(self.retention_delivered_days),
+            audit_retention: days(self.retention_audit_days),
             interval: Duration::from_secs(self.janitor_interval_secs),
             batch_size: self.janitor_batch_size,
             ..JanitorSettings::default()

@@ -24,7 +24,7 @@ mod endpoints;
 mod events;
 mod filters;
 mod overview;
-mod session;
+pub mod session;
 mod sources;
 mod transforms;
 

@@ -129,6 +129,54 @@ fn now() -> i64 {
     chrono::Utc::now().timestamp()
 }
 
+/// Middleware on the console's pages: every form sent (a `POST`: redeliver, pause,
+/// resume, rotate, recover, test, sign in and out) is written to the audit log
+/// (`crate::audit`), with the session's actor (the console signs in with the bootstrap
+/// admin token: `admin`), or `unknown` without a valid session (a failed sign-in).
+pub async fn audit(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if request.method() != axum::http::Method::POST {
+        return next.run(request).await;
+    }
+    let target = request
+        .extensions()
+        .get::<axum::extract::OriginalUri>()
+        .map_or_else(|| request.uri().path().to_owned(), |u| u.0.path().to_owned());
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| target.clone(), |m| m.as_str().to_owned());
+    let address =
+        request.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip().to_string());
+    let request_id = request.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let had_session =
+        cookie_value(request.headers()).and_then(|v| Session::verify(&state.admin_token, v, now())).is_some();
+    let response = next.run(request).await;
+    let signed_in = response
+        .headers()
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|c| c.starts_with(&format!("{COOKIE}=")) && !c.contains("Max-Age=0"));
+    let actor = if had_session || signed_in { crate::tokens::BOOTSTRAP_NAME } else { "unknown" };
+    let entry = crate::audit::Entry {
+        actor,
+        via: crate::audit::Via::Console,
+        action: &format!("POST {route}"),
+        target: &target,
+        status: response.status().as_u16(),
+        address,
+        request_id: request_id.as_deref(),
+    };
+    if let Err(e) = crate::audit::record(&state.pool, &entry).await {
+        tracing::error!(error = %e, action = entry.action, target = entry.target, "the audit log could not record a console form");
+    }
+    response
+}
+
 impl FromRequestParts<AppState> for Session {
     type Rejection = Response;
 

@@ -24,7 +24,8 @@
 //! 3. attempts older than the attempt retention, whatever their delivery's state;
 //! 4. ordering lines left idle (by an earlier release: lines are now deleted by the outcome
 //!    that empties them);
-//! 5. `janitor_runs` rows older than the event retention (one batch).
+//! 5. `janitor_runs` rows older than the event retention (one batch);
+//! 6. audit log entries older than the audit retention (`crate::audit`).
 //!
 //! Each pass is recorded in `janitor_runs`; [`storage_report`] shows the latest one with
 //! table and index sizes.
@@ -50,6 +51,8 @@ pub const DEFAULT_RETENTION_EVENTS_DAYS: u32 = 30;
 pub const DEFAULT_RETENTION_ATTEMPTS_DAYS: u32 = 30;
 /// Default `--retention-delivered-days`.
 pub const DEFAULT_RETENTION_DELIVERED_DAYS: u32 = 7;
+/// Default `--retention-audit-days`.
+pub const DEFAULT_RETENTION_AUDIT_DAYS: u32 = 365;
 /// Default `--janitor-interval-secs`.
 pub const DEFAULT_INTERVAL_SECS: u64 = 300;
 /// Default `--janitor-batch-size`.
@@ -98,6 +101,8 @@ pub struct JanitorSettings {
     pub attempts_retention: Duration,
     /// Delivered deliveries are deleted this long after they were delivered.
     pub delivered_retention: Duration,
+    /// Audit log entries are deleted this long after they were written.
+    pub audit_retention: Duration,
     /// How often each replica tries a pass.
     pub interval: Duration,
     /// Rows per delete statement.
@@ -116,6 +121,7 @@ impl Default for JanitorSettings {
             events_retention: Duration::from_secs(u64::from(DEFAULT_RETENTION_EVENTS_DAYS) * DAY),
             attempts_retention: Duration::from_secs(u64::from(DEFAULT_RETENTION_ATTEMPTS_DAYS) * DAY),
             delivered_retention: Duration::from_secs(u64::from(DEFAULT_RETENTION_DELIVERED_DAYS) * DAY),
+            audit_retention: Duration::from_secs(u64::from(DEFAULT_RETENTION_AUDIT_DAYS) * DAY),
             interval: Duration::from_secs(DEFAULT_INTERVAL_SECS),
             batch_size: DEFAULT_BATCH_SIZE,
             batch_pause: Duration::from_millis(100),
@@ -443,6 +449,15 @@ async fn phases(
     .bind(i64::from(settings.batch_size))
     .execute(pool)
     .await?;
+    let audit_before =
+        Utc::now() - chrono::Duration::from_std(settings.audit_retention).unwrap_or(chrono::Duration::MAX);
+    for _ in 0..settings.max_batches_per_phase {
+        if crate::audit::delete_older(pool, audit_before, i64::from(settings.batch_size)).await?
+            < u64::from(settings.batch_size)
+        {
+            break;
+        }
+    }
     Ok(if capped { RunStatus::Capped } else { RunStatus::Complete })
 }
 

@@ -128,6 +128,28 @@ async fn forged_form_posts_are_refused_403_and_change_nothing() {
         client().post(&pause).header("cookie", &cookie).form(&[("csrf", csrf_of(&html))]).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
     assert_eq!(app.admin_get(&format!("/v1/endpoints/{id}")).await["paused"], true);
+    // Every form sent is in the audit log, the refused ones too, newest first.
+    let log = app.admin_get(&format!("/v1/audit?target=/console/endpoints/{id}/pause")).await;
+    let entries: Vec<(String, i64)> = log["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["actor"].as_str().unwrap().to_owned(), e["status"].as_i64().unwrap()))
+        .collect();
+    let expected: Vec<(String, i64)> =
+        [("admin", 303), ("unknown", 403), ("admin", 403), ("admin", 403), ("admin", 403), ("admin", 403)]
+            .into_iter()
+            .map(|(a, s)| (a.to_owned(), s))
+            .collect();
+    assert_eq!(entries, expected, "{log}");
+    assert!(
+        log["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["via"] == "console" && e["action"] == "POST /console/endpoints/{id}/pause"),
+        "{log}"
+    );
 
     // Signing out is a form post like the others ...
     let response = client().post(app.url("/console/logout")).header("cookie", &cookie).send().await.unwrap();

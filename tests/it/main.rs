@@ -41,5 +41,6 @@ mod search;
 mod secrets;
 mod slow_clients;
 mod sources;
+mod tokens;
 mod transforms;
 mod upgrades;

@@ -111,7 +111,11 @@ fn the_document_is_well_formed() {
             // Admin calls need the bearer token; nothing else does.
             let security = op.get("security").cloned().unwrap_or(Value::Null);
             if path.starts_with("/v1/") {
-                assert_eq!(security, json!([{"admin_token": []}]), "{what}");
+                // Each names the scope it needs (the table in `tokens::required`).
+                let scope = op["x-required-scope"].as_str().unwrap_or_else(|| panic!("{what}: no x-required-scope"));
+                assert!(["read", "operate", "admin"].contains(&scope), "{what}: {scope}");
+                assert_eq!(security, json!([{"admin_token": [scope]}]), "{what}");
+                assert!(op["responses"]["403"].is_object(), "{what}: 403 undocumented");
                 let (unauthorized, unavailable) = (&op["responses"]["401"], &op["responses"]["503"]);
                 assert!(unauthorized.is_object(), "{what}: 401 undocumented");
                 assert!(unavailable.is_object(), "{what}: 503 undocumented");
@@ -611,6 +615,17 @@ async fn real_answers_match_the_document() {
     w.call(Call::admin(M::POST, format!("/v1/deliveries/{delivery_id}/redeliver")), 200).await;
     w.call(Call::admin(M::POST, format!("/v1/deliveries/{}/redeliver", uuid::Uuid::new_v4())), 404).await;
     w.call(Call::admin(M::GET, "/v1/admin/storage"), 200).await;
+    // Tokens and the audit log.
+    let token = json!({"name": "walker", "scope": "read"});
+    let created = w.call(Call::admin(M::POST, "/v1/tokens").json(token.clone()), 201).await;
+    w.call(Call::admin(M::POST, "/v1/tokens").json(token), 409).await;
+    w.call(Call::admin(M::POST, "/v1/tokens").json(json!({"name": "", "scope": "read"})), 422).await;
+    w.call(Call::admin(M::GET, "/v1/tokens"), 200).await;
+    let read_only = created["token"].as_str().expect("token").to_owned();
+    w.call(Call::new(M::DELETE, "/v1/tokens/walker").header("authorization", format!("Bearer {read_only}")), 403).await;
+    w.call(Call::admin(M::DELETE, "/v1/tokens/walker"), 200).await;
+    w.call(Call::admin(M::DELETE, "/v1/tokens/nobody"), 404).await;
+    w.call(Call::admin(M::GET, "/v1/audit?actor=admin&limit=5"), 200).await;
 
     // Ordered delivery: `gone` is subscribed in order to the API's events; its dead
     // delivery blocks the key's line until unblocked.

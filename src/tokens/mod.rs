@@ -1,0 +1,141 @@
+//! Scoped API tokens and who is calling: the bootstrap admin token (configured or
+//! generated) and named tokens with a scope and an optional expiry, stored as SHA-256
+//! hashes and shown once.
+//!
+//! | scope | may |
+//! | --- | --- |
+//! | `read` | every `GET` of the admin API except tokens and the audit log (no call shows a secret) |
+//! | `operate` | `read`, and redeliver, unblock, pause, resume, recover, send a test, try a filter or a transformation |
+//! | `admin` | everything: sources, endpoints, subscriptions, secrets, publishing, tokens, the audit log |
+//!
+//! [`required`] is the one table of which call needs which scope; the API's middleware
+//! (`api::auth`) enforces it and the OpenAPI document states it from the same table.
+//! A token is looked up by its hash on every call (no cache), so a revoked or expired
+//! token stops working at once on every replica.
+
+pub mod sql;
+
+use axum::http::Method;
+use rand::RngCore as _;
+use sha2::{Digest, Sha256};
+
+/// What a token may do; each scope includes the ones before it.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Read everything but tokens and the audit log.
+    Read,
+    /// Read, and operate deliveries and endpoints.
+    Operate,
+    /// Everything.
+    Admin,
+}
+
+impl Scope {
+    /// Every scope, weakest first.
+    pub const ALL: [Scope; 3] = [Scope::Read, Scope::Operate, Scope::Admin];
+
+    /// The stored name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Operate => "operate",
+            Scope::Admin => "admin",
+        }
+    }
+
+    /// The scope stored as `name`.
+    pub fn parse(name: &str) -> Option<Scope> {
+        Scope::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+}
+
+/// Who is calling, once authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// The token's name (`admin` for the bootstrap token): the audit log's actor.
+    pub name: String,
+    /// What it may do.
+    pub scope: Scope,
+}
+
+impl Principal {
+    /// The bootstrap admin token's caller.
+    pub fn bootstrap() -> Principal {
+        Principal { name: BOOTSTRAP_NAME.to_owned(), scope: Scope::Admin }
+    }
+}
+
+/// The actor name of the bootstrap admin token.
+pub const BOOTSTRAP_NAME: &str = "admin";
+
+/// What every generated token starts with (so a scanner can recognise a leaked one).
+pub const PREFIX: &str = "wgt_";
+
+/// A fresh token: [`PREFIX`] and 32 random bytes in URL-safe base64.
+pub fn generate() -> String {
+    use base64::Engine as _;
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    format!("{PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}
+
+/// What is stored of a token: its SHA-256. A lookup by this hash compares hashes, so the
+/// time it takes says nothing about how much of a guessed token was right.
+pub fn hash(token: &str) -> Vec<u8> {
+    Sha256::digest(token.as_bytes()).to_vec()
+}
+
+/// The scope a call needs: `method` on the route template `route` (`/v1/endpoints/{id}`).
+/// A route not named here needs `admin` (closed by default).
+pub fn required(method: &Method, route: &str) -> Scope {
+    const OPERATE: &[&str] = &[
+        "/v1/deliveries/{id}/redeliver",
+        "/v1/deliveries/{id}/unblock",
+        "/v1/endpoints/{id}/pause",
+        "/v1/endpoints/{id}/resume",
+        "/v1/endpoints/{id}/recover",
+        "/v1/endpoints/{id}/test",
+        "/v1/filters/test",
+        "/v1/transforms/test",
+    ];
+    const ADMIN_READS: &[&str] = &["/v1/tokens", "/v1/audit"];
+    if *method == Method::GET || *method == Method::HEAD {
+        if ADMIN_READS.contains(&route) { Scope::Admin } else { Scope::Read }
+    } else if *method == Method::POST && OPERATE.contains(&route) {
+        Scope::Operate
+    } else {
+        Scope::Admin
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_random_prefixed_and_stored_as_hashes() {
+        let (a, b) = (generate(), generate());
+        assert!(a.starts_with(PREFIX) && a.len() == PREFIX.len() + 43, "{a}");
+        assert_ne!(a, b);
+        assert_eq!(hash(&a), hash(&a));
+        assert_ne!(hash(&a), hash(&b));
+        assert_eq!(hash(&a).len(), 32);
+    }
+
+    #[test]
+    fn the_table_closes_by_default() {
+        assert_eq!(required(&Method::GET, "/v1/events"), Scope::Read);
+        assert_eq!(required(&Method::GET, "/v1/tokens"), Scope::Admin);
+        assert_eq!(required(&Method::POST, "/v1/endpoints/{id}/pause"), Scope::Operate);
+        assert_eq!(required(&Method::POST, "/v1/endpoints/{id}/rotate-secret"), Scope::Admin);
+        assert_eq!(required(&Method::DELETE, "/v1/endpoints/{id}"), Scope::Admin);
+        assert_eq!(required(&Method::POST, "/v1/unknown"), Scope::Admin);
+        assert!(Scope::Read < Scope::Operate && Scope::Operate < Scope::Admin);
+        for s in Scope::ALL {
+            assert_eq!(Scope::parse(s.as_str()), Some(s));
+        }
+    }
+}

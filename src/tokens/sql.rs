@@ -1,0 +1,78 @@
+//! The `api_tokens` table.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+
+use super::{Principal, Scope};
+
+/// A token as listed (never the token itself).
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, utoipa::ToSchema)]
+pub struct TokenInfo {
+    /// Its id.
+    pub id: uuid::Uuid,
+    /// Its name, the audit log's actor.
+    pub name: String,
+    /// `read`, `operate` or `admin`.
+    pub scope: String,
+    /// When it was created, and by whom.
+    pub created_at: DateTime<Utc>,
+    /// The actor that created it.
+    pub created_by: String,
+    /// When it stops working (`null`: never).
+    pub expires_at: Option<DateTime<Utc>>,
+    /// When it was revoked (`null`: it was not).
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+const COLUMNS: &str = "id, name, scope, created_at, created_by, expires_at, revoked_at";
+
+/// Store a token's hash; `None` when the name is taken.
+pub async fn create(
+    db: impl PgExecutor<'_>,
+    name: &str,
+    scope: Scope,
+    token_hash: &[u8],
+    created_by: &str,
+    expires_at: Option<DateTime<Utc>>,
+) -> Result<Option<TokenInfo>, sqlx::Error> {
+    crate::db::query_as(&format!(
+        "INSERT INTO api_tokens (name, scope, token_hash, created_by, expires_at) VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (name) DO NOTHING RETURNING {COLUMNS}"
+    ))
+    .bind(name)
+    .bind(scope.as_str())
+    .bind(token_hash)
+    .bind(created_by)
+    .bind(expires_at)
+    .fetch_optional(db)
+    .await
+}
+
+/// Every token, oldest first.
+pub async fn list(db: impl PgExecutor<'_>) -> Result<Vec<TokenInfo>, sqlx::Error> {
+    crate::db::query_as(&format!("SELECT {COLUMNS} FROM api_tokens ORDER BY id")).fetch_all(db).await
+}
+
+/// Revoke the token `id` (or named `id`) now; `None` when there is none. Revoking twice
+/// keeps the first time.
+pub async fn revoke(db: impl PgExecutor<'_>, id_or_name: &str) -> Result<Option<TokenInfo>, sqlx::Error> {
+    crate::db::query_as(&format!(
+        "UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, now())
+         WHERE id::text = $1 OR name = $1 RETURNING {COLUMNS}"
+    ))
+    .bind(id_or_name)
+    .fetch_optional(db)
+    .await
+}
+
+/// The caller a token hash stands for, if it is known, not revoked and not expired.
+pub async fn principal(db: impl PgExecutor<'_>, token_hash: &[u8]) -> Result<Option<Principal>, sqlx::Error> {
+    let row: Option<(String, String)> = crate::db::query_as(
+        "SELECT name, scope FROM api_tokens
+         WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
+    )
+    .bind(token_hash)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.and_then(|(name, scope)| Scope::parse(&scope).map(|scope| Principal { name, scope })))
+}

@@ -1,0 +1,229 @@
+//! Scoped tokens and the audit log: every route of the admin API with every scope (and
+//! with no, forged, truncated, revoked and expired tokens), revocation across replicas,
+//! and the audit trail of an API script.
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::support::{ADMIN_TOKEN, TestApp, TestDb, test_settings};
+
+/// Create a token with `scope`; the token.
+async fn token(app: &TestApp, name: &str, scope: &str) -> String {
+    let created = app.admin_post("/v1/tokens", json!({"name": name, "scope": scope}), 201).await;
+    created["token"].as_str().expect("token shown once").to_owned()
+}
+
+/// Call `method path` with `token` (none: no header) and a JSON body `{}`; the status.
+async fn call(app: &TestApp, method: &Method, path: &str, token: Option<&str>) -> u16 {
+    let mut request = app.http.request(method.clone(), app.url(path));
+    if let Some(t) = token {
+        request = request.bearer_auth(t);
+    }
+    if *method != Method::GET && *method != Method::DELETE {
+        request = request.json(&json!({}));
+    }
+    request.send().await.expect("call").status().as_u16()
+}
+
+/// Every `/v1` operation of the served OpenAPI document with the scope it states, its path
+/// parameters filled with a fresh id.
+async fn operations(app: &TestApp) -> Vec<(Method, String, String)> {
+    let doc: Value = app.http.get(app.url("/openapi.json")).send().await.unwrap().json().await.unwrap();
+    let mut out = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        if !path.starts_with("/v1/") {
+            continue;
+        }
+        for (method, op) in item.as_object().unwrap() {
+            let method: Method = method.to_uppercase().parse().unwrap();
+            let scope = op["x-required-scope"].as_str().unwrap_or_else(|| panic!("{method} {path} states no scope"));
+            assert_eq!(op["security"][0]["admin_token"][0], scope, "{method} {path}: security and x-required-scope");
+            let filled = path.replace("{id}", &uuid::Uuid::new_v4().to_string());
+            out.push((method, filled, scope.to_owned()));
+        }
+    }
+    assert!(out.len() >= 30, "{} operations", out.len());
+    out
+}
+
+#[tokio::test]
+async fn every_route_answers_every_scope_as_the_document_states() {
+    let app = TestApp::spawn().await;
+    let tokens = [
+        ("read", token(&app, "dashboard", "read").await),
+        ("operate", token(&app, "on-call", "operate").await),
+        ("admin", token(&app, "deploy", "admin").await),
+    ];
+    let rank = |s: &str| ["read", "operate", "admin"].iter().position(|x| *x == s).unwrap();
+    let revoked = token(&app, "revoked", "admin").await;
+    app.admin(Method::DELETE, "/v1/tokens/revoked", None).await;
+    let expired = token(&app, "expired", "admin").await;
+    sqlx::query("UPDATE api_tokens SET expires_at = now() - interval '1 second' WHERE name = 'expired'")
+        .execute(&app.db.pool)
+        .await
+        .unwrap();
+    let forged = webhook_gateway::tokens::generate();
+    let truncated_admin = &ADMIN_TOKEN[..ADMIN_TOKEN.len() - 1];
+    let truncated = &tokens[2].1[..tokens[2].1.len() - 1];
+    for (method, path, needed) in operations(&app).await {
+        for (scope, t) in &tokens {
+            let status = call(&app, &method, &path, Some(t)).await;
+            if rank(scope) < rank(&needed) {
+                assert_eq!(status, 403, "{scope} token, {method} {path} (needs {needed})");
+            } else {
+                assert!(status != 401 && status != 403, "{scope} token, {method} {path} (needs {needed}): {status}");
+            }
+        }
+        for (what, t) in [
+            ("no token", None),
+            ("forged", Some(forged.as_str())),
+            ("truncated bootstrap", Some(truncated_admin)),
+            ("truncated", Some(truncated)),
+            ("revoked", Some(revoked.as_str())),
+            ("expired", Some(expired.as_str())),
+        ] {
+            assert_eq!(call(&app, &method, &path, t).await, 401, "{what}: {method} {path}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn tokens_are_shown_once_stored_as_hashes_and_named_once() {
+    let app = TestApp::spawn().await;
+    let t = token(&app, "ci", "operate").await;
+    assert!(t.starts_with("wgt_"));
+    let listed = app.admin_get("/v1/tokens").await;
+    assert!(!listed.to_string().contains(&t), "never listed: {listed}");
+    assert_eq!(listed["data"][0]["scope"], "operate");
+    assert_eq!(listed["data"][0]["created_by"], "admin");
+    let stored: Vec<u8> =
+        sqlx::query_scalar("SELECT token_hash FROM api_tokens").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(stored, webhook_gateway::tokens::hash(&t));
+    let (status, _) = app.admin(Method::POST, "/v1/tokens", Some(json!({"name": "ci", "scope": "read"}))).await;
+    assert_eq!(status, 409);
+    for bad in [
+        json!({"name": "", "scope": "read"}),
+        json!({"name": "x", "scope": "root"}),
+        json!({"name": "admin", "scope": "read"}),
+        json!({"name": "x", "scope": "read", "expires_at": "2001-01-01T00:00:00Z"}),
+    ] {
+        let (status, body) = app.admin(Method::POST, "/v1/tokens", Some(bad.clone())).await;
+        assert_eq!(status, 422, "{bad}: {body}");
+    }
+}
+
+/// Revoked through one replica, refused at once by another: no cache anywhere.
+#[tokio::test]
+async fn a_revoked_token_stops_at_once_on_every_replica() {
+    let db = TestDb::new().await;
+    let second = TestDb { url: db.url.clone(), pool: db.pool.clone() };
+    let a = TestApp::spawn_with(db, test_settings(), 4).await;
+    let b = TestApp::spawn_with(second, test_settings(), 4).await;
+    let t = token(&a, "dashboard", "read").await;
+    assert_eq!(call(&b, &Method::GET, "/v1/endpoints", Some(&t)).await, 200);
+    a.admin(Method::DELETE, "/v1/tokens/dashboard", None).await;
+    assert_eq!(call(&b, &Method::GET, "/v1/endpoints", Some(&t)).await, 401);
+    assert_eq!(call(&a, &Method::GET, "/v1/endpoints", Some(&t)).await, 401);
+}
+
+/// An on-call script: what it changed, what it was refused, and from where, in the log;
+/// never a secret.
+#[tokio::test]
+async fn the_audit_log_tells_who_changed_what_from_where_and_what_was_refused() {
+    let app = TestApp::spawn().await;
+    let created = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/hook"}), 201).await;
+    let (ep, secret) = (created["id"].as_str().unwrap().to_owned(), created["secret"].as_str().unwrap().to_owned());
+    let oncall = token(&app, "on-call", "operate").await;
+    let send = |method: Method, path: String, id: &'static str| {
+        let request = app.http.request(method, app.url(&path)).bearer_auth(&oncall).header("x-request-id", id);
+        async move { request.json(&json!({})).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(send(Method::POST, format!("/v1/endpoints/{ep}/pause"), "req-pause").await, 200);
+    assert_eq!(send(Method::DELETE, format!("/v1/endpoints/{ep}"), "req-delete").await, 403);
+    assert_eq!(send(Method::GET, "/v1/tokens".into(), "req-tokens").await, 403);
+    assert_eq!(send(Method::GET, "/v1/endpoints".into(), "req-read").await, 200);
+    let log = app.admin_get("/v1/audit?actor=on-call").await;
+    let entries = log["data"].as_array().unwrap();
+    let summary: Vec<(String, String, i64, String)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap().to_owned(),
+                e["target"].as_str().unwrap().to_owned(),
+                e["status"].as_i64().unwrap(),
+                e["request_id"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("GET /v1/tokens".to_owned(), "/v1/tokens".to_owned(), 403, "req-tokens".to_owned()),
+            ("DELETE /v1/endpoints/{id}".to_owned(), format!("/v1/endpoints/{ep}"), 403, "req-delete".to_owned()),
+            (
+                "POST /v1/endpoints/{id}/pause".to_owned(),
+                format!("/v1/endpoints/{ep}/pause"),
+                200,
+                "req-pause".to_owned()
+            ),
+        ],
+        "reads are not changes; newest first"
+    );
+    assert!(entries.iter().all(|e| e["address"] == "127.0.0.1" && e["via"] == "api"), "{log}");
+    // By target: what was done to this endpoint. The bootstrap admin's creation is in the
+    // log too; no secret and no token anywhere in it.
+    let by_target = app.admin_get(&format!("/v1/audit?target=/v1/endpoints/{ep}")).await;
+    assert_eq!(by_target["data"].as_array().unwrap().len(), 2);
+    let all = app.admin_get("/v1/audit").await;
+    assert!(
+        all["data"].as_array().unwrap().iter().any(|e| e["actor"] == "admin" && e["action"] == "POST /v1/endpoints")
+    );
+    assert!(!all.to_string().contains(&secret) && !all.to_string().contains(&oncall), "no secret, no token");
+    // Unknown callers' attempts at changes are recorded, as `unknown`.
+    let status = app.http.delete(app.url(&format!("/v1/endpoints/{ep}"))).bearer_auth("wgt_nope").send().await.unwrap();
+    assert_eq!(status.status(), 401);
+    let unknown = app.admin_get("/v1/audit?actor=unknown").await;
+    assert_eq!(unknown["data"][0]["status"], 401, "{unknown}");
+}
+
+/// The command line creates, lists and revokes tokens against the database, and its
+/// changes are in the audit log as `cli`.
+#[tokio::test]
+async fn the_cli_creates_lists_and_revokes_tokens_and_is_audited() {
+    let app = TestApp::spawn().await;
+    let bin = env!("CARGO_BIN_EXE_webhook-gateway");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin)
+            .args(args)
+            .env("DATABASE_URL", &app.db.url)
+            .env("USER", "ops-alice")
+            .output()
+            .expect("run the binary");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, token, err) = run(&["tokens", "create", "--name", "backup", "--scope", "read", "--expires-in-days", "7"]);
+    assert!(ok, "{err}");
+    assert!(token.starts_with("wgt_"), "only the token on stdout: {token}");
+    assert_eq!(call(&app, &Method::GET, "/v1/endpoints", Some(&token)).await, 200);
+    assert_eq!(call(&app, &Method::DELETE, "/v1/endpoints/x", Some(&token)).await, 403);
+    let (ok, listed, _) = run(&["tokens", "list"]);
+    assert!(ok && listed.contains("backup\tread\texpires") && !listed.contains(&token), "{listed}");
+    let (ok, _, err) = run(&["tokens", "create", "--name", "backup", "--scope", "read"]);
+    assert!(!ok && err.contains("backup"), "a second token of one name is refused: {err}");
+    let (ok, _, err) = run(&["tokens", "revoke", "backup"]);
+    assert!(ok, "{err}");
+    assert_eq!(call(&app, &Method::GET, "/v1/endpoints", Some(&token)).await, 401);
+    let log = app.admin_get("/v1/audit?actor=cli:ops-alice").await;
+    let actions: Vec<(&str, i64)> = log["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap(), e["status"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(actions, [("tokens revoke", 200), ("tokens create", 409), ("tokens create", 201)], "{log}");
+    assert!(log["data"].as_array().unwrap().iter().all(|e| e["via"] == "cli"));
+}

@@ -59,7 +59,7 @@ pub struct Settings {
     pub console: bool,
     /// The gateway's own events (`crate::operational`).
     pub operational: crate::operational::OperationalSettings,
-    /// Webhook bodies held at once, in bytes, each counted twice (`--ingest-memory-mib`;
+    /// Webhook bodies held at once, in bytes, each counted four times (`--ingest-memory-mib`;
     /// `crate::ingest::budget`).
     pub ingest_memory_bytes: u64,
 }

@@ -15,6 +15,15 @@ use webhook_gateway::secrets::{self, Keyring};
 use webhook_gateway::{admin_token, app};
 
 fn main() -> ExitCode {
+    // glibc raises its mmap threshold each time a large block is freed, after which large
+    // bodies come from the heap and their freed pages stay in the process. A fixed
+    // threshold keeps blocks of 128 KiB and more in their own mappings, returned when
+    // freed: bench row 17 (1 MB webhooks) measures what this holds.
+    // SAFETY: mallopt only sets an allocator parameter; called before any thread starts.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,

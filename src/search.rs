@@ -15,8 +15,8 @@
 //!
 //! What is indexed, and so what can be found:
 //! - every scalar of a JSON payload (string, number, boolean, null) under its path, the
-//!   first [`MAX_PAYLOAD_TERMS`] of them in document order; arrays by index
-//!   (`/items/0/sku`);
+//!   first [`MAX_PAYLOAD_TERMS`] of them in document order, for payloads of at most
+//!   [`MAX_INDEXED_PAYLOAD_BYTES`]; arrays by index (`/items/0/sku`);
 //! - every header kept with the event, except redacted ones;
 //! - the dedupe key.
 //!
@@ -25,10 +25,15 @@
 //! this index existed (migration 0018) are found by the other filters only.
 
 use serde_json::Value;
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 /// Scalars of one payload that are indexed; the rest of a larger document is not.
 pub const MAX_PAYLOAD_TERMS: usize = 1000;
+
+/// Largest payload whose values are indexed: a larger one is found by its headers and key
+/// only. Parsing a body costs several times its size in memory, and the ingest memory
+/// budget (`crate::ingest::budget`) counts a few copies per body, not a parse of a large one.
+pub const MAX_INDEXED_PAYLOAD_BYTES: usize = 256 * 1024;
 
 /// Longest search condition accepted (path and value together).
 pub const MAX_CONDITION_BYTES: usize = 4096;
@@ -69,7 +74,8 @@ pub fn terms(dedupe_key: &str, headers: &Value, payload: &[u8]) -> Vec<i64> {
     // Only a body that is JSON has paths. The cheap first-byte test spares the parse of
     // bodies that are plainly not (form posts, XML, binary).
     let first = payload.iter().find(|b| !b.is_ascii_whitespace());
-    if matches!(first, Some(b'{' | b'['))
+    if payload.len() <= MAX_INDEXED_PAYLOAD_BYTES
+        && matches!(first, Some(b'{' | b'['))
         && let Ok(doc) = serde_json::from_slice::<Value>(payload)
     {
         buf.clear();
@@ -112,8 +118,11 @@ fn walk(value: &Value, buf: &mut Vec<u8>, budget: &mut usize, out: &mut Vec<i64>
             *budget = budget.saturating_sub(1);
             buf.push(SEPARATOR);
             buf.push(SEPARATOR);
-            buf.extend_from_slice(scalar_text(scalar).as_bytes());
-            out.push(hash(buf));
+            // Streamed: a long value is hashed where it is, not copied after the path.
+            let mut hasher = Xxh3::new();
+            hasher.update(buf);
+            hasher.update(scalar_text(scalar).as_bytes());
+            out.push(i64::from_ne_bytes(hasher.digest().to_ne_bytes()));
             buf.truncate(at);
         }
     }
@@ -319,6 +328,15 @@ mod tests {
             Condition::payload("/=1").unwrap(),
             Condition::Payload { path: vec![String::new()], value: "1".into() }
         );
+    }
+
+    #[test]
+    fn a_payload_over_the_indexed_size_is_found_by_its_key_and_headers_only() {
+        let big = json!({"id": "ord_1", "pad": "x".repeat(MAX_INDEXED_PAYLOAD_BYTES)});
+        let t = terms("k", &json!({"x-a": "b"}), big.to_string().as_bytes());
+        assert_eq!(t.len(), 2, "the key and the header");
+        let small = json!({"id": "ord_1", "pad": "x".repeat(MAX_INDEXED_PAYLOAD_BYTES - 100)});
+        assert!(found(&small, "id=ord_1"));
     }
 
     #[test]

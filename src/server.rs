@@ -22,6 +22,10 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+
+/// Most a connection buffers while reading a request (headers, and body chunks before the
+/// handler takes them).
+pub const READ_BUFFER_BYTES: usize = 64 * 1024;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
@@ -58,6 +62,10 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).keep_alive(true);
+    // A connection's read buffer: hyper's default lets it grow to about 400 KiB, which a
+    // thousand clients sending large bodies turn into hundreds of MiB held outside the
+    // ingest memory budget. Headers fit in far less (each value is bounded when stored).
+    http.max_buf_size(READ_BUFFER_BYTES);
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();

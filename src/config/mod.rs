@@ -471,7 +471,7 @@ settings! {
         #[arg(long, env = "WEBHOOK_GATEWAY_JANITOR_BATCH_SIZE", default_value_t = janitor::DEFAULT_BATCH_SIZE)]
         pub janitor_batch_size: u32,
 
-        /// Memory budget for webhook bodies held at once, in MiB (each counted twice: read, and in its insert);
+        /// Memory budget for webhook bodies held at once, in MiB (each counted four times: read, parsed, in its insert);
         /// a webhook that does not fit is answered 503 `overloaded` with Retry-After, unread.
         #[arg(long, env = "WEBHOOK_GATEWAY_INGEST_MEMORY_MIB", default_value_t = 256)]
         pub ingest_memory_mib: u64,

@@ -177,10 +177,12 @@ impl ServeArgs {
             return fail("janitor-interval-secs must be between 1 and 86400".into());
         }
         // Larger batches mean longer transactions and more rows locked at once.
-        // The largest body must fit, counted twice.
+        // The largest body must fit, counted as the budget counts it.
         let smallest = (self.max_body_bytes as u64 * crate::ingest::budget::COPIES).div_ceil(1024 * 1024);
         if self.ingest_memory_mib < smallest || self.ingest_memory_mib > 1024 * 1024 {
-            return fail(format!("ingest-memory-mib must be between {smallest} (twice --max-body-bytes) and 1048576"));
+            return fail(format!(
+                "ingest-memory-mib must be between {smallest} (four times --max-body-bytes) and 1048576"
+            ));
         }
         if !(1..=86_400 * 7).contains(&self.backlog_alert_secs) {
             return fail("backlog-alert-secs must be between 1 and 604800".into());

@@ -172,8 +172,9 @@ async fn sigterm_with_stalled_clients_exits_within_the_grace() {
 async fn a_full_memory_budget_sheds_webhooks_at_once_and_stores_nothing_of_them() {
     const BODY: usize = 64 * 1024;
     const HELD: usize = 8;
-    // Room for exactly HELD bodies of BODY bytes (each counted twice).
-    let settings = Settings { max_body_bytes: BODY, ingest_memory_bytes: (HELD * BODY * 2) as u64, ..test_settings() };
+    // Room for exactly HELD bodies of BODY bytes (each counted COPIES times).
+    let held_bytes = HELD as u64 * BODY as u64 * webhook_gateway::ingest::budget::COPIES;
+    let settings = Settings { max_body_bytes: BODY, ingest_memory_bytes: held_bytes, ..test_settings() };
     let app = TestApp::spawn_with(TestDb::new().await, settings, 8).await;
     app.source_none("shop").await;
     // Whether a small probe is admitted: 404 (no such source) once in, 503 when shed.

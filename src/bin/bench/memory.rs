@@ -67,7 +67,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
     ctx.note(format!(
         "Row 17: {CONNS} keep-alive connections each send a {BODY}-byte signed JSON webhook (a fresh key each time) \
          as soon as the last is answered, for {} s after a 2 s warm-up, to an ingest-role gateway with the default \
-         memory budget (`--ingest-memory-mib 256`: bodies counted twice, so about 128 MB of bodies in flight). Peak \
+         memory budget (`--ingest-memory-mib 256`: bodies counted four times, so about 64 MB of bodies in flight). Peak \
          RSS is the kernel's high-water mark (VmHWM) of the gateway process for the whole run.",
         measure.as_secs()
     ));

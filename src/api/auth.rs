@@ -65,10 +65,18 @@ pub async fn authorize(State(state): State<AppState>, mut request: Request, next
             address,
             request_id: request_id.as_deref(),
         };
-        if let Err(e) = audit::record(&state.pool, &entry).await {
-            // The call has been answered already: the gap is logged, loudly.
-            tracing::error!(error = %e, action = entry.action, target = entry.target, actor = entry.actor,
-                "the audit log could not record a call");
+        // Bounded like the call itself: in a partition from the database the answer (a 503
+        // by then) must not wait for its audit row. A gap is logged, loudly.
+        match tokio::time::timeout(state.db_timeout, audit::record(&state.pool, &entry)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, action = entry.action, target = entry.target,
+                actor = entry.actor, "the audit log could not record a call"),
+            Err(_) => tracing::error!(
+                action = entry.action,
+                target = entry.target,
+                actor = entry.actor,
+                "the audit log could not record a call: the database did not answer in time"
+            ),
         }
     }
     response
@@ -95,7 +103,11 @@ pub async fn principal_of(state: &AppState, token: &str) -> Result<Option<Princi
     if !token.starts_with(tokens::PREFIX) {
         return Ok(None);
     }
-    Ok(tokens::sql::principal(&state.pool, &tokens::hash(token)).await?)
+    // Bounded: a lookup sent into a partition answers 503 by the deadline.
+    match tokio::time::timeout(state.db_timeout, tokens::sql::principal(&state.pool, &tokens::hash(token))).await {
+        Ok(found) => Ok(found?),
+        Err(_) => Err(ApiError::unavailable("the database did not answer in time; nothing was changed")),
+    }
 }
 
 /// Compare without an early exit, so response timing does not reveal a prefix match.

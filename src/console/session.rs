@@ -171,8 +171,16 @@ pub async fn audit(
         address,
         request_id: request_id.as_deref(),
     };
-    if let Err(e) = crate::audit::record(&state.pool, &entry).await {
-        tracing::error!(error = %e, action = entry.action, target = entry.target, "the audit log could not record a console form");
+    match tokio::time::timeout(state.db_timeout, crate::audit::record(&state.pool, &entry)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, action = entry.action, target = entry.target, "the audit log could not record a console form")
+        }
+        Err(_) => tracing::error!(
+            action = entry.action,
+            target = entry.target,
+            "the audit log could not record a console form: the database did not answer in time"
+        ),
     }
     response
 }

@@ -4,7 +4,7 @@
 //! answer with a typed body (`#[derive(Serialize, ToSchema)]`), the same type the
 //! OpenAPI document names. Every error goes through [`crate::error::ApiError`].
 
-mod auth;
+pub mod auth;
 mod deliveries;
 mod endpoints;
 mod events;

@@ -124,11 +124,25 @@ pub struct Layout {
     pub active: &'static str,
     /// The session's CSRF token, for the forms of the page.
     pub csrf: String,
+    /// Who is signed in (a token's name, `admin` for the bootstrap token).
+    pub actor: String,
+    /// Whether the session may operate (redeliver, pause, resume, recover, test): its
+    /// forms are shown only then.
+    pub can_operate: bool,
+    /// Whether the session may administer (rotate secrets).
+    pub can_admin: bool,
 }
 
 impl Layout {
     fn new(session: &Session, active: &'static str) -> Layout {
-        Layout { active, csrf: session.csrf_token() }
+        use crate::tokens::Scope;
+        Layout {
+            active,
+            csrf: session.csrf_token(),
+            actor: session.actor().to_owned(),
+            can_operate: session.scope() >= Scope::Operate,
+            can_admin: session.scope() >= Scope::Admin,
+        }
     }
 }
 

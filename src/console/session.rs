@@ -26,6 +26,7 @@ use sha2::Sha256;
 use super::{ConsoleError, PageResult, render, see_other};
 use crate::api::AppState;
 use crate::error::{ApiError, ErrorCode};
+use crate::tokens::{self, Principal, Scope};
 
 /// The session cookie's name.
 pub const COOKIE: &str = "wg_console";
@@ -52,11 +53,16 @@ fn mac(key: &[u8; 32], purpose: &str, data: &str) -> HmacSha256 {
 }
 
 /// A signed-in console session (an extractor: without a valid cookie, a GET is redirected
-/// to the sign-in page and anything else refused 403).
+/// to the sign-in page and anything else refused 403; a page or form its token's scope
+/// does not allow is refused 403, by the table the API uses, `tokens::required`).
 #[derive(Clone)]
 pub struct Session {
     id: String,
     key: [u8; 32],
+    /// Whose session: `admin` (the bootstrap token) or a stored token's id.
+    who: String,
+    /// The caller, once `who` is looked up (every request: a revoked token's sessions end).
+    principal: Option<Principal>,
 }
 
 // The key signs sessions: never printed.
@@ -67,10 +73,11 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// A new session's cookie value, signed under `admin_token`'s key.
-    fn issue(admin_token: &str, now: i64) -> String {
+    /// A new session's cookie value for `who` (`admin`, or a stored token's id), signed
+    /// under `admin_token`'s key.
+    fn issue(admin_token: &str, now: i64, who: &str) -> String {
         let id = hex::encode(rand::random::<[u8; 16]>());
-        let payload = format!("{id}.{now}");
+        let payload = format!("{id}.{now}.{who}");
         let tag = hex::encode(mac(&key(admin_token), "session", &payload).finalize().into_bytes());
         format!("{payload}.{tag}")
     }
@@ -79,7 +86,8 @@ impl Session {
     /// key and it has not expired at `now`.
     fn verify(admin_token: &str, value: &str, now: i64) -> Option<Session> {
         let (payload, tag) = value.rsplit_once('.')?;
-        let (id, issued) = payload.split_once('.')?;
+        let (id, rest) = payload.split_once('.')?;
+        let (issued, who) = rest.split_once('.')?;
         let issued: i64 = issued.parse().ok()?;
         let key = key(admin_token);
         mac(&key, "session", payload).verify_slice(&hex::decode(tag).ok()?).ok()?;
@@ -87,7 +95,34 @@ impl Session {
         if issued > now + 60 || now - issued >= SESSION_TTL {
             return None;
         }
-        Some(Session { id: id.to_owned(), key })
+        Some(Session { id: id.to_owned(), key, who: who.to_owned(), principal: None })
+    }
+
+    /// Look up whose session this is: the bootstrap admin, or a stored token that is still
+    /// valid (`None`: revoked, expired or deleted, and the session ends with it).
+    async fn resolve(mut self, state: &AppState) -> Result<Option<Session>, ApiError> {
+        let principal = if self.who == tokens::BOOTSTRAP_NAME {
+            Some(Principal::bootstrap())
+        } else {
+            match uuid::Uuid::parse_str(&self.who) {
+                Ok(id) => tokens::sql::principal_by_id(&state.pool, id).await?,
+                Err(_) => None,
+            }
+        };
+        Ok(principal.map(|p| {
+            self.principal = Some(p);
+            self
+        }))
+    }
+
+    /// What this session's token may do.
+    pub fn scope(&self) -> Scope {
+        self.principal.as_ref().map_or(Scope::Read, |p| p.scope)
+    }
+
+    /// Whose session, as the audit log names it.
+    pub fn actor(&self) -> &str {
+        self.principal.as_ref().map_or("unknown", |p| p.name.as_str())
     }
 
     /// This session's CSRF token, for the hidden field of every form.
@@ -152,16 +187,25 @@ pub async fn audit(
     let address =
         request.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip().to_string());
     let request_id = request.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let had_session =
-        cookie_value(request.headers()).and_then(|v| Session::verify(&state.admin_token, v, now())).is_some();
+    let before = cookie_value(request.headers()).and_then(|v| Session::verify(&state.admin_token, v, now()));
     let response = next.run(request).await;
-    let signed_in = response
+    // Signing in sets the session whose actor it was.
+    let set = response
         .headers()
         .get_all(header::SET_COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .any(|c| c.starts_with(&format!("{COOKIE}=")) && !c.contains("Max-Age=0"));
-    let actor = if had_session || signed_in { crate::tokens::BOOTSTRAP_NAME } else { "unknown" };
+        .find_map(|c| c.strip_prefix(&format!("{COOKIE}=")).and_then(|rest| rest.split(';').next()))
+        .filter(|v| !v.is_empty())
+        .and_then(|v| Session::verify(&state.admin_token, v, now()));
+    let actor = match set.or(before) {
+        Some(session) => match session.resolve(&state).await {
+            Ok(Some(session)) => session.actor().to_owned(),
+            _ => "unknown".to_owned(),
+        },
+        None => "unknown".to_owned(),
+    };
+    let actor = actor.as_str();
     let entry = crate::audit::Entry {
         actor,
         via: crate::audit::Via::Console,
@@ -189,8 +233,32 @@ impl FromRequestParts<AppState> for Session {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        match cookie_value(&parts.headers).and_then(|v| Session::verify(&state.admin_token, v, now())) {
-            Some(session) => Ok(session),
+        let verified = cookie_value(&parts.headers).and_then(|v| Session::verify(&state.admin_token, v, now()));
+        let resolved = match verified {
+            Some(session) => session.resolve(state).await.map_err(|e| ConsoleError(e).into_response())?,
+            None => None,
+        };
+        match resolved {
+            Some(session) => {
+                let route = parts
+                    .extensions
+                    .get::<axum::extract::MatchedPath>()
+                    .map_or_else(|| parts.uri.path().to_owned(), |m| m.as_str().to_owned());
+                let needed = tokens::required(&parts.method, &route);
+                if session.scope() < needed {
+                    return Err(ConsoleError(ApiError::new(
+                        ErrorCode::Forbidden,
+                        format!(
+                            "signed in as {:?} with the scope {}; this needs {}",
+                            session.actor(),
+                            session.scope().as_str(),
+                            needed.as_str()
+                        ),
+                    ))
+                    .into_response());
+                }
+                Ok(session)
+            }
             // Signing in brings the operator back to the page asked for (a deep link).
             None if parts.method == axum::http::Method::GET => {
                 // The URI as the browser sent it (inside /console, `parts.uri` lacks the prefix).
@@ -283,23 +351,26 @@ pub async fn login(State(state): State<AppState>, request: Request) -> PageResul
     let axum::Form(form) = axum::Form::<LoginForm>::from_request(request, &state)
         .await
         .map_err(|e| ConsoleError(ApiError::new(ErrorCode::BadRequest, e.body_text())))?;
-    use subtle::ConstantTimeEq;
-    let good: bool = form.token.trim().as_bytes().ct_eq(state.admin_token.as_bytes()).into();
-    if !good {
-        tracing::warn!("console: sign-in with a wrong admin token");
-        let mut response =
-            render(&LoginPage { error: Some("That is not the admin token."), next: safe_next(form.next.as_deref()) })?;
+    // Any valid token signs in: the bootstrap admin token or a scoped one (the console
+    // then shows and allows what its scope allows).
+    let Some(principal) = crate::api::auth::principal_of(&state, form.token.trim()).await.map_err(ConsoleError)? else {
+        tracing::warn!("console: sign-in with an unknown, revoked or expired token");
+        let mut response = render(&LoginPage {
+            error: Some("That token is not known, or was revoked or has expired."),
+            next: safe_next(form.next.as_deref()),
+        })?;
         *response.status_mut() = StatusCode::UNAUTHORIZED;
         return Ok(response);
-    }
-    let value = Session::issue(&state.admin_token, now());
+    };
+    let who = principal.token_id.map_or_else(|| tokens::BOOTSTRAP_NAME.to_owned(), |id| id.to_string());
+    let value = Session::issue(&state.admin_token, now(), &who);
     let secure = if https { "; Secure" } else { "" };
     let cookie = format!("{COOKIE}={value}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={SESSION_TTL}{secure}");
     let mut response = see_other(safe_next(form.next.as_deref()));
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         response.headers_mut().insert(header::SET_COOKIE, v);
     }
-    tracing::info!("console: signed in");
+    tracing::info!(actor = %principal.name, scope = principal.scope.as_str(), "console: signed in");
     Ok(response)
 }
 
@@ -352,7 +423,7 @@ mod tests {
 
     #[test]
     fn a_session_verifies_under_its_token_only_and_expires() {
-        let value = Session::issue(TOKEN, 1_000_000);
+        let value = Session::issue(TOKEN, 1_000_000, "admin");
         assert!(Session::verify(TOKEN, &value, 1_000_000).is_some());
         assert!(Session::verify(TOKEN, &value, 1_000_000 + SESSION_TTL - 1).is_some());
         assert!(Session::verify(TOKEN, &value, 1_000_000 + SESSION_TTL).is_none(), "expired");
@@ -360,15 +431,20 @@ mod tests {
         // A changed id or time breaks the signature.
         let (payload, tag) = value.rsplit_once('.').unwrap();
         let (id, _) = payload.split_once('.').unwrap();
-        assert!(Session::verify(TOKEN, &format!("{id}.1000001.{tag}"), 1_000_000).is_none());
+        assert!(Session::verify(TOKEN, &format!("{id}.1000001.admin.{tag}"), 1_000_000).is_none());
+        // Nor can a session be moved to another token.
+        assert!(
+            Session::verify(TOKEN, &format!("{id}.1000000.0190a1b2-0000-7000-8000-000000000000.{tag}"), 1_000_000)
+                .is_none()
+        );
         assert!(Session::verify(TOKEN, "garbage", 1_000_000).is_none());
         assert!(!value.contains(TOKEN));
     }
 
     #[test]
     fn csrf_tokens_are_per_session() {
-        let a = Session::verify(TOKEN, &Session::issue(TOKEN, 5), 5).unwrap();
-        let b = Session::verify(TOKEN, &Session::issue(TOKEN, 5), 5).unwrap();
+        let a = Session::verify(TOKEN, &Session::issue(TOKEN, 5, "admin"), 5).unwrap();
+        let b = Session::verify(TOKEN, &Session::issue(TOKEN, 5, "admin"), 5).unwrap();
         assert!(a.csrf_ok(&a.csrf_token()));
         assert!(!a.csrf_ok(&b.csrf_token()));
         assert!(!a.csrf_ok(""));

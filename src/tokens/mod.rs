@@ -8,8 +8,9 @@
 //! | `operate` | `read`, and redeliver, unblock, pause, resume, recover, send a test, try a filter or a transformation |
 //! | `admin` | everything: sources, endpoints, subscriptions, secrets, publishing, tokens, the audit log |
 //!
-//! [`required`] is the one table of which call needs which scope; the API's middleware
-//! (`api::auth`) enforces it and the OpenAPI document states it from the same table.
+//! [`required`] is the one table of which call needs which scope, for the API and the
+//! console alike; the API's middleware (`api::auth`) and the console's session
+//! (`console::session`) enforce it, and the OpenAPI document states it from the same table.
 //! A token is looked up by its hash on every call (no cache), so a revoked or expired
 //! token stops working at once on every replica.
 
@@ -59,12 +60,14 @@ pub struct Principal {
     pub name: String,
     /// What it may do.
     pub scope: Scope,
+    /// The stored token's id (`None`: the bootstrap token).
+    pub token_id: Option<uuid::Uuid>,
 }
 
 impl Principal {
     /// The bootstrap admin token's caller.
     pub fn bootstrap() -> Principal {
-        Principal { name: BOOTSTRAP_NAME.to_owned(), scope: Scope::Admin }
+        Principal { name: BOOTSTRAP_NAME.to_owned(), scope: Scope::Admin, token_id: None }
     }
 }
 
@@ -101,10 +104,18 @@ pub fn required(method: &Method, route: &str) -> Scope {
         "/v1/filters/test",
         "/v1/transforms/test",
     ];
+    const CONSOLE_OPERATE: &[&str] = &[
+        "/console/deliveries/{id}/redeliver",
+        "/console/dead/redeliver",
+        "/console/endpoints/{id}/pause",
+        "/console/endpoints/{id}/resume",
+        "/console/endpoints/{id}/recover",
+        "/console/endpoints/{id}/test",
+    ];
     const ADMIN_READS: &[&str] = &["/v1/tokens", "/v1/audit"];
     if *method == Method::GET || *method == Method::HEAD {
         if ADMIN_READS.contains(&route) { Scope::Admin } else { Scope::Read }
-    } else if *method == Method::POST && OPERATE.contains(&route) {
+    } else if *method == Method::POST && (OPERATE.contains(&route) || CONSOLE_OPERATE.contains(&route)) {
         Scope::Operate
     } else {
         Scope::Admin
@@ -133,6 +144,9 @@ mod tests {
         assert_eq!(required(&Method::POST, "/v1/endpoints/{id}/rotate-secret"), Scope::Admin);
         assert_eq!(required(&Method::DELETE, "/v1/endpoints/{id}"), Scope::Admin);
         assert_eq!(required(&Method::POST, "/v1/unknown"), Scope::Admin);
+        assert_eq!(required(&Method::GET, "/console/endpoints/{id}"), Scope::Read);
+        assert_eq!(required(&Method::POST, "/console/endpoints/{id}/pause"), Scope::Operate);
+        assert_eq!(required(&Method::POST, "/console/endpoints/{id}/rotate-secret"), Scope::Admin);
         assert!(Scope::Read < Scope::Operate && Scope::Operate < Scope::Admin);
         for s in Scope::ALL {
             assert_eq!(Scope::parse(s.as_str()), Some(s));

@@ -67,12 +67,25 @@ pub async fn revoke(db: impl PgExecutor<'_>, id_or_name: &str) -> Result<Option<
 
 /// The caller a token hash stands for, if it is known, not revoked and not expired.
 pub async fn principal(db: impl PgExecutor<'_>, token_hash: &[u8]) -> Result<Option<Principal>, sqlx::Error> {
-    let row: Option<(String, String)> = crate::db::query_as(
-        "SELECT name, scope FROM api_tokens
+    let row: Option<(uuid::Uuid, String, String)> = crate::db::query_as(
+        "SELECT id, name, scope FROM api_tokens
          WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
     )
     .bind(token_hash)
     .fetch_optional(db)
     .await?;
-    Ok(row.and_then(|(name, scope)| Scope::parse(&scope).map(|scope| Principal { name, scope })))
+    Ok(row
+        .and_then(|(id, name, scope)| Scope::parse(&scope).map(|scope| Principal { name, scope, token_id: Some(id) })))
+}
+
+/// The caller of the stored token `id` (a console session's), if it is still valid.
+pub async fn principal_by_id(db: impl PgExecutor<'_>, id: uuid::Uuid) -> Result<Option<Principal>, sqlx::Error> {
+    let row: Option<(String, String)> = crate::db::query_as(
+        "SELECT name, scope FROM api_tokens
+         WHERE id = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.and_then(|(name, scope)| Scope::parse(&scope).map(|scope| Principal { name, scope, token_id: Some(id) })))
 }

@@ -227,3 +227,95 @@ async fn the_cli_creates_lists_and_revokes_tokens_and_is_audited() {
     assert_eq!(actions, [("tokens revoke", 200), ("tokens create", 409), ("tokens create", 201)], "{log}");
     assert!(log["data"].as_array().unwrap().iter().all(|e| e["via"] == "cli"));
 }
+
+/// The console signs in with any valid token and shows and allows what its scope allows,
+/// by the same table as the API; revoking the token ends its sessions at once.
+#[tokio::test]
+async fn the_console_signs_in_with_a_scoped_token_and_allows_what_its_scope_allows() {
+    use reqwest::redirect::Policy;
+    let app = TestApp::spawn().await;
+    let created = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/hook"}), 201).await;
+    let ep = created["id"].as_str().unwrap().to_owned();
+    let client = reqwest::Client::builder().redirect(Policy::none()).build().unwrap();
+    let sign_in = |token: String| {
+        let client = client.clone();
+        let url = app.url("/console/login");
+        async move {
+            let response = client.post(url).form(&[("token", token.as_str())]).send().await.unwrap();
+            let status = response.status().as_u16();
+            let cookie = response
+                .headers()
+                .get("set-cookie")
+                .map(|v| v.to_str().unwrap().split(';').next().unwrap().to_owned())
+                .unwrap_or_default();
+            (status, cookie)
+        }
+    };
+    let page = |cookie: String, path: String| {
+        let client = client.clone();
+        let url = app.url(&path);
+        async move {
+            let response = client.get(url).header("cookie", cookie).send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
+    let csrf = |html: &str| {
+        let at = html.find("name=\"csrf\" value=\"").expect("a form") + "name=\"csrf\" value=\"".len();
+        html[at..at + 64].to_owned()
+    };
+    let post = |cookie: String, path: String, csrf: String| {
+        let client = client.clone();
+        let url = app.url(&path);
+        async move {
+            client
+                .post(url)
+                .header("cookie", cookie)
+                .form(&[("csrf", csrf.as_str())])
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+
+    // Unknown tokens do not sign in.
+    assert_eq!(sign_in("wgt_nope".into()).await.0, 401);
+    // A read token: the pages, without their operate and admin forms; a forged post is refused.
+    let read = token(&app, "viewer", "read").await;
+    let (status, viewer) = sign_in(read.clone()).await;
+    assert_eq!(status, 303);
+    let (status, html) = page(viewer.clone(), format!("/console/endpoints/{ep}")).await;
+    assert_eq!(status, 200);
+    assert!(html.contains("viewer") && !html.contains("id=\"pause\"") && !html.contains("id=\"rotate\""), "{html}");
+    assert_eq!(post(viewer.clone(), format!("/console/endpoints/{ep}/pause"), csrf(&html)).await, 403);
+    assert_eq!(app.admin_get(&format!("/v1/endpoints/{ep}")).await["paused"], false);
+    // An operate token pauses, but does not rotate.
+    let operate = token(&app, "pager", "operate").await;
+    let (_, pager) = sign_in(operate).await;
+    let (_, html) = page(pager.clone(), format!("/console/endpoints/{ep}")).await;
+    assert!(html.contains("id=\"pause\"") && !html.contains("id=\"rotate\""), "{html}");
+    assert_eq!(post(pager.clone(), format!("/console/endpoints/{ep}/pause"), csrf(&html)).await, 303);
+    assert_eq!(app.admin_get(&format!("/v1/endpoints/{ep}")).await["paused"], true);
+    assert_eq!(post(pager.clone(), format!("/console/endpoints/{ep}/rotate-secret"), csrf(&html)).await, 403);
+    // In the audit log under their own names.
+    let log = app.admin_get("/v1/audit?actor=pager").await;
+    let got: Vec<(String, i64)> = log["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap().to_owned(), e["status"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("POST /console/endpoints/{id}/rotate-secret".to_owned(), 403),
+            ("POST /console/endpoints/{id}/pause".to_owned(), 303),
+            ("POST /console/login".to_owned(), 303),
+        ]
+    );
+    // Revoked: the session ends at once.
+    app.admin(Method::DELETE, "/v1/tokens/viewer", None).await;
+    let (status, _) = page(viewer, "/console/events".into()).await;
+    assert_eq!(status, 303, "back to the sign-in page");
+}

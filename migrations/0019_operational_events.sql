@@ -1,6 +1,10 @@
 -- The gateway's own events (src/operational): published under the built-in source
--- `_gateway`, delivered like any other event to the endpoints that subscribe to it.
-INSERT INTO sources (name, kind, spec) VALUES ('_gateway', 'internal', '{"kind": "internal"}');
+-- `_gateway`, delivered like any other event to the endpoints whose subscriptions name
+-- it. Its id is fixed, so the fan-out can leave it out of the subscriptions to every
+-- source with a constant (operational::SOURCE_ID): who asked for every source asked for
+-- webhooks, not for the gateway's own news.
+INSERT INTO sources (id, name, kind, spec)
+VALUES ('00000000-0000-7000-8000-00000000ca7e', '_gateway', 'internal', '{"kind": "internal"}');
 
 -- Where each check of the publisher stands, one row per check: how far a windowed check
 -- has looked (`until`), and since when a condition has been raised (`raised_at`, NULL

@@ -26,6 +26,7 @@ mod filters;
 mod overview;
 pub mod session;
 mod sources;
+mod tokens;
 mod transforms;
 
 use askama::Template;
@@ -63,6 +64,9 @@ pub fn router() -> Router<AppState> {
         .route("/dead", get(dead::list))
         .route("/dead/redeliver", post(dead::redeliver))
         .route("/sources", get(sources::list))
+        .route("/tokens", get(tokens::list).post(tokens::create))
+        .route("/tokens/{id}/revoke", post(tokens::revoke))
+        .route("/audit", get(tokens::audit_log))
         .route("/filters", get(filters::page))
         .route("/transforms", get(transforms::page))
         .route("/static/console.js", get(script))

@@ -1,7 +1,8 @@
 //! The gateway's own events ("operational webhooks"): what an on-call engineer wants to
 //! hear about, published as events of the built-in source [`SOURCE`] and delivered like
 //! any other (signed, retried, fair, optionally ordered, through filters and
-//! transformations) to the endpoints whose subscriptions name that source.
+//! transformations) to the endpoints whose subscriptions name that source (a subscription
+//! to every source does not get them).
 //!
 //! | event type | when |
 //! | --- | --- |
@@ -45,6 +46,11 @@ use crate::store::events::NewEvent;
 
 /// The built-in source the gateway publishes its own events under.
 pub const SOURCE: &str = "_gateway";
+
+/// [`SOURCE`]'s id, fixed by migration 0019 so that the fan-out (`queue::fanout`) can
+/// leave it out of the subscriptions to every source with a constant: only subscriptions
+/// that name `_gateway` receive its events.
+pub const SOURCE_ID: uuid::Uuid = uuid::Uuid::from_u128(0x00000000_0000_7000_8000_00000000ca7e);
 
 /// Name of the lease whose holder runs the fleet-wide checks.
 pub const LEASE_NAME: &str = "operational";
@@ -363,4 +369,14 @@ pub async fn paused_changed(
 
 fn chrono_of(d: Duration) -> chrono::Duration {
     chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_source_id_is_the_one_the_fan_out_leaves_out() {
+        let id = super::SOURCE_ID.to_string();
+        assert_eq!(id, "00000000-0000-7000-8000-00000000ca7e");
+        assert!(crate::queue::fanout::FANOUT.matches(id.as_str()).count() == 2);
+    }
 }

@@ -39,13 +39,17 @@ pub const FANOUT: &str = "
             SELECT b.id, wg_event_doc(ev.source_id, ev.event_type, b.headers, b.payload) AS doc
             FROM ev JOIN bodies b ON b.id = ev.id
             WHERE EXISTS (SELECT 1 FROM subscriptions f
-                          WHERE f.filter IS NOT NULL AND (f.source_id IS NULL OR f.source_id = ev.source_id))
+                          WHERE f.filter IS NOT NULL
+                            AND (f.source_id = ev.source_id
+                                 OR (f.source_id IS NULL AND ev.source_id <> '00000000-0000-7000-8000-00000000ca7e')))
         ), targets AS (
             SELECT ev.id AS event_id, ev.ord, s.endpoint_id,
                    CASE WHEN bool_or(s.ordered) THEN ev.ordering_key END AS ordering_key,
                    bool_or(s.ordered AND s.ordered_on_dead = 'block') AS blocks_on_dead,
                    (array_agg(s.id ORDER BY s.id) FILTER (WHERE s.transform IS NOT NULL))[1] AS transform_by
-            FROM ev JOIN subscriptions s ON s.source_id IS NULL OR s.source_id = ev.source_id
+            FROM ev JOIN subscriptions s
+                ON s.source_id = ev.source_id
+                   OR (s.source_id IS NULL AND ev.source_id <> '00000000-0000-7000-8000-00000000ca7e')
             WHERE (s.event_type_likes IS NULL
                    OR EXISTS (SELECT 1 FROM unnest(s.event_type_likes) AS p(pattern) WHERE ev.event_type LIKE p.pattern))
               AND (s.filter IS NULL

@@ -112,7 +112,7 @@ pub fn required(method: &Method, route: &str) -> Scope {
         "/console/endpoints/{id}/recover",
         "/console/endpoints/{id}/test",
     ];
-    const ADMIN_READS: &[&str] = &["/v1/tokens", "/v1/audit"];
+    const ADMIN_READS: &[&str] = &["/v1/tokens", "/v1/audit", "/console/tokens", "/console/audit"];
     if *method == Method::GET || *method == Method::HEAD {
         if ADMIN_READS.contains(&route) { Scope::Admin } else { Scope::Read }
     } else if *method == Method::POST && (OPERATE.contains(&route) || CONSOLE_OPERATE.contains(&route)) {
@@ -147,6 +147,8 @@ mod tests {
         assert_eq!(required(&Method::GET, "/console/endpoints/{id}"), Scope::Read);
         assert_eq!(required(&Method::POST, "/console/endpoints/{id}/pause"), Scope::Operate);
         assert_eq!(required(&Method::POST, "/console/endpoints/{id}/rotate-secret"), Scope::Admin);
+        assert_eq!(required(&Method::GET, "/console/tokens"), Scope::Admin);
+        assert_eq!(required(&Method::POST, "/console/tokens/{id}/revoke"), Scope::Admin);
         assert!(Scope::Read < Scope::Operate && Scope::Operate < Scope::Admin);
         for s in Scope::ALL {
             assert_eq!(Scope::parse(s.as_str()), Some(s));

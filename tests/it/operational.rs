@@ -43,6 +43,9 @@ async fn a_circuit_that_opens_and_closes_and_a_pause_reach_the_subscriber_once_e
     let app = TestApp::spawn().await;
     let ops = Sink::ok().await;
     ops_endpoint(&app, &ops.url("/ops")).await;
+    // Subscribed to every source: webhooks, not the gateway's own events.
+    let everything = Sink::ok().await;
+    app.endpoint_for(&everything.url("/all"), None).await;
     let healthy = Arc::new(AtomicBool::new(false));
     let flag = healthy.clone();
     let shop =
@@ -85,6 +88,7 @@ async fn a_circuit_that_opens_and_closes_and_a_pause_reach_the_subscriber_once_e
         assert!(r.header("webhook-signature").starts_with("v1,"), "signed like any delivery");
         assert!(!r.header("webhook-id").is_empty());
     }
+    assert_eq!(everything.count(), 0, "a subscription to every source gets no operational event");
     // Findable like any event.
     let found = app.admin_get("/v1/events?source=_gateway&event_type=endpoint.circuit.*").await;
     assert_eq!(found["data"].as_array().unwrap().len(), 2, "{found}");

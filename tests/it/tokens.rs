@@ -319,3 +319,71 @@ async fn the_console_signs_in_with_a_scoped_token_and_allows_what_its_scope_allo
     let (status, _) = page(viewer, "/console/events".into()).await;
     assert_eq!(status, 303, "back to the sign-in page");
 }
+
+/// Admins manage tokens and read the audit log in the console; others do not see them.
+#[tokio::test]
+async fn the_console_creates_and_revokes_tokens_and_shows_the_audit_log_to_admins_only() {
+    let app = TestApp::spawn().await;
+    let cookie = crate::console::sign_in(&app).await;
+    let (status, html) = crate::console::page(&app, &cookie, "/console/tokens").await;
+    assert_eq!(status, 200);
+    let csrf = {
+        let at = html.find("name=\"csrf\" value=\"").expect("a form") + "name=\"csrf\" value=\"".len();
+        html[at..at + 64].to_owned()
+    };
+    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let create = |fields: Vec<(&'static str, String)>| {
+        let client = client.clone();
+        let (url, cookie) = (app.url("/console/tokens"), cookie.clone());
+        async move {
+            let response = client.post(url).header("cookie", cookie).form(&fields).send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
+    // Typed wrong: the reason, and the name kept.
+    let (status, html) =
+        create(vec![("csrf", csrf.clone()), ("name", "bad/name".into()), ("scope", "read".into())]).await;
+    assert_eq!(status, 200);
+    assert!(html.contains("id=\"problem\"") && html.contains("value=\"bad/name\""), "{html}");
+    // Created: shown once, working, listed without it.
+    let (status, html) = create(vec![
+        ("csrf", csrf.clone()),
+        ("name", "wallboard".into()),
+        ("scope", "read".into()),
+        ("expires_in_days", "30".into()),
+    ])
+    .await;
+    assert_eq!(status, 200);
+    let at = html.find("id=\"new-token\">").expect("the token, once") + "id=\"new-token\">".len();
+    let token = html[at..].split('<').next().unwrap().to_owned();
+    assert!(token.starts_with("wgt_"), "{token}");
+    assert_eq!(call(&app, &Method::GET, "/v1/endpoints", Some(&token)).await, 200);
+    let (_, listed) = crate::console::page(&app, &cookie, "/console/tokens").await;
+    assert!(listed.contains("wallboard") && !listed.contains(&token), "{listed}");
+    // A read session sees neither page nor link.
+    let read_cookie = {
+        let response = client.post(app.url("/console/login")).form(&[("token", token.as_str())]).send().await.unwrap();
+        response.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_owned()
+    };
+    let (status, overview) = crate::console::page(&app, &read_cookie, "/console").await;
+    assert_eq!(status, 200);
+    assert!(!overview.contains("/console/tokens") && !overview.contains("/console/audit"), "{overview}");
+    assert_eq!(crate::console::page(&app, &read_cookie, "/console/tokens").await.0, 403);
+    assert_eq!(crate::console::page(&app, &read_cookie, "/console/audit").await.0, 403);
+    // Revoked from the console: it stops at once.
+    let id = app.admin_get("/v1/tokens").await["data"][0]["id"].as_str().unwrap().to_owned();
+    let revoke = client
+        .post(app.url(&format!("/console/tokens/{id}/revoke")))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoke.status().as_u16(), 303);
+    assert_eq!(call(&app, &Method::GET, "/v1/endpoints", Some(&token)).await, 401);
+    // And the audit page tells it.
+    let (status, audit) = crate::console::page(&app, &cookie, "/console/audit?actor=admin").await;
+    assert_eq!(status, 200);
+    assert!(audit.contains("POST /console/tokens/{id}/revoke") && audit.contains("POST /console/tokens"), "{audit}");
+    assert!(!audit.contains(&token), "never the token");
+}

@@ -226,7 +226,7 @@ async fn a_search_reads_the_matching_events_not_the_window() {
         sqlx::query("ANALYZE events").execute(&db.pool).await.expect("analyze");
         // New keys wait in the index's pending list (fastupdate) until autovacuum or the
         // list's size limit merges them; a search reads that list whole, a cost bounded
-        // by gin_pending_list_limit (4 MB), not by the window. Merged here, as autovacuum
+        // by the index's gin_pending_list_limit (16 MB), not by the window. Merged here, as autovacuum
         // would, to see the index itself.
         sqlx::query("SELECT gin_clean_pending_list('events_search')").execute(&db.pool).await.expect("merge");
         let wanted = webhook_gateway::search::Condition::payload(&format!("order.id=ord_{}", total / 2))

@@ -66,6 +66,22 @@ pub async fn record(db: impl PgExecutor<'_>, entry: &Entry<'_>) -> Result<(), sq
     Ok(())
 }
 
+/// Record `entry` after its call was answered, giving up after `within` (in a partition
+/// from the database an answer must not wait for its audit row): a gap is logged, loudly.
+pub async fn record_within(pool: &crate::db::Pool, within: std::time::Duration, entry: &Entry<'_>) {
+    match tokio::time::timeout(within, record(pool, entry)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, action = entry.action, target = entry.target,
+            actor = entry.actor, "the audit log could not record a change"),
+        Err(_) => tracing::error!(
+            action = entry.action,
+            target = entry.target,
+            actor = entry.actor,
+            "the audit log could not record a change: the database did not answer in time"
+        ),
+    }
+}
+
 /// A recorded entry.
 #[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, utoipa::ToSchema)]
 pub struct Recorded {

@@ -318,6 +318,9 @@ async fn tokens_command(args: webhook_gateway::config::TokensArgs) -> anyhow::Re
         };
         match args.action {
             TokensAction::Create { name, scope, expires_in_days } => {
+                if let Some(problem) = tokens::name_problem(&name) {
+                    anyhow::bail!("--name: {problem}");
+                }
                 let scope = tokens::Scope::parse(&scope)
                     .ok_or_else(|| anyhow::anyhow!("--scope must be read, operate or admin, not {scope:?}"))?;
                 let expires_at =

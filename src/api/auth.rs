@@ -65,19 +65,8 @@ pub async fn authorize(State(state): State<AppState>, mut request: Request, next
             address,
             request_id: request_id.as_deref(),
         };
-        // Bounded like the call itself: in a partition from the database the answer (a 503
-        // by then) must not wait for its audit row. A gap is logged, loudly.
-        match tokio::time::timeout(state.db_timeout, audit::record(&state.pool, &entry)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, action = entry.action, target = entry.target,
-                actor = entry.actor, "the audit log could not record a call"),
-            Err(_) => tracing::error!(
-                action = entry.action,
-                target = entry.target,
-                actor = entry.actor,
-                "the audit log could not record a call: the database did not answer in time"
-            ),
-        }
+        // Bounded like the call itself: a 503 by then must not wait for its audit row.
+        audit::record_within(&state.pool, state.db_timeout, &entry).await;
     }
     response
 }

@@ -66,15 +66,8 @@ pub async fn create(
     ApiJson(body): ApiJson<NewToken>,
 ) -> Result<(StatusCode, Json<CreatedToken>), ApiError> {
     let name = body.name.trim();
-    let valid = !name.is_empty()
-        && name.len() <= 100
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ' '));
-    if !valid || name == tokens::BOOTSTRAP_NAME {
-        return Err(ApiError::validation(
-            "name",
-            "1-100 characters: letters, digits, '.', '_', '-' and spaces, starting with a letter or digit; not `admin`",
-        ));
+    if let Some(problem) = tokens::name_problem(name) {
+        return Err(ApiError::validation("name", problem));
     }
     if body.expires_at.is_some_and(|t| t <= Utc::now()) {
         return Err(ApiError::validation("expires_at", "must be in the future"));

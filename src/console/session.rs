@@ -215,17 +215,7 @@ pub async fn audit(
         address,
         request_id: request_id.as_deref(),
     };
-    match tokio::time::timeout(state.db_timeout, crate::audit::record(&state.pool, &entry)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, action = entry.action, target = entry.target, "the audit log could not record a console form")
-        }
-        Err(_) => tracing::error!(
-            action = entry.action,
-            target = entry.target,
-            "the audit log could not record a console form: the database did not answer in time"
-        ),
-    }
+    crate::audit::record_within(&state.pool, state.db_timeout, &entry).await;
     response
 }
 

@@ -84,13 +84,8 @@ pub async fn create(State(state): State<AppState>, Posted(session, form): Posted
     let name = form.name.trim().to_owned();
     let scope = Scope::parse(&form.scope);
     let days = non_empty(form.expires_in_days.clone()).map(|d| d.trim().parse::<u32>());
-    let problem = if name.is_empty()
-        || name.len() > 100
-        || name == tokens::BOOTSTRAP_NAME
-        || !name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ' '))
-    {
-        Some("A name is 1-100 letters, digits, '.', '_', '-' or spaces, starting with a letter or digit (not admin).")
+    let problem = if let Some(problem) = tokens::name_problem(&name) {
+        Some(problem)
     } else if scope.is_none() {
         Some("Choose a scope.")
     } else if matches!(days, Some(Err(_)) | Some(Ok(0))) {

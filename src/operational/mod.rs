@@ -103,17 +103,13 @@ pub async fn run(pool: Pool, settings: OperationalSettings, instance: String, mu
         return;
     }
     let mut leadership = Leadership::new(LEASE_NAME, instance.clone(), (settings.tick * 3).max(Duration::from_secs(3)));
-    let mut source: Option<SourceId> = None;
+    let source = SourceId(SOURCE_ID);
     loop {
         tokio::select! {
             () = tokio::time::sleep(settings.tick) => {}
             _ = stop.wait_for(|s| *s) => break,
         }
         let round = async {
-            let source = match source {
-                Some(s) => s,
-                None => *source.insert(source_id(&pool).await?),
-            };
             let published = refusals(&pool, source, &settings, &instance).await?
                 + if leadership.leads(&pool).await { fleet_checks(&pool, source, &settings).await? } else { 0 };
             if published > 0 {
@@ -134,16 +130,10 @@ pub async fn run(pool: Pool, settings: OperationalSettings, instance: String, mu
     }
 }
 
-/// The id of [`SOURCE`].
-async fn source_id(pool: &Pool) -> Result<SourceId, sqlx::Error> {
-    crate::db::query_scalar("SELECT id FROM sources WHERE name = $1").bind(SOURCE).fetch_one(pool).await
-}
-
 /// The checks of the fleet's state, run by the lease holder (and by tests, racing); the
 /// events published. Safe to run anywhere at any time: each check locks its state row.
 pub async fn check_fleet(pool: &Pool, settings: &OperationalSettings) -> Result<usize, sqlx::Error> {
-    let source = source_id(pool).await?;
-    fleet_checks(pool, source, settings).await
+    fleet_checks(pool, SourceId(SOURCE_ID), settings).await
 }
 
 async fn fleet_checks(pool: &Pool, source: SourceId, settings: &OperationalSettings) -> Result<usize, sqlx::Error> {
@@ -359,8 +349,7 @@ pub async fn paused_changed(
     paused: bool,
     at: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
-    let source: SourceId =
-        crate::db::query_scalar("SELECT id FROM sources WHERE name = $1").bind(SOURCE).fetch_one(&mut *tx).await?;
+    let source = SourceId(SOURCE_ID);
     let event_type = if paused { "endpoint.paused" } else { "endpoint.resumed" };
     let key = format!("{event_type}:{id}:{}", at.timestamp_micros());
     publish(tx, source, event_type, &key, Some(&line_of(id)), json!({"endpoint": endpoint(id, url), "at": at})).await?;

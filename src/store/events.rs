@@ -67,6 +67,25 @@ pub fn insert_sql() -> String {
     )
 }
 
+/// [`insert_sql`] with `event` and its search `terms` bound, in the statement's order.
+fn bound_insert<'q>(
+    sql: &'q str,
+    event: &'q NewEvent<'q>,
+    terms: &'q [i64],
+) -> sqlx::query::QueryAs<'q, Postgres, (EventId, bool, i64), sqlx::postgres::PgArguments> {
+    crate::db::query_as(sql)
+        .bind(event.source_id)
+        .bind(event.dedupe_key)
+        .bind(event.event_type)
+        .bind(event.content_type)
+        .bind(Json(event.headers))
+        .bind(event.payload)
+        .bind(event.ordering_key)
+        .bind(event.trace.map(|t| t.traceparent.as_str()))
+        .bind(event.trace.and_then(|t| t.tracestate.as_deref()))
+        .bind(terms)
+}
+
 /// Store an event and one delivery per matching subscription's endpoint, atomically.
 ///
 /// One statement, so one transaction: there is no state with the event but not its
@@ -83,19 +102,7 @@ where
     // Bounded: the only way round again is a twin that committed and was then deleted
     // (retention) between our two statements.
     for _ in 0..3 {
-        let row: Option<(EventId, bool, i64)> = crate::db::query_as(&insert)
-            .bind(event.source_id)
-            .bind(event.dedupe_key)
-            .bind(event.event_type)
-            .bind(event.content_type)
-            .bind(Json(event.headers))
-            .bind(event.payload)
-            .bind(event.ordering_key)
-            .bind(event.trace.map(|t| t.traceparent.as_str()))
-            .bind(event.trace.and_then(|t| t.tracestate.as_deref()))
-            .bind(&terms)
-            .fetch_optional(db)
-            .await?;
+        let row = bound_insert(&insert, event, &terms).fetch_optional(db).await?;
         if let Some((event_id, duplicate, deliveries)) = row {
             return Ok(Stored { event_id, duplicate, deliveries });
         }
@@ -114,19 +121,7 @@ where
 /// (`crate::operational`), whose keys no producer races for.
 pub async fn insert_in(conn: &mut sqlx::PgConnection, event: &NewEvent<'_>) -> Result<Option<Stored>, sqlx::Error> {
     let terms = crate::search::terms(event.dedupe_key, event.headers, event.payload);
-    let row: Option<(EventId, bool, i64)> = crate::db::query_as(&insert_sql())
-        .bind(event.source_id)
-        .bind(event.dedupe_key)
-        .bind(event.event_type)
-        .bind(event.content_type)
-        .bind(Json(event.headers))
-        .bind(event.payload)
-        .bind(event.ordering_key)
-        .bind(event.trace.map(|t| t.traceparent.as_str()))
-        .bind(event.trace.and_then(|t| t.tracestate.as_deref()))
-        .bind(&terms)
-        .fetch_optional(conn)
-        .await?;
+    let row = bound_insert(&insert_sql(), event, &terms).fetch_optional(conn).await?;
     Ok(row.map(|(event_id, duplicate, deliveries)| Stored { event_id, duplicate, deliveries }))
 }
 
@@ -518,14 +513,11 @@ pub async fn summaries(db: impl PgExecutor<'_>, ids: &[EventId]) -> Result<Vec<E
 /// (`crate::operational`): one range scan of `events_received_at`, meant for short
 /// windows, such as the console's last few minutes.
 pub async fn received_since(db: impl PgExecutor<'_>, since: DateTime<Utc>) -> Result<i64, sqlx::Error> {
-    crate::db::query_scalar(
-        "SELECT count(*) FROM events
-         WHERE received_at >= $1 AND source_id <> (SELECT id FROM sources WHERE name = $2)",
-    )
-    .bind(since)
-    .bind(crate::operational::SOURCE)
-    .fetch_one(db)
-    .await
+    crate::db::query_scalar("SELECT count(*) FROM events WHERE received_at >= $1 AND source_id <> $2")
+        .bind(since)
+        .bind(crate::operational::SOURCE_ID)
+        .fetch_one(db)
+        .await
 }
 
 /// Store a synthetic test event in the `_test` source with one delivery, to `endpoint_id`

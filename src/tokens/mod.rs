@@ -74,6 +74,18 @@ impl Principal {
 /// The actor name of the bootstrap admin token.
 pub const BOOTSTRAP_NAME: &str = "admin";
 
+/// Why `name` cannot name a token (`None`: it can). The table's CHECK holds the same rule;
+/// this says it before the database does, in words.
+pub fn name_problem(name: &str) -> Option<&'static str> {
+    let valid = !name.is_empty()
+        && name.len() <= 100
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ' '));
+    (!valid || name == BOOTSTRAP_NAME).then_some(
+        "1-100 characters: letters, digits, '.', '_', '-' and spaces, starting with a letter or digit; not `admin`",
+    )
+}
+
 /// What every generated token starts with (so a scanner can recognise a leaked one).
 pub const PREFIX: &str = "wgt_";
 

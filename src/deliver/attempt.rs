@@ -140,12 +140,8 @@ async fn transform(job: &mut Claimed) -> Result<(), Observed> {
     let Some(script) = job.transform.as_deref() else {
         return Ok(());
     };
-    let webhook = crate::transforms::webhook(
-        &job.payload,
-        job.event_headers.as_ref().map(|h| &h.0),
-        &job.event_type,
-        Some(&job.source_name),
-    );
+    let webhook =
+        crate::transforms::webhook(&job.payload, job.event_headers.as_deref(), &job.event_type, Some(&job.source_name));
     match crate::transforms::run(script, webhook).await {
         Ok(body) => {
             job.payload = Bytes::from(body);

@@ -50,8 +50,9 @@ pub struct Claimed {
     /// The transformation to run on the event before sending (`crate::transforms`), when
     /// the subscription that made this delivery has one.
     pub transform: Option<String>,
-    /// The event's stored headers, claimed only with a transformation (its input).
-    pub event_headers: Option<sqlx::types::Json<serde_json::Value>>,
+    /// The event's stored headers as JSON text, claimed only with a transformation (its
+    /// input; as text, so they go into the handler's input without a parse and a print).
+    pub event_headers: Option<String>,
 }
 
 /// Columns a worker needs, from the claimed delivery `d`, its event `e`, endpoint `ep`
@@ -64,7 +65,7 @@ const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count 
      e.event_type, s.name AS source_name, e.content_type, e.payload, d.ordering_key IS NOT NULL AS ordered, \
      e.traceparent, e.tracestate, \
      (SELECT tr.transform FROM subscriptions tr WHERE tr.id = d.transform_by) AS transform, \
-     CASE WHEN d.transform_by IS NOT NULL THEN e.headers END AS event_headers";
+     CASE WHEN d.transform_by IS NOT NULL THEN e.headers::text END AS event_headers";
 
 /// How a claim shares the workers among endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

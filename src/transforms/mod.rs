@@ -6,9 +6,11 @@
 //! hostile or broken script can run away with, in the engine itself: time (an interrupt
 //! checked while it runs: [`TIME_LIMIT`]), memory ([`MEMORY_LIMIT`]) and stack depth
 //! ([`STACK_LIMIT`]). jq (`jaq`) has none of these: `def f: f; f` overflows the process's
-//! stack and aborts the gateway. Runs happen on a few threads of their own, one per core
-//! ([`run`]), each keeping a context warm per script ([`apply`]): a slow script holds one
-//! of them, never a thread that serves requests or deliveries.
+//! stack and aborts the gateway. A short run happens on the calling thread, cut off after
+//! a couple of milliseconds; any other on a few threads of their own, one per core
+//! ([`run`]); each thread keeps a context warm per script ([`apply`]). A slow script holds
+//! a transformation thread, and a thread that serves requests or deliveries at most once
+//! for a couple of milliseconds ([`run`]).
 //!
 //! The webhook a handler gets is the event's document, as filters see it:
 //! `{payload, headers, type, source}` (`payload` is null when the body is not JSON). What
@@ -60,6 +62,21 @@ pub fn check(script: &str) -> Result<(), String> {
 /// that failed: a failure may leave it in any state). The bounds hold per run. A handler
 /// therefore must not count on a fresh global scope.
 pub fn apply(script: &str, webhook: &str) -> Result<Vec<u8>, String> {
+    apply_within(script, webhook, TIME_LIMIT).map_err(|failed| failed.reason)
+}
+
+/// Why a run gave no body.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    /// The reason, as a delivery's error shows it.
+    pub reason: String,
+    /// The run was cut off by its time bound (rather than failing by itself).
+    pub timed_out: bool,
+}
+
+/// [`apply`] with a time bound of `limit` for this run (the other bounds as always).
+pub(crate) fn apply_within(script: &str, webhook: &str, limit: Duration) -> Result<Vec<u8>, Failed> {
+    let failed = |reason: String| Failed { reason, timed_out: false };
     WARM.with(|cell| {
         let mut warm = cell.borrow_mut();
         let found = warm.iter().position(|w| w.script == script && w.runs < WARM_RUNS);
@@ -67,11 +84,11 @@ pub fn apply(script: &str, webhook: &str) -> Result<Vec<u8>, String> {
             Some(at) => warm.remove(at),
             None => {
                 warm.retain(|w| w.script != script);
-                Warm::new(script)?
+                Warm::new(script).map_err(failed)?
             }
         };
         w.runs += 1;
-        w.arm();
+        w.arm(limit);
         let result = w.context.with(|ctx| {
             let run = || -> rquickjs::Result<Option<String>> {
                 let handler: Function = ctx.globals().get("handler")?;
@@ -80,8 +97,11 @@ pub fn apply(script: &str, webhook: &str) -> Result<Vec<u8>, String> {
                 ctx.json_stringify(output)?.map(|s| s.to_string()).transpose()
             };
             run().map_err(|e| match e {
-                rquickjs::Error::Exception => describe(&ctx, ctx.catch()),
-                other => other.to_string(),
+                rquickjs::Error::Exception => {
+                    let (reason, timed_out) = describe(&ctx, ctx.catch(), limit);
+                    Failed { reason, timed_out }
+                }
+                other => failed(other.to_string()),
             })
         });
         if result.is_ok() {
@@ -91,7 +111,7 @@ pub fn apply(script: &str, webhook: &str) -> Result<Vec<u8>, String> {
         }
         result?
             .map(String::into_bytes)
-            .ok_or_else(|| "handler returned nothing JSON can hold (undefined or a function)".into())
+            .ok_or_else(|| failed("handler returned nothing JSON can hold (undefined or a function)".into()))
     })
 }
 
@@ -128,34 +148,35 @@ impl Warm {
         })));
         let context = Context::full(&runtime).map_err(|e| format!("cannot start the script engine: {e}"))?;
         let warm = Warm { script: script.to_owned(), context, _runtime: runtime, deadline, epoch, runs: 0 };
-        warm.arm();
+        warm.arm(TIME_LIMIT);
         warm.context.with(|ctx| {
             ctx.eval::<(), _>(script).map_err(|e| match e {
-                rquickjs::Error::Exception => describe(&ctx, ctx.catch()),
+                rquickjs::Error::Exception => describe(&ctx, ctx.catch(), TIME_LIMIT).0,
                 other => other.to_string(),
             })
         })?;
         Ok(warm)
     }
 
-    /// Start the clock of one run.
-    fn arm(&self) {
-        let until = (self.epoch.elapsed() + TIME_LIMIT).as_nanos() as u64;
+    /// Start the clock of one run, which may take up to `limit`.
+    fn arm(&self, limit: Duration) {
+        let until = (self.epoch.elapsed() + limit).as_nanos() as u64;
         self.deadline.store(until, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
 /// The webhook a handler gets, as JSON: `{payload, headers, type, source}`. The body goes
 /// in as it came (not through a map that would sort its keys), so the handler sees the
-/// producer's order; `payload` is null when the body is not JSON.
-pub fn webhook(payload: &[u8], headers: Option<&serde_json::Value>, event_type: &str, source: Option<&str>) -> String {
+/// producer's order; `payload` is null when the body is not JSON. `headers` is the
+/// event's stored headers as JSON text (as the claim reads them), or none.
+pub fn webhook(payload: &[u8], headers: Option<&str>, event_type: &str, source: Option<&str>) -> String {
     let payload = match std::str::from_utf8(payload) {
         Ok(text) if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() => text,
         _ => "null",
     };
     format!(
         r#"{{"payload":{payload},"headers":{},"type":{},"source":{}}}"#,
-        headers.cloned().unwrap_or(serde_json::Value::Null),
+        headers.unwrap_or("null"),
         serde_json::Value::from(event_type),
         source.map_or(serde_json::Value::Null, serde_json::Value::from),
     )
@@ -205,26 +226,27 @@ fn in_runtime<T>(f: impl for<'js> FnOnce(&rquickjs::Ctx<'js>) -> rquickjs::Resul
     let context = Context::full(&runtime).map_err(|e| format!("cannot start the script engine: {e}"))?;
     context.with(|ctx| {
         f(&ctx).map_err(|e| match e {
-            rquickjs::Error::Exception => describe(&ctx, ctx.catch()),
+            rquickjs::Error::Exception => describe(&ctx, ctx.catch(), TIME_LIMIT).0,
             other => other.to_string(),
         })
     })
 }
 
-/// A thrown value as one line: its message and where (`line:column`), or what it was.
-fn describe<'js>(_ctx: &rquickjs::Ctx<'js>, thrown: Value<'js>) -> String {
+/// A thrown value as one line: its message and where (`line:column`), or what it was;
+/// and whether it is the interrupt of a run cut off after `limit`.
+fn describe<'js>(_ctx: &rquickjs::Ctx<'js>, thrown: Value<'js>, limit: Duration) -> (String, bool) {
     if let Some(exception) = thrown.as_exception() {
         let message = exception.message().unwrap_or_default();
-        let message =
-            if message == "interrupted" { format!("ran longer than {} ms", TIME_LIMIT.as_millis()) } else { message };
+        let timed_out = message == "interrupted";
+        let message = if timed_out { format!("ran longer than {} ms", limit.as_millis()) } else { message };
         let at = exception
             .stack()
             .and_then(|s| s.lines().next().map(|l| l.trim().trim_start_matches("at ").to_owned()))
             .map(|l| format!(" (at {l})"))
             .unwrap_or_default();
-        return format!("{message}{at}");
+        return (format!("{message}{at}"), timed_out);
     }
-    format!("threw {:?}", thrown.type_of())
+    (format!("threw {:?}", thrown.type_of()), false)
 }
 
 #[cfg(test)]
@@ -330,7 +352,7 @@ mod tests {
             event_type in "[a-z.]{1,12}",
         ) {
             let headers = serde_json::json!({"x-key": "k"});
-            let built = webhook(&body, Some(&headers), &event_type, Some("shop"));
+            let built = webhook(&body, Some(&headers.to_string()), &event_type, Some("shop"));
             let out = apply("function handler(w) { return w; }", &built).expect("identity");
             let got: serde_json::Value = serde_json::from_slice(&out).expect("JSON");
             let sent = serde_json::from_slice::<serde_json::Value>(&body).unwrap_or(serde_json::Value::Null);

@@ -1,5 +1,6 @@
-//! The transformation threads: one per core, started on first use, each keeping its own
-//! warm contexts ([`super::apply`]).
+//! Where runs happen: short ones on the caller's thread ([`run`]), the others on the
+//! transformation threads, one per core, started on first use, each keeping its own warm
+//! contexts ([`super::apply`]).
 //!
 //! **Why threads of their own.** A run is synchronous JavaScript that may take up to
 //! [`super::TIME_LIMIT`]. On the async runtime's threads it would stall every task queued
@@ -57,13 +58,67 @@ fn serve(rx: &Mutex<mpsc::Receiver<Job>>) {
     }
 }
 
-/// Run `script`'s `handler` on `webhook` on a transformation thread: the body to send, or
-/// why there is none (the bounds of [`super::apply`] hold).
-pub async fn run(script: impl Into<Arc<str>>, webhook: String) -> Result<Vec<u8>, String> {
+/// Run `script`'s `handler` on `webhook`: the body to send, or why there is none (the
+/// bounds of [`super::apply`] hold).
+///
+/// **Short runs stay on the caller's thread.** Handing a run to a transformation thread
+/// and its answer back costs two thread wake-ups, about as much CPU as a short handler
+/// itself (measured in bench row 15). So a small webhook ([`INLINE_BYTES`]) whose script
+/// has never been slow runs here, cut off after [`INLINE_LIMIT`]: a runtime thread is
+/// held at most that long. A script cut off here is remembered as slow ([`slow`]) and
+/// its runs, this one included, go to the transformation threads with the full bound.
+pub async fn run(script: &str, webhook: String) -> Result<Vec<u8>, String> {
+    if webhook.len() <= INLINE_BYTES && !slow::is(script) {
+        match super::apply_within(script, &webhook, INLINE_LIMIT) {
+            Err(failed) if failed.timed_out => slow::remember(script),
+            done => return done.map_err(|failed| failed.reason),
+        }
+    }
+    on_pool(script, webhook).await
+}
+
+/// Longest a run may hold the caller's (runtime) thread before it is given up there.
+pub const INLINE_LIMIT: std::time::Duration = std::time::Duration::from_millis(2);
+/// Largest webhook run on the caller's thread: parsing takes time in proportion to size,
+/// and a large body must not make its script look slow.
+pub const INLINE_BYTES: usize = 64 * 1024;
+
+/// Run on a transformation thread, with the full bounds.
+async fn on_pool(script: &str, webhook: String) -> Result<Vec<u8>, String> {
     let (reply, answer) = oneshot::channel();
     let job = Job { script: script.into(), webhook, reply };
     POOL.send(job).await.map_err(|_| "no transformation thread is running".to_owned())?;
     answer.await.map_err(|_| "the transformation thread stopped".to_owned())?
+}
+
+/// Scripts that once ran longer than [`INLINE_LIMIT`] on a small webhook, by hash: from
+/// then on they run on the transformation threads only. The set is per process and
+/// bounded; when full it starts over (a slow script then costs one more cut-off run).
+mod slow {
+    use std::collections::HashSet;
+    use std::sync::{LazyLock, Mutex};
+
+    const MOST: usize = 4096;
+    static SLOW: LazyLock<Mutex<HashSet<u64>>> = LazyLock::new(Mutex::default);
+
+    fn key(script: &str) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(script.as_bytes())
+    }
+
+    /// `script` was cut off on a caller's thread before.
+    pub fn is(script: &str) -> bool {
+        SLOW.lock().is_ok_and(|set| set.contains(&key(script)))
+    }
+
+    /// Remember `script` as slow.
+    pub fn remember(script: &str) {
+        if let Ok(mut set) = SLOW.lock() {
+            if set.len() >= MOST {
+                set.clear();
+            }
+            set.insert(key(script));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -71,8 +126,9 @@ mod tests {
     use super::*;
 
     /// Runs from many tasks at once all come back, each with its own answer, and a
-    /// runaway script cut off on one thread does not stop the others' answers.
-    #[tokio::test]
+    /// runaway script (cut off on the caller's thread, then on a transformation thread
+    /// with the full bound) does not stop the others' answers.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_runs_each_get_their_own_answer() {
         let echo = "function handler(w) { return {n: w.payload.n}; }";
         let spin = "function handler(w) { while (true) {} }";
@@ -92,5 +148,31 @@ mod tests {
             }
         }
         assert_eq!(seen, 200);
+    }
+}
+
+#[cfg(test)]
+mod inline_tests {
+    use super::*;
+
+    /// A script that is slow on a small webhook is cut off on the caller's thread after
+    /// [`INLINE_LIMIT`], runs again on a transformation thread with the full bound (so a
+    /// handler that needs 20 ms still gets its answer), and from then on goes there
+    /// directly; a fast script keeps running on the caller's thread.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slow_script_moves_to_the_transformation_threads_and_still_answers() {
+        let busy =
+            "function handler(w) { const until = Date.now() + 20; while (Date.now() < until) {} return 'done'; }";
+        assert!(!slow::is(busy));
+        assert_eq!(run(busy, r#"{"payload":{}}"#.to_owned()).await.expect("answered on the pool"), b"\"done\"");
+        assert!(slow::is(busy), "remembered as slow");
+        assert_eq!(run(busy, r#"{"payload":{}}"#.to_owned()).await.expect("answered"), b"\"done\"");
+        let quick = "function handler(w) { return w.payload.n + 1; }";
+        assert_eq!(run(quick, r#"{"payload":{"n":41}}"#.to_owned()).await.expect("answered"), b"42");
+        assert!(!slow::is(quick));
+        // A large body runs on the pool whatever its script, and does not mark it slow.
+        let big = format!(r#"{{"payload":{{"n":1,"pad":"{}"}}}}"#, "x".repeat(INLINE_BYTES));
+        assert_eq!(run(quick, big).await.expect("answered"), b"2");
+        assert!(!slow::is(quick));
     }
 }

@@ -170,8 +170,9 @@ pub async fn transform_drain(ctx: &Ctx) -> anyhow::Result<()> {
     }
     ctx.note(
         "Row 15: the same backlog of one endpoint drained by one worker process, without and with a transformation \
-         on its subscription (QuickJS on the transformation threads, one per core, each keeping a warm context per \
-         script), in alternating rounds; each row is its median round. The goal is ≥ 0.85 of the drain without.",
+         on its subscription (QuickJS with a warm context per script and thread; a short run on the worker's own \
+         thread, a slow script on the transformation threads), in alternating rounds; each row is its median \
+         round. The goal is ≥ 0.85 of the drain without.",
     );
     Ok(())
 }

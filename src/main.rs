@@ -317,7 +317,7 @@ async fn tokens_command(args: webhook_gateway::config::TokensArgs) -> anyhow::Re
             }
         };
         match args.action {
-            TokensAction::Create { name, scope, expires_in_days } => {
+            TokensAction::Create { name, scope, expires_in_days, no_payloads } => {
                 if let Some(problem) = tokens::name_problem(&name) {
                     anyhow::bail!("--name: {problem}");
                 }
@@ -325,9 +325,13 @@ async fn tokens_command(args: webhook_gateway::config::TokensArgs) -> anyhow::Re
                     .ok_or_else(|| anyhow::anyhow!("--scope must be read, operate or admin, not {scope:?}"))?;
                 let expires_at =
                     expires_in_days.map(|d| chrono::Utc::now() + chrono::Duration::days(i64::from(d.max(1))));
+                anyhow::ensure!(
+                    !(no_payloads && scope == tokens::Scope::Admin),
+                    "--no-payloads: an admin token always reads payloads (it can create tokens)"
+                );
                 let token = tokens::generate();
-                let created =
-                    tokens::sql::create(&pool, &name, scope, &tokens::hash(&token), &actor, expires_at).await?;
+                let new = tokens::sql::NewToken { name: &name, scope, expires_at, payloads: !no_payloads };
+                let created = tokens::sql::create(&pool, &new, &tokens::hash(&token), &actor).await?;
                 audit("tokens create", format!("token {name}"), if created.is_some() { 201 } else { 409 }).await?;
                 anyhow::ensure!(created.is_some(), "a token is named {name:?}");
                 println!("{token}");
@@ -339,8 +343,9 @@ async fn tokens_command(args: webhook_gateway::config::TokensArgs) -> anyhow::Re
                         (None, Some(at)) => format!("expires {at}"),
                         (None, None) => "no expiry".into(),
                     };
+                    let payloads = if t.payloads { "payloads" } else { "no payloads" };
                     println!(
-                        "{}\t{}\t{}\t{state}\tcreated {} by {}",
+                        "{}\t{}\t{}\t{payloads}\t{state}\tcreated {} by {}",
                         t.id, t.name, t.scope, t.created_at, t.created_by
                     );
                 }

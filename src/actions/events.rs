@@ -2,25 +2,65 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::ids::EventId;
 use crate::queue;
 use crate::state::AppState;
 use crate::store;
+use crate::tokens::Principal;
 
 /// Deliveries shown with an event, at most.
 pub const EVENT_DELIVERIES: i64 = 1000;
 
-/// An event and its deliveries (at most [`EVENT_DELIVERIES`], oldest first); 404 when
-/// there is no such event. `GET /v1/events/{id}` and the console's event page.
-pub async fn event_with_deliveries(
-    state: &AppState,
-    id: EventId,
-) -> Result<(store::events::Event, Vec<queue::read::Delivery>), ApiError> {
-    let event = store::events::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("event"))?;
+/// An event as its caller may see it, with its deliveries.
+#[derive(Debug)]
+pub struct ShownEvent {
+    /// The event; its payload is empty when withheld.
+    pub event: store::events::Event,
+    /// The caller may not read payloads ([`Principal::payloads_refused`]): the payload was
+    /// withheld (emptied here, so no view can show it by mistake).
+    pub payload_withheld: bool,
+    /// Its deliveries, oldest first.
+    pub deliveries: Vec<queue::read::Delivery>,
+}
+
+/// An event and its deliveries (at most [`EVENT_DELIVERIES`], oldest first), its payload
+/// withheld from a `caller` that may not read payloads; 404 when there is no such event.
+/// `GET /v1/events/{id}` and the console's event page.
+pub async fn event_with_deliveries(state: &AppState, caller: &Principal, id: EventId) -> Result<ShownEvent, ApiError> {
+    let mut event = store::events::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("event"))?;
     let filter = queue::read::Filter { event_id: Some(id), ..Default::default() };
     let deliveries = queue::read::list(&state.pool, &filter, EVENT_DELIVERIES).await?;
-    Ok((event, deliveries))
+    let payload_withheld = !caller.payloads;
+    if payload_withheld {
+        event.payload = Vec::new();
+    }
+    Ok(ShownEvent { event, payload_withheld, deliveries })
+}
+
+/// A delivery's attempts, oldest first, as `caller` may see them: without the bodies a
+/// transformation sent (they are made from the payload) when it may not read payloads.
+/// `GET /v1/deliveries/{id}/attempts` and the console's delivery page.
+pub async fn delivery_attempts(
+    state: &AppState,
+    caller: &Principal,
+    id: crate::ids::DeliveryId,
+) -> Result<Vec<store::attempts::Attempt>, ApiError> {
+    let mut attempts = store::attempts::for_delivery(&state.pool, id).await?;
+    if !caller.payloads {
+        for a in &mut attempts {
+            a.sent_excerpt = None;
+        }
+    }
+    Ok(attempts)
+}
+
+/// 403 when `caller` may not read payloads and `what` would reveal them.
+fn payloads_allowed(caller: &Principal, what: &str) -> Result<(), ApiError> {
+    match caller.payloads_refused(what) {
+        Some(why) => Err(ApiError::new(ErrorCode::Forbidden, why)),
+        None => Ok(()),
+    }
 }
 
 /// What to look for among events: the API's query and the console's search form.
@@ -51,9 +91,14 @@ pub struct EventSearch {
 /// count). `GET /v1/events` and the console's event search.
 pub async fn search_events(
     state: &AppState,
+    caller: &Principal,
     search: EventSearch,
     limit: i64,
 ) -> Result<Vec<store::events::EventSummary>, ApiError> {
+    if search.payload.is_some() {
+        // Which events hold a value is the value, a guess at a time.
+        payloads_allowed(caller, "a search by payload content")?;
+    }
     let source_id = match &search.source {
         None => None,
         Some(name) => Some(
@@ -104,11 +149,14 @@ impl TryEvent {
     /// The stored event `event_id`, or the pasted `event`: exactly one must be given.
     async fn of(
         state: &AppState,
+        caller: &Principal,
         event_id: Option<EventId>,
         event: Option<crate::filters::PastedEvent>,
     ) -> Result<TryEvent, ApiError> {
         match (event_id, event) {
             (Some(id), None) => {
+                // A filter's verdict or a transformation's output is the payload, read back.
+                payloads_allowed(caller, "trying an expression on a stored event")?;
                 let e = store::events::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("event"))?;
                 Ok(TryEvent {
                     source_id: Some(e.source_id),
@@ -132,10 +180,14 @@ impl TryEvent {
 
 /// Try a subscription filter on a stored or a pasted event (the API's
 /// `POST /v1/filters/test`): checked like a saved one, evaluated like the fan-out does.
-pub async fn try_filter(state: &AppState, body: crate::filters::FilterTest) -> Result<crate::filters::Tried, ApiError> {
+pub async fn try_filter(
+    state: &AppState,
+    caller: &Principal,
+    body: crate::filters::FilterTest,
+) -> Result<crate::filters::Tried, ApiError> {
     use crate::filters::{EventFields, check, try_on};
     check(&state.pool, &body.filter).await?.map_err(|e| ApiError::validation("filter", e))?;
-    let event = TryEvent::of(state, body.event_id, body.event).await?;
+    let event = TryEvent::of(state, caller, body.event_id, body.event).await?;
     let fields = EventFields {
         source_id: event.source_id,
         source_name: event.source_name.as_deref(),
@@ -151,6 +203,7 @@ pub async fn try_filter(state: &AppState, body: crate::filters::FilterTest) -> R
 /// nothing is stored or sent.
 pub async fn try_transform(
     state: &AppState,
+    caller: &Principal,
     body: crate::transforms::TransformTest,
 ) -> Result<crate::transforms::TriedTransform, ApiError> {
     let script = body.transform;
@@ -159,7 +212,7 @@ pub async fn try_transform(
         .await
         .map_err(|_| ApiError::internal())?
         .map_err(|e| ApiError::validation("transform", e))?;
-    let e = TryEvent::of(state, body.event_id, body.event).await?;
+    let e = TryEvent::of(state, caller, body.event_id, body.event).await?;
     let webhook =
         crate::transforms::webhook(&e.payload, Some(&e.headers.to_string()), &e.event_type, e.source_name.as_deref());
     Ok(match crate::transforms::run(&script, webhook).await {

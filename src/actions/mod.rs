@@ -16,5 +16,8 @@ pub use endpoints::{
     recover_window, recovery_window, rotate, send_test, set_paused,
 };
 pub(crate) use endpoints::{seal, validate_secret};
-pub use events::{EVENT_DELIVERIES, EventSearch, event_with_deliveries, search_events, try_filter, try_transform};
+pub use events::{
+    EVENT_DELIVERIES, EventSearch, ShownEvent, delivery_attempts, event_with_deliveries, search_events, try_filter,
+    try_transform,
+};
 pub use sources::fingerprints;

@@ -113,4 +113,42 @@ mod tests {
         assert!(!super::constant_time_eq(b"abc", b"abd"));
         assert!(!super::constant_time_eq(b"abc", b"abcd"));
     }
+
+    /// The time a comparison takes does not depend on how much of a guess is right: a
+    /// guess that matches all but the last byte takes as long as one that matches none.
+    /// The same harness run on `==` (which stops at the first difference) must see the
+    /// difference, so the test can fail. Timings are relative, interleaved and taken as
+    /// medians over a long secret, where an early exit is thousands of times faster.
+    #[test]
+    fn comparing_a_guess_takes_as_long_whatever_prefix_it_matches() {
+        use std::hint::black_box;
+        use std::time::Instant;
+        let secret = vec![b'a'; 64 * 1024];
+        let mut near = secret.clone();
+        *near.last_mut().expect("not empty") = b'b';
+        let mut far = secret.clone();
+        far[0] = b'b';
+        let median_ratio = |compare: &dyn Fn(&[u8], &[u8]) -> bool| {
+            let mut ratios: Vec<f64> = (0..31)
+                .map(|_| {
+                    let time = |guess: &[u8]| {
+                        let started = Instant::now();
+                        for _ in 0..8 {
+                            black_box(compare(black_box(&secret), black_box(guess)));
+                        }
+                        started.elapsed().as_nanos().max(1) as f64
+                    };
+                    let (n, f) = (time(&near), time(&far));
+                    n / f
+                })
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            ratios[ratios.len() / 2]
+        };
+        let leaky = median_ratio(&|a, b| a == b);
+        assert!(leaky > 5.0, "the harness sees an early exit (near/far = {leaky:.1})");
+        let constant = median_ratio(&|a, b| super::constant_time_eq(a, b));
+        eprintln!("near/far: == {leaky:.1}, constant-time {constant:.2}");
+        assert!((0.5..2.0).contains(&constant), "near/far = {constant:.2} for the constant-time comparison");
+    }
 }

@@ -173,10 +173,11 @@ pub async fn get(State(state): State<AppState>, Id(id): Id<DeliveryId>) -> Resul
 )]
 pub async fn attempts(
     State(state): State<AppState>,
+    axum::Extension(caller): axum::Extension<crate::tokens::Principal>,
     Id(id): Id<DeliveryId>,
 ) -> Result<Json<AttemptTimeline>, ApiError> {
     let delivery = read::by_id(&state.pool, id).await?.ok_or_else(|| ApiError::not_found("delivery"))?;
-    let data = store::attempts::for_delivery(&state.pool, id).await?;
+    let data = crate::actions::delivery_attempts(&state, &caller, id).await?;
     Ok(Json(AttemptTimeline { data, delivery: delivery.into() }))
 }
 

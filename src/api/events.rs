@@ -1,7 +1,7 @@
 //! `/v1/events`: publishing from internal producers, and reading stored events.
 
-use axum::Json;
 use axum::extract::State;
+use axum::{Extension, Json};
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -12,12 +12,13 @@ use super::deliveries::DeliveryView;
 use super::extract::{ApiJson, ApiQuery, Id, page_limit};
 use super::ingest::{IngestResponse, store_error};
 use super::openapi::{AdminErrors, JsonBodyErrors};
-use crate::actions::{EventSearch, event_with_deliveries, search_events};
+use crate::actions::{EventSearch, ShownEvent, event_with_deliveries, search_events};
 use crate::error::{ApiError, ErrorBody};
 use crate::ids::EventId;
 use crate::sanitize;
 use crate::store;
 use crate::store::events::OwnedEvent;
+use crate::tokens::Principal;
 
 /// Longest caller event id (`POST /v1/events`).
 const MAX_EVENT_ID_BYTES: usize = 255;
@@ -143,6 +144,9 @@ pub struct EventView {
     /// ... else as base64.
     #[serde(skip_serializing_if = "Option::is_none")]
     payload_base64: Option<String>,
+    /// `true` when the token may not read payloads: neither `payload` nor
+    /// `payload_base64` is given (`payload_bytes` of the event list still says its size).
+    payload_withheld: bool,
     /// Its deliveries (at most 1,000).
     deliveries: Vec<DeliveryView>,
 }
@@ -168,10 +172,19 @@ pub struct EventPage {
     ),
     security(("admin_token" = [])),
 )]
-pub async fn get(State(state): State<AppState>, Id(id): Id<EventId>) -> Result<Json<EventView>, ApiError> {
-    let (event, deliveries) = event_with_deliveries(&state, id).await?;
-    let parsed: Option<serde_json::Value> = serde_json::from_slice(&event.payload).ok();
-    let payload_base64 = parsed.is_none().then(|| base64::engine::general_purpose::STANDARD.encode(&event.payload));
+pub async fn get(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    Id(id): Id<EventId>,
+) -> Result<Json<EventView>, ApiError> {
+    let ShownEvent { event, payload_withheld, deliveries } = event_with_deliveries(&state, &caller, id).await?;
+    let (parsed, payload_base64) = if payload_withheld {
+        (None, None)
+    } else {
+        let parsed: Option<serde_json::Value> = serde_json::from_slice(&event.payload).ok();
+        let base64 = parsed.is_none().then(|| base64::engine::general_purpose::STANDARD.encode(&event.payload));
+        (parsed, base64)
+    };
     Ok(Json(EventView {
         id: event.id,
         source: event.source_name,
@@ -182,6 +195,7 @@ pub async fn get(State(state): State<AppState>, Id(id): Id<EventId>) -> Result<J
         headers: event.headers.0,
         payload: parsed,
         payload_base64,
+        payload_withheld,
         deliveries: deliveries.into_iter().map(Into::into).collect(),
     }))
 }
@@ -232,12 +246,15 @@ pub struct ListQuery {
         (status = 422, description = "Bad query parameter, unknown source, or a malformed `payload` or `header` \
             condition, named (`validation_failed`)",
             body = ErrorBody),
+        (status = 403, description = "A `payload` condition, for a token that may not read payloads (`forbidden`)",
+            body = ErrorBody),
         AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
 pub async fn list(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<EventPage>, ApiError> {
     let limit = page_limit(q.limit)?;
@@ -252,7 +269,7 @@ pub async fn list(
         cursor: q.cursor,
         newest_first: false,
     };
-    let data = search_events(&state, search, limit).await?;
+    let data = search_events(&state, &caller, search, limit).await?;
     let next_cursor = (data.len() as i64 == limit).then(|| data.last().map(|e| e.id)).flatten();
     Ok(Json(EventPage { data, next_cursor }))
 }

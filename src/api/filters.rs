@@ -5,8 +5,9 @@ use super::extract::ApiJson;
 use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::error::{ApiError, ErrorBody};
 use crate::filters::{FilterTest, Tried};
-use axum::Json;
+use crate::tokens::Principal;
 use axum::extract::State;
+use axum::{Extension, Json};
 
 /// `POST /v1/filters/test`.
 ///
@@ -19,11 +20,17 @@ use axum::extract::State;
     responses(
         (status = 200, description = "Whether it matches, and the document it was evaluated on", body = Tried),
         (status = 404, description = "No such stored event (`not_found`)", body = ErrorBody),
+        (status = 403, description = "A stored event, for a token that may not read payloads (`forbidden`)",
+            body = ErrorBody),
         JsonBodyErrors,
         AdminErrors,
     ),
     security(("admin_token" = [])),
 )]
-pub async fn test(State(state): State<AppState>, ApiJson(body): ApiJson<FilterTest>) -> Result<Json<Tried>, ApiError> {
-    Ok(Json(crate::actions::try_filter(&state, body).await?))
+pub async fn test(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    ApiJson(body): ApiJson<FilterTest>,
+) -> Result<Json<Tried>, ApiError> {
+    Ok(Json(crate::actions::try_filter(&state, &caller, body).await?))
 }

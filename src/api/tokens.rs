@@ -26,6 +26,11 @@ pub struct NewToken {
     /// When it stops working (RFC 3339); none: it works until revoked.
     #[serde(default)]
     pub expires_at: Option<DateTime<Utc>>,
+    /// Whether it may read the payloads of stored events (default `true`). With `false`,
+    /// every view withholds them and every call that would reveal them is refused (403);
+    /// an `admin` token always reads them.
+    #[serde(default)]
+    pub payloads: Option<bool>,
 }
 
 /// A created token: the only answer that ever shows it.
@@ -45,6 +50,8 @@ pub struct CreatedToken {
     pub created_at: DateTime<Utc>,
     /// Who created it.
     pub created_by: String,
+    /// Whether it reads the payloads of stored events.
+    pub payloads: bool,
 }
 
 /// `POST /v1/tokens`.
@@ -72,8 +79,13 @@ pub async fn create(
     if body.expires_at.is_some_and(|t| t <= Utc::now()) {
         return Err(ApiError::validation("expires_at", "must be in the future"));
     }
+    let payloads = body.payloads.unwrap_or(true);
+    if !payloads && body.scope == Scope::Admin {
+        return Err(ApiError::validation("payloads", "an admin token always reads payloads (it can create tokens)"));
+    }
     let token = tokens::generate();
-    let info = tokens::sql::create(&state.pool, name, body.scope, &tokens::hash(&token), &caller.name, body.expires_at)
+    let new = tokens::sql::NewToken { name, scope: body.scope, expires_at: body.expires_at, payloads };
+    let info = tokens::sql::create(&state.pool, &new, &tokens::hash(&token), &caller.name)
         .await?
         .ok_or_else(|| ApiError::new(crate::error::ErrorCode::Conflict, format!("a token is named {name:?}")))?;
     Ok((
@@ -86,6 +98,7 @@ pub async fn create(
             expires_at: info.expires_at,
             created_at: info.created_at,
             created_by: info.created_by,
+            payloads: info.payloads,
         }),
     ))
 }

@@ -1,13 +1,14 @@
 //! `POST /v1/transforms/test`: try a subscription transformation on an event before
 //! saving it.
 
-use axum::Json;
 use axum::extract::State;
+use axum::{Extension, Json};
 
 use super::AppState;
 use super::extract::ApiJson;
 use super::openapi::{AdminErrors, JsonBodyErrors};
 use crate::error::{ApiError, ErrorBody};
+use crate::tokens::Principal;
 use crate::transforms::{TransformTest, TriedTransform};
 
 /// `POST /v1/transforms/test`.
@@ -22,6 +23,8 @@ use crate::transforms::{TransformTest, TriedTransform};
     responses(
         (status = 200, description = "The body it would send, or why there is none", body = TriedTransform),
         (status = 404, description = "No such stored event (`not_found`)", body = ErrorBody),
+        (status = 403, description = "A stored event, for a token that may not read payloads (`forbidden`)",
+            body = ErrorBody),
         JsonBodyErrors,
         AdminErrors,
     ),
@@ -29,7 +32,8 @@ use crate::transforms::{TransformTest, TriedTransform};
 )]
 pub async fn test(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     ApiJson(body): ApiJson<TransformTest>,
 ) -> Result<Json<TriedTransform>, ApiError> {
-    Ok(Json(crate::actions::try_transform(&state, body).await?))
+    Ok(Json(crate::actions::try_transform(&state, &caller, body).await?))
 }

@@ -102,6 +102,9 @@ pub enum TokensAction {
         /// Days until it stops working; unset: until revoked.
         #[arg(long)]
         expires_in_days: Option<u32>,
+        /// Withhold the payloads of stored events from it (not for `admin`).
+        #[arg(long)]
+        no_payloads: bool,
     },
     /// List the tokens (never the tokens themselves), one per line.
     List,

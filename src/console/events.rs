@@ -86,9 +86,11 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(form): 
         newest_first: true,
     };
     // A condition typed wrong is said on the search page, with what was typed.
-    let (found, problem) = match actions::search_events(&state, search, PAGE).await {
+    let (found, problem) = match actions::search_events(&state, &session.principal(), search, PAGE).await {
         Ok(found) => (found, String::new()),
-        Err(e) if e.code == crate::error::ErrorCode::ValidationFailed => (Vec::new(), e.message),
+        Err(e) if matches!(e.code, crate::error::ErrorCode::ValidationFailed | crate::error::ErrorCode::Forbidden) => {
+            (Vec::new(), e.message)
+        }
         Err(e) => return Err(e.into()),
     };
     let next =
@@ -272,6 +274,8 @@ struct EventPage {
     /// Pretty-printed JSON, or the body as text (lossy UTF-8), or a note for binary.
     payload: String,
     payload_is_json: bool,
+    /// The token may not read payloads: `payload` is empty.
+    payload_withheld: bool,
     payload_bytes: usize,
     headers: Vec<(String, String)>,
     deliveries: Vec<DeliveryRow>,
@@ -289,7 +293,8 @@ fn readable_payload(bytes: &[u8]) -> (String, bool) {
 /// `GET /console/events/{id}`.
 pub async fn show(session: Session, State(state): State<AppState>, Path(id): Path<String>) -> PageResult {
     let id: EventId = super::parse_id(&id, "event")?;
-    let (event, deliveries) = actions::event_with_deliveries(&state, id).await?;
+    let actions::ShownEvent { event, payload_withheld, deliveries } =
+        actions::event_with_deliveries(&state, &session.principal(), id).await?;
     let (payload, payload_is_json) = readable_payload(&event.payload);
     // Stored headers are already redacted (signatures) by ingest.
     let headers = match &event.headers.0 {
@@ -311,6 +316,7 @@ pub async fn show(session: Session, State(state): State<AppState>, Path(id): Pat
         payload_bytes: event.payload.len(),
         payload,
         payload_is_json,
+        payload_withheld,
         headers,
         deliveries_capped: deliveries_rows.len() as i64 == actions::EVENT_DELIVERIES,
         deliveries: deliveries_rows,

@@ -40,7 +40,7 @@ pub async fn page(session: Session, State(state): State<AppState>, Query(form): 
         error: None,
     };
     if let Some(filter) = non_empty(form.filter) {
-        match tried(&state, filter, form.event_id, form.payload).await {
+        match tried(&state, &session.principal(), filter, form.event_id, form.payload).await {
             Ok(Ok((matches, document))) => page.outcome = Some((matches, document)),
             Ok(Err(message)) => page.error = Some(message),
             Err(e) => return Err(e.into()),
@@ -53,6 +53,7 @@ pub async fn page(session: Session, State(state): State<AppState>, Query(form): 
 /// failure (the error page).
 async fn tried(
     state: &AppState,
+    caller: &crate::tokens::Principal,
     filter: String,
     event_id: Option<String>,
     payload: Option<String>,
@@ -61,7 +62,7 @@ async fn tried(
         Ok(event) => event,
         Err(message) => return Ok(Err(message)),
     };
-    match actions::try_filter(state, FilterTest { filter, event_id, event }).await {
+    match actions::try_filter(state, caller, FilterTest { filter, event_id, event }).await {
         Ok(t) => Ok(Ok((t.matches, serde_json::to_string_pretty(&t.document).unwrap_or_default()))),
         Err(e) => shown(e).map(Err),
     }

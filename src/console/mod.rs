@@ -343,10 +343,12 @@ fn tried_event(
     }
 }
 
-/// What a "try" page shows of a refused try (a bad script or filter, an unknown event),
-/// or the error that goes to the error page.
+/// What a "try" page shows of a refused try (a bad script or filter, an unknown event, a
+/// stored event for a token that may not read payloads), or the error that goes to the
+/// error page.
 fn shown(e: ApiError) -> Result<String, ApiError> {
-    if matches!(e.code, crate::error::ErrorCode::ValidationFailed | crate::error::ErrorCode::NotFound) {
+    use crate::error::ErrorCode;
+    if matches!(e.code, ErrorCode::ValidationFailed | ErrorCode::NotFound | ErrorCode::Forbidden) {
         Ok(e.message)
     } else {
         Err(e)

@@ -120,6 +120,16 @@ impl Session {
         self.principal.as_ref().map_or(Scope::Read, |p| p.scope)
     }
 
+    /// Who this session acts as (a session not yet looked up reads no payloads).
+    pub fn principal(&self) -> Principal {
+        self.principal.clone().unwrap_or_else(|| Principal {
+            name: "unknown".to_owned(),
+            scope: Scope::Read,
+            token_id: None,
+            payloads: false,
+        })
+    }
+
     /// Whose session, as the audit log names it.
     pub fn actor(&self) -> &str {
         self.principal.as_ref().map_or("unknown", |p| p.name.as_str())

@@ -19,6 +19,7 @@ struct TokenRow {
     created_by: String,
     state: String,
     active: bool,
+    payloads: bool,
 }
 
 #[derive(Template)]
@@ -58,6 +59,7 @@ async fn tokens_page(
                 created_by: t.created_by,
                 state,
                 active,
+                payloads: t.payloads,
             }
         })
         .collect();
@@ -76,6 +78,9 @@ pub struct CreateForm {
     scope: String,
     #[serde(default)]
     expires_in_days: Option<String>,
+    /// The checkbox "withhold payloads" (present: checked).
+    #[serde(default)]
+    no_payloads: Option<String>,
 }
 
 /// `POST /console/tokens` (admin): the page again, with the new token shown once, or
@@ -90,6 +95,8 @@ pub async fn create(State(state): State<AppState>, Posted(session, form): Posted
         Some("Choose a scope.")
     } else if matches!(days, Some(Err(_)) | Some(Ok(0))) {
         Some("Expiry is a number of days, at least 1 (or empty: no expiry).")
+    } else if form.no_payloads.is_some() && scope == Some(Scope::Admin) {
+        Some("An admin token always reads payloads (it can create tokens).")
     } else {
         None
     };
@@ -102,7 +109,8 @@ pub async fn create(State(state): State<AppState>, Posted(session, form): Posted
         _ => None,
     };
     let token = tokens::generate();
-    match tokens::sql::create(&state.pool, &name, scope, &tokens::hash(&token), session.actor(), expires_at).await? {
+    let new = tokens::sql::NewToken { name: &name, scope, expires_at, payloads: form.no_payloads.is_none() };
+    match tokens::sql::create(&state.pool, &new, &tokens::hash(&token), session.actor()).await? {
         Some(_) => tokens_page(&session, &state, Some((name, token)), String::new(), String::new()).await,
         None => tokens_page(&session, &state, None, format!("A token is already named {name:?}."), name).await,
     }

@@ -41,7 +41,7 @@ pub async fn page(session: Session, State(state): State<AppState>, Query(form): 
         error: None,
     };
     if let Some(transform) = non_empty(form.transform) {
-        match tried(&state, transform, form.event_id, form.payload).await {
+        match tried(&state, &session.principal(), transform, form.event_id, form.payload).await {
             Ok(Ok(body)) => page.body = Some(body),
             Ok(Err(message)) => page.error = Some(message),
             Err(e) => return Err(e.into()),
@@ -54,6 +54,7 @@ pub async fn page(session: Session, State(state): State<AppState>, Query(form): 
 /// failure (the error page).
 async fn tried(
     state: &AppState,
+    caller: &crate::tokens::Principal,
     transform: String,
     event_id: Option<String>,
     payload: Option<String>,
@@ -62,7 +63,7 @@ async fn tried(
         Ok(event) => event,
         Err(message) => return Ok(Err(message)),
     };
-    match actions::try_transform(state, TransformTest { transform, event_id, event }).await {
+    match actions::try_transform(state, caller, TransformTest { transform, event_id, event }).await {
         Ok(tried) => Ok(match (tried.body, tried.error) {
             (Some(body), _) => Ok(serde_json::to_string_pretty(&body).unwrap_or_default()),
             (None, Some(error)) => Err(error),

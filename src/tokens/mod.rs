@@ -8,6 +8,11 @@
 //! | `operate` | `read`, and redeliver, unblock, pause, resume, recover, send a test, try a filter or a transformation |
 //! | `admin` | everything: sources, endpoints, subscriptions, secrets, publishing, tokens, the audit log |
 //!
+//! Any token but an admin one may also be denied payloads (`payloads: false`): every view
+//! of a stored event's payload (or of a transformed body sent from it) withholds it, and
+//! every call that would reveal payload content otherwise is refused
+//! ([`Principal::payloads_refused`]).
+//!
 //! [`required`] is the one table of which call needs which scope, for the API and the
 //! console alike; the API's middleware (`api::auth`) and the console's session
 //! (`console::session`) enforce it, and the OpenAPI document states it from the same table.
@@ -62,12 +67,22 @@ pub struct Principal {
     pub scope: Scope,
     /// The stored token's id (`None`: the bootstrap token).
     pub token_id: Option<uuid::Uuid>,
+    /// Whether it may read the payloads of stored events ([`Principal::payloads_refused`]).
+    pub payloads: bool,
 }
 
 impl Principal {
     /// The bootstrap admin token's caller.
     pub fn bootstrap() -> Principal {
-        Principal { name: BOOTSTRAP_NAME.to_owned(), scope: Scope::Admin, token_id: None }
+        Principal { name: BOOTSTRAP_NAME.to_owned(), scope: Scope::Admin, token_id: None, payloads: true }
+    }
+
+    /// Why this caller may not have a stored event's payload revealed by `what` (`None`:
+    /// it may). Views withhold the payload instead of refusing; calls that would reveal
+    /// payload content some other way (a search by it, trying a filter or a
+    /// transformation on a stored event) are refused with this reason (403).
+    pub fn payloads_refused(&self, what: &str) -> Option<String> {
+        (!self.payloads).then(|| format!("the token {:?} may not read payloads, which {what} would reveal", self.name))
     }
 }
 

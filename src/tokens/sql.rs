@@ -22,28 +22,43 @@ pub struct TokenInfo {
     pub expires_at: Option<DateTime<Utc>>,
     /// When it was revoked (`null`: it was not).
     pub revoked_at: Option<DateTime<Utc>>,
+    /// Whether it may read the payloads of stored events (`false`: they are withheld).
+    pub payloads: bool,
 }
 
-const COLUMNS: &str = "id, name, scope, created_at, created_by, expires_at, revoked_at";
+const COLUMNS: &str = "id, name, scope, created_at, created_by, expires_at, revoked_at, payloads";
+
+/// What a new token is: its name, scope, expiry and whether it reads payloads.
+#[derive(Debug, Clone)]
+pub struct NewToken<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// Its scope.
+    pub scope: Scope,
+    /// When it stops working (`None`: never).
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Whether it reads the payloads of stored events (always, for `admin`).
+    pub payloads: bool,
+}
 
 /// Store a token's hash; `None` when the name is taken.
 pub async fn create(
     db: impl PgExecutor<'_>,
-    name: &str,
-    scope: Scope,
+    new: &NewToken<'_>,
     token_hash: &[u8],
     created_by: &str,
-    expires_at: Option<DateTime<Utc>>,
 ) -> Result<Option<TokenInfo>, sqlx::Error> {
     crate::db::query_as(&format!(
-        "INSERT INTO api_tokens (name, scope, token_hash, created_by, expires_at) VALUES ($1, $2, $3, $4, $5)
+        "INSERT INTO api_tokens (name, scope, token_hash, created_by, expires_at, payloads)
+         VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (name) DO NOTHING RETURNING {COLUMNS}"
     ))
-    .bind(name)
-    .bind(scope.as_str())
+    .bind(new.name)
+    .bind(new.scope.as_str())
     .bind(token_hash)
     .bind(created_by)
-    .bind(expires_at)
+    .bind(new.expires_at)
+    .bind(new.payloads)
     .fetch_optional(db)
     .await
 }
@@ -67,25 +82,28 @@ pub async fn revoke(db: impl PgExecutor<'_>, id_or_name: &str) -> Result<Option<
 
 /// The caller a token hash stands for, if it is known, not revoked and not expired.
 pub async fn principal(db: impl PgExecutor<'_>, token_hash: &[u8]) -> Result<Option<Principal>, sqlx::Error> {
-    let row: Option<(uuid::Uuid, String, String)> = crate::db::query_as(
-        "SELECT id, name, scope FROM api_tokens
+    let row: Option<(uuid::Uuid, String, String, bool)> = crate::db::query_as(
+        "SELECT id, name, scope, payloads FROM api_tokens
          WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
     )
     .bind(token_hash)
     .fetch_optional(db)
     .await?;
-    Ok(row
-        .and_then(|(id, name, scope)| Scope::parse(&scope).map(|scope| Principal { name, scope, token_id: Some(id) })))
+    Ok(row.and_then(|(id, name, scope, payloads)| {
+        Scope::parse(&scope).map(|scope| Principal { name, scope, token_id: Some(id), payloads })
+    }))
 }
 
 /// The caller of the stored token `id` (a console session's), if it is still valid.
 pub async fn principal_by_id(db: impl PgExecutor<'_>, id: uuid::Uuid) -> Result<Option<Principal>, sqlx::Error> {
-    let row: Option<(String, String)> = crate::db::query_as(
-        "SELECT name, scope FROM api_tokens
+    let row: Option<(String, String, bool)> = crate::db::query_as(
+        "SELECT name, scope, payloads FROM api_tokens
          WHERE id = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
     )
     .bind(id)
     .fetch_optional(db)
     .await?;
-    Ok(row.and_then(|(name, scope)| Scope::parse(&scope).map(|scope| Principal { name, scope, token_id: Some(id) })))
+    Ok(row.and_then(|(name, scope, payloads)| {
+        Scope::parse(&scope).map(|scope| Principal { name, scope, token_id: Some(id), payloads })
+    }))
 }

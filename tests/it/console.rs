@@ -15,8 +15,12 @@ fn client() -> reqwest::Client {
 
 /// Sign in over plain HTTP; the session cookie as a `Cookie` header value.
 pub(crate) async fn sign_in(app: &TestApp) -> String {
-    let response =
-        client().post(app.url("/console/login")).form(&[("token", ADMIN_TOKEN)]).send().await.expect("sign in");
+    sign_in_with(app, ADMIN_TOKEN).await
+}
+
+/// Sign in with `token`; the session cookie as a `Cookie` header value.
+pub(crate) async fn sign_in_with(app: &TestApp, token: &str) -> String {
+    let response = client().post(app.url("/console/login")).form(&[("token", token)]).send().await.expect("sign in");
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
     let set = response.headers()["set-cookie"].to_str().expect("cookie").to_owned();
     set.split(';').next().expect("name=value").to_owned()

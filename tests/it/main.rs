@@ -41,6 +41,7 @@ mod search;
 mod secrets;
 mod slow_clients;
 mod sources;
+mod token_payloads;
 mod tokens;
 mod transforms;
 mod upgrades;

@@ -211,7 +211,13 @@ async fn the_cli_creates_lists_and_revokes_tokens_and_is_audited() {
     assert_eq!(call(&app, &Method::GET, "/v1/endpoints", Some(&token)).await, 200);
     assert_eq!(call(&app, &Method::DELETE, "/v1/endpoints/x", Some(&token)).await, 403);
     let (ok, listed, _) = run(&["tokens", "list"]);
-    assert!(ok && listed.contains("backup\tread\texpires") && !listed.contains(&token), "{listed}");
+    assert!(ok && listed.contains("backup\tread\tpayloads\texpires") && !listed.contains(&token), "{listed}");
+    let (ok, _, err) = run(&["tokens", "create", "--name", "grafana", "--scope", "read", "--no-payloads"]);
+    assert!(ok, "{err}");
+    let (_, listed, _) = run(&["tokens", "list"]);
+    assert!(listed.contains("grafana\tread\tno payloads\tno expiry"), "{listed}");
+    let (ok, _, err) = run(&["tokens", "create", "--name", "root", "--scope", "admin", "--no-payloads"]);
+    assert!(!ok && err.contains("always reads payloads"), "{err}");
     let (ok, _, err) = run(&["tokens", "create", "--name", "backup", "--scope", "read"]);
     assert!(!ok && err.contains("backup"), "a second token of one name is refused: {err}");
     let (ok, _, err) = run(&["tokens", "revoke", "backup"]);
@@ -224,7 +230,11 @@ async fn the_cli_creates_lists_and_revokes_tokens_and_is_audited() {
         .iter()
         .map(|e| (e["action"].as_str().unwrap(), e["status"].as_i64().unwrap()))
         .collect();
-    assert_eq!(actions, [("tokens revoke", 200), ("tokens create", 409), ("tokens create", 201)], "{log}");
+    assert_eq!(
+        actions,
+        [("tokens revoke", 200), ("tokens create", 409), ("tokens create", 201), ("tokens create", 201)],
+        "{log}"
+    );
     assert!(log["data"].as_array().unwrap().iter().all(|e| e["via"] == "cli"));
 }
 
@@ -360,6 +370,22 @@ async fn the_console_creates_and_revokes_tokens_and_shows_the_audit_log_to_admin
     assert_eq!(call(&app, &Method::GET, "/v1/endpoints", Some(&token)).await, 200);
     let (_, listed) = crate::console::page(&app, &cookie, "/console/tokens").await;
     assert!(listed.contains("wallboard") && !listed.contains(&token), "{listed}");
+    // "Withhold payloads": for read and operate, never for admin.
+    let withheld = |name: &'static str, scope: &'static str| {
+        vec![
+            ("csrf", csrf.clone()),
+            ("name", name.to_owned()),
+            ("scope", scope.to_owned()),
+            ("no_payloads", "1".to_owned()),
+        ]
+    };
+    let (_, html) = create(withheld("root", "admin")).await;
+    assert!(html.contains("id=\"problem\"") && html.contains("always reads payloads"), "{html}");
+    let (_, html) = create(withheld("grafana", "read")).await;
+    assert!(html.contains("id=\"new-token\""), "{html}");
+    let listed = app.admin_get("/v1/tokens").await;
+    let grafana = listed["data"].as_array().unwrap().iter().find(|t| t["name"] == "grafana").expect("listed");
+    assert_eq!(grafana["payloads"], false);
     // A read session sees neither page nor link.
     let read_cookie = {
         let response = client.post(app.url("/console/login")).form(&[("token", token.as_str())]).send().await.unwrap();
@@ -371,7 +397,7 @@ async fn the_console_creates_and_revokes_tokens_and_shows_the_audit_log_to_admin
     assert_eq!(crate::console::page(&app, &read_cookie, "/console/tokens").await.0, 403);
     assert_eq!(crate::console::page(&app, &read_cookie, "/console/audit").await.0, 403);
     // Revoked from the console: it stops at once.
-    let id = app.admin_get("/v1/tokens").await["data"][0]["id"].as_str().unwrap().to_owned();
+    let id = listed["data"][0]["id"].as_str().unwrap().to_owned();
     let revoke = client
         .post(app.url(&format!("/console/tokens/{id}/revoke")))
         .header("cookie", &cookie)

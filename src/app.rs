@@ -209,7 +209,7 @@ async fn serve(
         default_max_in_flight: settings.delivery.endpoint_max_in_flight,
         draining: Arc::default(),
         operational_events: settings.operational.enabled,
-        ingest_budget: crate::ingest::MemoryBudget::new(settings.ingest_memory_bytes),
+        ingest_budget: crate::ingest::budget::ingest_budget(settings.ingest_memory_bytes),
     };
     if settings.role.runs_workers() {
         let allow: Vec<String> = settings.egress.allow.iter().map(ToString::to_string).collect();

@@ -23,6 +23,7 @@ pub mod invariants;
 pub mod janitor;
 pub mod lease;
 pub mod log_throttle;
+pub mod memory;
 pub mod metrics;
 pub mod operational;
 #[cfg(test)]

@@ -24,6 +24,9 @@ pub const INGEST_RESPONSES: &str = "webhook_gateway_ingest_responses_total";
 pub const INGEST_REJECTED: &str = "webhook_gateway_ingest_rejected_total";
 /// Webhooks answered 503 `overloaded` unread: the ingest memory budget had no room.
 pub const INGEST_SHED: &str = "webhook_gateway_ingest_shed_total";
+/// Deliveries given back unsent before their attempt (no attempt spent), by `reason`:
+/// `no_room` (the delivery memory budget stayed full) or `unreadable_body`.
+pub const DELIVERY_BODIES_GIVEN_BACK: &str = "webhook_gateway_delivery_bodies_given_back_total";
 /// The gateway's own events published (`crate::operational`), by `type`.
 pub const OPERATIONAL_EVENTS: &str = "webhook_gateway_operational_events_total";
 /// Delivery attempts, by outcome (`delivered`, `retry`, `dead`) and class (`2xx`, `5xx`,
@@ -97,6 +100,13 @@ pub fn rejected(source: &str, reason: &'static str) {
 /// Count a webhook shed by the ingest memory budget.
 pub fn ingest_shed() {
     counter!(INGEST_SHED).increment(1);
+}
+
+/// Count a delivery given back before its attempt: no room for its body, or its body
+/// could not be read.
+pub fn delivery_body_given_back(no_room: bool) {
+    let reason = if no_room { "no_room" } else { "unreadable_body" };
+    counter!(DELIVERY_BODIES_GIVEN_BACK, "reason" => reason).increment(1);
 }
 
 /// Count an operational event published (`crate::operational`).

@@ -479,6 +479,12 @@ settings! {
         #[arg(long, env = "WEBHOOK_GATEWAY_INGEST_MEMORY_MIB", default_value_t = 256)]
         pub ingest_memory_mib: u64,
 
+        /// Memory budget for the bodies delivery attempts hold at once, in MiB (each counted twice); a body over
+        /// 64 KiB is read only once there is room for it, and a delivery that finds none is retried shortly,
+        /// no attempt spent.
+        #[arg(long, env = "WEBHOOK_GATEWAY_DELIVERY_MEMORY_MIB", default_value_t = 128)]
+        pub delivery_memory_mib: u64,
+
         /// Publish the gateway's own events (circuit opened and closed, endpoint paused and resumed, dead
         /// letters, a late backlog, a source refusing webhooks, retention behind) under the source `_gateway`;
         /// `--operational-events=false` turns them off.

@@ -184,6 +184,9 @@ impl ServeArgs {
                 "ingest-memory-mib must be between {smallest} (four times --max-body-bytes) and 1048576"
             ));
         }
+        if !(1..=1024 * 1024).contains(&self.delivery_memory_mib) {
+            return fail("delivery-memory-mib must be between 1 and 1048576".into());
+        }
         if !(1..=86_400 * 7).contains(&self.backlog_alert_secs) {
             return fail("backlog-alert-secs must be between 1 and 604800".into());
         }
@@ -283,6 +286,7 @@ impl ServeArgs {
                 cooldown_cap: Duration::from_secs(self.circuit_cooldown_cap_secs),
                 release_per_sec: self.circuit_release_per_sec,
             },
+            body_memory_bytes: self.delivery_memory_mib * 1024 * 1024,
         }
     }
 }

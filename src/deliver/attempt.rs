@@ -37,6 +37,8 @@ pub struct Context {
     pub secrets: Keyring,
     /// Endpoint URLs, parsed once each.
     pub urls: super::urls::UrlCache,
+    /// Room for the bodies held by attempts (`super::bodies`).
+    pub bodies: crate::memory::MemoryBudget,
 }
 
 /// How long a delivery whose signing secret this process cannot open waits before it is
@@ -64,6 +66,22 @@ async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, spa
         );
         return hand_over(&ctx, &job, UnsentEnd::Bury { reason }, slot).await;
     }
+    // The body, held by bytes in flight: reserved, and read when the claim did not bring
+    // it. Without room (or readable body) nothing is sent and no attempt is spent.
+    let _room = match super::bodies::hold(&ctx, &mut job).await {
+        Ok(room) => room,
+        Err(why) => {
+            match &why {
+                super::bodies::NotHeld::NoRoom => tracing::debug!(delivery_id = %job.id, bytes = job.payload_bytes,
+                    "no room in the delivery memory budget; given back"),
+                super::bodies::NotHeld::Unreadable(e) => tracing::warn!(delivery_id = %job.id, error = %e,
+                    "cannot read the delivery's body; given back"),
+            }
+            crate::metrics::delivery_body_given_back(matches!(why, super::bodies::NotHeld::NoRoom));
+            let due = Utc::now() + super::bodies::RETRY;
+            return hand_over(&ctx, &job, UnsentEnd::GiveBack { due }, slot).await;
+        }
+    };
     // Before the secrets are opened (they borrow the job): the body to sign and send.
     let transformed = transform(&mut job).await;
     // Opened just before signing: a lookup in the keyring's cache after the first claim

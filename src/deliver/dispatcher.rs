@@ -72,8 +72,15 @@ async fn run(
     // (leases end) and may promote ordered deliveries, work that a claim which came back
     // short (an endpoint at its limit, a line's next delivery not yet its head) left due.
     let recorder = tokio::spawn(recorder::run(pool.clone(), records, settings.circuit, patience, wake.clone()));
-    let ctx =
-        Context { pool: pool.clone(), egress, settings: settings.clone(), outcomes, secrets, urls: Default::default() };
+    let ctx = Context {
+        pool: pool.clone(),
+        egress,
+        settings: settings.clone(),
+        outcomes,
+        secrets,
+        urls: Default::default(),
+        bodies: super::bodies::delivery_budget(settings.body_memory_bytes),
+    };
     let mut in_flight = JoinSet::new();
     let mut claim_failures = 0u32;
     let mut idle_poll = settings.poll_interval;

@@ -17,6 +17,7 @@
 
 pub mod attempt;
 pub mod backoff;
+pub mod bodies;
 pub mod dispatcher;
 pub mod housekeeping;
 pub mod policy;

@@ -27,4 +27,7 @@ pub struct DeliverySettings {
     pub endpoint_max_in_flight: i32,
     /// Circuit breaker settings.
     pub circuit: CircuitConfig,
+    /// Bytes of bodies held by attempts at once, each counted twice
+    /// (`--delivery-memory-mib`; `deliver::bodies`).
+    pub body_memory_bytes: u64,
 }

@@ -34,10 +34,14 @@ pub struct Claimed {
     pub source_name: String,
     /// The producer's content type, replayed (`application/json` when absent).
     pub content_type: Option<String>,
-    /// The body exactly as it was received.
+    /// The body exactly as it was received; empty when it is over
+    /// [`crate::deliver::bodies::INLINE_BODY_BYTES`]: its worker reads it once it has room
+    /// for it in the delivery memory budget.
     // Shared, not copied, by each attempt's request body (and its memory bound).
     #[sqlx(try_from = "Vec<u8>")]
     pub payload: bytes::Bytes,
+    /// The body's size in bytes (whether it came with the claim or not).
+    pub payload_bytes: i32,
     /// Whether the delivery is in an ordering line (its outcome may move the line on).
     pub ordered: bool,
     /// Set when this attempt is its endpoint's half-open probe: the probe's fencing token.
@@ -55,6 +59,12 @@ pub struct Claimed {
     pub event_headers: Option<String>,
 }
 
+/// The claim's columns, for a test that holds them to `deliver::bodies`.
+#[cfg(test)]
+pub(crate) fn claimed_columns() -> &'static str {
+    CLAIMED_COLUMNS
+}
+
 /// Columns a worker needs, from the claimed delivery `d`, its event `e`, endpoint `ep`
 /// and source `s`.
 const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.attempts_base, \
@@ -62,7 +72,9 @@ const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count 
      CASE WHEN cardinality(ep.previous_secrets) = 0 THEN ARRAY[]::text[] \
           ELSE ARRAY(SELECT p.s FROM unnest(ep.previous_secrets, ep.previous_secrets_until) AS p(s, u) \
                      WHERE p.u > now() ORDER BY p.u DESC) END AS previous_secrets, \
-     e.event_type, s.name AS source_name, e.content_type, e.payload, d.ordering_key IS NOT NULL AS ordered, \
+     e.event_type, s.name AS source_name, e.content_type, \
+     COALESCE(CASE WHEN octet_length(e.payload) <= 65536 THEN e.payload END, ''::bytea) AS payload, \
+     octet_length(e.payload) AS payload_bytes, d.ordering_key IS NOT NULL AS ordered, \
      e.traceparent, e.tracestate, \
      (SELECT tr.transform FROM subscriptions tr WHERE tr.id = d.transform_by) AS transform, \
      CASE WHEN d.transform_by IS NOT NULL THEN e.headers::text END AS event_headers";
@@ -368,6 +380,7 @@ mod tests {
             source_name: "s".into(),
             content_type: None,
             payload: bytes::Bytes::new(),
+            payload_bytes: 0,
             ordered: false,
             probe_token: None,
             traceparent: None,

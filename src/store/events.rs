@@ -370,6 +370,12 @@ pub async fn by_id(db: impl PgExecutor<'_>, id: EventId) -> Result<Option<Event>
     .await
 }
 
+/// The body of the event `id` (`None`: there is no such event). A delivery's worker reads
+/// a large body this way, once it has room for it (`crate::deliver::bodies`).
+pub async fn payload(db: impl PgExecutor<'_>, id: EventId) -> Result<Option<Vec<u8>>, sqlx::Error> {
+    crate::db::query_scalar("SELECT payload FROM events WHERE id = $1").bind(id).fetch_optional(db).await
+}
+
 /// An event without its body, for listings.
 #[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, utoipa::ToSchema)]
 pub struct EventSummary {

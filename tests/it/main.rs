@@ -13,6 +13,7 @@ mod console;
 mod db_outage;
 mod db_partition;
 mod delivery;
+mod delivery_memory;
 mod embedded;
 mod failover;
 mod fairness;

@@ -174,6 +174,7 @@ pub fn test_settings() -> Settings {
                 cooldown_cap: Duration::from_secs(2),
                 release_per_sec: 1000,
             },
+            body_memory_bytes: 128 * 1024 * 1024,
         },
         egress: EgressConfig {
             allow: vec!["127.0.0.1/32".parse().expect("cidr")],

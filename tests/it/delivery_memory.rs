@@ -1,0 +1,73 @@
+//! Delivery holds bodies by bytes in flight (`--delivery-memory-mib`), not by workers ×
+//! the largest body: large bodies wait for room and are read only then, small ones pass
+//! beside them, every body arrives byte for byte, and waiting spends no attempt.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::sink::{Reply, Sink};
+use crate::support::{TestApp, TestDb, eventually, test_settings};
+
+/// How long the sink holds each request: a request in progress at least this long.
+const HOLD: Duration = Duration::from_millis(400);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn large_bodies_are_sent_within_the_memory_budget_and_small_ones_pass_beside_them() {
+    const LARGE: usize = 400 * 1024;
+    let mut settings = test_settings();
+    settings.max_body_bytes = 1024 * 1024;
+    settings.delivery.workers = 16;
+    settings.delivery.endpoint_max_in_flight = 16;
+    // Each body counts twice: two 400 KiB bodies fit (1,600 KiB), a third does not.
+    settings.delivery.body_memory_bytes = 2 * 1024 * 1024;
+    let app = TestApp::spawn_with(TestDb::new().await, settings, 16).await;
+    app.source_none("shop").await;
+    let sink = Sink::start(|_, _| Reply::Hold(HOLD)).await;
+    app.endpoint_for(&sink.url("/"), Some("shop")).await;
+
+    let mut sent = Vec::new();
+    for n in 0..6 {
+        // Distinct, incompressible-looking bodies (no two alike, so no dedupe).
+        let filler: String = (0..LARGE).map(|i| char::from(b'a' + ((i * 7 + n * 13) % 26) as u8)).collect();
+        let body = json!({"n": n, "filler": filler}).to_string();
+        assert_eq!(app.ingest("shop", &format!("large-{n}"), "big", &body).await.0, 200);
+        sent.push(body);
+    }
+    for n in 0..4 {
+        let body = json!({"n": n, "small": true}).to_string();
+        assert_eq!(app.ingest("shop", &format!("small-{n}"), "small", &body).await.0, 200);
+        sent.push(body);
+    }
+    eventually(Duration::from_secs(60), "every webhook delivered", || async { (sink.count() >= 10).then_some(()) })
+        .await;
+
+    let received = sink.received();
+    let mut bodies: Vec<String> = received.iter().map(|r| String::from_utf8(r.body.to_vec()).unwrap()).collect();
+    bodies.sort();
+    sent.sort();
+    assert_eq!(bodies, sent, "every body arrives once, byte for byte");
+
+    // Each large request was in progress for at least HOLD after it arrived: three that
+    // arrived within HOLD of one another were held at once, which the budget forbids.
+    let mut large_arrivals: Vec<_> = received.iter().filter(|r| r.body.len() > LARGE).map(|r| r.at).collect();
+    large_arrivals.sort();
+    for three in large_arrivals.windows(3) {
+        assert!(three[2] - three[0] >= HOLD, "three large bodies in flight at once: {:?}", three[2] - three[0]);
+    }
+    // The small ones did not wait for the large ones: all of them arrived before the last
+    // large one (which waited for room behind four others).
+    let last_large = *large_arrivals.last().unwrap();
+    assert!(received.iter().filter(|r| r.body.len() < 1024).all(|r| r.at < last_large), "small ones passed");
+
+    // Waiting for room spent no attempt.
+    eventually(Duration::from_secs(30), "every outcome recorded", || async {
+        (crate::support::count_status(&app.db.pool, "delivered").await == 10).then_some(())
+    })
+    .await;
+    let attempts: Vec<i64> = sqlx::query_scalar("SELECT attempt_count::int8 FROM deliveries ORDER BY id")
+        .fetch_all(&app.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, vec![1; 10], "one attempt each");
+}

@@ -141,7 +141,7 @@ pub async fn list(db: impl PgExecutor<'_>, q: &Query, limit: i64) -> Result<Vec<
         b.push(" AND id < ").push_bind(id);
     }
     b.push(" ORDER BY id DESC LIMIT ").push_bind(limit);
-    b.build_query_as().fetch_all(db).await
+    crate::db::built_as(&mut b).fetch_all(db).await
 }
 
 /// Delete up to `batch` entries older than `before`; how many.

@@ -42,7 +42,7 @@ pub use failure::{
     CONFLICT_TRIES, Health, REFUSAL_MEMORY, Refusal, Unavailable, classify, classify_sqlstate, is_conflict,
     is_unavailable, no_answer, retry_conflicts, unavailable,
 };
-pub use pool::{Pool, Pooler, query, query_as, query_scalar};
+pub use pool::{Pool, Pooler, built_as, built_scalar, query, query_as, query_scalar};
 pub(crate) use text_enum::text_enum;
 
 /// Default `--data-dir`: the embedded cluster lives in its `pg`, the generated admin

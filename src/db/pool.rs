@@ -91,6 +91,29 @@ where
     sqlx::query_scalar(sql).persistent(named_statements())
 }
 
+/// `QueryBuilder::build_query_as`, prepared as [`query`] is (a built statement is named
+/// and cached by default, which behind a transaction pooler meets another client's).
+#[allow(clippy::disallowed_methods)]
+pub fn built_as<'q, 'args, O>(
+    builder: &'q mut sqlx::QueryBuilder<'args, Postgres>,
+) -> QueryAs<'q, Postgres, O, PgArguments>
+where
+    O: for<'r> sqlx::FromRow<'r, PgRow>,
+{
+    builder.build_query_as().persistent(named_statements())
+}
+
+/// `QueryBuilder::build_query_scalar`, prepared as [`query`] is.
+#[allow(clippy::disallowed_methods)]
+pub fn built_scalar<'q, 'args, O>(
+    builder: &'q mut sqlx::QueryBuilder<'args, Postgres>,
+) -> QueryScalar<'q, Postgres, O, PgArguments>
+where
+    (O,): for<'r> sqlx::FromRow<'r, PgRow>,
+{
+    builder.build_query_scalar().persistent(named_statements())
+}
+
 /// The gateway's connection pool: sqlx's pool, the [`Health`] its failures report to,
 /// and the way to reach PostgreSQL for what needs a session. Cheap to clone.
 ///

@@ -84,7 +84,7 @@ pub async fn list(db: impl PgExecutor<'_>, filter: &Filter, limit: i64) -> Resul
         q.push(cmp).push_bind(after);
     }
     q.push(order).push(" LIMIT ").push_bind(limit);
-    q.build_query_as().fetch_all(db).await
+    crate::db::built_as(&mut q).fetch_all(db).await
 }
 
 /// Where an event's deliveries stand, for listings.

@@ -441,7 +441,7 @@ pub async fn list(pool: &crate::db::Pool, filter: &Filter, limit: i64) -> Result
             QueryBuilder::new("SELECT count(*) FROM (SELECT 1 FROM events e WHERE true");
         push_content(&mut probe, filter);
         probe.push(" LIMIT ").push_bind(DENSE_MATCHES).push(") AS m");
-        let matches: i64 = probe.build_query_scalar().fetch_one(&mut *tx).await?;
+        let matches: i64 = crate::db::built_scalar(&mut probe).fetch_one(&mut *tx).await?;
         // Sparse: read the matches through the GIN index and sort them. Dense: walk the id
         // order and test each event, which fills a page at once; said outright, because with
         // statistics that lag a fast-growing table the planner may read every match first.
@@ -487,7 +487,7 @@ pub async fn list(pool: &crate::db::Pool, filter: &Filter, limit: i64) -> Result
         q.push(cmp).push_bind(after);
     }
     q.push(order).push(" LIMIT ").push_bind(limit);
-    let found = q.build_query_as().fetch_all(&mut *tx).await?;
+    let found = crate::db::built_as(&mut q).fetch_all(&mut *tx).await?;
     tx.commit().await?;
     Ok(found)
 }

@@ -112,8 +112,7 @@ async fn a_fleet_behind_pgbouncer_in_transaction_mode_stores_once_and_delivers_e
         assert_eq!(seen.without_retry_after, 0, "every 503 carries Retry-After: {:?}", seen.statuses);
         eprintln!("answers seen through the pooler restart: {:?}", seen.statuses);
     }
-    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM events").fetch_one(&db.pool).await.unwrap();
-    assert_eq!(events, all.len() as i64, "each webhook stored once");
+    assert_eq!(db.count("events").await, all.len() as i64, "each webhook stored once");
 
     for (name, sink) in [("plain", &plain), ("ordered", &ordered)] {
         eventually(Duration::from_secs(60), &format!("every webhook delivered to the {name} endpoint"), || async {
@@ -157,5 +156,118 @@ async fn a_fleet_behind_pgbouncer_in_transaction_mode_stores_once_and_delivers_e
         logs[2].contains("no LISTEN for wake-ups") && !logs[1].contains("no LISTEN for wake-ups"),
         "the worker without a session URL says it polls; the one with it does not"
     );
+    drop(bouncer);
+}
+
+/// The admin surface behind PgBouncer in transaction mode, on two server connections:
+/// scoped tokens (created, used, revoked), the audit log, a search by content (whose
+/// transaction sets its own plan settings), an operational event published in the
+/// transaction that pauses an endpoint, trying a filter and a transformation on a stored
+/// event, and the console signed in with a scoped token. Nothing answers 500, and no
+/// statement meets another client's session state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_admin_surface_works_behind_pgbouncer_in_transaction_mode() {
+    let db = TestDb::empty().await;
+    let bouncer = PgBouncer::start(&db.url, 2);
+    let pooled = bouncer.url(&db.name(), &db.url);
+    let mut gateway = GatewayProcess::start(&pooled, &["--db-pooler", "transaction"]);
+    let base = format!("http://{}", gateway.addr);
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(30), "ready behind the pooler", || async {
+        (http.get(format!("{base}/readyz")).send().await.ok()?.status() == 200).then_some(())
+    })
+    .await;
+    let call = |method: reqwest::Method, path: String, token: &str, body: Option<serde_json::Value>| {
+        let mut request = http.request(method, format!("{base}{path}")).bearer_auth(token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        async move {
+            let answer = request.send().await.expect("call");
+            let status = answer.status().as_u16();
+            (status, answer.json::<serde_json::Value>().await.unwrap_or(serde_json::Value::Null))
+        }
+    };
+    let post =
+        |path: &str, token: &str, body: serde_json::Value| call(reqwest::Method::POST, path.into(), token, Some(body));
+    let get = |path: String, token: &str| call(reqwest::Method::GET, path, token, None);
+
+    let sink = Sink::ok().await;
+    let (status, _) = post(
+        "/v1/sources",
+        ADMIN_TOKEN,
+        json!({"name": "shop", "kind": "none", "dedupe": {"header": "X-Delivery-Id"}, "event_type": {"header": "X-Event-Type"}}),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let (_, endpoint) = post("/v1/endpoints", ADMIN_TOKEN, json!({"url": sink.url("/hook")})).await;
+    let endpoint_id = endpoint["id"].as_str().unwrap().to_owned();
+    post("/v1/subscriptions", ADMIN_TOKEN, json!({"endpoint_id": endpoint_id, "source": "shop"})).await;
+    let (status, on_call) = post("/v1/tokens", ADMIN_TOKEN, json!({"name": "on-call", "scope": "operate"})).await;
+    assert_eq!(status, 201);
+    let on_call = on_call["token"].as_str().unwrap().to_owned();
+    let (_, dashboard) =
+        post("/v1/tokens", ADMIN_TOKEN, json!({"name": "dashboard", "scope": "read", "payloads": false})).await;
+    let dashboard = dashboard["token"].as_str().unwrap().to_owned();
+
+    for i in 0..20 {
+        let answer = http
+            .post(format!("{base}/ingest/shop"))
+            .header("x-delivery-id", format!("d-{i}"))
+            .header("x-event-type", "order.paid")
+            .json(&json!({"order": i, "customer": format!("c{}", i % 3)}))
+            .send()
+            .await
+            .expect("ingest");
+        assert_eq!(answer.status(), 200);
+    }
+    eventually(Duration::from_secs(30), "delivered", || async { (sink.count() >= 20).then_some(()) }).await;
+
+    // A search by content: its transaction sets its own plan, and no setting leaks.
+    let (status, found) = get("/v1/events?payload=order=7".into(), ADMIN_TOKEN).await;
+    assert_eq!((status, found["data"].as_array().map(Vec::len)), (200, Some(1)), "{found}");
+    let (status, found) = get("/v1/events?dedupe_key=d-3".into(), &dashboard).await;
+    assert_eq!((status, found["data"].as_array().map(Vec::len)), (200, Some(1)), "{found}");
+    assert_eq!(get("/v1/events?payload=order=7".into(), &dashboard).await.0, 403, "no payloads for it");
+    let event_id = found["data"][0]["id"].as_str().unwrap().to_owned();
+
+    // An operator pauses and resumes (each publishes an operational event in its own
+    // transaction), tries a filter and a transformation; then loses its token.
+    for action in ["pause", "resume"] {
+        let (status, body) = post(&format!("/v1/endpoints/{endpoint_id}/{action}"), &on_call, json!({})).await;
+        assert_eq!(status, 200, "{action}: {body}");
+    }
+    let (status, tried) =
+        post("/v1/filters/test", &on_call, json!({"filter": "$.payload.order == 3", "event_id": event_id})).await;
+    assert_eq!((status, tried["matches"].as_bool()), (200, Some(true)), "{tried}");
+    let script = "function handler(w) { return {n: w.payload.order}; }";
+    let (status, tried) =
+        post("/v1/transforms/test", &on_call, json!({"transform": script, "event_id": event_id})).await;
+    assert_eq!((status, &tried["body"]), (200, &json!({"n": 3})), "{tried}");
+    let (status, _) = call(reqwest::Method::DELETE, "/v1/tokens/on-call".into(), ADMIN_TOKEN, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(get("/v1/endpoints".into(), &on_call).await.0, 401, "revoked at once");
+
+    let (_, own) = get("/v1/events?source=_gateway".into(), ADMIN_TOKEN).await;
+    let types: Vec<&str> = own["data"].as_array().unwrap().iter().filter_map(|e| e["event_type"].as_str()).collect();
+    assert!(types.contains(&"endpoint.paused") && types.contains(&"endpoint.resumed"), "{types:?}");
+    let (status, audit) = get("/v1/audit?actor=on-call".into(), ADMIN_TOKEN).await;
+    let actions: Vec<&str> = audit["data"].as_array().unwrap().iter().filter_map(|e| e["action"].as_str()).collect();
+    assert_eq!(status, 200);
+    assert_eq!(actions, ["POST /v1/endpoints/{id}/resume", "POST /v1/endpoints/{id}/pause"], "newest first");
+
+    // The console, signed in with the read token, through the same pooler.
+    let browser = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let signed_in = browser.post(format!("{base}/console/login")).form(&[("token", dashboard.as_str())]).send().await;
+    let cookie =
+        signed_in.expect("sign in").headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_owned();
+    let page = browser.get(format!("{base}/console/events/{event_id}")).header("cookie", cookie).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("payload-withheld"));
+
+    assert!(gateway.terminate(), "clean exit");
+    let log = std::fs::read_to_string(&gateway.log).unwrap_or_default();
+    assert!(session_state_errors(&log).is_empty(), "a statement met session state: {:?}", session_state_errors(&log));
+    assert!(!log.contains(" 500 "), "no 500 answer");
     drop(bouncer);
 }

@@ -17,7 +17,7 @@ use webhook_gateway::db::embedded;
 
 use crate::support::producer::{Seen, produce};
 use crate::support::sink::Sink;
-use crate::support::{TestApp, eventually, gateway_with_sink, start_throwaway_cluster};
+use crate::support::{ADMIN_TOKEN, TestApp, eventually, gateway_with_sink, start_throwaway_cluster};
 
 /// A private cluster, its superuser connection, and a database `gw` owned by the login
 /// role the gateway uses (`gw`, not a superuser: connection limits apply to it).
@@ -137,6 +137,25 @@ async fn a_read_only_server_answers_503_and_the_gateway_heals_when_it_takes_writ
     }
     assert!(statuses.iter().all(|s| *s == 503), "read-only: every answer 503, got {statuses:?}");
     assert_eq!(readiness(&base).await, (503, "database read-only".to_owned()));
+    // The admin API on the read-only server: the pool takes no connection to a node that
+    // refuses writes (it may be a demoted primary, whose reads are stale), so reads and
+    // changes alike (a search by content, tokens, the audit log; a token created, which
+    // writes its audit row) are 503 with Retry-After, never a 500.
+    let http = reqwest::Client::new();
+    for (method, path) in [
+        (reqwest::Method::GET, "/v1/events?payload=id=before-1"),
+        (reqwest::Method::GET, "/v1/tokens"),
+        (reqwest::Method::GET, "/v1/audit"),
+        (reqwest::Method::POST, "/v1/tokens"),
+    ] {
+        let mut request = http.request(method.clone(), format!("{base}{path}")).bearer_auth(ADMIN_TOKEN);
+        if method == reqwest::Method::POST {
+            request = request.json(&json!({"name": "ro", "scope": "read"}));
+        }
+        let answer = request.send().await.expect("admin call");
+        let (status, retry_after) = (answer.status().as_u16(), answer.headers().contains_key("retry-after"));
+        assert_eq!((status, retry_after), (503, true), "{method} {path} on a read-only server");
+    }
     // New sessions are read-only too: the pool's fresh connections are refused at connect.
     db.terminate_gateway_sessions().await;
     let (status, retry_after) = post_once(&base, "fresh-connection", "{}".into()).await;

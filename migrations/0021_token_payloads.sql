@@ -7,3 +7,7 @@
 ALTER TABLE api_tokens
     ADD COLUMN payloads boolean NOT NULL DEFAULT true,
     ADD CONSTRAINT api_tokens_admin_reads_payloads CHECK (payloads OR scope <> 'admin');
+
+-- When each token was last used (to the minute: a call updates it at most once a
+-- minute), so that an unused token can be found and revoked.
+ALTER TABLE api_tokens ADD COLUMN last_used_at timestamptz;

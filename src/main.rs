@@ -344,8 +344,9 @@ async fn tokens_command(args: webhook_gateway::config::TokensArgs) -> anyhow::Re
                         (None, None) => "no expiry".into(),
                     };
                     let payloads = if t.payloads { "payloads" } else { "no payloads" };
+                    let used = t.last_used_at.map_or_else(|| "never used".to_owned(), |at| format!("last used {at}"));
                     println!(
-                        "{}\t{}\t{}\t{payloads}\t{state}\tcreated {} by {}",
+                        "{}\t{}\t{}\t{payloads}\t{state}\tcreated {} by {}\t{used}",
                         t.id, t.name, t.scope, t.created_at, t.created_by
                     );
                 }

@@ -94,7 +94,13 @@ pub async fn principal_of(state: &AppState, token: &str) -> Result<Option<Princi
     }
     // Bounded: a lookup sent into a partition answers 503 by the deadline.
     match tokio::time::timeout(state.db_timeout, tokens::sql::principal(&state.pool, &tokens::hash(token))).await {
-        Ok(found) => Ok(found?),
+        Ok(found) => {
+            let found = found?;
+            if let Some(p) = &found {
+                tokens::sql::touch_later(&state.pool, p);
+            }
+            Ok(found)
+        }
         Err(_) => Err(ApiError::unavailable("the database did not answer in time; nothing was changed")),
     }
 }

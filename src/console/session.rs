@@ -110,6 +110,7 @@ impl Session {
             }
         };
         Ok(principal.map(|p| {
+            tokens::sql::touch_later(&state.pool, &p);
             self.principal = Some(p);
             self
         }))

@@ -20,6 +20,7 @@ struct TokenRow {
     state: String,
     active: bool,
     payloads: bool,
+    last_used: String,
 }
 
 #[derive(Template)]
@@ -60,6 +61,9 @@ async fn tokens_page(
                 state,
                 active,
                 payloads: t.payloads,
+                last_used: t
+                    .last_used_at
+                    .map_or_else(|| "never".to_owned(), |at| at.format("%Y-%m-%d %H:%M UTC").to_string()),
             }
         })
         .collect();

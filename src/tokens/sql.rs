@@ -24,9 +24,11 @@ pub struct TokenInfo {
     pub revoked_at: Option<DateTime<Utc>>,
     /// Whether it may read the payloads of stored events (`false`: they are withheld).
     pub payloads: bool,
+    /// When it was last used, to the minute (`null`: never).
+    pub last_used_at: Option<DateTime<Utc>>,
 }
 
-const COLUMNS: &str = "id, name, scope, created_at, created_by, expires_at, revoked_at, payloads";
+const COLUMNS: &str = "id, name, scope, created_at, created_by, expires_at, revoked_at, payloads, last_used_at";
 
 /// What a new token is: its name, scope, expiry and whether it reads payloads.
 #[derive(Debug, Clone)]
@@ -78,6 +80,31 @@ pub async fn revoke(db: impl PgExecutor<'_>, id_or_name: &str) -> Result<Option<
     .bind(id_or_name)
     .fetch_optional(db)
     .await
+}
+
+/// Note that the token `id` was used now, unless that was noted less than a minute ago
+/// (so a busy token costs a write a minute, not one per call).
+pub async fn touch(db: impl PgExecutor<'_>, id: uuid::Uuid) -> Result<(), sqlx::Error> {
+    crate::db::query(
+        "UPDATE api_tokens SET last_used_at = now()
+         WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')",
+    )
+    .bind(id)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
+/// Note, in the background, that the caller `p` used its token (see [`touch`]): the call
+/// does not wait for it, and a failure (a read-only node) only costs the note.
+pub fn touch_later(pool: &crate::db::Pool, p: &Principal) {
+    let Some(id) = p.token_id else { return };
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        if let Err(e) = touch(&pool, id).await {
+            tracing::debug!(token_id = %id, error = %e, "could not note the token's use");
+        }
+    });
 }
 
 /// The caller a token hash stands for, if it is known, not revoked and not expired.

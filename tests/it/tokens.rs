@@ -112,6 +112,25 @@ async fn tokens_are_shown_once_stored_as_hashes_and_named_once() {
     }
 }
 
+/// A token's last use is noted (at most once a minute), so an unused one can be found.
+#[tokio::test]
+async fn the_last_use_of_each_token_is_noted() {
+    let app = TestApp::spawn().await;
+    let used = token(&app, "used", "read").await;
+    token(&app, "unused", "read").await;
+    let before = chrono::Utc::now() - chrono::Duration::seconds(1);
+    assert_eq!(call(&app, &Method::GET, "/v1/endpoints", Some(&used)).await, 200);
+    let listed = crate::support::eventually(std::time::Duration::from_secs(10), "the use noted", || async {
+        let listed = app.admin_get("/v1/tokens").await;
+        listed["data"][0]["last_used_at"].is_string().then_some(listed)
+    })
+    .await;
+    let at: chrono::DateTime<chrono::Utc> = listed["data"][0]["last_used_at"].as_str().unwrap().parse().unwrap();
+    assert!(at >= before, "{listed}");
+    assert_eq!(listed["data"][1]["name"], "unused");
+    assert!(listed["data"][1]["last_used_at"].is_null(), "{listed}");
+}
+
 /// Revoked through one replica, refused at once by another: no cache anywhere.
 #[tokio::test]
 async fn a_revoked_token_stops_at_once_on_every_replica() {

@@ -3,11 +3,14 @@
 //!
 //! A claim brings the bodies of events up to [`INLINE_BODY_BYTES`] with it (most webhooks:
 //! one round trip, as before). A larger body stays in the database until its worker has
-//! reserved room for it in the process's [`MemoryBudget`], then is read by id. Every body,
-//! small or large, holds its room until its attempt ends. So with 1,024 workers and 1 MiB
-//! webhooks, a worker process holds at most the budget of large bodies (plus at most
-//! workers × 64 KiB of small ones), where it used to hold up to a claim of 256 large
-//! bodies at once, and every worker's.
+//! reserved room for it in the process's [`MemoryBudget`], then is read by id, and holds
+//! its room until its attempt ends. So with 1,024 workers and 1 MiB webhooks, a worker
+//! process holds at most the budget of large bodies plus workers × 64 KiB of small ones,
+//! where it used to hold up to a claim of 256 large bodies at once, and every worker's.
+//!
+//! Small bodies reserve nothing: they are in memory already (the claim brought them), and
+//! the budget's queue is first come, first served, so a small body behind a large one
+//! waiting for room would wait with it. They pass beside the large ones instead.
 //!
 //! A worker that finds no room within [`patience`] gives its claim back without spending
 //! an attempt (nothing was sent), due again shortly; so does one whose body cannot be
@@ -52,21 +55,23 @@ pub enum NotHeld {
     Unreadable(String),
 }
 
-/// Reserve room for `job`'s body and, when the claim did not bring it, read it; the
-/// reservation lasts as long as the returned permit.
-pub async fn hold(ctx: &Context, job: &mut Claimed) -> Result<OwnedSemaphorePermit, NotHeld> {
+/// When the claim did not bring `job`'s body, reserve room for it and read it; the
+/// reservation lasts as long as the returned permit (`None`: a small body, which the
+/// claim brought and which reserves nothing).
+pub async fn hold(ctx: &Context, job: &mut Claimed) -> Result<Option<OwnedSemaphorePermit>, NotHeld> {
     let size = u64::try_from(job.payload_bytes).unwrap_or(0);
-    let room = ctx.bodies.reserve(size, patience(ctx.settings.lease)).await.ok_or(NotHeld::NoRoom)?;
-    if job.payload.len() as u64 != size {
-        let read = tokio::time::timeout(ctx.settings.lease / 4, crate::store::events::payload(&ctx.pool, job.event_id));
-        match read.await {
-            Ok(Ok(Some(body))) => job.payload = bytes::Bytes::from(body),
-            Ok(Ok(None)) => return Err(NotHeld::Unreadable("its event is gone".to_owned())),
-            Ok(Err(e)) => return Err(NotHeld::Unreadable(e.to_string())),
-            Err(_) => return Err(NotHeld::Unreadable("the database did not answer in time".to_owned())),
-        }
+    if job.payload.len() as u64 == size {
+        return Ok(None);
     }
-    Ok(room)
+    let room = ctx.bodies.reserve(size, patience(ctx.settings.lease)).await.ok_or(NotHeld::NoRoom)?;
+    let read = tokio::time::timeout(ctx.settings.lease / 4, crate::store::events::payload(&ctx.pool, job.event_id));
+    match read.await {
+        Ok(Ok(Some(body))) => job.payload = bytes::Bytes::from(body),
+        Ok(Ok(None)) => return Err(NotHeld::Unreadable("its event is gone".to_owned())),
+        Ok(Err(e)) => return Err(NotHeld::Unreadable(e.to_string())),
+        Err(_) => return Err(NotHeld::Unreadable("the database did not answer in time".to_owned())),
+    }
+    Ok(Some(room))
 }
 
 #[cfg(test)]

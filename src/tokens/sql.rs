@@ -96,9 +96,26 @@ pub async fn touch(db: impl PgExecutor<'_>, id: uuid::Uuid) -> Result<(), sqlx::
 }
 
 /// Note, in the background, that the caller `p` used its token (see [`touch`]): the call
-/// does not wait for it, and a failure (a read-only node) only costs the note.
+/// does not wait for it, and a failure (a read-only node) only costs the note. Each
+/// process sends it at most once a minute per token, so a token used a hundred times a
+/// second costs no statement per call.
 pub fn touch_later(pool: &crate::db::Pool, p: &Principal) {
+    use std::collections::HashMap;
+    use std::sync::{LazyLock, Mutex};
+    use std::time::{Duration, Instant};
+    static NOTED: LazyLock<Mutex<HashMap<uuid::Uuid, Instant>>> = LazyLock::new(Mutex::default);
+    const EVERY: Duration = Duration::from_secs(60);
     let Some(id) = p.token_id else { return };
+    {
+        let Ok(mut noted) = NOTED.lock() else { return };
+        let now = Instant::now();
+        if noted.get(&id).is_some_and(|at| now.duration_since(*at) < EVERY) {
+            return;
+        }
+        // Bounded: tokens not noted for a minute are forgotten.
+        noted.retain(|_, at| now.duration_since(*at) < EVERY);
+        noted.insert(id, now);
+    }
     let pool = pool.clone();
     tokio::spawn(async move {
         if let Err(e) = touch(&pool, id).await {

@@ -84,7 +84,7 @@ pub(crate) fn apply_within(script: &str, webhook: &str, limit: Duration) -> Resu
             Some(at) => warm.remove(at),
             None => {
                 warm.retain(|w| w.script != script);
-                Warm::new(script).map_err(failed)?
+                Warm::new(script, limit)?
             }
         };
         w.runs += 1;
@@ -138,21 +138,27 @@ struct Warm {
 }
 
 impl Warm {
-    fn new(script: &str) -> Result<Warm, String> {
-        let runtime = bounded_runtime()?;
+    /// A context that has evaluated `script`, the evaluation bounded by `limit` (the run's
+    /// own bound: evaluating a script is part of the run that needs its context).
+    fn new(script: &str, limit: Duration) -> Result<Warm, Failed> {
+        let failed = |reason: String| Failed { reason, timed_out: false };
+        let runtime = bounded_runtime().map_err(failed)?;
         let epoch = Instant::now();
         let deadline = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let armed = deadline.clone();
         runtime.set_interrupt_handler(Some(Box::new(move || {
             epoch.elapsed().as_nanos() as u64 > armed.load(std::sync::atomic::Ordering::Relaxed)
         })));
-        let context = Context::full(&runtime).map_err(|e| format!("cannot start the script engine: {e}"))?;
+        let context = Context::full(&runtime).map_err(|e| failed(format!("cannot start the script engine: {e}")))?;
         let warm = Warm { script: script.to_owned(), context, _runtime: runtime, deadline, epoch, runs: 0 };
-        warm.arm(TIME_LIMIT);
+        warm.arm(limit);
         warm.context.with(|ctx| {
             ctx.eval::<(), _>(script).map_err(|e| match e {
-                rquickjs::Error::Exception => describe(&ctx, ctx.catch(), TIME_LIMIT).0,
-                other => other.to_string(),
+                rquickjs::Error::Exception => {
+                    let (reason, timed_out) = describe(&ctx, ctx.catch(), limit);
+                    Failed { reason, timed_out }
+                }
+                other => failed(other.to_string()),
             })
         })?;
         Ok(warm)

@@ -155,10 +155,10 @@ mod tests {
 mod inline_tests {
     use super::*;
 
-    /// A script that is slow on a small webhook is cut off on the caller's thread after
-    /// [`INLINE_LIMIT`], runs again on a transformation thread with the full bound (so a
-    /// handler that needs 20 ms still gets its answer), and from then on goes there
-    /// directly; a fast script keeps running on the caller's thread.
+    /// A script that is slow on a small webhook (or slow to evaluate) is cut off on the
+    /// caller's thread after [`INLINE_LIMIT`], runs again on a transformation thread with
+    /// the full bound (so a handler that needs 20 ms still gets its answer), and from then
+    /// on goes there directly; a fast script keeps running on the caller's thread.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_slow_script_moves_to_the_transformation_threads_and_still_answers() {
         let busy =
@@ -167,6 +167,12 @@ mod inline_tests {
         assert_eq!(run(busy, r#"{"payload":{}}"#.to_owned()).await.expect("answered on the pool"), b"\"done\"");
         assert!(slow::is(busy), "remembered as slow");
         assert_eq!(run(busy, r#"{"payload":{}}"#.to_owned()).await.expect("answered"), b"\"done\"");
+        // Slow to evaluate (its top level runs 20 ms): building its context counts as the
+        // run, so it is cut off on the caller's thread too, and answered on the pool.
+        let slow_start =
+            "const until = Date.now() + 20; while (Date.now() < until) {} function handler(w) { return 'ready'; }";
+        assert_eq!(run(slow_start, r#"{"payload":{}}"#.to_owned()).await.expect("answered on the pool"), b"\"ready\"");
+        assert!(slow::is(slow_start), "remembered as slow");
         let quick = "function handler(w) { return w.payload.n + 1; }";
         assert_eq!(run(quick, r#"{"payload":{"n":41}}"#.to_owned()).await.expect("answered"), b"42");
         assert!(!slow::is(quick));

@@ -124,30 +124,33 @@ pub fn touch_later(pool: &crate::db::Pool, p: &Principal) {
     });
 }
 
+/// The statement that finds the caller of a token that still works (not revoked, not
+/// expired) by `$key = $1`: the one rule for both ways a token is presented.
+macro_rules! valid_token_by {
+    ($key:literal) => {
+        concat!(
+            "SELECT id, name, scope, payloads FROM api_tokens WHERE ",
+            $key,
+            " = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())"
+        )
+    };
+}
+
+/// A row of [`valid_token_by`] as the caller it stands for.
+fn principal_of_row(row: Option<(uuid::Uuid, String, String, bool)>) -> Option<Principal> {
+    row.and_then(|(id, name, scope, payloads)| {
+        Scope::parse(&scope).map(|scope| Principal { name, scope, token_id: Some(id), payloads })
+    })
+}
+
 /// The caller a token hash stands for, if it is known, not revoked and not expired.
 pub async fn principal(db: impl PgExecutor<'_>, token_hash: &[u8]) -> Result<Option<Principal>, sqlx::Error> {
-    let row: Option<(uuid::Uuid, String, String, bool)> = crate::db::query_as(
-        "SELECT id, name, scope, payloads FROM api_tokens
-         WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
-    )
-    .bind(token_hash)
-    .fetch_optional(db)
-    .await?;
-    Ok(row.and_then(|(id, name, scope, payloads)| {
-        Scope::parse(&scope).map(|scope| Principal { name, scope, token_id: Some(id), payloads })
-    }))
+    let row = crate::db::query_as(valid_token_by!("token_hash")).bind(token_hash).fetch_optional(db).await?;
+    Ok(principal_of_row(row))
 }
 
 /// The caller of the stored token `id` (a console session's), if it is still valid.
 pub async fn principal_by_id(db: impl PgExecutor<'_>, id: uuid::Uuid) -> Result<Option<Principal>, sqlx::Error> {
-    let row: Option<(String, String, bool)> = crate::db::query_as(
-        "SELECT name, scope, payloads FROM api_tokens
-         WHERE id = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
-    )
-    .bind(id)
-    .fetch_optional(db)
-    .await?;
-    Ok(row.and_then(|(name, scope, payloads)| {
-        Scope::parse(&scope).map(|scope| Principal { name, scope, token_id: Some(id), payloads })
-    }))
+    let row = crate::db::query_as(valid_token_by!("id")).bind(id).fetch_optional(db).await?;
+    Ok(principal_of_row(row))
 }

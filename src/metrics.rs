@@ -102,10 +102,9 @@ pub fn ingest_shed() {
     counter!(INGEST_SHED).increment(1);
 }
 
-/// Count a delivery given back before its attempt: no room for its body, or its body
-/// could not be read.
-pub fn delivery_body_given_back(no_room: bool) {
-    let reason = if no_room { "no_room" } else { "unreadable_body" };
+/// Count a delivery given back before its attempt, by `reason` (`no_room`,
+/// `unreadable_body`).
+pub fn delivery_body_given_back(reason: &'static str) {
     counter!(DELIVERY_BODIES_GIVEN_BACK, "reason" => reason).increment(1);
 }
 

@@ -85,13 +85,11 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(form): 
         cursor,
         newest_first: true,
     };
-    // A condition typed wrong is said on the search page, with what was typed.
+    // A condition typed wrong (or refused: a payload condition for a token without
+    // payloads) is said on the search page, with what was typed.
     let (found, problem) = match actions::search_events(&state, &session.principal(), search, PAGE).await {
         Ok(found) => (found, String::new()),
-        Err(e) if matches!(e.code, crate::error::ErrorCode::ValidationFailed | crate::error::ErrorCode::Forbidden) => {
-            (Vec::new(), e.message)
-        }
-        Err(e) => return Err(e.into()),
+        Err(e) => (Vec::new(), super::shown(e)?),
     };
     let next =
         (found.len() as i64 == PAGE).then(|| found.last().map(|e| e.id.to_string())).flatten().and_then(|last| {

@@ -77,7 +77,7 @@ async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, spa
                 super::bodies::NotHeld::Unreadable(e) => tracing::warn!(delivery_id = %job.id, error = %e,
                     "cannot read the delivery's body; given back"),
             }
-            crate::metrics::delivery_body_given_back(matches!(why, super::bodies::NotHeld::NoRoom));
+            crate::metrics::delivery_body_given_back(why.reason());
             let due = Utc::now() + super::bodies::RETRY;
             return hand_over(&ctx, &job, UnsentEnd::GiveBack { due }, slot).await;
         }

@@ -55,6 +55,16 @@ pub enum NotHeld {
     Unreadable(String),
 }
 
+impl NotHeld {
+    /// The `reason` label of `webhook_gateway_delivery_bodies_given_back_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            NotHeld::NoRoom => "no_room",
+            NotHeld::Unreadable(_) => "unreadable_body",
+        }
+    }
+}
+
 /// When the claim did not bring `job`'s body, reserve room for it and read it; the
 /// reservation lasts as long as the returned permit (`None`: a small body, which the
 /// claim brought and which reserves nothing).

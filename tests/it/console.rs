@@ -33,7 +33,7 @@ pub(crate) async fn page(app: &TestApp, cookie: &str, path: &str) -> (StatusCode
 }
 
 /// The CSRF token of a page's forms.
-fn csrf_of(html: &str) -> String {
+pub(crate) fn csrf_of(html: &str) -> String {
     let marker = r#"name="csrf" value=""#;
     let start = html.find(marker).expect("a form with a CSRF token") + marker.len();
     html[start..].split('"').next().expect("token").to_owned()

@@ -281,17 +281,10 @@ async fn the_console_signs_in_with_a_scoped_token_and_allows_what_its_scope_allo
         }
     };
     let page = |cookie: String, path: String| {
-        let client = client.clone();
-        let url = app.url(&path);
-        async move {
-            let response = client.get(url).header("cookie", cookie).send().await.unwrap();
-            (response.status().as_u16(), response.text().await.unwrap())
-        }
+        let app = &app;
+        async move { crate::console::page(app, &cookie, &path).await }
     };
-    let csrf = |html: &str| {
-        let at = html.find("name=\"csrf\" value=\"").expect("a form") + "name=\"csrf\" value=\"".len();
-        html[at..at + 64].to_owned()
-    };
+    let csrf = crate::console::csrf_of;
     let post = |cookie: String, path: String, csrf: String| {
         let client = client.clone();
         let url = app.url(&path);
@@ -356,10 +349,7 @@ async fn the_console_creates_and_revokes_tokens_and_shows_the_audit_log_to_admin
     let cookie = crate::console::sign_in(&app).await;
     let (status, html) = crate::console::page(&app, &cookie, "/console/tokens").await;
     assert_eq!(status, 200);
-    let csrf = {
-        let at = html.find("name=\"csrf\" value=\"").expect("a form") + "name=\"csrf\" value=\"".len();
-        html[at..at + 64].to_owned()
-    };
+    let csrf = crate::console::csrf_of(&html);
     let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
     let create = |fields: Vec<(&'static str, String)>| {
         let client = client.clone();
@@ -406,10 +396,7 @@ async fn the_console_creates_and_revokes_tokens_and_shows_the_audit_log_to_admin
     let grafana = listed["data"].as_array().unwrap().iter().find(|t| t["name"] == "grafana").expect("listed");
     assert_eq!(grafana["payloads"], false);
     // A read session sees neither page nor link.
-    let read_cookie = {
-        let response = client.post(app.url("/console/login")).form(&[("token", token.as_str())]).send().await.unwrap();
-        response.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_owned()
-    };
+    let read_cookie = crate::console::sign_in_with(&app, &token).await;
     let (status, overview) = crate::console::page(&app, &read_cookie, "/console").await;
     assert_eq!(status, 200);
     assert!(!overview.contains("/console/tokens") && !overview.contains("/console/audit"), "{overview}");

@@ -73,3 +73,28 @@ async fn large_bodies_are_sent_within_the_memory_budget_and_small_ones_pass_besi
         .unwrap();
     assert_eq!(attempts, vec![1; 10], "one attempt each");
 }
+
+/// A body the claim does not bring (over 64 KiB) is read before its transformation runs:
+/// the handler sees the whole payload, and the endpoint receives what it returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_large_body_is_read_before_its_transformation_runs() {
+    let mut settings = test_settings();
+    settings.max_body_bytes = 1024 * 1024;
+    let app = TestApp::spawn_with(TestDb::new().await, settings, 16).await;
+    app.source_none("shop").await;
+    let sink = Sink::ok().await;
+    let endpoint = app.admin_post("/v1/endpoints", json!({"url": sink.url("/")}), 201).await;
+    let script = "function handler(w) { return {n: w.payload.items.length, last: w.payload.items[w.payload.items.length - 1]}; }";
+    app.admin_post(
+        "/v1/subscriptions",
+        json!({"endpoint_id": endpoint["id"], "source": "shop", "transform": script}),
+        201,
+    )
+    .await;
+    let items: Vec<String> = (0..20_000).map(|i| format!("item-{i}")).collect();
+    let body = json!({"items": items}).to_string();
+    assert!(body.len() > 200 * 1024, "{}", body.len());
+    assert_eq!(app.ingest("shop", "big-1", "big", &body).await.0, 200);
+    eventually(Duration::from_secs(30), "delivered", || async { (sink.count() >= 1).then_some(()) }).await;
+    assert_eq!(&sink.received()[0].body[..], br#"{"n":20000,"last":"item-19999"}"#);
+}

@@ -26,7 +26,8 @@ fn session_state_errors(log: &str) -> Vec<&str> {
 /// processes, one listening for wake-ups through a direct session URL and polling only
 /// every minute (so its deliveries prove the wake-ups cross processes), one without a
 /// session URL (polling, which it says once). 400 webhooks to a plain and an ordered
-/// subscription, the pooler killed and restarted under load. Every webhook is stored
+/// subscription, the pooler killed and restarted under load, then three over the claim's
+/// inline body size (read by id by the worker that sends them). Every webhook is stored
 /// once and delivered to both endpoints, no answer is a 500, every 503 carries
 /// `Retry-After`, and no process ever meets another client's prepared statement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -103,11 +104,37 @@ async fn a_fleet_behind_pgbouncer_in_transaction_mode_stores_once_and_delivers_e
     let bouncer = restart.await.expect("restart");
     load.await.expect("load");
 
-    let all: HashSet<String> =
+    // Bodies over the claim's inline size: each worker reads them by id in a transaction
+    // of their own, after reserving room (`deliver::bodies`), through the pooler too.
+    let large: HashMap<String, String> = (0..3)
+        .map(|i| {
+            let id = format!("large-{i}");
+            let body = json!({"order": id, "customer": "c1", "pad": "x".repeat(100_000 + i)}).to_string();
+            (id, body)
+        })
+        .collect();
+    for (id, body) in &large {
+        eventually(Duration::from_secs(30), "a large webhook acknowledged through the pooler", || async {
+            let answer = http
+                .post(format!("{base}/ingest/shop"))
+                .header("x-delivery-id", id)
+                .header("x-event-type", "order.created")
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await
+                .ok()?;
+            answer.status().is_success().then_some(())
+        })
+        .await;
+    }
+
+    let produced: HashSet<String> =
         (0..30).map(|i| format!("wake-{i}")).chain((0..400).map(|i| format!("load-{i}"))).collect();
+    let all: HashSet<String> = produced.iter().cloned().chain(large.keys().cloned()).collect();
     {
         let seen = seen.lock().unwrap();
-        assert_eq!(seen.acknowledged, all, "every webhook acknowledged in the end");
+        assert_eq!(seen.acknowledged, produced, "every webhook acknowledged in the end");
         assert_eq!(seen.statuses.get(&500), None, "no 500 answer: {:?}", seen.statuses);
         assert_eq!(seen.without_retry_after, 0, "every 503 carries Retry-After: {:?}", seen.statuses);
         eprintln!("answers seen through the pooler restart: {:?}", seen.statuses);
@@ -120,6 +147,18 @@ async fn a_fleet_behind_pgbouncer_in_transaction_mode_stores_once_and_delivers_e
             (ids.len() == all.len()).then_some(())
         })
         .await;
+    }
+    // The large bodies arrived whole at both endpoints.
+    for sink in [&plain, &ordered] {
+        for received in sink.received() {
+            let order = serde_json::from_slice::<serde_json::Value>(&received.body).expect("JSON body")["order"]
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or_default();
+            if let Some(sent) = large.get(&order) {
+                assert_eq!(received.body, sent.as_bytes(), "{order} arrived byte for byte");
+            }
+        }
     }
     // The ordered endpoint got each customer's webhooks in their line's order.
     let mut last_seq: HashMap<String, i64> = HashMap::new();

@@ -2,7 +2,6 @@
 //! must not hang requests: ingest and the admin API answer 503 with Retry-After, and when
 //! the path heals the gateway recovers by itself with nothing lost.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -10,7 +9,7 @@ use webhook_gateway::app::Settings;
 use webhook_gateway::janitor::JanitorSettings;
 use webhook_gateway::role::Role;
 
-use crate::support::proxy::Proxy;
+use crate::support::proxy::{Proxy, server_addr};
 use crate::support::sink::Sink;
 use crate::support::{TestApp, TestDb, eventually, test_settings};
 
@@ -74,14 +73,6 @@ fn assert_unavailable(a: &Answer, what: &str) {
 
 fn message(a: &Answer) -> String {
     a.body["error"]["message"].as_str().unwrap_or_default().to_owned()
-}
-
-/// The address of the test PostgreSQL server behind `url`.
-fn server_addr(url: &str) -> SocketAddr {
-    let url = url::Url::parse(url).expect("database URL");
-    let host = url.host_str().expect("host");
-    let port = url.port().unwrap_or(5432);
-    std::net::ToSocketAddrs::to_socket_addrs(&(host, port)).expect("resolve").next().expect("an address")
 }
 
 /// A gateway of `role` whose pool (4 connections) goes through `proxy`; the test's own

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use crate::support::proxy::{Proxy, server_addr};
 use crate::support::sink::{Reply, Sink};
 use crate::support::{TestApp, TestDb, eventually, test_settings};
 
@@ -97,4 +98,77 @@ async fn a_large_body_is_read_before_its_transformation_runs() {
     assert_eq!(app.ingest("shop", "big-1", "big", &body).await.0, 200);
     eventually(Duration::from_secs(30), "delivered", || async { (sink.count() >= 1).then_some(()) }).await;
     assert_eq!(&sink.received()[0].body[..], br#"{"n":20000,"last":"item-19999"}"#);
+}
+
+/// A large body that cannot be read when its room comes (the database is gone) is given
+/// back without spending an attempt, and sent whole once the database is back: not left
+/// to its lease, not lost, not counted as a try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_large_body_that_cannot_be_read_is_given_back_and_sent_once_the_database_is_back() {
+    const LARGE: usize = 200 * 1024;
+    let db = TestDb::new().await;
+    let proxy = Proxy::start(server_addr(&db.url)).await;
+    let db = TestDb { url: proxy.url_for(&db.url), pool: db.pool };
+    let mut settings = test_settings();
+    settings.max_body_bytes = 1024 * 1024;
+    settings.delivery.workers = 4;
+    // Room for one large body (each counts twice), so the second waits for the first's.
+    settings.delivery.body_memory_bytes = 2 * (LARGE as u64 + 16 * 1024);
+    // No retention pass or operational checks: their connections would meet the outage too.
+    settings.janitor.interval = Duration::from_secs(86_400);
+    settings.operational.enabled = false;
+    let lease = settings.delivery.lease;
+    let app = TestApp::spawn_with(db, settings, 4).await;
+    app.source_none("shop").await;
+    let sink = Sink::start(|_, _| Reply::Hold(Duration::from_millis(1500))).await;
+    app.endpoint_for(&sink.url("/"), Some("shop")).await;
+
+    let mut sent = Vec::new();
+    for n in 0..2 {
+        let filler: String = (0..LARGE).map(|i| char::from(b'a' + ((i * 5 + n * 11) % 26) as u8)).collect();
+        let body = json!({"n": n, "filler": filler}).to_string();
+        assert_eq!(app.ingest("shop", &format!("large-{n}"), "big", &body).await.0, 200);
+        sent.push(body);
+    }
+    // Both claimed; the first in flight at the sink, the second waiting for its room.
+    eventually(Duration::from_secs(30), "the first in flight, both leased", || async {
+        let leased: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE leased_until IS NOT NULL")
+            .fetch_one(&app.db.pool)
+            .await
+            .ok()?;
+        (sink.count() >= 1 && leased == 2).then_some(())
+    })
+    .await;
+    // The database goes away while the first is held: when its attempt ends, the second
+    // gets the room and cannot read its body.
+    proxy.down();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    proxy.up().await;
+    let back = std::time::Instant::now();
+
+    eventually(Duration::from_secs(60), "both delivered and recorded", || async {
+        (crate::support::count_status(&app.db.pool, "delivered").await == 2).then_some(())
+    })
+    .await;
+    let received = sink.received();
+    let mut bodies: Vec<String> = received.iter().map(|r| String::from_utf8(r.body.to_vec()).unwrap()).collect();
+    bodies.sort();
+    bodies.dedup();
+    sent.sort();
+    assert_eq!(bodies, sent, "both bodies arrive whole");
+    let second = received.iter().map(|r| r.at).max().expect("arrivals");
+    assert!(second > back, "the second was sent only once the database was back");
+    assert!(
+        second - back < lease / 2,
+        "given back and claimed again, not left to its lease ({:?} after the database came back)",
+        second - back
+    );
+    let attempts: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT d.attempt_count::int8, (SELECT count(*) FROM attempts a WHERE a.delivery_id = d.id)
+         FROM deliveries d ORDER BY d.id",
+    )
+    .fetch_all(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(attempts, vec![(1, 1); 2], "the give-back spent no attempt");
 }

@@ -216,3 +216,11 @@ async fn pump(
         }
     }
 }
+
+/// The address of the server a database URL names (what a [`Proxy`] forwards to).
+pub fn server_addr(url: &str) -> SocketAddr {
+    let url = url::Url::parse(url).expect("database URL");
+    let host = url.host_str().expect("host");
+    let port = url.port().unwrap_or(5432);
+    std::net::ToSocketAddrs::to_socket_addrs(&(host, port)).expect("resolve").next().expect("an address")
+}

@@ -45,7 +45,6 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
     let statements = ctx.server.stat_statements && pg::reset_statements(&pool).await;
     let postmaster = ctx.server.postmaster();
     let script = ctx.work_dir.join("ingest.pgbench");
-    std::fs::write(&script, pg::pgbench_script()?)?;
     let host = gw.addr.to_string();
 
     let mut vars: Option<PgbenchVars> = None;
@@ -84,7 +83,9 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
 
         // 3. pgbench, same statement, same database, same concurrency.
         if vars.is_none() {
-            vars = Some(pgbench_vars(&pool).await?);
+            let v = pgbench_vars(&pool).await?;
+            std::fs::write(&script, pg::pgbench_script(v.fresh_terms)?)?;
+            vars = Some(v);
         }
         let v = vars.as_ref().expect("set above");
         checkpoint(&pool).await;
@@ -201,24 +202,25 @@ pub async fn checkpoint(pool: &PgPool) {
 /// content type, headers and (one) body.
 async fn pgbench_vars(pool: &PgPool) -> anyhow::Result<PgbenchVars> {
     #[allow(clippy::type_complexity)]
-    let (source, etype, ctype, headers, payload_hex, terms): (
-        String,
-        String,
-        Option<String>,
-        String,
-        String,
-        String,
-    ) = sqlx::query_as(
+    let rows: Vec<(String, String, Option<String>, String, String, Vec<i64>)> = sqlx::query_as(
         "SELECT source_id::text, event_type, content_type, headers::text, '\\x' || encode(payload, 'hex'),
-                    COALESCE(search, '{}')::text
-             FROM events WHERE source_id = (SELECT id FROM sources WHERE name = $1)
-             ORDER BY received_at DESC LIMIT 1",
+                COALESCE(search, '{}')
+         FROM events WHERE source_id = (SELECT id FROM sources WHERE name = $1)
+         ORDER BY received_at DESC LIMIT 2",
     )
     .bind(crate::payload::SOURCE)
-    .fetch_one(pool)
-    .await
-    .context("no event stored by the gateway to copy pgbench's parameters from")?;
-    Ok(PgbenchVars { source, etype, ctype: ctype.unwrap_or_default(), headers, payload_hex, terms })
+    .fetch_all(pool)
+    .await?;
+    let mut rows = rows.into_iter();
+    let (source, etype, ctype, headers, payload_hex, terms) =
+        rows.next().context("no event stored by the gateway to copy pgbench's parameters from")?;
+    // The terms this event shares with the one before it stay; the others are drawn per
+    // transaction (`pg::pgbench_script`).
+    let before: std::collections::HashSet<i64> = rows.next().map(|r| r.5.into_iter().collect()).unwrap_or_default();
+    let shared: Vec<String> = terms.iter().filter(|t| before.contains(t)).map(i64::to_string).collect();
+    let fresh_terms = terms.len() - shared.len();
+    let terms = format!("{{{}}}", shared.join(","));
+    Ok(PgbenchVars { source, etype, ctype: ctype.unwrap_or_default(), headers, payload_hex, terms, fresh_terms })
 }
 
 /// Send every request once over 8 connections; all must be answered 200.

@@ -10,6 +10,13 @@ use crate::support::proxy::{Proxy, server_addr};
 use crate::support::sink::{Reply, Sink};
 use crate::support::{TestApp, TestDb, eventually, test_settings};
 
+/// Webhook number `n`: a JSON body of a little over `bytes`, distinct from every other
+/// number's and incompressible-looking (no two alike, so no dedupe).
+fn large_body(n: usize, bytes: usize) -> String {
+    let filler: String = (0..bytes).map(|i| char::from(b'a' + ((i * 7 + n * 13) % 26) as u8)).collect();
+    json!({"n": n, "filler": filler}).to_string()
+}
+
 /// How long the sink holds each request: a request in progress at least this long.
 const HOLD: Duration = Duration::from_millis(1000);
 
@@ -29,9 +36,7 @@ async fn large_bodies_are_sent_within_the_memory_budget_and_small_ones_pass_besi
 
     let mut sent = Vec::new();
     for n in 0..6 {
-        // Distinct, incompressible-looking bodies (no two alike, so no dedupe).
-        let filler: String = (0..LARGE).map(|i| char::from(b'a' + ((i * 7 + n * 13) % 26) as u8)).collect();
-        let body = json!({"n": n, "filler": filler}).to_string();
+        let body = large_body(n, LARGE);
         assert_eq!(app.ingest("shop", &format!("large-{n}"), "big", &body).await.0, 200);
         sent.push(body);
     }
@@ -84,14 +89,8 @@ async fn a_large_body_is_read_before_its_transformation_runs() {
     let app = TestApp::spawn_with(TestDb::new().await, settings, 16).await;
     app.source_none("shop").await;
     let sink = Sink::ok().await;
-    let endpoint = app.admin_post("/v1/endpoints", json!({"url": sink.url("/")}), 201).await;
     let script = "function handler(w) { return {n: w.payload.items.length, last: w.payload.items[w.payload.items.length - 1]}; }";
-    app.admin_post(
-        "/v1/subscriptions",
-        json!({"endpoint_id": endpoint["id"], "source": "shop", "transform": script}),
-        201,
-    )
-    .await;
+    app.endpoint_with(&sink.url("/"), json!({"source": "shop", "transform": script})).await;
     let items: Vec<String> = (0..20_000).map(|i| format!("item-{i}")).collect();
     let body = json!({"items": items}).to_string();
     assert!(body.len() > 200 * 1024, "{}", body.len());
@@ -125,8 +124,7 @@ async fn a_large_body_that_cannot_be_read_is_given_back_and_sent_once_the_databa
 
     let mut sent = Vec::new();
     for n in 0..2 {
-        let filler: String = (0..LARGE).map(|i| char::from(b'a' + ((i * 5 + n * 11) % 26) as u8)).collect();
-        let body = json!({"n": n, "filler": filler}).to_string();
+        let body = large_body(n, LARGE);
         assert_eq!(app.ingest("shop", &format!("large-{n}"), "big", &body).await.0, 200);
         sent.push(body);
     }

@@ -246,14 +246,8 @@ async fn a_deeply_nested_body_is_filtered_in_one_walk() {
     let app = TestApp::spawn().await;
     app.source_none("shop").await;
     let filtered = Sink::ok().await;
-    let endpoint = app.admin_post("/v1/endpoints", json!({"url": filtered.url("/")}), 201).await;
     let filter = "exists($.payload.** ? (@ == \"needle\"))";
-    app.admin_post(
-        "/v1/subscriptions",
-        json!({"endpoint_id": endpoint["id"], "source": "shop", "filter": filter}),
-        201,
-    )
-    .await;
+    app.endpoint_with(&filtered.url("/"), json!({"source": "shop", "filter": filter})).await;
     let everything = Sink::ok().await;
     app.endpoint_for(&everything.url("/"), Some("shop")).await;
     let deep = format!("{}\"needle\"{}", "[".repeat(5000), "]".repeat(5000));
@@ -388,14 +382,9 @@ async fn the_fan_out_decides_what_trying_the_filter_shows_for_generated_filters_
     let mut subscriptions = Vec::new();
     for i in 0..FILTERS {
         let filter = generated_filter(&mut rng, 3);
-        let endpoint = app.admin_post("/v1/endpoints", json!({"url": format!("http://127.0.0.1:9/{i}")}), 201).await;
-        app.admin_post(
-            "/v1/subscriptions",
-            json!({"endpoint_id": endpoint["id"], "source": "shop", "filter": filter}),
-            201,
-        )
-        .await;
-        subscriptions.push((filter, endpoint["id"].as_str().unwrap().to_owned()));
+        let url = format!("http://127.0.0.1:9/{i}");
+        let endpoint = app.endpoint_with(&url, json!({"source": "shop", "filter": filter})).await;
+        subscriptions.push((filter, endpoint));
     }
     let mut matched = 0;
     for n in 0..EVENTS {

@@ -283,9 +283,16 @@ impl TestApp {
 
     /// Create an endpoint for `url` subscribed to everything from `source`; returns its id.
     pub async fn endpoint_for(&self, url: &str, source: Option<&str>) -> String {
+        self.endpoint_with(url, serde_json::json!({"source": source})).await
+    }
+
+    /// Create an endpoint at `url` and a subscription of it with the fields of
+    /// `subscription` (its source, a filter, a transformation...); returns the endpoint's id.
+    pub async fn endpoint_with(&self, url: &str, mut subscription: Value) -> String {
         let ep = self.admin_post("/v1/endpoints", serde_json::json!({"url": url}), 201).await;
         let id = ep["id"].as_str().expect("endpoint id").to_owned();
-        self.admin_post("/v1/subscriptions", serde_json::json!({"endpoint_id": id, "source": source}), 201).await;
+        subscription["endpoint_id"] = Value::from(id.as_str());
+        self.admin_post("/v1/subscriptions", subscription, 201).await;
         id
     }
 

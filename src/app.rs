@@ -257,6 +257,10 @@ async fn serve(
         instance.clone(),
         stop.clone(),
     )));
+    // Replicas that store events merge the search index's pending list, one at a time.
+    if settings.role != Role::Worker {
+        background.push(tokio::spawn(crate::search::pending::run(state.pool.clone(), instance.clone(), stop.clone())));
+    }
     let addr = listener.local_addr()?;
     // Every role runs one: the lease makes one replica at a time do a pass.
     let janitor = Janitor::spawn(state.pool.clone(), settings.janitor.clone(), instance.clone());

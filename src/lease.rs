@@ -34,6 +34,15 @@ pub fn instance_id() -> String {
     format!("{host}/{}/{:04x}", std::process::id(), rand::random::<u16>())
 }
 
+/// Wait `pause` between two rounds of a periodic job, unless `stop` comes first: whether
+/// to go on.
+pub async fn pause(pause: Duration, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(pause) => true,
+        _ = stop.wait_for(|s| *s) => false,
+    }
+}
+
 /// A lease this process holds.
 #[derive(Debug, Clone)]
 pub struct Lease {

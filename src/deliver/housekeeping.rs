@@ -61,11 +61,7 @@ impl Housekeeping {
         static FAILED: Throttle = Throttle::new(INTERVAL);
         let mut leadership = Leadership::new(LEASE_NAME, instance, LEASE_TTL);
         let mut pause = TICK;
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep(pause) => {}
-                _ = stop.wait_for(|s| *s) => break,
-            }
+        while crate::lease::pause(pause, &mut stop).await {
             // Raced against stop: a round sent into a partition must not hold the shutdown.
             let round = async {
                 let leads = leadership.leads(&pool).await;

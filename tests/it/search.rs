@@ -2,6 +2,8 @@
 //! value, or its key (`GET /v1/events?payload=&header=&dedupe_key=`, the console's event
 //! search), through the `events.search` index written at ingest.
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 use webhook_gateway::store::events::{OwnedEvent, insert_batch_with_fanout};
 
@@ -248,4 +250,70 @@ async fn a_search_reads_the_matching_events_not_the_window() {
     }
     // A scan of the window would read ~100 times more pages at 20,000 than at 200.
     assert!(buffers[1] <= buffers[0] * 3 + 10, "buffers touched at 200 and at 20,000 events: {buffers:?}");
+}
+
+/// Forty webhooks from `from` on, at once: their answers' statuses.
+async fn send(app: &TestApp, from: usize) -> Vec<u16> {
+    let sends = (from..from + 40).map(|i| {
+        let body = json!({"data": {"object": {"id": format!("ord_{i}")}}}).to_string();
+        async move { app.ingest("shop", &format!("key-{i}"), "order.paid", &body).await.0 }
+    });
+    futures_util::future::join_all(sends).await
+}
+
+/// Tuples waiting in `events_search`'s pending list (its metapage, read with pageinspect).
+async fn pending_tuples(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT n_pending_tuples FROM gin_metapage_info(get_raw_page('events_search', 0))")
+        .fetch_one(&db.pool)
+        .await
+        .expect("metapage")
+}
+
+/// The search index's pending list is merged in the background by a replica whose role
+/// owns the index, not by the insert that would fill it; a replica whose role may not
+/// merge it keeps ingesting as before and leaves it to autovacuum. Autovacuum is off for
+/// `events` here, so only a gateway can empty the list.
+#[tokio::test]
+async fn the_search_index_pending_list_is_merged_in_the_background_by_its_owner() {
+    let db = TestDb::new().await;
+    for sql in ["CREATE EXTENSION IF NOT EXISTS pageinspect", "ALTER TABLE events SET (autovacuum_enabled = false)"] {
+        sqlx::query(sql).execute(&db.pool).await.expect(sql);
+    }
+    // A role that may read and write every table but owns none of them.
+    let role = format!("wg_not_owner_{}", uuid::Uuid::new_v4().simple());
+    for sql in [
+        format!("CREATE ROLE {role} LOGIN PASSWORD 'pw'"),
+        format!("GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}"),
+        format!("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}"),
+        format!("GRANT CREATE ON SCHEMA public TO {role}"),
+    ] {
+        sqlx::query(&sql).execute(&db.pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let mut not_owner_url = url::Url::parse(&db.url).expect("url");
+    not_owner_url.set_username(&role).expect("user");
+    not_owner_url.set_password(Some("pw")).expect("password");
+    let not_owner = TestDb { url: not_owner_url.to_string(), pool: db.pool.clone() };
+
+    let mut app = TestApp::spawn_with(not_owner, crate::support::test_settings(), 8).await;
+    app.source_none("shop").await;
+    assert!(send(&app, 0).await.iter().all(|s| *s == 200));
+    // Longer than the merge's idle tick: a replica that could merge would have.
+    tokio::time::sleep(webhook_gateway::search::pending::IDLE_TICK * 2).await;
+    let left = pending_tuples(&db).await;
+    assert!(left > 0, "the list stays for autovacuum when the gateway's role does not own the index");
+    app.shutdown().await;
+
+    let app = TestApp::spawn_with(db, crate::support::test_settings(), 8).await;
+    assert!(send(&app, 40).await.iter().all(|s| *s == 200));
+    crate::support::eventually(Duration::from_secs(30), "the pending list merged", || async {
+        (pending_tuples(&app.db).await == 0).then_some(())
+    })
+    .await;
+    // Merged, every event is still found by its own values.
+    for i in [0, 39, 40, 79] {
+        let found = keys(&app, &format!("payload={}", q(&format!("/data/object/id=ord_{i}")))).await;
+        assert_eq!(found, [format!("key-{i}")]);
+    }
+    sqlx::query(&format!("DROP OWNED BY {role}")).execute(&app.db.pool).await.expect("drop owned");
+    let _ = sqlx::query(&format!("DROP ROLE {role}")).execute(&app.db.pool).await;
 }

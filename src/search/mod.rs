@@ -23,6 +23,11 @@
 //! A value is compared as text: `42` finds the number 42 and the string "42"; a number
 //! is found as JSON writes it after parsing (`1.50` finds 1.5). Events stored before
 //! this index existed (migration 0018) are found by the other filters only.
+//!
+//! The index's pending list is merged in the background ([`pending`]), not by the insert
+//! that happens to fill it.
+
+pub mod pending;
 
 use serde_json::Value;
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};

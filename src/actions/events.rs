@@ -214,7 +214,7 @@ pub async fn try_transform(
         .map_err(|e| ApiError::validation("transform", e))?;
     let e = TryEvent::of(state, caller, body.event_id, body.event).await?;
     let webhook =
-        crate::transforms::webhook(&e.payload, Some(&e.headers.to_string()), &e.event_type, e.source_name.as_deref());
+        crate::transforms::Webhook::new(e.payload.into(), Some(e.headers.to_string()), e.event_type, e.source_name);
     Ok(match crate::transforms::run(&script, webhook).await {
         Ok(bytes) => crate::transforms::TriedTransform {
             body: Some(serde_json::from_slice(&bytes).map_err(|_| ApiError::internal())?),

@@ -158,8 +158,12 @@ async fn transform(job: &mut Claimed) -> Result<(), Observed> {
     let Some(script) = job.transform.as_deref() else {
         return Ok(());
     };
-    let webhook =
-        crate::transforms::webhook(&job.payload, job.event_headers.as_deref(), &job.event_type, Some(&job.source_name));
+    let webhook = crate::transforms::Webhook::new(
+        job.payload.clone(),
+        job.event_headers.take(),
+        job.event_type.clone(),
+        Some(job.source_name.clone()),
+    );
     match crate::transforms::run(script, webhook).await {
         Ok(body) => {
             job.payload = Bytes::from(body);

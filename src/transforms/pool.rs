@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 /// One run to do, and where its answer goes.
 struct Job {
     script: Arc<str>,
-    webhook: String,
+    webhook: super::Webhook,
     reply: oneshot::Sender<Result<Vec<u8>, String>>,
 }
 
@@ -67,7 +67,7 @@ fn serve(rx: &Mutex<mpsc::Receiver<Job>>) {
 /// has never been slow runs here, cut off after [`INLINE_LIMIT`]: a runtime thread is
 /// held at most that long. A script cut off here is remembered as slow ([`slow`]) and
 /// its runs, this one included, go to the transformation threads with the full bound.
-pub async fn run(script: &str, webhook: String) -> Result<Vec<u8>, String> {
+pub async fn run(script: &str, webhook: super::Webhook) -> Result<Vec<u8>, String> {
     if webhook.len() <= INLINE_BYTES && !slow::is(script) {
         match super::apply_within(script, &webhook, INLINE_LIMIT) {
             Err(failed) if failed.timed_out => slow::remember(script),
@@ -84,7 +84,7 @@ pub const INLINE_LIMIT: std::time::Duration = std::time::Duration::from_millis(2
 pub const INLINE_BYTES: usize = 64 * 1024;
 
 /// Run on a transformation thread, with the full bounds.
-async fn on_pool(script: &str, webhook: String) -> Result<Vec<u8>, String> {
+async fn on_pool(script: &str, webhook: super::Webhook) -> Result<Vec<u8>, String> {
     let (reply, answer) = oneshot::channel();
     let job = Job { script: script.into(), webhook, reply };
     POOL.send(job).await.map_err(|_| "no transformation thread is running".to_owned())?;
@@ -125,6 +125,11 @@ mod slow {
 mod tests {
     use super::*;
 
+    /// A webhook of `payload`, as a handler gets it.
+    pub(super) fn hook(payload: String) -> crate::transforms::Webhook {
+        crate::transforms::Webhook::new(payload.into(), None, "t".into(), None)
+    }
+
     /// Runs from many tasks at once all come back, each with its own answer, and a
     /// runaway script (cut off on the caller's thread, then on a transformation thread
     /// with the full bound) does not stop the others' answers.
@@ -134,9 +139,9 @@ mod tests {
         let spin = "function handler(w) { while (true) {} }";
         let mut runs = tokio::task::JoinSet::new();
         for n in 0..200 {
-            runs.spawn(async move { (n, run(echo, format!(r#"{{"payload":{{"n":{n}}}}}"#)).await) });
+            runs.spawn(async move { (n, run(echo, hook(format!(r#"{{"n":{n}}}"#))).await) });
         }
-        runs.spawn(async move { (-1, run(spin, r#"{"payload":{}}"#.to_owned()).await) });
+        runs.spawn(async move { (-1, run(spin, hook("{}".to_owned())).await) });
         let mut seen = 0;
         while let Some(done) = runs.join_next().await {
             let (n, ran) = done.expect("task");
@@ -153,6 +158,7 @@ mod tests {
 
 #[cfg(test)]
 mod inline_tests {
+    use super::tests::hook;
     use super::*;
 
     /// A script that is slow on a small webhook (or slow to evaluate) is cut off on the
@@ -164,20 +170,20 @@ mod inline_tests {
         let busy =
             "function handler(w) { const until = Date.now() + 20; while (Date.now() < until) {} return 'done'; }";
         assert!(!slow::is(busy));
-        assert_eq!(run(busy, r#"{"payload":{}}"#.to_owned()).await.expect("answered on the pool"), b"\"done\"");
+        assert_eq!(run(busy, hook("{}".to_owned())).await.expect("answered on the pool"), b"\"done\"");
         assert!(slow::is(busy), "remembered as slow");
-        assert_eq!(run(busy, r#"{"payload":{}}"#.to_owned()).await.expect("answered"), b"\"done\"");
+        assert_eq!(run(busy, hook("{}".to_owned())).await.expect("answered"), b"\"done\"");
         // Slow to evaluate (its top level runs 20 ms): building its context counts as the
         // run, so it is cut off on the caller's thread too, and answered on the pool.
         let slow_start =
             "const until = Date.now() + 20; while (Date.now() < until) {} function handler(w) { return 'ready'; }";
-        assert_eq!(run(slow_start, r#"{"payload":{}}"#.to_owned()).await.expect("answered on the pool"), b"\"ready\"");
+        assert_eq!(run(slow_start, hook("{}".to_owned())).await.expect("answered on the pool"), b"\"ready\"");
         assert!(slow::is(slow_start), "remembered as slow");
         let quick = "function handler(w) { return w.payload.n + 1; }";
-        assert_eq!(run(quick, r#"{"payload":{"n":41}}"#.to_owned()).await.expect("answered"), b"42");
+        assert_eq!(run(quick, hook(r#"{"n":41}"#.to_owned())).await.expect("answered"), b"42");
         assert!(!slow::is(quick));
         // A large body runs on the pool whatever its script, and does not mark it slow.
-        let big = format!(r#"{{"payload":{{"n":1,"pad":"{}"}}}}"#, "x".repeat(INLINE_BYTES));
+        let big = hook(format!(r#"{{"n":1,"pad":"{}"}}"#, "x".repeat(INLINE_BYTES)));
         assert_eq!(run(quick, big).await.expect("answered"), b"2");
         assert!(!slow::is(quick));
     }

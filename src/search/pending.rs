@@ -11,8 +11,10 @@
 //!
 //! - **Who may.** `gin_clean_pending_list` is for the index's owner: the role that ran the
 //!   migrations. A gateway that connects as another role is refused; it says so once and
-//!   stops trying, and the list is then merged by autovacuum and by the inserts, as
-//!   before (docs/operating.md, "The search index").
+//!   asks again every [`REFUSED_RETRY`] (ownership can be granted), and the list is
+//!   merged by autovacuum and by the inserts meanwhile, as before (docs/operating.md,
+//!   "The search index"). An index that is not there (dropped to be rebuilt) is looked
+//!   for again every [`IDLE_TICK`].
 //! - **Where.** Replicas that ingest (roles `all` and `ingest`); one of them at a time. Two
 //!   leaders for a moment (a lease taken over from a stalled one) only queue one merge
 //!   behind the other: PostgreSQL lets one merge run at a time.
@@ -34,6 +36,9 @@ pub const TICK: Duration = Duration::from_secs(1);
 /// How often at most while its merges find nothing (an idle fleet), or after a failure.
 pub const IDLE_TICK: Duration = Duration::from_secs(5);
 
+/// How often a replica whose role may not merge the list asks again.
+pub const REFUSED_RETRY: Duration = Duration::from_secs(600);
+
 /// The leader's lease: renewed every third of it.
 pub const LEASE_TTL: Duration = Duration::from_secs(15);
 
@@ -54,10 +59,10 @@ pub async fn merge(pool: &Pool) -> Result<i64, sqlx::Error> {
     db::query_scalar("SELECT gin_clean_pending_list($1::regclass)").bind(INDEX).fetch_one(pool).await
 }
 
-/// Merge the list every [`TICK`] while this replica leads the job, until `stop` (or until
-/// the database says this role may never do it).
+/// Merge the list every [`TICK`] while this replica leads the job, until `stop`.
 pub async fn run(pool: Pool, instance: String, mut stop: watch::Receiver<bool>) {
     static FAILED: Throttle = Throttle::new(INTERVAL);
+    let mut refused_before = false;
     let mut leadership = Leadership::new(LEASE_NAME, instance, LEASE_TTL);
     let mut pause = TICK;
     while crate::lease::pause(pause, &mut stop).await {
@@ -72,12 +77,18 @@ pub async fn run(pool: Pool, instance: String, mut stop: watch::Receiver<bool>) 
                 TICK
             }
             Ok(_) => (pause * 2).min(IDLE_TICK),
-            Err(sqlx::Error::Database(e)) if e.code().is_some_and(|c| c == NOT_OWNER || c == NO_INDEX) => {
-                tracing::info!(error = %e,
-                    "search index: this gateway's database role cannot merge the index's pending list (it is not \
-                     the owner); autovacuum and inserts merge it instead, and an insert that fills it waits for \
-                     the merge (docs/operating.md, \"The search index\")");
-                break;
+            Err(sqlx::Error::Database(e)) if e.code().is_some_and(|c| c == NOT_OWNER) => {
+                if !std::mem::replace(&mut refused_before, true) {
+                    tracing::info!(error = %e,
+                        "search index: this gateway's database role cannot merge the index's pending list (it is \
+                         not the owner); autovacuum and inserts merge it instead, and an insert that fills it waits \
+                         for the merge (docs/operating.md, \"The search index\")");
+                }
+                REFUSED_RETRY
+            }
+            Err(sqlx::Error::Database(e)) if e.code().is_some_and(|c| c == NO_INDEX) => {
+                tracing::debug!(error = %e, "search index: not there; looking again later");
+                IDLE_TICK
             }
             Err(e) => {
                 pool.note(&e);

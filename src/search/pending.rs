@@ -50,7 +50,8 @@ const INDEX: &str = "events_search";
 
 /// SQLSTATE `insufficient_privilege`: not the index's owner.
 const NOT_OWNER: &str = "42501";
-/// SQLSTATE `undefined_table`: no such index (a schema this release did not migrate).
+/// SQLSTATE `undefined_table`: no such index (dropped to be rebuilt, or a schema this
+/// release did not migrate).
 const NO_INDEX: &str = "42P01";
 
 /// Merge the index's pending list into the index now: the pages the list had (0 when it

@@ -197,22 +197,21 @@ impl Webhook {
         Webhook { payload, headers, event_type, source }
     }
 
-    /// Its size in bytes, as far as parsing it goes (body and headers).
-    pub fn len(&self) -> usize {
+    /// The bytes a run parses: body and headers.
+    pub fn parsed_bytes(&self) -> usize {
         self.payload.len() + self.headers.as_ref().map_or(0, String::len)
-    }
-
-    /// Whether it is empty (no body, no headers).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The handler's argument, built in `ctx`.
     fn to_js<'js>(&self, ctx: &rquickjs::Ctx<'js>) -> rquickjs::Result<Value<'js>> {
         let document = rquickjs::Object::new(ctx.clone())?;
-        document.set("payload", parse_or_null(ctx, &self.payload)?)?;
+        let payload = match std::str::from_utf8(&self.payload) {
+            Ok(text) => parse_or_null(ctx, text)?,
+            Err(_) => Value::new_null(ctx.clone()),
+        };
+        document.set("payload", payload)?;
         let headers = match &self.headers {
-            Some(text) => parse_or_null(ctx, text.as_bytes())?,
+            Some(text) => parse_or_null(ctx, text)?,
             None => Value::new_null(ctx.clone()),
         };
         document.set("headers", headers)?;
@@ -226,17 +225,14 @@ impl Webhook {
     }
 }
 
-/// `json` parsed in `ctx`, or null when it is not JSON (not UTF-8, a NUL byte, a syntax
-/// error). Any other failure (the run's memory or time bound, reached while parsing a
-/// huge body) is the run's failure, not a null.
-fn parse_or_null<'js>(ctx: &rquickjs::Ctx<'js>, json: &[u8]) -> rquickjs::Result<Value<'js>> {
+/// `json` parsed in `ctx`, or null when it is not JSON (a NUL byte, a syntax error). Any
+/// other failure (the run's memory or time bound, reached while parsing a huge body) is
+/// the run's failure, not a null.
+fn parse_or_null<'js>(ctx: &rquickjs::Ctx<'js>, json: &str) -> rquickjs::Result<Value<'js>> {
     let null = || Value::new_null(ctx.clone());
-    if std::str::from_utf8(json).is_err() {
-        return Ok(null());
-    }
     // The engine needs the text NUL-terminated: room for it, so it is one copy, no more.
     let mut text = Vec::with_capacity(json.len() + 1);
-    text.extend_from_slice(json);
+    text.extend_from_slice(json.as_bytes());
     match ctx.json_parse(text) {
         Ok(value) => Ok(value),
         // An interior NUL: not a JSON text.
@@ -345,7 +341,7 @@ mod tests {
         let items: Vec<String> =
             (0..20_000).map(|i| format!(r#"{{"sku":"SKU-{i}","qty":{i},"note":"a fairly long note"}}"#)).collect();
         let webhook = hook(&format!(r#"{{"items":[{}]}}"#, items.join(",")));
-        assert!(webhook.len() > 1 << 20, "{}", webhook.len());
+        assert!(webhook.parsed_bytes() > 1 << 20, "{}", webhook.parsed_bytes());
         let count = "function handler(w) { return {n: w.payload.items.length}; }";
         assert_eq!(apply(count, &webhook).unwrap(), br#"{"n":20000}"#);
     }

@@ -68,7 +68,7 @@ fn serve(rx: &Mutex<mpsc::Receiver<Job>>) {
 /// held at most that long. A script cut off here is remembered as slow ([`slow`]) and
 /// its runs, this one included, go to the transformation threads with the full bound.
 pub async fn run(script: &str, webhook: super::Webhook) -> Result<Vec<u8>, String> {
-    if webhook.len() <= INLINE_BYTES && !slow::is(script) {
+    if webhook.parsed_bytes() <= INLINE_BYTES && !slow::is(script) {
         match super::apply_within(script, &webhook, INLINE_LIMIT) {
             Err(failed) if failed.timed_out => slow::remember(script),
             done => return done.map_err(|failed| failed.reason),

@@ -109,8 +109,16 @@ async fn start(ctx: &Ctx, url: &str, log: &str) -> anyhow::Result<(Gateway, PgPo
 
 async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
     let (gw, pool) = start(ctx, url, "gateway-e2e.log").await?;
+    let statements = ctx.server.stat_statements && pg::reset_statements(&pool).await;
     for &rate in &ctx.args.rates {
+        if statements {
+            pg::reset_statements(&pool).await;
+        }
         let step = offer(ctx, &gw, &pool, rate, ctx.args.e2e_conns).await?;
+        if statements {
+            let table = crate::ingest::statements_table(&pool).await;
+            ctx.appendix(format!("pg_stat_statements: end to end, {}/s offered", thousands(rate)), table);
+        }
         let setting = format!("{}/s offered", thousands(rate));
         if step.delivered == 0 {
             ctx.row(Row {

@@ -193,6 +193,8 @@ async fn serve(
     sources: Vec<String>,
 ) -> anyhow::Result<Running> {
     let wake = Arc::new(Notify::new());
+    // Ingest hands its events straight to the dispatcher of the same process.
+    let handoff = (settings.role == Role::All).then(|| Arc::new(crate::wake::Handoff::default()));
     let state = AppState {
         pool: pool.clone(),
         admin_token: settings.admin_token.clone().into(),
@@ -202,7 +204,7 @@ async fn serve(
         egress_https_only: settings.egress.https_only,
         release_per_sec: settings.delivery.circuit.release_per_sec,
         metrics: settings.metrics.clone(),
-        intake: Intake::start(pool.clone(), settings.ingest_writers, settings.secrets.clone(), wake),
+        intake: Intake::start(pool.clone(), settings.ingest_writers, settings.secrets.clone(), wake, handoff.clone()),
         db_timeout: settings.db_timeout,
         request_timeout: settings.http.request_timeout,
         secrets: settings.secrets.clone(),
@@ -234,6 +236,7 @@ async fn serve(
             egress,
             settings.delivery.clone(),
             state.wake.clone(),
+            handoff.unwrap_or_default(),
             settings.secrets.clone(),
             housekeeping.clone(),
         ))

@@ -10,11 +10,74 @@
 //! Polling stays the fallback: a lost notification costs at most one poll interval.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::db::Pool;
+use crate::ids::DeliveryId;
 use sqlx::postgres::PgListener;
 use tokio::sync::{Notify, watch};
+
+/// Deliveries this process's ingest just committed, handed to its own dispatcher (role
+/// `all`), which claims them by key ([`crate::queue::claim_fresh`]) rather than through
+/// the due index: at low load every ingest commit wakes the dispatcher for a webhook or
+/// two, and the general claim is planned at every call. Bounded: past
+/// [`HANDOFF_DELIVERIES`] it stops holding ids and says so, and the dispatcher claims the
+/// general way (under load every claim is full anyway).
+#[derive(Debug, Default)]
+pub struct Handoff {
+    deliveries: std::sync::Mutex<Vec<DeliveryId>>,
+    overflowed: AtomicBool,
+    arrived: Notify,
+}
+
+/// Most delivery ids a [`Handoff`] holds between two claims.
+pub const HANDOFF_DELIVERIES: usize = 256;
+
+/// What [`Handoff::take`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Handed {
+    /// These deliveries (possibly none) arrived since the last take.
+    Deliveries(Vec<DeliveryId>),
+    /// More arrived than the hand-off holds: claim the general way.
+    Overflowed,
+}
+
+impl Handoff {
+    /// Hand over `deliveries`, just committed, and wake the dispatcher.
+    pub fn push(&self, deliveries: &[DeliveryId]) {
+        {
+            let mut held = self.deliveries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if held.len() + deliveries.len() <= HANDOFF_DELIVERIES {
+                held.extend_from_slice(deliveries);
+            } else {
+                self.overflowed.store(true, Ordering::Relaxed);
+            }
+        }
+        self.arrived.notify_one();
+    }
+
+    /// Everything handed over since the last take (or the last [`Handoff::clear`]).
+    pub fn take(&self) -> Handed {
+        let mut held = self.deliveries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.overflowed.swap(false, Ordering::Relaxed) {
+            held.clear();
+            return Handed::Overflowed;
+        }
+        Handed::Deliveries(std::mem::take(&mut *held))
+    }
+
+    /// Forget what was handed over: a general claim is about to find it.
+    pub fn clear(&self) {
+        let _ = self.take();
+    }
+
+    /// Resolves when something is handed over (at once if something was since the last
+    /// wait).
+    pub async fn arrived(&self) {
+        self.arrived.notified().await
+    }
+}
 
 /// The notification channel.
 pub const CHANNEL: &str = "webhook_gateway_wake";
@@ -74,5 +137,36 @@ pub async fn listen(pool: Pool, wake: Arc<Notify>, mut stop: watch::Receiver<boo
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(n: u128) -> DeliveryId {
+        DeliveryId(uuid::Uuid::from_u128(n))
+    }
+
+    #[test]
+    fn a_handoff_gives_what_arrived_once_and_says_when_it_overflowed() {
+        let handoff = Handoff::default();
+        assert_eq!(handoff.take(), Handed::Deliveries(Vec::new()));
+        handoff.push(&[delivery(1)]);
+        handoff.push(&[delivery(2), delivery(3)]);
+        assert_eq!(handoff.take(), Handed::Deliveries(vec![delivery(1), delivery(2), delivery(3)]));
+        assert_eq!(handoff.take(), Handed::Deliveries(Vec::new()));
+
+        let all: Vec<DeliveryId> = (0..HANDOFF_DELIVERIES as u128).map(delivery).collect();
+        handoff.push(&all);
+        assert_eq!(handoff.take(), Handed::Deliveries(all.clone()), "it holds up to its bound");
+        handoff.push(&all);
+        handoff.push(&[delivery(9)]);
+        assert_eq!(handoff.take(), Handed::Overflowed);
+        assert_eq!(handoff.take(), Handed::Deliveries(Vec::new()), "the overflow is reported once");
+
+        handoff.push(&[delivery(3)]);
+        handoff.clear();
+        assert_eq!(handoff.take(), Handed::Deliveries(Vec::new()));
     }
 }

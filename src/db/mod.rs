@@ -82,8 +82,43 @@ pub const SERVER_KEEPALIVE: (u32, u32, u32) = (10, 5, 3);
 /// The `BEGIN` of every transaction behind a transaction pooler: the server-side bounds
 /// of [`STATEMENT_TIMEOUT`] and [`IDLE_IN_TRANSACTION_TIMEOUT`] for the transaction (a
 /// direct connection gets them once, as startup options), in the same round trip.
-const POOLED_BEGIN: &str =
-    "BEGIN; SET LOCAL statement_timeout = '30000ms'; SET LOCAL idle_in_transaction_session_timeout = '60000ms'";
+/// The statements of [`POOLED_BEGIN`] after its `BEGIN` (a macro, so that every `BEGIN`
+/// of [`begin_sql`] is one literal built at compile time).
+macro_rules! pooled_bounds {
+    () => {
+        "SET LOCAL statement_timeout = '30000ms'; SET LOCAL idle_in_transaction_session_timeout = '60000ms'"
+    };
+}
+
+const POOLED_BEGIN: &str = concat!("BEGIN; ", pooled_bounds!());
+
+/// [`Planning::EachCall`]'s settings.
+macro_rules! each_call {
+    () => {
+        "SET LOCAL plan_cache_mode = force_custom_plan"
+    };
+}
+
+/// [`Planning::Cached`]'s settings: the generic plan, and no plan that reads a table
+/// whole (no sequential scan, no hash or merge join), so the plan reaches its rows through
+/// indexes even when it was built on an empty table.
+macro_rules! cached {
+    () => {
+        "SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; \
+         SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
+    };
+}
+
+/// The `BEGIN` of a transaction whose statements are planned as `planning` says, behind
+/// `pooler`: one round trip (the simple query protocol, which every pooler passes whole).
+pub fn begin_sql(pooler: Pooler, planning: Planning) -> &'static str {
+    match (pooler, planning) {
+        (Pooler::None, Planning::EachCall) => concat!("BEGIN; ", each_call!()),
+        (Pooler::None, Planning::Cached) => concat!("BEGIN; ", cached!()),
+        (Pooler::Transaction, Planning::EachCall) => concat!("BEGIN; ", pooled_bounds!(), "; ", each_call!()),
+        (Pooler::Transaction, Planning::Cached) => concat!("BEGIN; ", pooled_bounds!(), "; ", cached!()),
+    }
+}
 
 /// Asks a new connection whether its node takes writes (one round trip per connection,
 /// as the simple query protocol, which every pooler passes whole).
@@ -287,19 +322,37 @@ fn with_server_bounds(options: PgConnectOptions) -> PgConnectOptions {
     if missing.is_empty() { options } else { options.options(missing) }
 }
 
-/// Make the rest of the current transaction plan each statement for its parameters
-/// (`plan_cache_mode = force_custom_plan`), never with a cached generic plan.
-///
-/// The claim and the recorder's outcome write are batch statements over `deliveries`, a
-/// table that grows and churns fast. A generic plan is built once, from the statistics of
-/// the moment, and kept until they change: one built for an empty queue (a gateway
-/// starting on a fresh database) walked a whole index per claim at 61,000 pending
-/// (120,000 buffers for 16 rows, even with sequential scans ruled out), and one built with
-/// a backlog hashed the table (25.8 ms per claim at 100,000 pending, 3-5 ms planned for
-/// the call). PostgreSQL's default (`auto`) may switch a prepared statement to its generic
-/// plan at any time, and did, mid-run, for the outcome write (18-44 ms per write against
-/// about 5 ms). Planning costs ~0.3-1.2 ms per call; a plan that cannot go stale is worth
-/// it. bench/PROFILE.md has the figures.
+/// How the statements of a transaction are planned: its `plan_cache_mode`, set in the
+/// transaction's `BEGIN` ([`Pool::begin_planned`](pool::Pool::begin_planned)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Planning {
+    /// Each statement for its parameters (`force_custom_plan`), never with a cached
+    /// generic plan.
+    ///
+    /// The claim and the recorder's outcome write are batch statements over `deliveries`, a
+    /// table that grows and churns fast. A generic plan is built once, from the statistics of
+    /// the moment, and kept until they change: one built for an empty queue (a gateway
+    /// starting on a fresh database) walked a whole index per claim at 61,000 pending
+    /// (120,000 buffers for 16 rows, even with sequential scans ruled out), and one built with
+    /// a backlog hashed the table (25.8 ms per claim at 100,000 pending, 3-5 ms planned for
+    /// the call). PostgreSQL's default (`auto`) may switch a prepared statement to its generic
+    /// plan at any time, and did, mid-run, for the outcome write (18-44 ms per write against
+    /// about 5 ms). Planning costs ~0.3-1.2 ms per call; a plan that cannot go stale is worth
+    /// it. bench/PROFILE.md has the figures.
+    EachCall,
+    /// The connection's cached generic plan (`force_generic_plan`), built once, with
+    /// sequential scans, hash and merge joins ruled out: only for statements that reach
+    /// every row by primary key from their parameters (the claim of fresh deliveries,
+    /// `queue::claim_fresh`). A generic plan is built from the statistics of its first
+    /// call and kept; one built on an empty table scanned tables once they had grown, and
+    /// with the whole-table strategies off every table is reached through an index.
+    /// `tests/it/plans.rs` builds the plan on an empty queue and runs it at 61,000 pending.
+    Cached,
+}
+
+/// Plan the rest of the current transaction's statements [`Planning::EachCall`] (when its
+/// first statements keep their cached plans; otherwise set it in the `BEGIN`:
+/// [`Pool::begin_planned`](pool::Pool::begin_planned)).
 pub async fn plan_each_time(tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
     query("SET LOCAL plan_cache_mode = force_custom_plan").execute(tx).await.map(|_| ())
 }
@@ -442,6 +495,18 @@ mod tests {
             "idle_in_transaction_session_timeout = '{}ms'",
             IDLE_IN_TRANSACTION_TIMEOUT.as_millis()
         )));
+    }
+
+    #[test]
+    fn a_planned_begin_sets_its_plan_mode_and_behind_a_pooler_the_bounds_too() {
+        for (planning, mode) in [(Planning::EachCall, "force_custom_plan"), (Planning::Cached, "force_generic_plan")] {
+            let direct = begin_sql(Pooler::None, planning);
+            assert!(direct.starts_with(&format!("BEGIN; SET LOCAL plan_cache_mode = {mode}")), "{direct}");
+            let pooled = begin_sql(Pooler::Transaction, planning);
+            assert!(pooled.starts_with(&format!("{POOLED_BEGIN}; SET LOCAL plan_cache_mode = {mode}")), "{pooled}");
+            assert_eq!(&pooled[POOLED_BEGIN.len() + 1..], &direct["BEGIN;".len()..], "the same settings");
+        }
+        assert!(begin_sql(Pooler::None, Planning::Cached).contains("SET LOCAL enable_seqscan = off"));
     }
 
     #[test]

@@ -188,6 +188,17 @@ impl Pool {
         })
     }
 
+    /// Begin a transaction whose statements are planned as `planning` says, set in the
+    /// same round trip as its `BEGIN` (with the pooler's bounds, behind one).
+    pub async fn begin_planned(
+        &self,
+        planning: super::Planning,
+    ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        self.inner.begin_with(super::begin_sql(self.pooler, planning)).await.inspect_err(|e| {
+            self.note(e);
+        })
+    }
+
     /// Close every connection and refuse new calls.
     pub async fn close(&self) {
         self.inner.close().await;

@@ -15,6 +15,7 @@ use super::recorder;
 use crate::egress::EgressClient;
 use crate::queue::{self, Claimed};
 use crate::secrets::Keyring;
+use crate::wake::{Handed, Handoff};
 
 /// Most deliveries claimed by one statement. Each claim pays fixed costs (two statements,
 /// the claim's planning, a commit) whatever its size; in the bench drain of 100,000, 256
@@ -31,19 +32,22 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// Start the dispatcher. `wake` is notified when new deliveries were created; `secrets`
-    /// opens the endpoint secrets each claim returns; it admits half-open probes while
-    /// `housekeeping` says this process leads.
+    /// Start the dispatcher. `wake` is notified when due work may have appeared (other
+    /// processes' ingest, released circuits, redeliveries); `handoff` brings the
+    /// deliveries this process's ingest stored; `secrets` opens the endpoint secrets each claim
+    /// returns; it admits half-open probes while `housekeeping` says this process leads.
     pub fn spawn(
         pool: Pool,
         egress: EgressClient,
         settings: DeliverySettings,
         wake: Arc<Notify>,
+        handoff: Arc<Handoff>,
         secrets: Keyring,
         housekeeping: Housekeeping,
     ) -> Dispatcher {
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(run(pool, egress, settings, wake, secrets, housekeeping, stopped));
+        let wakes = Wakes { general: wake, handoff, room: Arc::new(Notify::new()) };
+        let task = tokio::spawn(run(pool, egress, settings, wakes, secrets, housekeeping, stopped));
         Dispatcher { stop, task }
     }
 
@@ -56,11 +60,23 @@ impl Dispatcher {
     }
 }
 
+/// What wakes a sleeping dispatcher, by what it should look for.
+struct Wakes {
+    /// Due work may have appeared anywhere: claim the general way.
+    general: Arc<Notify>,
+    /// This process's ingest stored deliveries: claim them by key, unless a general claim
+    /// is owed.
+    handoff: Arc<Handoff>,
+    /// The recorder freed slots and endpoint room (and promoted nothing): only a
+    /// dispatcher whose last claim left due work behind has anything to look for.
+    room: Arc<Notify>,
+}
+
 async fn run(
     pool: Pool,
     egress: EgressClient,
     settings: DeliverySettings,
-    wake: Arc<Notify>,
+    wakes: Wakes,
     secrets: Keyring,
     housekeeping: Housekeeping,
     mut stop: watch::Receiver<bool>,
@@ -71,7 +87,8 @@ async fn run(
     // The recorder wakes the claim loop too: each write frees slots and endpoint room
     // (leases end) and may promote ordered deliveries, work that a claim which came back
     // short (an endpoint at its limit, a line's next delivery not yet its head) left due.
-    let recorder = tokio::spawn(recorder::run(pool.clone(), records, settings.circuit, patience, wake.clone()));
+    let written = recorder::Written { promoted: wakes.general.clone(), room: wakes.room.clone() };
+    let recorder = tokio::spawn(recorder::run(pool.clone(), records, settings.circuit, patience, written));
     let ctx = Context {
         pool: pool.clone(),
         egress,
@@ -85,6 +102,10 @@ async fn run(
     let mut claim_failures = 0u32;
     let mut idle_poll = settings.poll_interval;
     let mut last_probe_check = tokio::time::Instant::now() - PROBE_CHECK_INTERVAL;
+    // Whether the next claim must look at all due work (the general claim): at start, after
+    // a claim that left due rows behind or came back full, and after any wake but the
+    // hand-off's. Otherwise the deliveries ingest handed over are claimed by key.
+    let mut owed_general = true;
     tracing::info!(workers = settings.workers, "delivery workers started");
 
     loop {
@@ -102,19 +123,45 @@ async fn run(
         // shutdown until the connection gives up. A claim that committed unseen is a
         // crashed claim: its lease brings the rows back.
         let claim_started = std::time::SystemTime::now();
+        let tick = last_probe_check.elapsed() >= PROBE_CHECK_INTERVAL;
+        let handed = if owed_general || tick {
+            wakes.handoff.clear();
+            Handed::Overflowed
+        } else {
+            wakes.handoff.take()
+        };
         let claimed = tokio::select! {
-            claimed = claim(&pool, want, &settings, &mut last_probe_check, &housekeeping) => claimed,
+            claimed = async {
+                match handed {
+                    Handed::Deliveries(fresh) if fresh.is_empty() => Ok((Vec::new(), false)),
+                    Handed::Deliveries(fresh) => {
+                        let fresh = queue::claim_fresh(
+                            &pool,
+                            &fresh,
+                            want as i64,
+                            settings.lease,
+                            settings.endpoint_max_in_flight,
+                        )
+                        .await?;
+                        Ok((fresh.claimed, !fresh.took_all))
+                    }
+                    Handed::Overflowed => claim(&pool, want, &settings, &mut last_probe_check, &housekeeping).await,
+                }
+            } => claimed,
             _ = stop.wait_for(|s| *s) => break,
         };
         let claimed = match claimed {
-            Ok(claimed) => {
+            Ok((claimed, left_behind)) => {
                 claim_failures = 0;
+                // A full claim may have left more: look again the general way.
+                owed_general = left_behind || claimed.len() >= want;
                 claimed
             }
             Err(e) => {
                 // A read-only or departing node: the pool drops its older connections.
                 pool.note(&e);
                 claim_failures += 1;
+                owed_general = true;
                 let pause = claim_retry_pause(claim_failures);
                 tracing::warn!(error = %e, retry_in = ?pause, "claiming deliveries failed");
                 drop(first);
@@ -123,7 +170,8 @@ async fn run(
                 // than up to a whole pause later.
                 tokio::select! {
                     () = tokio::time::sleep(pause) => {}
-                    () = wake.notified() => {}
+                    () = wakes.general.notified() => {}
+                    () = wakes.handoff.arrived() => {}
                     _ = stop.wait_for(|s| *s) => break,
                 }
                 continue;
@@ -159,10 +207,8 @@ async fn run(
             } else {
                 settings.poll_interval
             };
-            tokio::select! {
-                () = wake.notified() => {}
-                () = tokio::time::sleep(pause) => {}
-                _ = stop.wait_for(|s| *s) => break,
+            if !sleep(&wakes, &mut owed_general, pause, &mut stop).await {
+                break;
             }
         }
     }
@@ -188,6 +234,24 @@ async fn run(
     tracing::info!("delivery workers stopped");
 }
 
+/// Sleep until something may be claimable: a general wake or the poll (after which a
+/// general claim is owed), the hand-off, or room freed while a general claim is owed.
+/// False on stop.
+async fn sleep(wakes: &Wakes, owed_general: &mut bool, pause: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    let poll = tokio::time::sleep(pause);
+    tokio::pin!(poll);
+    loop {
+        tokio::select! {
+            () = wakes.general.notified() => *owed_general = true,
+            () = &mut poll => *owed_general = true,
+            () = wakes.handoff.arrived() => {}
+            () = wakes.room.notified() => if !*owed_general { continue },
+            _ = stop.wait_for(|s| *s) => return false,
+        }
+        return true;
+    }
+}
+
 /// An idle dispatcher's poll grows to this many times `--poll-interval-ms`.
 const IDLE_POLL_FACTOR: u32 = 4;
 
@@ -196,14 +260,14 @@ const IDLE_POLL_FACTOR: u32 = 4;
 const PROBE_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Half-open probes (at most every [`PROBE_CHECK_INTERVAL`], on the housekeeping leader
-/// only), then due deliveries, `want` in all.
+/// only), then due deliveries, `want` in all; and whether due rows were left behind.
 async fn claim(
     pool: &Pool,
     want: usize,
     settings: &DeliverySettings,
     last_probe_check: &mut tokio::time::Instant,
     housekeeping: &Housekeeping,
-) -> Result<Vec<Claimed>, sqlx::Error> {
+) -> Result<(Vec<Claimed>, bool), sqlx::Error> {
     let mut claimed = Vec::new();
     let tick = last_probe_check.elapsed() >= PROBE_CHECK_INTERVAL;
     if tick {
@@ -232,9 +296,11 @@ async fn claim(
         // first one left due rows behind; at low load it took them all, and a second
         // claim would be a transaction for nothing).
         let fairness = queue::Fairness { default_max_in_flight: settings.endpoint_max_in_flight, sweep: true };
-        claimed.extend(queue::claim_fair(pool, rest as i64, settings.lease, fairness).await?);
+        let batch = queue::claim_batch(pool, rest as i64, settings.lease, fairness).await?;
+        took_all_due = batch.took_all_due();
+        claimed.extend(batch.claimed);
     }
-    Ok(claimed)
+    Ok((claimed, !took_all_due))
 }
 
 /// The pause after `failures` consecutive failed claims: doubling from 200 ms, at most

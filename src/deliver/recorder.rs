@@ -150,7 +150,7 @@ pub async fn run(
     mut rx: mpsc::Receiver<(Done, OwnedSemaphorePermit)>,
     cfg: CircuitConfig,
     patience: Patience,
-    written: Arc<Notify>,
+    written: Written,
 ) {
     let mut arrived = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.recv().await {
@@ -171,8 +171,23 @@ pub async fn run(
         for u in &unsent {
             end_unsent(&pool, u, &patience).await;
         }
-        written.notify_one();
+        // An ordered outcome may have made the next of its line due; a claim given back
+        // is due again.
+        if !unsent.is_empty() || batch.iter().any(|f| f.record.ordered) {
+            written.promoted.notify_one();
+        } else {
+            written.room.notify_one();
+        }
     }
+}
+
+/// Whom the recorder tells after each write.
+pub struct Written {
+    /// Told when the write may have made deliveries due (an ordered outcome, a claim
+    /// given back).
+    pub promoted: Arc<Notify>,
+    /// Told otherwise: slots and endpoint room were freed.
+    pub room: Arc<Notify>,
 }
 
 /// Gather one batch into `batch`: `first`, whatever is already queued, and, while the
@@ -303,8 +318,7 @@ pub async fn end_unsent(pool: &Pool, unsent: &Unsent, patience: &Patience) {
 /// A failure is reported to the pool's health (a read-only node, a departing one).
 async fn write_once(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
     let written = async {
-        let mut tx = pool.begin().await?;
-        crate::db::plan_each_time(&mut tx).await?;
+        let mut tx = pool.begin_planned(crate::db::Planning::EachCall).await?;
         let recorded = queue::record(&mut tx, batch).await?;
         let fresh: HashSet<DeliveryId> = recorded.fresh.iter().copied().collect();
         let mut observations: BTreeMap<EndpointId, Observation> = BTreeMap::new();

@@ -70,17 +70,27 @@ pub struct Intake {
     sources: Arc<SourceCache>,
     batcher: Batcher,
     wake: Arc<Notify>,
+    handoff: Option<Arc<crate::wake::Handoff>>,
 }
 
 impl Intake {
     /// Start `writers` group-commit writers on `pool`. Sources' secrets are opened with
-    /// `secrets`; `wake` is signalled whenever an event creates deliveries.
-    pub fn start(pool: Pool, writers: usize, secrets: Keyring, wake: Arc<Notify>) -> Intake {
+    /// `secrets`. Whenever an event creates deliveries they are handed to this process's
+    /// dispatcher through `handoff` when there is one (role `all`), else `wake` is
+    /// signalled (role `ingest`: the notification to other processes).
+    pub fn start(
+        pool: Pool,
+        writers: usize,
+        secrets: Keyring,
+        wake: Arc<Notify>,
+        handoff: Option<Arc<crate::wake::Handoff>>,
+    ) -> Intake {
         Intake {
             sources: Arc::new(SourceCache::new(secrets)),
             batcher: Batcher::start(pool.clone(), writers),
             pool,
             wake,
+            handoff,
         }
     }
 
@@ -148,8 +158,11 @@ impl Intake {
             event.trace = Some(trace);
         }
         let stored = self.batcher.store(event, deadline).instrument(producer).await?;
-        if stored.deliveries > 0 {
-            self.wake.notify_one();
+        if !stored.deliveries.is_empty() {
+            match &self.handoff {
+                Some(handoff) => handoff.push(&stored.deliveries),
+                None => self.wake.notify_one(),
+            }
         }
         crate::metrics::ingest(source_name, if stored.duplicate { "duplicate" } else { "accepted" });
         Ok(stored)

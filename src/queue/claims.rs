@@ -185,6 +185,8 @@ pub async fn claim_batch(
         tx.commit().await?;
         return Ok(ClaimBatch { claimed: Vec::new(), head_rows, head_window: window });
     }
+    // Planned for its parameters (the lock above keeps its cached plan: it reads only the
+    // head of one index).
     crate::db::plan_each_time(&mut tx).await?;
     let claimed = crate::db::query_as(claim_sql())
         .bind(limit)
@@ -237,11 +239,64 @@ pub const CLAIM_LOCK_SQL: &str = "WITH head AS (
 /// the endpoints [`CLAIM_LOCK_SQL`] locked), public so tests and the benchmark run exactly
 /// what workers run.
 pub fn claim_sql() -> &'static str {
-    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(claim_sql_text);
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| claim_sql_text(Candidates::Due));
     &SQL
 }
 
-fn claim_sql_text() -> String {
+/// [`claim_sql`] for the deliveries `$5` only ([`claim_fresh`]).
+pub fn claim_fresh_sql() -> &'static str {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| claim_sql_text(Candidates::Fresh));
+    &SQL
+}
+
+/// Which due rows of its endpoints a claim may take.
+#[derive(Clone, Copy)]
+enum Candidates {
+    /// Any, oldest due first (`deliveries_endpoint_unparked`).
+    Due,
+    /// Only the deliveries `$5`, found by primary key (the only index on `id`, and one
+    /// the planner knows is unique, so no plan, generic or built without statistics, can
+    /// prefer walking an endpoint's due rows; `tests/it/plans.rs`).
+    Fresh,
+}
+
+fn claim_sql_text(candidates: Candidates) -> String {
+    let picked = match candidates {
+        Candidates::Due => {
+            "picked AS (
+             SELECT p.id, p.next_attempt_at,
+                    row_number() OVER (PARTITION BY room.id ORDER BY p.next_attempt_at) AS turn
+             FROM room CROSS JOIN LATERAL (
+                 SELECT d.id, d.next_attempt_at FROM deliveries d
+                 WHERE d.endpoint_id = room.id AND d.status = 'pending' AND NOT d.parked AND NOT d.waiting
+                   AND d.next_attempt_at <= now()
+                 ORDER BY d.next_attempt_at
+                 LIMIT GREATEST(LEAST(room.n, room.share), 0)
+                 FOR UPDATE SKIP LOCKED
+             ) p
+         )"
+        }
+        Candidates::Fresh => {
+            // The scan names nothing but the key: a condition that a partial index's
+            // predicate implies would offer the planner that index to walk.
+            "fresh AS MATERIALIZED (
+             SELECT d.id, d.endpoint_id, d.next_attempt_at, d.status, d.parked, d.waiting
+             FROM deliveries d
+             WHERE d.id = ANY($5)
+             FOR UPDATE SKIP LOCKED
+         ), picked AS (
+             SELECT id, next_attempt_at, turn FROM (
+                 SELECT fresh.id, fresh.next_attempt_at,
+                        row_number() OVER (PARTITION BY room.id ORDER BY fresh.next_attempt_at) AS turn,
+                        GREATEST(LEAST(room.n, room.share), 0) AS room_left
+                 FROM fresh JOIN room ON room.id = fresh.endpoint_id
+                 WHERE fresh.status = 'pending' AND NOT fresh.parked AND NOT fresh.waiting
+                   AND fresh.next_attempt_at <= now()
+             ) f
+             WHERE turn <= room_left
+         )"
+        }
+    };
     format!(
         "WITH room_n AS (
              SELECT ep.id, ep.rate_limit_per_sec, tokens.now AS tokens,
@@ -266,18 +321,7 @@ fn claim_sql_text() -> String {
              SELECT room_n.*,
                     ceil($1::float8 / GREATEST(count(*) FILTER (WHERE room_n.n > 0) OVER (), 1)) AS share
              FROM room_n
-         ), picked AS (
-             SELECT p.id, p.next_attempt_at,
-                    row_number() OVER (PARTITION BY room.id ORDER BY p.next_attempt_at) AS turn
-             FROM room CROSS JOIN LATERAL (
-                 SELECT d.id, d.next_attempt_at FROM deliveries d
-                 WHERE d.endpoint_id = room.id AND d.status = 'pending' AND NOT d.parked AND NOT d.waiting
-                   AND d.next_attempt_at <= now()
-                 ORDER BY d.next_attempt_at
-                 LIMIT GREATEST(LEAST(room.n, room.share), 0)
-                 FOR UPDATE SKIP LOCKED
-             ) p
-         ), due AS (
+         ), {picked}, due AS (
              SELECT id FROM picked ORDER BY turn, next_attempt_at LIMIT $1
          ), claimed AS (
              -- `= ANY(ARRAY(...))`: the rows are fetched by primary key whatever the
@@ -305,6 +349,79 @@ fn claim_sql_text() -> String {
               JOIN sources s ON s.id = e.source_id"
     )
 }
+
+/// What [`claim_fresh`] took.
+#[derive(Debug, Default)]
+pub struct FreshClaim {
+    /// The deliveries now leased to the caller.
+    pub claimed: Vec<Claimed>,
+    /// Whether it took every one of the deliveries that was claimable when it looked
+    /// (due, not parked, not waiting in a line). When not (an endpoint at its limit, out of
+    /// rate tokens, with its circuit open or paused; another replica's claim took one
+    /// first), due work may be left that only [`claim_batch`] finds.
+    pub took_all: bool,
+}
+
+/// Claim those of `deliveries` (just stored by this process) that are due, up to `limit`,
+/// each endpoint within its limits: the same transaction of two statements as
+/// [`claim_batch`], with the same locks, room, rate tokens, lease and fencing token, but
+/// reaching the rows by primary key instead of through the due index.
+///
+/// At low load every ingest commit wakes the claim loop for a webhook or two, and a
+/// [`claim_batch`] is planned at every call (about 0.5 ms of PostgreSQL's CPU, half of
+/// what it spent per webhook at 500/s; bench/PROFILE.md). This statement cannot walk the
+/// backlog whatever its plan, so it runs [`Planning::Cached`](crate::db::Planning::Cached):
+/// planned once per connection.
+///
+/// It does not look at older due rows: the dispatcher uses it only when its last
+/// [`claim_batch`] left nothing due behind, and falls back to one whenever this claim did
+/// not take everything ([`FreshClaim::took_all`]).
+pub async fn claim_fresh(
+    pool: &crate::db::Pool,
+    deliveries: &[DeliveryId],
+    limit: i64,
+    lease: Duration,
+    default_max_in_flight: i32,
+) -> Result<FreshClaim, sqlx::Error> {
+    let mut tx = pool.begin_planned(crate::db::Planning::Cached).await?;
+    let (endpoints, candidates): (Vec<EndpointId>, i64) =
+        crate::db::query_as(FRESH_LOCK_SQL).bind(deliveries).fetch_one(&mut *tx).await?;
+    if endpoints.is_empty() {
+        tx.commit().await?;
+        return Ok(FreshClaim { claimed: Vec::new(), took_all: candidates == 0 });
+    }
+    let claimed: Vec<Claimed> = crate::db::query_as(claim_fresh_sql())
+        .bind(limit)
+        .bind(lease.as_secs_f64())
+        .bind(default_max_in_flight)
+        .bind(&endpoints)
+        .bind(deliveries)
+        .fetch_all(&mut *tx)
+        .await?;
+    claimed_once(&claimed)?;
+    tx.commit().await?;
+    Ok(FreshClaim { took_all: claimed.len() as i64 >= candidates, claimed })
+}
+
+/// The first statement of [`claim_fresh`] (`$1` the delivery ids): lock the runnable
+/// endpoints of those that are claimable, in id order like [`CLAIM_LOCK_SQL`] (so the two
+/// claims take turns and cannot deadlock). One row: those endpoints' ids, and how many of
+/// the deliveries are claimable.
+pub const FRESH_LOCK_SQL: &str = "WITH handed AS MATERIALIZED (
+         -- By key only (see claim_fresh_sql).
+         SELECT d.endpoint_id, d.status, d.parked, d.waiting, d.next_attempt_at FROM deliveries d
+         WHERE d.id = ANY($1)
+     ), fresh AS (
+         SELECT endpoint_id FROM handed
+         WHERE status = 'pending' AND NOT parked AND NOT waiting AND next_attempt_at <= now()
+     ), locked AS (
+         SELECT ep.id FROM endpoints ep
+         WHERE ep.id IN (SELECT endpoint_id FROM fresh)
+           AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
+         ORDER BY ep.id
+         FOR NO KEY UPDATE OF ep
+     )
+     SELECT ARRAY(SELECT id FROM locked ORDER BY id), (SELECT count(*) FROM fresh)";
 
 /// Admit one probe for each of up to `limit` half-open endpoints: claim the endpoint row
 /// (its cool-down is over and no live probe holds it) together with its oldest pending

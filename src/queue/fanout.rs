@@ -79,5 +79,5 @@ pub const FANOUT: &str = "
                    n.ordering_key IS NOT NULL AND n.blocks_on_dead, n.transform_by
             FROM sequenced n
             ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING
-            RETURNING event_id
+            RETURNING id, event_id
         )";

@@ -32,14 +32,15 @@ pub struct NewEvent<'a> {
 }
 
 /// The result of storing an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
     /// The event's id (the original one for a duplicate).
     pub event_id: EventId,
     /// True when an event with this dedupe key already existed: nothing new was stored.
     pub duplicate: bool,
-    /// Deliveries created by this call (0 for a duplicate).
-    pub deliveries: i64,
+    /// The deliveries created by this call (none for a duplicate): what ingest hands to
+    /// its own dispatcher (`crate::wake::Handoff`).
+    pub deliveries: Vec<DeliveryId>,
 }
 
 /// The single-event ingest statement (`$1` source id, `$2` dedupe key, `$3` event type,
@@ -60,9 +61,9 @@ pub fn insert_sql() -> String {
         ), bodies AS (
             SELECT ev.id, $5::jsonb AS headers, $6::bytea AS payload FROM ev
         ), {FANOUT}
-        SELECT id, false AS duplicate, (SELECT count(*) FROM fan) AS deliveries FROM ev
+        SELECT id, false AS duplicate, ARRAY(SELECT id FROM fan) AS deliveries FROM ev
         UNION ALL
-        SELECT id, true, 0 FROM events
+        SELECT id, true, '{{}}'::uuid[] FROM events
         WHERE source_id = $1 AND dedupe_key = $2 AND NOT EXISTS (SELECT 1 FROM ev)"
     )
 }
@@ -72,7 +73,7 @@ fn bound_insert<'q>(
     sql: &'q str,
     event: &'q NewEvent<'q>,
     terms: &'q [i64],
-) -> sqlx::query::QueryAs<'q, Postgres, (EventId, bool, i64), sqlx::postgres::PgArguments> {
+) -> sqlx::query::QueryAs<'q, Postgres, (EventId, bool, Vec<DeliveryId>), sqlx::postgres::PgArguments> {
     crate::db::query_as(sql)
         .bind(event.source_id)
         .bind(event.dedupe_key)
@@ -109,7 +110,7 @@ where
         let existing: Option<EventId> =
             crate::db::query_scalar(FIND).bind(event.source_id).bind(event.dedupe_key).fetch_optional(db).await?;
         if let Some(event_id) = existing {
-            return Ok(Stored { event_id, duplicate: true, deliveries: 0 });
+            return Ok(Stored { event_id, duplicate: true, deliveries: Vec::new() });
         }
     }
     Err(sqlx::Error::Protocol("event neither inserted nor found after 3 tries (concurrent deletion)".into()))
@@ -182,7 +183,10 @@ impl OwnedEvent {
 /// [`invariants::EACH_EVENT_ANSWERED_ONCE`] for the rows of the batch statement
 /// (`ord`, event id, duplicate, deliveries) of a batch of `events` distinct events: each
 /// `ord` is one of the batch's and comes once, and new events' ids are distinct.
-fn answers_are_one_per_event(rows: &[(i32, Option<EventId>, bool, i64)], events: usize) -> Result<(), Broken> {
+fn answers_are_one_per_event(
+    rows: &[(i32, Option<EventId>, bool, Vec<DeliveryId>)],
+    events: usize,
+) -> Result<(), Broken> {
     use crate::invariants::{EACH_EVENT_ANSWERED_ONCE, distinct, ensure};
     ensure(rows.iter().all(|r| usize::try_from(r.0).is_ok_and(|ord| ord < events)), EACH_EVENT_ANSWERED_ONCE, || {
         format!("an answer for an event the batch of {events} does not have")
@@ -229,7 +233,7 @@ pub async fn insert_batch_with_fanout(
         term_ends.push(i32::try_from(terms.len()).unwrap_or(i32::MAX));
     }
 
-    let rows: Vec<(i32, Option<EventId>, bool, i64)> = crate::db::query_as(&format!(
+    let rows: Vec<(i32, Option<EventId>, bool, Vec<DeliveryId>)> = crate::db::query_as(&format!(
         "WITH input AS (
             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::int4[],
                                  $8::text[], $9::int4[], $10::text[], $11::text[], $13::int4[])
@@ -251,9 +255,9 @@ pub async fn insert_batch_with_fanout(
             SELECT ins.id, i.headers::jsonb AS headers, i.payload
             FROM ins JOIN input i ON i.source_id = ins.source_id AND i.dedupe_key = ins.dedupe_key
         ), {FANOUT}, fanned AS (
-            SELECT event_id, count(*) AS n FROM fan GROUP BY event_id
+            SELECT event_id, array_agg(id) AS ids FROM fan GROUP BY event_id
         )
-        SELECT i.ord, COALESCE(ev.id, old.id), ev.id IS NULL, COALESCE(fanned.n, 0)
+        SELECT i.ord, COALESCE(ev.id, old.id), ev.id IS NULL, COALESCE(fanned.ids, '{{}}'::uuid[])
         FROM input i
         LEFT JOIN ev ON ev.source_id = i.source_id AND ev.dedupe_key = i.dedupe_key
         LEFT JOIN fanned ON fanned.event_id = ev.id
@@ -292,10 +296,14 @@ pub async fn insert_batch_with_fanout(
     }
     let mut out = Vec::with_capacity(events.len());
     for (i, &rep) in representative.iter().enumerate() {
-        let Some(first) = stored[rep] else {
+        let Some(first) = stored[rep].clone() else {
             return Err(sqlx::Error::Protocol("batch insert left an event without an answer".into()));
         };
-        out.push(if rep == i { first } else { Stored { event_id: first.event_id, duplicate: true, deliveries: 0 } });
+        out.push(if rep == i {
+            first
+        } else {
+            Stored { event_id: first.event_id, duplicate: true, deliveries: Vec::new() }
+        });
     }
     Ok(out)
 }

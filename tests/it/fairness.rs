@@ -213,3 +213,127 @@ async fn a_claim_tells_whether_it_took_everything_that_was_due() {
     assert_eq!((capped.claimed.len(), capped.head_rows), (2, 5));
     assert!(!capped.took_all_due(), "three rows of the capped endpoint are still due");
 }
+
+/// The claim of deliveries this process just stored (`queue::claim_fresh`, ingest's
+/// hand-off to its own workers) keeps every rule of the general claim: an endpoint's
+/// in-flight limit and rate tokens, a paused endpoint, a line's waiting delivery, a row
+/// another claim holds; and it says when it left claimable work behind, so that the
+/// dispatcher looks the general way next.
+#[tokio::test]
+async fn a_fresh_claim_keeps_every_limit_and_says_what_it_left() {
+    use webhook_gateway::ids::DeliveryId;
+    use webhook_gateway::queue;
+    let db = crate::support::TestDb::new().await;
+    let pool = &db.pool;
+    let lease = Duration::from_secs(60);
+    let ids_of = |endpoint: String| async move {
+        let ids: Vec<uuid::Uuid> =
+            sqlx::query_scalar("SELECT id FROM deliveries WHERE endpoint_id = $1::uuid ORDER BY id")
+                .bind(endpoint)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        ids.into_iter().map(DeliveryId).collect::<Vec<_>>()
+    };
+    let fresh =
+        |ids: Vec<DeliveryId>, max: i32| async move { queue::claim_fresh(pool, &ids, 64, lease, max).await.unwrap() };
+
+    let a = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/a").await;
+    seed_deliveries(pool, &a, 5).await;
+    let took = fresh(ids_of(a.clone()).await, 100).await;
+    assert_eq!(took.claimed.len(), 5);
+    assert!(took.took_all);
+    assert!(took.claimed.iter().all(|c| c.attempt == 1 && c.claim_token == 1), "leased like any claim");
+    let again = fresh(ids_of(a.clone()).await, 100).await;
+    assert_eq!(again.claimed.len(), 0, "a row another claim holds is not claimed twice");
+    assert!(again.took_all, "nothing claimable was left: they are leased");
+
+    // At its limit of 2 (in flight across the fleet): two of five, three left due.
+    let c = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/c").await;
+    seed_deliveries(pool, &c, 5).await;
+    let capped = fresh(ids_of(c.clone()).await, 2).await;
+    assert_eq!(capped.claimed.len(), 2);
+    assert!(!capped.took_all, "three are still due");
+    assert_eq!(fresh(ids_of(c.clone()).await, 2).await.claimed.len(), 0, "the two in flight hold the limit");
+
+    // Rate-limited to a burst of 3: three now, and the tokens are spent.
+    let r = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/r").await;
+    sqlx::query("UPDATE endpoints SET rate_limit_per_sec = 0.001, rate_limit_burst = 3 WHERE id = $1::uuid")
+        .bind(&r)
+        .execute(pool)
+        .await
+        .unwrap();
+    seed_deliveries(pool, &r, 5).await;
+    let rated = fresh(ids_of(r.clone()).await, 100).await;
+    assert_eq!(rated.claimed.len(), 3);
+    assert!(!rated.took_all);
+    assert_eq!(fresh(ids_of(r.clone()).await, 100).await.claimed.len(), 0, "the burst was paid for");
+
+    // Paused: nothing, and the rows are left for the general claim to account for.
+    let p = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/p").await;
+    sqlx::query("UPDATE endpoints SET paused = true WHERE id = $1::uuid").bind(&p).execute(pool).await.unwrap();
+    seed_deliveries(pool, &p, 2).await;
+    let paused = fresh(ids_of(p.clone()).await, 100).await;
+    assert_eq!(paused.claimed.len(), 0);
+    assert!(!paused.took_all);
+
+    // A delivery waiting in its line is not claimable: nothing is left behind.
+    let w = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/w").await;
+    seed_deliveries(pool, &w, 1).await;
+    sqlx::query("UPDATE deliveries SET waiting = true WHERE endpoint_id = $1::uuid")
+        .bind(&w)
+        .execute(pool)
+        .await
+        .unwrap();
+    let waiting = fresh(ids_of(w.clone()).await, 100).await;
+    assert_eq!(waiting.claimed.len(), 0);
+    assert!(waiting.took_all);
+}
+
+/// Two replicas that both ingest and deliver (role `all`), each handing what it stores
+/// to its own workers, and an endpoint limited to 4 requests in flight with a subscriber
+/// taking 300 ms: the limit holds across both, and each webhook arrives once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_in_flight_holds_across_two_replicas_that_hand_off_what_they_ingest() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::start(|_, _| Reply::Hold(Duration::from_millis(300))).await;
+    app.source_none("shop").await;
+    let ep = app.endpoint_for(&sink.url("/"), Some("shop")).await;
+    set_limits(&app, &ep, Some(4), None).await;
+    let replicas = [
+        GatewayProcess::start(&app.db.url, &["--role", "all"]),
+        GatewayProcess::start(&app.db.url, &["--role", "all"]),
+    ];
+    for r in &replicas {
+        crate::support::wait_ready(r.addr).await;
+    }
+    let http = reqwest::Client::new();
+    let mut posts = Vec::new();
+    for i in 0..40 {
+        let url = format!("http://{}/ingest/shop", replicas[i % 2].addr);
+        let http = http.clone();
+        posts.push(tokio::spawn(async move {
+            // One at a time per replica would never reach the limit; 40 at once do.
+            http.post(url)
+                .header("content-type", "application/json")
+                .header("x-delivery-id", format!("n-{i}"))
+                .header("x-event-type", "order.created")
+                .body("{}")
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }));
+    }
+    for p in posts {
+        assert_eq!(p.await.unwrap().unwrap(), 200);
+    }
+    eventually(WAIT, "all delivered", || async { (count_status(&app.db.pool, "delivered").await == 40).then_some(()) })
+        .await;
+    eprintln!("max_in_flight 4 across two ingesting replicas: at most {} at once", sink.max_concurrent());
+    assert!(sink.max_concurrent() <= 4, "{} requests at once", sink.max_concurrent());
+    assert_eq!(sink.max_concurrent(), 4, "the cap was reached (the test exercised it)");
+    let mut ids: Vec<String> = sink.received().iter().map(|r| r.header("webhook-id")).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((sink.count(), ids.len()), (40, 40), "each webhook once");
+}

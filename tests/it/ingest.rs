@@ -311,8 +311,17 @@ async fn a_batch_stores_each_key_once_and_answers_each_event() {
     assert_eq!(stored[1].event_id.to_string(), existing["event_id"].as_str().unwrap());
     assert_eq!(stored[4].event_id, stored[0].event_id, "the in-batch copy names the stored event");
     assert_ne!(stored[2].event_id, stored[0].event_id, "same key, other source: another event");
-    let deliveries: Vec<i64> = stored.iter().map(|s| s.deliveries).collect();
+    let deliveries: Vec<usize> = stored.iter().map(|s| s.deliveries.len()).collect();
     assert_eq!(deliveries, [1, 0, 1, 1, 0]);
+    // Each answer names the deliveries its event made (ingest hands them to its workers).
+    for s in stored.iter().filter(|s| !s.duplicate) {
+        let made: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM deliveries WHERE event_id = $1")
+            .bind(s.event_id)
+            .fetch_all(&app.db.pool)
+            .await
+            .unwrap();
+        assert_eq!(made, s.deliveries.iter().map(|d| d.0).collect::<Vec<_>>());
+    }
     assert_eq!(app.db.count("events").await, 4);
     assert_eq!(app.db.count("deliveries").await, 4);
     let payload: Vec<u8> = sqlx::query_scalar("SELECT payload FROM events WHERE id = $1")

@@ -262,3 +262,73 @@ async fn record_committed(
     tx.commit().await?;
     Ok(recorded)
 }
+
+/// Claims of fresh deliveries by key (ingest's hand-off, `queue::claim_fresh`) racing
+/// general claims on separate connections, for the rows of one endpoint: no row is
+/// claimed twice, and the endpoint's in-flight limit holds across all of them (nothing
+/// is recorded, so every claim stays in flight). Then, without a limit, every row is
+/// claimed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fresh_and_general_claims_racing_share_no_row_and_keep_the_limit() {
+    use webhook_gateway::ids::DeliveryId;
+    let db = TestDb::new().await;
+    let endpoint = insert_endpoint(&db.pool, "http://127.0.0.1:9/").await;
+    seed_deliveries(&db.pool, &endpoint, 600).await;
+    let ids: Vec<DeliveryId> = sqlx::query_scalar::<_, uuid::Uuid>("SELECT id FROM deliveries ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(DeliveryId)
+        .collect();
+    let ids = Arc::new(ids);
+    for (limit, expected) in [(50, 50), (1_000_000, 550)] {
+        let barrier = Arc::new(tokio::sync::Barrier::new(8));
+        let mut tasks = Vec::new();
+        for n in 0..8usize {
+            let pool = webhook_gateway::db::connect(&db.url, 1).await.unwrap();
+            let (barrier, ids) = (barrier.clone(), ids.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let mut mine = Vec::new();
+                let mut chunks = ids.chunks(7).cycle().skip(n * 11).take(ids.len() / 7 + 1);
+                loop {
+                    let got = if n % 2 == 0 {
+                        // Half the claimers are handed overlapping slices of the rows.
+                        let Some(chunk) = chunks.next() else { break };
+                        queue::claim_fresh(&pool, chunk, 7, Duration::from_secs(60), limit).await.unwrap().claimed
+                    } else {
+                        let fairness = queue::Fairness { default_max_in_flight: limit, sweep: false };
+                        let got = queue::claim_fair(&pool, 7, Duration::from_secs(60), fairness).await.unwrap();
+                        if got.is_empty() {
+                            break;
+                        }
+                        got
+                    };
+                    mine.extend(got.into_iter().map(|c| c.id));
+                }
+                mine
+            }));
+        }
+        let mut all = Vec::new();
+        let mut fresh_claimed = 0;
+        for (n, t) in tasks.into_iter().enumerate() {
+            let mine = t.await.unwrap();
+            if n % 2 == 0 {
+                fresh_claimed += mine.len();
+            }
+            all.extend(mine);
+        }
+        let total = all.len();
+        all.sort();
+        all.dedup();
+        eprintln!("limit {limit}: {total} claimed, {fresh_claimed} of them by key");
+        assert_eq!(all.len(), total, "no row claimed twice");
+        assert_eq!(total, expected, "limit {limit}: the limit held and was reached");
+    }
+    let leased: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE claim_token = 1 AND attempt_count = 1")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(leased, 600, "every row claimed exactly once");
+}

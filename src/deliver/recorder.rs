@@ -318,7 +318,7 @@ pub async fn end_unsent(pool: &Pool, unsent: &Unsent, patience: &Patience) {
 /// A failure is reported to the pool's health (a read-only node, a departing one).
 async fn write_once(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
     let written = async {
-        let mut tx = pool.begin_planned(crate::db::Planning::EachCall).await?;
+        let mut tx = pool.begin_planned(crate::db::Planning::Cached).await?;
         let recorded = queue::record(&mut tx, batch).await?;
         let fresh: HashSet<DeliveryId> = recorded.fresh.iter().copied().collect();
         let mut observations: BTreeMap<EndpointId, Observation> = BTreeMap::new();

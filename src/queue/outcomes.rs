@@ -165,34 +165,16 @@ pub fn recorded_from(ids: &std::collections::HashSet<DeliveryId>, recorded: &Rec
     invariants::distinct(recorded.fresh.iter().chain(&recorded.already), invariants::RECORDED_FROM_BATCH)
 }
 
-/// The outcomes of [`record`], in one statement.
-async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
-    db: impl PgExecutor<'_>,
-    batch: &[R],
-) -> Result<Recorded, sqlx::Error> {
-    fn col<'a, R: std::borrow::Borrow<AttemptRecord>, T>(batch: &'a [R], f: impl Fn(&'a AttemptRecord) -> T) -> Vec<T> {
-        batch.iter().map(|r| f(r.borrow())).collect()
-    }
-    let ids: Vec<DeliveryId> = col(batch, |r| r.delivery_id);
-    let tokens: Vec<i64> = col(batch, |r| r.claim_token);
-    let attempts: Vec<i32> = col(batch, |r| r.attempt);
-    let started: Vec<DateTime<Utc>> = col(batch, |r| r.started_at);
-    let durations: Vec<i32> = col(batch, |r| r.duration_ms);
-    let codes: Vec<Option<i32>> = col(batch, |r| r.status_code);
-    let kinds: Vec<Option<crate::egress::ErrorKind>> = col(batch, |r| r.error_kind);
-    let outcomes: Vec<&str> = col(batch, |r| r.outcome.as_str());
-    let statuses: Vec<&str> = col(batch, |r| r.outcome.status().as_str());
-    let reasons: Vec<&str> = col(batch, |r| r.reason.as_str());
-    let excerpts: Vec<Option<&str>> = col(batch, |r| r.response_excerpt.as_deref());
-    let sent: Vec<Option<&str>> = col(batch, |r| r.sent_excerpt.as_deref());
-    let next_at: Vec<Option<DateTime<Utc>>> = col(batch, |r| r.next_attempt_at);
-    let next_why: Vec<Option<&str>> = col(batch, |r| r.next_attempt_reason.map(|why| why.as_str()));
-
-    // `prior` reads the statement's snapshot, before `upd`: the rows an earlier write of
-    // this same claim recorded. Only `deliveries` is read, by primary key; `attempts_once`
-    // (one row per delivery and attempt number) backs it up.
-    let rows: Vec<(DeliveryId, bool)> = crate::db::query_as(
-        "WITH o AS (
+/// The statement of [`record`]'s outcomes (`$1` ids, `$2` claim tokens, `$3` attempt
+/// numbers, `$4` start times, `$5` durations, `$6` status codes, `$7` error kinds, `$8`
+/// outcomes, `$9` statuses, `$10` reasons, `$11` response excerpts, `$12` next attempt
+/// times, `$13` their reasons, `$14` sent excerpts), public so `tests/it/plans.rs` holds
+/// its plans to the backlog.
+///
+/// `prior` reads the statement's snapshot, before `upd`: the rows an earlier write of this
+/// same claim recorded. Only `deliveries` is read, by primary key; `attempts_once` (one
+/// row per delivery and attempt number) backs it up.
+pub const RECORD_SQL: &str = "WITH o AS (
              SELECT * FROM unnest($1::uuid[], $2::int8[], $3::int4[], $4::timestamptz[], $5::int4[],
                                   $6::int4[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
                                   $12::timestamptz[], $13::text[], $14::text[])
@@ -225,24 +207,48 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
          )
          SELECT delivery_id, true FROM ins
          UNION ALL
-         SELECT id, false FROM prior",
-    )
-    .bind(ids)
-    .bind(tokens)
-    .bind(attempts)
-    .bind(started)
-    .bind(durations)
-    .bind(codes)
-    .bind(kinds)
-    .bind(outcomes)
-    .bind(statuses)
-    .bind(reasons)
-    .bind(excerpts)
-    .bind(next_at)
-    .bind(next_why)
-    .bind(sent)
-    .fetch_all(db)
-    .await?;
+         SELECT id, false FROM prior";
+
+/// The outcomes of [`record`], in one statement.
+async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
+    db: impl PgExecutor<'_>,
+    batch: &[R],
+) -> Result<Recorded, sqlx::Error> {
+    fn col<'a, R: std::borrow::Borrow<AttemptRecord>, T>(batch: &'a [R], f: impl Fn(&'a AttemptRecord) -> T) -> Vec<T> {
+        batch.iter().map(|r| f(r.borrow())).collect()
+    }
+    let ids: Vec<DeliveryId> = col(batch, |r| r.delivery_id);
+    let tokens: Vec<i64> = col(batch, |r| r.claim_token);
+    let attempts: Vec<i32> = col(batch, |r| r.attempt);
+    let started: Vec<DateTime<Utc>> = col(batch, |r| r.started_at);
+    let durations: Vec<i32> = col(batch, |r| r.duration_ms);
+    let codes: Vec<Option<i32>> = col(batch, |r| r.status_code);
+    let kinds: Vec<Option<crate::egress::ErrorKind>> = col(batch, |r| r.error_kind);
+    let outcomes: Vec<&str> = col(batch, |r| r.outcome.as_str());
+    let statuses: Vec<&str> = col(batch, |r| r.outcome.status().as_str());
+    let reasons: Vec<&str> = col(batch, |r| r.reason.as_str());
+    let excerpts: Vec<Option<&str>> = col(batch, |r| r.response_excerpt.as_deref());
+    let sent: Vec<Option<&str>> = col(batch, |r| r.sent_excerpt.as_deref());
+    let next_at: Vec<Option<DateTime<Utc>>> = col(batch, |r| r.next_attempt_at);
+    let next_why: Vec<Option<&str>> = col(batch, |r| r.next_attempt_reason.map(|why| why.as_str()));
+
+    let rows: Vec<(DeliveryId, bool)> = crate::db::query_as(RECORD_SQL)
+        .bind(ids)
+        .bind(tokens)
+        .bind(attempts)
+        .bind(started)
+        .bind(durations)
+        .bind(codes)
+        .bind(kinds)
+        .bind(outcomes)
+        .bind(statuses)
+        .bind(reasons)
+        .bind(excerpts)
+        .bind(next_at)
+        .bind(next_why)
+        .bind(sent)
+        .fetch_all(db)
+        .await?;
     let mut recorded = Recorded::default();
     for (id, fresh) in rows {
         if fresh { recorded.fresh.push(id) } else { recorded.already.push(id) }

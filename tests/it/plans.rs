@@ -167,10 +167,12 @@ const LINE_BATCH: i64 = 16;
 /// the recorder's statements ([`lines::RELEASE_HEADS_SQL`], then [`lines::PROMOTE_SQL`]),
 /// custom-planned as the recorder runs them, in a transaction that is rolled back. Returns
 /// the rows each plan handled.
-async fn move_lines_on(pool: &Pool) -> (f64, f64) {
+async fn move_lines_on(pool: &Pool, planning: Planning) -> (f64, f64) {
     use webhook_gateway::queue::lines;
     let mut tx = pool.begin().await.unwrap();
-    sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan").execute(&mut *tx).await.unwrap();
+    // The recorder's transaction's settings (its `BEGIN` sets them).
+    let settings = webhook_gateway::db::begin_sql(Pooler::None, planning).trim_start_matches("BEGIN; ");
+    sqlx::raw_sql(settings).execute(&mut *tx).await.unwrap();
     let heads: Vec<Uuid> = sqlx::query_scalar(
         "SELECT head_id FROM order_lines WHERE head_id IS NOT NULL ORDER BY ordering_key DESC LIMIT $1",
     )
@@ -256,7 +258,10 @@ async fn moving_lines_on_handles_the_batch_even_with_statistics_from_before_the_
     .await
     .unwrap();
     sqlx::query("ANALYZE").execute(pool).await.unwrap();
-    let (release_fresh, promote_fresh) = move_lines_on(pool).await;
+    let mut fresh = Vec::new();
+    for planning in [Planning::EachCall, Planning::Cached] {
+        fresh.push(move_lines_on(pool, planning).await);
+    }
 
     add_history(pool, endpoint, 20_000).await;
     sqlx::query(
@@ -269,21 +274,36 @@ async fn moving_lines_on_handles_the_batch_even_with_statistics_from_before_the_
     .execute(pool)
     .await
     .unwrap();
-    let (release_stale, promote_stale) = move_lines_on(pool).await;
-
-    eprintln!(
-        "lines moved on, batch of {LINE_BATCH}: release handled {release_fresh} rows fresh, {release_stale} stale; \
-         promote {promote_fresh} fresh, {promote_stale} stale"
-    );
-    for (statement, fresh, stale) in
-        [("release", release_fresh, release_stale), ("promote", promote_fresh, promote_stale)]
-    {
-        assert!(
-            stale <= 2.0 * fresh + 200.0,
-            "{statement} handled {fresh} rows for a batch of {LINE_BATCH} with fresh statistics and {stale} with \
-             stale ones: its plan reads the table, not the batch"
+    for (planning, (release_fresh, promote_fresh)) in [Planning::EachCall, Planning::Cached].into_iter().zip(fresh) {
+        let (release_stale, promote_stale) = move_lines_on(pool, planning).await;
+        eprintln!(
+            "lines moved on, batch of {LINE_BATCH}, {planning:?}: release handled {release_fresh} rows fresh, \
+             {release_stale} stale; promote {promote_fresh} fresh, {promote_stale} stale"
         );
+        for (statement, fresh, stale) in
+            [("release", release_fresh, release_stale), ("promote", promote_fresh, promote_stale)]
+        {
+            assert!(
+                stale <= 2.0 * fresh + 200.0,
+                "{planning:?}: {statement} handled {fresh} rows for a batch of {LINE_BATCH} with fresh statistics \
+                 and {stale} with stale ones: its plan reads the table, not the batch"
+            );
+        }
     }
+}
+
+/// A new database whose queue tables autovacuum never analyzes (their statistics stay
+/// those of an empty queue, as on a new database in its first minute), an endpoint, and a
+/// connection of its own, which keeps the plans prepared on it.
+async fn unanalyzed_queue() -> (TestDb, Uuid, sqlx::PgConnection) {
+    use sqlx::Connection as _;
+    let db = TestDb::new().await;
+    for table in ["deliveries", "events", "endpoints", "attempts"] {
+        sqlx::query(&format!("ALTER TABLE {table} SET (autovacuum_enabled = false)")).execute(&db.pool).await.unwrap();
+    }
+    let endpoint: Uuid = insert_endpoint(&db.pool, "http://127.0.0.1:9/").await.parse().unwrap();
+    let conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    (db, endpoint, conn)
 }
 
 /// One measured fresh claim (`queue::claim_fresh`) of `deliveries` on `conn`, whose prepared
@@ -328,13 +348,8 @@ async fn fresh_deliveries(pool: &Pool, endpoint: Uuid, n: i64) -> Vec<Uuid> {
 async fn a_fresh_claim_costs_the_same_at_any_backlog_with_a_plan_built_on_an_empty_queue() {
     use sqlx::Connection as _;
     for mode in MODES {
-        let db = TestDb::new().await;
+        let (db, endpoint, mut conn) = unanalyzed_queue().await;
         let pool = &db.pool;
-        for table in ["deliveries", "events", "endpoints", "attempts"] {
-            sqlx::query(&format!("ALTER TABLE {table} SET (autovacuum_enabled = false)")).execute(pool).await.unwrap();
-        }
-        let endpoint: Uuid = insert_endpoint(pool, "http://127.0.0.1:9/").await.parse().unwrap();
-        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
         sqlx::query(&format!("PREPARE fresh_lock(uuid[]) AS {}", queue::FRESH_LOCK_SQL))
             .execute(&mut conn)
             .await
@@ -369,4 +384,76 @@ async fn a_fresh_claim_costs_the_same_at_any_backlog_with_a_plan_built_on_an_emp
             large.buffers
         );
     }
+}
+
+/// `EXPLAIN (ANALYZE, BUFFERS)` of the recorder's outcome write (`queue::RECORD_SQL`,
+/// prepared on `conn` as `record`) for the deliveries `claimed` (id, claim token): each
+/// delivered at attempt 1, in a transaction that is rolled back.
+async fn record_cost(conn: &mut sqlx::PgConnection, claimed: &[(Uuid, i64)]) -> (Cost, Value) {
+    let n = claimed.len();
+    let ids = claimed.iter().map(|(id, _)| id.to_string()).collect::<Vec<_>>().join(",");
+    let tokens = claimed.iter().map(|(_, t)| t.to_string()).collect::<Vec<_>>().join(",");
+    sqlx::raw_sql(webhook_gateway::db::begin_sql(Pooler::None, Planning::Cached)).execute(&mut *conn).await.unwrap();
+    let explain: Value = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE record(
+             '{{{ids}}}', '{{{tokens}}}', array_fill(1, ARRAY[{n}]), array_fill(now(), ARRAY[{n}]),
+             array_fill(5, ARRAY[{n}]), array_fill(200, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
+             array_fill('delivered'::text, ARRAY[{n}]), array_fill('delivered'::text, ARRAY[{n}]),
+             array_fill('HTTP 200'::text, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
+             array_fill(NULL::timestamptz, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
+             array_fill(NULL::text, ARRAY[{n}]))"
+    ))
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
+    let top = &explain[0]["Plan"];
+    let buffers = top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap();
+    let rows = top["Actual Rows"].as_i64().unwrap();
+    (Cost { buffers, rows, update_estimate: 0.0 }, explain)
+}
+
+/// Claim `n` of `endpoint`'s due deliveries for good (leased, as a worker holds them) and
+/// return them with their tokens.
+async fn claim_for_good(pool: &Pool, n: i64) -> Vec<(Uuid, i64)> {
+    let fairness = queue::Fairness { default_max_in_flight: 1_000_000, sweep: false };
+    let claimed = queue::claim_fair(pool, n, std::time::Duration::from_secs(600), fairness).await.unwrap();
+    claimed.into_iter().map(|c| (c.id.0, c.claim_token)).collect()
+}
+
+/// The recorder's transaction runs cached generic plans (`db::Planning::Cached`): its
+/// outcome write, prepared and first run on an almost empty queue (no `ANALYZE`, as on a
+/// new database), still reaches the batch's rows by key at 61,000 pending and 20,000
+/// delivered.
+#[tokio::test]
+async fn the_outcome_write_costs_the_same_at_any_backlog_with_a_plan_built_on_an_empty_queue() {
+    use sqlx::Connection as _;
+    let (db, endpoint, mut conn) = unanalyzed_queue().await;
+    let pool = &db.pool;
+    sqlx::query(&format!(
+        "PREPARE record(uuid[], int8[], int4[], timestamptz[], int4[], int4[], text[], text[], text[], text[], \
+         text[], timestamptz[], text[], text[]) AS {}",
+        queue::RECORD_SQL
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    seed_deliveries(pool, &endpoint.to_string(), CLAIM_ROWS).await;
+    let (small, small_plan) = record_cost(&mut conn, &claim_for_good(pool, CLAIM_ROWS).await).await;
+
+    // The 16 stay leased (their outcomes were rolled back); the next claim takes the
+    // oldest of the new backlog, as a worker would.
+    add_history(pool, endpoint, 20_000).await;
+    seed_deliveries(pool, &endpoint.to_string(), 60_000).await;
+    let (large, large_plan) = record_cost(&mut conn, &claim_for_good(pool, CLAIM_ROWS).await).await;
+    conn.close().await.unwrap();
+    eprintln!("outcome write of {CLAIM_ROWS}: on an empty queue {small:?}; at 61,000 pending {large:?}");
+    assert_eq!((small.rows, large.rows), (CLAIM_ROWS, CLAIM_ROWS), "each write recorded its batch");
+    assert!(
+        large.buffers <= 2 * small.buffers + 100,
+        "an outcome write of {CLAIM_ROWS} touched {} buffers on an empty queue and {} at 61,000 pending: its \
+         plan walks the table\n{small_plan}\n{large_plan}",
+        small.buffers,
+        large.buffers
+    );
 }

@@ -254,9 +254,10 @@ pub fn claim_fresh_sql() -> &'static str {
 enum Candidates {
     /// Any, oldest due first (`deliveries_endpoint_unparked`).
     Due,
-    /// Only the deliveries `$5`, found by primary key (the only index on `id`, and one
-    /// the planner knows is unique, so no plan, generic or built without statistics, can
-    /// prefer walking an endpoint's due rows; `tests/it/plans.rs`).
+    /// Only the deliveries `$5`, found by primary key: the only index that leads with
+    /// `id`, and one the planner knows is unique, so that with whole-table strategies off
+    /// no plan, generic or built without statistics, walks an endpoint's due rows
+    /// (`tests/it/plans.rs`).
     Fresh,
 }
 
@@ -368,10 +369,10 @@ pub struct FreshClaim {
 /// reaching the rows by primary key instead of through the due index.
 ///
 /// At low load every ingest commit wakes the claim loop for a webhook or two, and a
-/// [`claim_batch`] is planned at every call (about 0.5 ms of PostgreSQL's CPU, half of
-/// what it spent per webhook at 500/s; bench/PROFILE.md). This statement cannot walk the
-/// backlog whatever its plan, so it runs [`Planning::Cached`](crate::db::Planning::Cached):
-/// planned once per connection.
+/// [`claim_batch`] is planned at every call (0.5-1.5 ms of PostgreSQL's CPU, about once
+/// per webhook; bench/PROFILE.md). This one reaches its rows by key under any plan that
+/// [`Planning::Cached`](crate::db::Planning::Cached) allows, so it runs that way: planned
+/// once per connection.
 ///
 /// It does not look at older due rows: the dispatcher uses it only when its last
 /// [`claim_batch`] left nothing due behind, and falls back to one whenever this claim did

@@ -193,7 +193,7 @@ async fn serve(
     sources: Vec<String>,
 ) -> anyhow::Result<Running> {
     let wake = Arc::new(Notify::new());
-    // Ingest hands its events straight to the dispatcher of the same process.
+    // Ingest hands the deliveries it stores straight to the dispatcher of the same process.
     let handoff = (settings.role == Role::All).then(|| Arc::new(crate::wake::Handoff::default()));
     let state = AppState {
         pool: pool.clone(),

@@ -10,7 +10,6 @@
 //! Polling stays the fallback: a lost notification costs at most one poll interval.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::db::Pool;
@@ -24,47 +23,40 @@ use tokio::sync::{Notify, watch};
 /// two, and the general claim is planned at every call. Bounded: past
 /// [`HANDOFF_DELIVERIES`] it stops holding ids and says so, and the dispatcher claims the
 /// general way (under load every claim is full anyway).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Handoff {
-    deliveries: std::sync::Mutex<Vec<DeliveryId>>,
-    overflowed: AtomicBool,
+    /// What arrived since the last take; `None` once more arrived than it holds.
+    held: std::sync::Mutex<Option<Vec<DeliveryId>>>,
     arrived: Notify,
 }
 
 /// Most delivery ids a [`Handoff`] holds between two claims.
 pub const HANDOFF_DELIVERIES: usize = 256;
 
-/// What [`Handoff::take`] found.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Handed {
-    /// These deliveries (possibly none) arrived since the last take.
-    Deliveries(Vec<DeliveryId>),
-    /// More arrived than the hand-off holds: claim the general way.
-    Overflowed,
+impl Default for Handoff {
+    fn default() -> Self {
+        Handoff { held: std::sync::Mutex::new(Some(Vec::new())), arrived: Notify::new() }
+    }
 }
 
 impl Handoff {
     /// Hand over `deliveries`, just committed, and wake the dispatcher.
     pub fn push(&self, deliveries: &[DeliveryId]) {
         {
-            let mut held = self.deliveries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if held.len() + deliveries.len() <= HANDOFF_DELIVERIES {
-                held.extend_from_slice(deliveries);
-            } else {
-                self.overflowed.store(true, Ordering::Relaxed);
+            let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match held.as_mut() {
+                Some(ids) if ids.len() + deliveries.len() <= HANDOFF_DELIVERIES => ids.extend_from_slice(deliveries),
+                _ => *held = None,
             }
         }
         self.arrived.notify_one();
     }
 
-    /// Everything handed over since the last take (or the last [`Handoff::clear`]).
-    pub fn take(&self) -> Handed {
-        let mut held = self.deliveries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if self.overflowed.swap(false, Ordering::Relaxed) {
-            held.clear();
-            return Handed::Overflowed;
-        }
-        Handed::Deliveries(std::mem::take(&mut *held))
+    /// Everything handed over since the last take (possibly nothing), or `None` when more
+    /// arrived than the hand-off holds: then claim the general way.
+    pub fn take(&self) -> Option<Vec<DeliveryId>> {
+        let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.replace(Vec::new())
     }
 
     /// Forget what was handed over: a general claim is about to find it.
@@ -151,22 +143,23 @@ mod tests {
     #[test]
     fn a_handoff_gives_what_arrived_once_and_says_when_it_overflowed() {
         let handoff = Handoff::default();
-        assert_eq!(handoff.take(), Handed::Deliveries(Vec::new()));
+        assert_eq!(handoff.take(), Some(Vec::new()));
         handoff.push(&[delivery(1)]);
         handoff.push(&[delivery(2), delivery(3)]);
-        assert_eq!(handoff.take(), Handed::Deliveries(vec![delivery(1), delivery(2), delivery(3)]));
-        assert_eq!(handoff.take(), Handed::Deliveries(Vec::new()));
+        assert_eq!(handoff.take(), Some(vec![delivery(1), delivery(2), delivery(3)]));
+        assert_eq!(handoff.take(), Some(Vec::new()));
 
         let all: Vec<DeliveryId> = (0..HANDOFF_DELIVERIES as u128).map(delivery).collect();
         handoff.push(&all);
-        assert_eq!(handoff.take(), Handed::Deliveries(all.clone()), "it holds up to its bound");
+        assert_eq!(handoff.take(), Some(all.clone()), "it holds up to its bound");
         handoff.push(&all);
         handoff.push(&[delivery(9)]);
-        assert_eq!(handoff.take(), Handed::Overflowed);
-        assert_eq!(handoff.take(), Handed::Deliveries(Vec::new()), "the overflow is reported once");
+        handoff.push(&[delivery(10)]);
+        assert_eq!(handoff.take(), None, "overflowed");
+        assert_eq!(handoff.take(), Some(Vec::new()), "the overflow is reported once");
 
         handoff.push(&[delivery(3)]);
         handoff.clear();
-        assert_eq!(handoff.take(), Handed::Deliveries(Vec::new()));
+        assert_eq!(handoff.take(), Some(Vec::new()));
     }
 }

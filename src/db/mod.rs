@@ -79,9 +79,6 @@ pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 /// gateway vanished ends after about 25 s.
 pub const SERVER_KEEPALIVE: (u32, u32, u32) = (10, 5, 3);
 
-/// The `BEGIN` of every transaction behind a transaction pooler: the server-side bounds
-/// of [`STATEMENT_TIMEOUT`] and [`IDLE_IN_TRANSACTION_TIMEOUT`] for the transaction (a
-/// direct connection gets them once, as startup options), in the same round trip.
 /// The statements of [`POOLED_BEGIN`] after its `BEGIN` (a macro, so that every `BEGIN`
 /// of [`begin_sql`] is one literal built at compile time).
 macro_rules! pooled_bounds {
@@ -90,6 +87,9 @@ macro_rules! pooled_bounds {
     };
 }
 
+/// The `BEGIN` of every transaction behind a transaction pooler: the server-side bounds
+/// of [`STATEMENT_TIMEOUT`] and [`IDLE_IN_TRANSACTION_TIMEOUT`] for the transaction (a
+/// direct connection gets them once, as startup options), in the same round trip.
 const POOLED_BEGIN: &str = concat!("BEGIN; ", pooled_bounds!());
 
 /// [`Planning::EachCall`]'s settings.
@@ -329,24 +329,25 @@ pub enum Planning {
     /// Each statement for its parameters (`force_custom_plan`), never with a cached
     /// generic plan.
     ///
-    /// The claim and the recorder's outcome write are batch statements over `deliveries`, a
-    /// table that grows and churns fast. A generic plan is built once, from the statistics of
-    /// the moment, and kept until they change: one built for an empty queue (a gateway
-    /// starting on a fresh database) walked a whole index per claim at 61,000 pending
-    /// (120,000 buffers for 16 rows, even with sequential scans ruled out), and one built with
-    /// a backlog hashed the table (25.8 ms per claim at 100,000 pending, 3-5 ms planned for
-    /// the call). PostgreSQL's default (`auto`) may switch a prepared statement to its generic
-    /// plan at any time, and did, mid-run, for the outcome write (18-44 ms per write against
-    /// about 5 ms). Planning costs ~0.3-1.2 ms per call; a plan that cannot go stale is worth
-    /// it. bench/PROFILE.md has the figures.
+    /// The general claim ([`crate::queue::claim_batch`]) walks the due index of
+    /// `deliveries`, a table that grows and churns fast. A generic plan is built once, from
+    /// the statistics of the moment, and kept until they change: one built for an empty
+    /// queue (a gateway starting on a fresh database) walked a whole index per claim at
+    /// 61,000 pending (120,000 buffers for 16 rows, even with sequential scans ruled out),
+    /// and one built with a backlog hashed the table (25.8 ms per claim at 100,000 pending,
+    /// 3-5 ms planned for the call). Planning costs 0.5-1.5 ms per call; a plan that cannot
+    /// go stale is worth it. bench/PROFILE.md has the figures.
     EachCall,
     /// The connection's cached generic plan (`force_generic_plan`), built once, with
     /// sequential scans, hash and merge joins ruled out: only for statements that reach
     /// every row by primary key from their parameters (the claim of fresh deliveries,
-    /// `queue::claim_fresh`). A generic plan is built from the statistics of its first
-    /// call and kept; one built on an empty table scanned tables once they had grown, and
-    /// with the whole-table strategies off every table is reached through an index.
-    /// `tests/it/plans.rs` builds the plan on an empty queue and runs it at 61,000 pending.
+    /// `queue::claim_fresh`; the recorder's outcome write and the lines it moves on). A
+    /// generic plan is built from the statistics of its first call and kept; one built on
+    /// an empty table scanned tables once they had grown (and PostgreSQL's default, `auto`,
+    /// switched the outcome write to such a plan mid-run: 18-44 ms per write against about
+    /// 5 ms); with the whole-table strategies off every table is reached through an index.
+    /// `tests/it/plans.rs` builds these plans on an empty queue and runs them at 61,000
+    /// pending.
     Cached,
 }
 

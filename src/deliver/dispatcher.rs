@@ -15,7 +15,7 @@ use super::recorder;
 use crate::egress::EgressClient;
 use crate::queue::{self, Claimed};
 use crate::secrets::Keyring;
-use crate::wake::{Handed, Handoff};
+use crate::wake::Handoff;
 
 /// Most deliveries claimed by one statement. Each claim pays fixed costs (two statements,
 /// the claim's planning, a commit) whatever its size; in the bench drain of 100,000, 256
@@ -124,17 +124,18 @@ async fn run(
         // crashed claim: its lease brings the rows back.
         let claim_started = std::time::SystemTime::now();
         let tick = last_probe_check.elapsed() >= PROBE_CHECK_INTERVAL;
-        let handed = if owed_general || tick {
+        // The deliveries to claim by key, or `None` for the general claim.
+        let by_key = if owed_general || tick {
             wakes.handoff.clear();
-            Handed::Overflowed
+            None
         } else {
             wakes.handoff.take()
         };
         let claimed = tokio::select! {
             claimed = async {
-                match handed {
-                    Handed::Deliveries(fresh) if fresh.is_empty() => Ok((Vec::new(), false)),
-                    Handed::Deliveries(fresh) => {
+                match by_key {
+                    Some(fresh) if fresh.is_empty() => Ok((Vec::new(), false)),
+                    Some(fresh) => {
                         let fresh = queue::claim_fresh(
                             &pool,
                             &fresh,
@@ -145,7 +146,7 @@ async fn run(
                         .await?;
                         Ok((fresh.claimed, !fresh.took_all))
                     }
-                    Handed::Overflowed => claim(&pool, want, &settings, &mut last_probe_check, &housekeeping).await,
+                    None => claim(&pool, want, &settings, &mut last_probe_check, &housekeeping).await,
                 }
             } => claimed,
             _ = stop.wait_for(|s| *s) => break,

@@ -407,10 +407,7 @@ async fn record_cost(conn: &mut sqlx::PgConnection, claimed: &[(Uuid, i64)]) -> 
     .await
     .unwrap();
     sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
-    let top = &explain[0]["Plan"];
-    let buffers = top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap();
-    let rows = top["Actual Rows"].as_i64().unwrap();
-    (Cost { buffers, rows, update_estimate: 0.0 }, explain)
+    (cost_of(&explain, "deliveries"), explain)
 }
 
 /// Claim `n` of `endpoint`'s due deliveries for good (leased, as a worker holds them) and

@@ -310,3 +310,68 @@ async fn the_admin_surface_works_behind_pgbouncer_in_transaction_mode() {
     assert!(!log.contains("Status code: 500"), "no 500 answer");
     drop(bouncer);
 }
+
+/// The claim by key (ingest's hand-off, `queue::claim_fresh`) and the recorder's
+/// transaction set their planner settings in their `BEGIN` (`db::Planning::Cached`), and
+/// the claim by key runs two statements in one transaction. Through PgBouncer in
+/// transaction mode with one server connection, two pools interleave them: every
+/// delivery is claimed once, and every outcome is recorded once, by key, with
+/// nothing meeting another client's statement or settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_claim_by_key_and_the_recorder_work_through_pgbouncer_in_transaction_mode() {
+    use webhook_gateway::db::{DbConfig, Planning, Pooler};
+    use webhook_gateway::ids::DeliveryId;
+    use webhook_gateway::queue::{self, Outcome};
+    let db = TestDb::new().await;
+    let bouncer = PgBouncer::start(&db.url, 1);
+    let pooled = bouncer.url(&db.name(), &db.url);
+    let endpoint = crate::support::insert_endpoint(&db.pool, "http://127.0.0.1:9/").await;
+    crate::support::seed_deliveries(&db.pool, &endpoint, 60).await;
+    let ids: Vec<DeliveryId> = sqlx::query_scalar::<_, uuid::Uuid>("SELECT id FROM deliveries ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(DeliveryId)
+        .collect();
+    let ids = Arc::new(ids);
+    let mut tasks = Vec::new();
+    for n in 0..2usize {
+        let config = DbConfig { url: pooled.clone(), pool_size: 3, pooler: Pooler::Transaction, session_url: None };
+        let pool = webhook_gateway::db::open(&config).await.unwrap();
+        let ids = ids.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            // Both pools are handed every chunk (as two replicas could be, by a race).
+            for chunk in ids.chunks(6).skip(n).chain(ids.chunks(6).take(n)) {
+                let claim = queue::claim_fresh(&pool, chunk, 6, Duration::from_secs(60), 1000).await.unwrap();
+                if claim.claimed.is_empty() {
+                    continue;
+                }
+                let batch: Vec<_> =
+                    claim.claimed.iter().map(|c| crate::support::attempt_record(c, Outcome::Delivered)).collect();
+                let mut tx = pool.begin_planned(Planning::Cached).await.unwrap();
+                let recorded = queue::record(&mut tx, &batch).await.unwrap();
+                tx.commit().await.unwrap();
+                assert_eq!(recorded.fresh.len(), batch.len(), "each outcome written once");
+                mine.extend(claim.claimed.into_iter().map(|c| c.id));
+            }
+            mine
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let total = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!((total, all.len()), (60, 60), "every delivery claimed once");
+    let delivered: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'delivered' AND attempt_count = 1")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(delivered, 60);
+    assert_eq!(db.count("attempts").await, 60);
+}

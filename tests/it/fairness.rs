@@ -226,35 +226,30 @@ async fn a_fresh_claim_keeps_every_limit_and_says_what_it_left() {
     let db = crate::support::TestDb::new().await;
     let pool = &db.pool;
     let lease = Duration::from_secs(60);
-    let ids_of = |endpoint: String| async move {
-        let ids: Vec<uuid::Uuid> =
-            sqlx::query_scalar("SELECT id FROM deliveries WHERE endpoint_id = $1::uuid ORDER BY id")
-                .bind(endpoint)
-                .fetch_all(pool)
-                .await
-                .unwrap();
-        ids.into_iter().map(DeliveryId).collect::<Vec<_>>()
-    };
     let fresh =
         |ids: Vec<DeliveryId>, max: i32| async move { queue::claim_fresh(pool, &ids, 64, lease, max).await.unwrap() };
 
     let a = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/a").await;
     seed_deliveries(pool, &a, 5).await;
-    let took = fresh(ids_of(a.clone()).await, 100).await;
+    let took = fresh(crate::support::delivery_ids(pool, &a).await, 100).await;
     assert_eq!(took.claimed.len(), 5);
     assert!(took.took_all);
     assert!(took.claimed.iter().all(|c| c.attempt == 1 && c.claim_token == 1), "leased like any claim");
-    let again = fresh(ids_of(a.clone()).await, 100).await;
+    let again = fresh(crate::support::delivery_ids(pool, &a).await, 100).await;
     assert_eq!(again.claimed.len(), 0, "a row another claim holds is not claimed twice");
     assert!(again.took_all, "nothing claimable was left: they are leased");
 
     // At its limit of 2 (in flight across the fleet): two of five, three left due.
     let c = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/c").await;
     seed_deliveries(pool, &c, 5).await;
-    let capped = fresh(ids_of(c.clone()).await, 2).await;
+    let capped = fresh(crate::support::delivery_ids(pool, &c).await, 2).await;
     assert_eq!(capped.claimed.len(), 2);
     assert!(!capped.took_all, "three are still due");
-    assert_eq!(fresh(ids_of(c.clone()).await, 2).await.claimed.len(), 0, "the two in flight hold the limit");
+    assert_eq!(
+        fresh(crate::support::delivery_ids(pool, &c).await, 2).await.claimed.len(),
+        0,
+        "the two in flight hold the limit"
+    );
 
     // Rate-limited to a burst of 3: three now, and the tokens are spent.
     let r = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/r").await;
@@ -264,16 +259,20 @@ async fn a_fresh_claim_keeps_every_limit_and_says_what_it_left() {
         .await
         .unwrap();
     seed_deliveries(pool, &r, 5).await;
-    let rated = fresh(ids_of(r.clone()).await, 100).await;
+    let rated = fresh(crate::support::delivery_ids(pool, &r).await, 100).await;
     assert_eq!(rated.claimed.len(), 3);
     assert!(!rated.took_all);
-    assert_eq!(fresh(ids_of(r.clone()).await, 100).await.claimed.len(), 0, "the burst was paid for");
+    assert_eq!(
+        fresh(crate::support::delivery_ids(pool, &r).await, 100).await.claimed.len(),
+        0,
+        "the burst was paid for"
+    );
 
     // Paused: nothing, and the rows are left for the general claim to account for.
     let p = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/p").await;
     sqlx::query("UPDATE endpoints SET paused = true WHERE id = $1::uuid").bind(&p).execute(pool).await.unwrap();
     seed_deliveries(pool, &p, 2).await;
-    let paused = fresh(ids_of(p.clone()).await, 100).await;
+    let paused = fresh(crate::support::delivery_ids(pool, &p).await, 100).await;
     assert_eq!(paused.claimed.len(), 0);
     assert!(!paused.took_all);
 
@@ -285,7 +284,7 @@ async fn a_fresh_claim_keeps_every_limit_and_says_what_it_left() {
         .execute(pool)
         .await
         .unwrap();
-    let waiting = fresh(ids_of(w.clone()).await, 100).await;
+    let waiting = fresh(crate::support::delivery_ids(pool, &w).await, 100).await;
     assert_eq!(waiting.claimed.len(), 0);
     assert!(waiting.took_all);
 }

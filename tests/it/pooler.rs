@@ -320,21 +320,13 @@ async fn the_admin_surface_works_behind_pgbouncer_in_transaction_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_claim_by_key_and_the_recorder_work_through_pgbouncer_in_transaction_mode() {
     use webhook_gateway::db::{DbConfig, Planning, Pooler};
-    use webhook_gateway::ids::DeliveryId;
     use webhook_gateway::queue::{self, Outcome};
     let db = TestDb::new().await;
     let bouncer = PgBouncer::start(&db.url, 1);
     let pooled = bouncer.url(&db.name(), &db.url);
     let endpoint = crate::support::insert_endpoint(&db.pool, "http://127.0.0.1:9/").await;
     crate::support::seed_deliveries(&db.pool, &endpoint, 60).await;
-    let ids: Vec<DeliveryId> = sqlx::query_scalar::<_, uuid::Uuid>("SELECT id FROM deliveries ORDER BY id")
-        .fetch_all(&db.pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(DeliveryId)
-        .collect();
-    let ids = Arc::new(ids);
+    let ids = Arc::new(crate::support::delivery_ids(&db.pool, &endpoint).await);
     let mut tasks = Vec::new();
     for n in 0..2usize {
         let config = DbConfig { url: pooled.clone(), pool_size: 3, pooler: Pooler::Transaction, session_url: None };

@@ -270,18 +270,10 @@ async fn record_committed(
 /// claimed exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fresh_and_general_claims_racing_share_no_row_and_keep_the_limit() {
-    use webhook_gateway::ids::DeliveryId;
     let db = TestDb::new().await;
     let endpoint = insert_endpoint(&db.pool, "http://127.0.0.1:9/").await;
     seed_deliveries(&db.pool, &endpoint, 600).await;
-    let ids: Vec<DeliveryId> = sqlx::query_scalar::<_, uuid::Uuid>("SELECT id FROM deliveries ORDER BY id")
-        .fetch_all(&db.pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(DeliveryId)
-        .collect();
-    let ids = Arc::new(ids);
+    let ids = Arc::new(crate::support::delivery_ids(&db.pool, &endpoint).await);
     for (limit, expected) in [(50, 50), (1_000_000, 550)] {
         let barrier = Arc::new(tokio::sync::Barrier::new(8));
         let mut tasks = Vec::new();

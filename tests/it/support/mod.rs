@@ -493,6 +493,17 @@ pub async fn seed_deliveries(pool: &Pool, endpoint_id: &str, n: i64) {
     .expect("seed deliveries");
 }
 
+/// The ids of `endpoint_id`'s deliveries, in id order (what ingest would hand to its
+/// workers for them).
+pub async fn delivery_ids(pool: &Pool, endpoint_id: &str) -> Vec<webhook_gateway::ids::DeliveryId> {
+    let ids: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM deliveries WHERE endpoint_id = $1::uuid ORDER BY id")
+        .bind(endpoint_id)
+        .fetch_all(pool)
+        .await
+        .expect("delivery ids");
+    ids.into_iter().map(webhook_gateway::ids::DeliveryId).collect()
+}
+
 /// Count deliveries by status.
 pub async fn count_status(pool: &Pool, status: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = $1")

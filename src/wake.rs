@@ -17,10 +17,12 @@ use crate::ids::DeliveryId;
 use sqlx::postgres::PgListener;
 use tokio::sync::{Notify, watch};
 
-/// Deliveries this process's ingest just committed, handed to its own dispatcher (role
-/// `all`), which claims them by key ([`crate::queue::claim_fresh`]) rather than through
-/// the due index: at low load every ingest commit wakes the dispatcher for a webhook or
-/// two, and the general claim is planned at every call. Bounded: past
+/// Deliveries just made claimable by this process, handed to its own dispatcher, which
+/// claims them by key ([`crate::queue::claim_fresh`]) rather than through the due index:
+/// those its ingest committed (role `all`), and those its recorder made their ordering
+/// lines' heads. At low load every ingest commit, and in an ordered drain every line step,
+/// wakes the dispatcher for a few deliveries, and the general claim is planned at every
+/// call. Bounded: past
 /// [`HANDOFF_DELIVERIES`] it stops holding ids and says so, and the dispatcher claims the
 /// general way (under load every claim is full anyway).
 #[derive(Debug)]
@@ -40,7 +42,7 @@ impl Default for Handoff {
 }
 
 impl Handoff {
-    /// Hand over `deliveries`, just committed, and wake the dispatcher.
+    /// Hand over `deliveries`, just committed claimable, and wake the dispatcher.
     pub fn push(&self, deliveries: &[DeliveryId]) {
         {
             let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -34,7 +34,8 @@ pub struct Dispatcher {
 impl Dispatcher {
     /// Start the dispatcher. `wake` is notified when due work may have appeared (other
     /// processes' ingest, released circuits, redeliveries); `handoff` brings the
-    /// deliveries this process's ingest stored; `secrets` opens the endpoint secrets each claim
+    /// deliveries this process's ingest stored and its recorder made their lines' heads;
+    /// `secrets` opens the endpoint secrets each claim
     /// returns; it admits half-open probes while `housekeeping` says this process leads.
     pub fn spawn(
         pool: Pool,
@@ -64,8 +65,8 @@ impl Dispatcher {
 struct Wakes {
     /// Due work may have appeared anywhere: claim the general way.
     general: Arc<Notify>,
-    /// This process's ingest stored deliveries: claim them by key, unless a general claim
-    /// is owed.
+    /// This process's ingest stored deliveries, or its recorder made deliveries their
+    /// lines' heads: claim them by key, unless a general claim is owed.
     handoff: Arc<Handoff>,
     /// The recorder freed slots and endpoint room (and promoted nothing): only a
     /// dispatcher whose last claim left due work behind has anything to look for.
@@ -85,9 +86,10 @@ async fn run(
     let (outcomes, records) = mpsc::channel(settings.workers.max(16));
     let patience = recorder::Patience { lease: settings.lease, stopping: stop.clone() };
     // The recorder wakes the claim loop too: each write frees slots and endpoint room
-    // (leases end) and may promote ordered deliveries, work that a claim which came back
-    // short (an endpoint at its limit, a line's next delivery not yet its head) left due.
-    let written = recorder::Written { promoted: wakes.general.clone(), room: wakes.room.clone() };
+    // (leases end), work that a claim which came back short (an endpoint at its limit)
+    // left due; the ordered deliveries it makes their lines' heads it hands over by id.
+    let written =
+        recorder::Written { due: wakes.general.clone(), heads: wakes.handoff.clone(), room: wakes.room.clone() };
     let recorder = tokio::spawn(recorder::run(pool.clone(), records, settings.circuit, patience, written));
     let ctx = Context {
         pool: pool.clone(),
@@ -104,7 +106,8 @@ async fn run(
     let mut last_probe_check = tokio::time::Instant::now() - PROBE_CHECK_INTERVAL;
     // Whether the next claim must look at all due work (the general claim): at start, after
     // a claim that left due rows behind or came back full, and after any wake but the
-    // hand-off's. Otherwise the deliveries ingest handed over are claimed by key.
+    // hand-off's. Otherwise the deliveries handed over (by ingest, by the recorder) are
+    // claimed by key.
     let mut owed_general = true;
     tracing::info!(workers = settings.workers, "delivery workers started");
 

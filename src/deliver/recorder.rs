@@ -164,30 +164,45 @@ pub async fn run(
                 Done::Unsent(u) => unsent.push(u),
             }
         }
+        let mut promoted = Promoted::Known(Vec::new());
         if !batch.is_empty() {
             let span = crate::telemetry::record_span(batch.iter().map(|f: &Finished| &f.span), batch.len());
-            write(&pool, &batch, &cfg, &patience).instrument(span).await;
+            promoted = write(&pool, &batch, &cfg, &patience).instrument(span).await;
         }
         for u in &unsent {
             end_unsent(&pool, u, &patience).await;
         }
-        // An ordered outcome may have made the next of its line due; a claim given back
-        // is due again.
-        if !unsent.is_empty() || batch.iter().any(|f| f.record.ordered) {
-            written.promoted.notify_one();
-        } else {
-            written.room.notify_one();
+        match promoted {
+            // A claim given back is due again (and one buried may have moved its line
+            // on); the heads an unsure write made are unknown: look at all due work.
+            _ if !unsent.is_empty() => written.due.notify_one(),
+            Promoted::Unknown => written.due.notify_one(),
+            // The next deliveries of their lines, claimable now: claimed by key.
+            Promoted::Known(heads) if !heads.is_empty() => written.heads.push(&heads),
+            Promoted::Known(_) => written.room.notify_one(),
         }
     }
 }
 
 /// Whom the recorder tells after each write.
 pub struct Written {
-    /// Told when the write may have made deliveries due (an ordered outcome, a claim
-    /// given back).
-    pub promoted: Arc<Notify>,
+    /// Told when the write may have made deliveries due that it cannot name (a claim
+    /// given back, a write that was not one clean batch).
+    pub due: Arc<Notify>,
+    /// Given the deliveries the write made their lines' heads, which the dispatcher then
+    /// claims by key (the general claim is planned at every call: bench/PROFILE.md).
+    pub heads: Arc<crate::wake::Handoff>,
     /// Told otherwise: slots and endpoint room were freed.
     pub room: Arc<Notify>,
+}
+
+/// The deliveries a write made their lines' heads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Promoted {
+    /// These (none when no ordered outcome finished a head).
+    Known(Vec<DeliveryId>),
+    /// Not known: the batch was written row by row, salvaged, or not written at all.
+    Unknown,
 }
 
 /// Gather one batch into `batch`: `first`, whatever is already queued, and, while the
@@ -223,11 +238,14 @@ async fn gather<T>(rx: &mut mpsc::Receiver<T>, first: T, batch: &mut Vec<T>, urg
 /// Record `batch` (fenced, idempotent, with the circuits' observations) so that every
 /// outcome ends written, written without its details, dead-lettered with a reason, or,
 /// only while the database is unreachable (or a queue invariant is found broken), left to
-/// its lease. Public so tests can
-/// drive it with batches they build.
-pub async fn write(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig, patience: &Patience) {
+/// its lease; returns the deliveries the write made their lines' heads, when it knows
+/// them. Public so tests can drive it with batches they build.
+pub async fn write(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig, patience: &Patience) -> Promoted {
     match write_retrying(pool, batch, cfg, patience).await {
-        Ok(recorded) => report(batch, &recorded),
+        Ok(recorded) => {
+            report(batch, &recorded);
+            return Promoted::Known(recorded.promoted);
+        }
         // A bug, already logged and counted where it was found: nothing was written, and
         // writing the rows one by one would only go round the check.
         Err(e) if transient(&e) || crate::invariants::is_broken(&e) => unrecorded(batch, &e),
@@ -244,6 +262,7 @@ pub async fn write(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig, patienc
             }
         }
     }
+    Promoted::Unknown
 }
 
 /// Errors worth trying the same write again for: the database unreachable or refusing

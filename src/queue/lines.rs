@@ -58,19 +58,19 @@ pub const RELEASE_HEADS_SQL: &str = "UPDATE order_lines l SET head_id = NULL
 /// Make the next waiting delivery of each idle line among `lines` its head, and delete the
 /// idle lines that have none: a line costs a row only while it has deliveries. The lines
 /// must be locked by this transaction (by [`release_heads`] or [`lock`]), and this must be
-/// a later statement than the one that locked them. Returns how many were promoted.
+/// a later statement than the one that locked them. Returns the deliveries it made heads
+/// (claimable now: the recorder hands them to its dispatcher, `crate::wake::Handoff`).
 ///
 /// Deleting is as safe as leaving the line idle: a delivery of the key that joins later
 /// finds no row and starts the line again as its head; one whose join waits on our lock
 /// finds the row gone when we commit and does the same; one that joined before our lock
 /// is seen here, and promoted instead.
-pub async fn promote(conn: &mut PgConnection, lines: &[Line]) -> Result<u64, sqlx::Error> {
+pub async fn promote(conn: &mut PgConnection, lines: &[Line]) -> Result<Vec<DeliveryId>, sqlx::Error> {
     if lines.is_empty() {
-        return Ok(0);
+        return Ok(Vec::new());
     }
     let (endpoints, keys): (Vec<EndpointId>, Vec<&str>) = lines.iter().map(|(e, k)| (*e, k.as_str())).unzip();
-    let done = crate::db::query(PROMOTE_SQL).bind(&endpoints).bind(&keys).execute(&mut *conn).await?;
-    Ok(done.rows_affected())
+    crate::db::query_scalar(PROMOTE_SQL).bind(&endpoints).bind(&keys).fetch_all(&mut *conn).await
 }
 
 /// [`promote`]'s statement (`$1` endpoints, `$2` ordering keys, pairwise), public so that
@@ -108,7 +108,8 @@ pub const PROMOTE_SQL: &str = "WITH idle AS (
            AND NOT EXISTS (SELECT 1 FROM next
                            WHERE next.endpoint_id = idle.endpoint_id AND next.ordering_key = idle.ordering_key)
      )
-     UPDATE deliveries d SET waiting = false, updated_at = now() FROM heads WHERE d.id = heads.id";
+     UPDATE deliveries d SET waiting = false, updated_at = now() FROM heads WHERE d.id = heads.id
+     RETURNING d.id";
 
 /// Lock `lines` (creating missing ones, idle) until the transaction ends.
 pub async fn lock(conn: &mut PgConnection, lines: &[Line]) -> Result<(), sqlx::Error> {

@@ -106,6 +106,9 @@ pub struct Recorded {
     /// committed although its caller saw an error (an ambiguous commit). Nothing was
     /// written again.
     pub already: Vec<DeliveryId>,
+    /// Deliveries this call made their lines' heads (the outcomes finished the heads
+    /// before them): claimable now.
+    pub promoted: Vec<DeliveryId>,
 }
 
 /// Record a batch of outcomes, each fenced by its claim token, in one statement.
@@ -150,9 +153,9 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
         .map(|r| r.delivery_id)
         .collect();
     let released = lines::release_heads(&mut tx, &finished).await?;
-    lines::promote(&mut tx, &released).await?;
+    let promoted = lines::promote(&mut tx, &released).await?;
     tx.commit().await?;
-    Ok(recorded)
+    Ok(Recorded { promoted, ..recorded })
 }
 
 /// [`invariants::RECORDED_FROM_BATCH`]: every delivery `recorded` reports is one of
@@ -354,12 +357,12 @@ mod tests {
     fn a_record_reports_only_its_batch_each_once() {
         let batch: std::collections::HashSet<DeliveryId> =
             [record(1), record(2), record(3)].iter().map(|r| r.delivery_id).collect();
-        let ok = Recorded { fresh: vec![id(1), id(3)], already: vec![id(2)] };
+        let ok = Recorded { fresh: vec![id(1), id(3)], already: vec![id(2)], promoted: vec![] };
         assert_eq!(recorded_from(&batch, &ok), Ok(()));
         for (what, bad) in [
-            ("not in the batch", Recorded { fresh: vec![id(1), id(4)], already: vec![] }),
-            ("twice as written", Recorded { fresh: vec![id(1), id(1)], already: vec![] }),
-            ("written and already written", Recorded { fresh: vec![id(2)], already: vec![id(2)] }),
+            ("not in the batch", Recorded { fresh: vec![id(1), id(4)], already: vec![], promoted: vec![] }),
+            ("twice as written", Recorded { fresh: vec![id(1), id(1)], already: vec![], promoted: vec![] }),
+            ("written and already written", Recorded { fresh: vec![id(2)], already: vec![id(2)], promoted: vec![] }),
         ] {
             let broken = recorded_from(&batch, &bad).expect_err(what);
             assert_eq!(broken.invariant, invariants::RECORDED_FROM_BATCH, "{what}");

@@ -404,3 +404,123 @@ async fn idle_lines_are_removed_and_a_key_that_comes_back_keeps_its_order() {
     assert!(next.values().all(|n| *n == WAVES * PER_WAVE));
     let _ = most_lines;
 }
+
+/// The recorder names the deliveries its write made their lines' heads and hands them to
+/// the dispatcher, which claims them by key (not through the general claim, planned at
+/// every call); a head's retry promotes nothing and hands nothing over.
+#[tokio::test]
+async fn the_recorder_hands_each_line_s_next_head_to_the_claim_by_key() {
+    use webhook_gateway::deliver::recorder::{self, Done, Finished, Written};
+    use webhook_gateway::queue::{self, Outcome};
+    use webhook_gateway::wake::Handoff;
+
+    const LINES: i64 = 3;
+    let db = crate::support::TestDb::new().await;
+    let pool = &db.pool;
+    let endpoint = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/").await;
+    // Three deliveries per line, in line order; the first of each is its head.
+    sqlx::query(
+        "WITH ev AS (
+             INSERT INTO events (source_id, dedupe_key, event_type, headers, payload, ordering_key)
+             SELECT (SELECT id FROM sources WHERE name = 'api'), 'line-' || g, 't', '{}', '\\x7b7d', 'k' || (g % $1)
+             FROM generate_series(1, $1 * 3) g
+             RETURNING id, dedupe_key, ordering_key)
+         INSERT INTO deliveries (event_id, endpoint_id, ordering_key, line_seq, waiting)
+         SELECT id, $2::uuid, ordering_key, substr(dedupe_key, 6)::int8, substr(dedupe_key, 6)::int8 > $1 FROM ev",
+    )
+    .bind(LINES)
+    .bind(&endpoint)
+    .execute(pool)
+    .await
+    .expect("seed lines");
+    sqlx::query(
+        "INSERT INTO order_lines (endpoint_id, ordering_key, head_id)
+         SELECT endpoint_id, ordering_key, id FROM deliveries WHERE NOT waiting",
+    )
+    .execute(pool)
+    .await
+    .expect("lines");
+    let in_line = |n: i64| async move {
+        let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
+            "SELECT id FROM deliveries WHERE substr((SELECT dedupe_key FROM events e WHERE e.id = event_id), 6)::int8
+                 BETWEEN ($1 - 1) * $2 + 1 AND $1 * $2
+             ORDER BY id",
+        )
+        .bind(n)
+        .bind(LINES)
+        .fetch_all(pool)
+        .await
+        .expect("line members");
+        ids.into_iter().map(webhook_gateway::ids::DeliveryId).collect::<Vec<_>>()
+    };
+
+    let heads = queue::claim(pool, 10, Duration::from_secs(60)).await.expect("claim");
+    let mut claimed: Vec<_> = heads.iter().map(|c| c.id).collect();
+    claimed.sort();
+    assert_eq!(claimed, in_line(1).await, "only the heads are claimable");
+    assert!(heads.iter().all(|c| c.ordered));
+
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let written = Written {
+        due: Arc::new(tokio::sync::Notify::new()),
+        heads: Arc::new(Handoff::default()),
+        room: Arc::new(tokio::sync::Notify::new()),
+    };
+    let (due, handed, room) = (written.due.clone(), written.heads.clone(), written.room.clone());
+    let patience = recorder::Patience::of(Duration::from_secs(60));
+    let recorder = tokio::spawn(recorder::run(pool.clone(), rx, Default::default(), patience, written));
+    let slots = Arc::new(tokio::sync::Semaphore::new(16));
+    let done = |claim: &queue::Claimed, outcome: Outcome| {
+        let mut record = crate::support::attempt_record(claim, outcome);
+        if outcome == Outcome::Retry {
+            record.next_attempt_at = Some(chrono::Utc::now() + chrono::Duration::seconds(600));
+        }
+        Done::Attempted(Finished {
+            record,
+            signal: webhook_gateway::circuit::Signal::Healthy,
+            probe_token: None,
+            span: tracing::Span::none(),
+        })
+    };
+
+    // A retry of one head: its line stays where it is, and nothing is handed over.
+    let retried = &heads[0];
+    tx.send((done(retried, Outcome::Retry), slots.clone().acquire_owned().await.expect("slot"))).await.expect("send");
+    tokio::time::timeout(WAIT, room.notified()).await.expect("the retry's write tells only of room");
+    assert_eq!(handed.take(), Some(Vec::new()), "a retry promotes nothing");
+
+    // The two other heads delivered: each of their lines' next delivery is handed over.
+    for claim in &heads[1..] {
+        tx.send((done(claim, Outcome::Delivered), slots.clone().acquire_owned().await.expect("slot")))
+            .await
+            .expect("send");
+    }
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        tokio::time::timeout(WAIT, handed.arrived()).await.expect("heads handed over");
+        got.extend(handed.take().expect("within the hand-off's bound"));
+    }
+    got.sort();
+    // The lines' heads now: the retried one, and the second of each other line.
+    let now_heads: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
+        "SELECT d.id, d.line_seq FROM order_lines l JOIN deliveries d ON d.id = l.head_id WHERE d.id <> $1 ORDER BY d.id",
+    )
+    .bind(retried.id)
+    .fetch_all(pool)
+    .await
+    .expect("heads");
+    assert!(now_heads.iter().all(|(_, seq)| (LINES + 1..=2 * LINES).contains(seq)), "{now_heads:?}");
+    let now_heads: Vec<_> = now_heads.into_iter().map(|(id, _)| webhook_gateway::ids::DeliveryId(id)).collect();
+    assert_eq!(got, now_heads, "the new heads, and only they, were handed over");
+    let asked = tokio::time::timeout(Duration::ZERO, due.notified()).await;
+    assert!(asked.is_err(), "the heads were named: no general claim was asked for");
+
+    // The claim by key takes exactly them.
+    let fresh = queue::claim_fresh(pool, &got, 10, Duration::from_secs(60), 8).await.expect("claim by key");
+    let mut taken: Vec<_> = fresh.claimed.iter().map(|c| c.id).collect();
+    taken.sort();
+    assert_eq!(taken, got);
+    assert!(fresh.took_all);
+    drop(tx);
+    recorder.await.expect("recorder");
+}

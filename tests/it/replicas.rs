@@ -134,11 +134,11 @@ async fn a_stale_worker_is_fenced() {
     assert!(!queue::release(&db.pool, a[0].id, a[0].claim_token, chrono::Utc::now()).await.unwrap());
 
     let fresh = record_committed(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
-    assert_eq!(fresh, queue::Recorded { fresh: vec![b[0].id], already: vec![] });
+    assert_eq!(fresh, queue::Recorded { fresh: vec![b[0].id], ..Default::default() });
     // Recording twice (a retried write) does not apply twice, and says so: it is not
     // mistaken for a fenced outcome.
     let again = record_committed(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
-    assert_eq!(again, queue::Recorded { fresh: vec![], already: vec![b[0].id] });
+    assert_eq!(again, queue::Recorded { already: vec![b[0].id], ..Default::default() });
     assert_eq!(db.count("attempts").await, 1);
 }
 

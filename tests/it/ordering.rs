@@ -419,27 +419,7 @@ async fn the_recorder_hands_each_line_s_next_head_to_the_claim_by_key() {
     let pool = &db.pool;
     let endpoint = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/").await;
     // Three deliveries per line, in line order; the first of each is its head.
-    sqlx::query(
-        "WITH ev AS (
-             INSERT INTO events (source_id, dedupe_key, event_type, headers, payload, ordering_key)
-             SELECT (SELECT id FROM sources WHERE name = 'api'), 'line-' || g, 't', '{}', '\\x7b7d', 'k' || (g % $1)
-             FROM generate_series(1, $1 * 3) g
-             RETURNING id, dedupe_key, ordering_key)
-         INSERT INTO deliveries (event_id, endpoint_id, ordering_key, line_seq, waiting)
-         SELECT id, $2::uuid, ordering_key, substr(dedupe_key, 6)::int8, substr(dedupe_key, 6)::int8 > $1 FROM ev",
-    )
-    .bind(LINES)
-    .bind(&endpoint)
-    .execute(pool)
-    .await
-    .expect("seed lines");
-    sqlx::query(
-        "INSERT INTO order_lines (endpoint_id, ordering_key, head_id)
-         SELECT endpoint_id, ordering_key, id FROM deliveries WHERE NOT waiting",
-    )
-    .execute(pool)
-    .await
-    .expect("lines");
+    crate::support::seed_ordered_lines(pool, &endpoint, LINES).await;
     let in_line = |n: i64| async move {
         let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
             "SELECT id FROM deliveries WHERE substr((SELECT dedupe_key FROM events e WHERE e.id = event_id), 6)::int8

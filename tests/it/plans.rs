@@ -236,27 +236,7 @@ async fn moving_lines_on_handles_the_batch_even_with_statistics_from_before_the_
     }
     let endpoint: Uuid = insert_endpoint(pool, "http://127.0.0.1:9/").await.parse().unwrap();
     // Three deliveries per line, the first of each its head.
-    sqlx::query(
-        "WITH ev AS (
-             INSERT INTO events (source_id, dedupe_key, event_type, headers, payload, ordering_key)
-             SELECT (SELECT id FROM sources WHERE name = 'api'), 'line-' || g, 't', '{}', '\\x7b7d', 'k' || (g % $1)
-             FROM generate_series(1, $1 * 3) g
-             RETURNING id, dedupe_key, ordering_key)
-         INSERT INTO deliveries (event_id, endpoint_id, ordering_key, line_seq, waiting)
-         SELECT id, $2, ordering_key, substr(dedupe_key, 6)::int8, substr(dedupe_key, 6)::int8 > $1 FROM ev",
-    )
-    .bind(LINES)
-    .bind(endpoint)
-    .execute(pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO order_lines (endpoint_id, ordering_key, head_id)
-         SELECT endpoint_id, ordering_key, id FROM deliveries WHERE ordering_key IS NOT NULL AND NOT waiting",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
+    crate::support::seed_ordered_lines(pool, &endpoint.to_string(), LINES).await;
     sqlx::query("ANALYZE").execute(pool).await.unwrap();
     let mut fresh = Vec::new();
     for planning in [Planning::EachCall, Planning::Cached] {

@@ -493,6 +493,33 @@ pub async fn seed_deliveries(pool: &Pool, endpoint_id: &str, n: i64) {
     .expect("seed deliveries");
 }
 
+/// `lines` ordering lines of three deliveries each to `endpoint_id` (keys `k0`, `k1`, ...;
+/// event `line-g` is member `g`, `line_seq` g): the first of each line is its head, the
+/// others wait.
+pub async fn seed_ordered_lines(pool: &Pool, endpoint_id: &str, lines: i64) {
+    sqlx::query(
+        "WITH ev AS (
+             INSERT INTO events (source_id, dedupe_key, event_type, headers, payload, ordering_key)
+             SELECT (SELECT id FROM sources WHERE name = 'api'), 'line-' || g, 't', '{}', '\\x7b7d', 'k' || (g % $1)
+             FROM generate_series(1, $1 * 3) g
+             RETURNING id, dedupe_key, ordering_key)
+         INSERT INTO deliveries (event_id, endpoint_id, ordering_key, line_seq, waiting)
+         SELECT id, $2::uuid, ordering_key, substr(dedupe_key, 6)::int8, substr(dedupe_key, 6)::int8 > $1 FROM ev",
+    )
+    .bind(lines)
+    .bind(endpoint_id)
+    .execute(pool)
+    .await
+    .expect("seed ordered deliveries");
+    sqlx::query(
+        "INSERT INTO order_lines (endpoint_id, ordering_key, head_id)
+         SELECT endpoint_id, ordering_key, id FROM deliveries WHERE ordering_key IS NOT NULL AND NOT waiting",
+    )
+    .execute(pool)
+    .await
+    .expect("seed order lines");
+}
+
 /// The ids of `endpoint_id`'s deliveries, in id order (what ingest would hand to its
 /// workers for them).
 pub async fn delivery_ids(pool: &Pool, endpoint_id: &str) -> Vec<webhook_gateway::ids::DeliveryId> {

@@ -9,10 +9,12 @@
 //!   which always works on the row's latest version: it becomes the head of an idle line,
 //!   or waits;
 //! - when a head **finishes** (delivered, or dead when its line skips the dead),
-//!   [`release_heads`] clears it, locking the row, and [`promote`], a later statement of
-//!   the same transaction and so with a snapshot taken after that lock, makes the line's
-//!   next waiting delivery (lowest `line_seq`) its head, or deletes the line when none
-//!   waits. A delivery joining meanwhile either committed before the lock (and is seen)
+//!   [`release_heads`] locks the row, and [`promote`], a later statement of the same
+//!   transaction and so with a snapshot taken after that lock, makes the line's next
+//!   waiting delivery (lowest `line_seq`) its head, or deletes the line when none waits
+//!   (a line whose head is done with it is as idle as one without a head; the release
+//!   only locks, so the row gets one new version per step, not two, and no foreign key
+//!   check for a row this transaction wrote). A delivery joining meanwhile either committed before the lock (and is seen)
 //!   or upserts after our commit (and sees the new head, or no line: it starts one). No
 //!   delivery is left waiting behind no head, and an idle line costs no row.
 //!
@@ -27,8 +29,9 @@ use crate::ids::{DeliveryId, EndpointId};
 /// A line: the endpoint and the ordering key.
 pub type Line = (EndpointId, String);
 
-/// Clear the heads among `finished` that are done with their line (delivered, or dead
-/// without blocking it), locking those lines until the transaction ends; returns them.
+/// Lock the lines whose heads are among `finished` and done with their line (delivered,
+/// or dead without blocking it) until the transaction ends; returns them, for
+/// [`promote`].
 /// `finished` may hold any deliveries: unordered ones and retries are ignored.
 pub async fn release_heads(conn: &mut PgConnection, finished: &[DeliveryId]) -> Result<Vec<Line>, sqlx::Error> {
     if finished.is_empty() {
@@ -48,15 +51,16 @@ pub async fn release_heads(conn: &mut PgConnection, finished: &[DeliveryId]) -> 
 ///   the drain (nothing delivered yet, so an estimate of one row) the planner read every
 ///   delivered row for each batch: 8-9 ms per batch and growing in the bench's ordered
 ///   drain (auto_explain: 13,040 rows read and dropped for 48).
-pub const RELEASE_HEADS_SQL: &str = "UPDATE order_lines l SET head_id = NULL
+pub const RELEASE_HEADS_SQL: &str = "SELECT l.endpoint_id, l.ordering_key FROM order_lines l
      WHERE l.head_id = ANY(ARRAY(
          SELECT d.id FROM deliveries d
          WHERE d.id = ANY($1)
            AND CASE d.status WHEN 'delivered' THEN true WHEN 'dead' THEN NOT d.blocks_on_dead ELSE false END))
-     RETURNING l.endpoint_id, l.ordering_key";
+     FOR NO KEY UPDATE OF l";
 
-/// Make the next waiting delivery of each idle line among `lines` its head, and delete the
-/// idle lines that have none: a line costs a row only while it has deliveries. The lines
+/// Make the next waiting delivery of each idle line among `lines` (no head, or a head done
+/// with the line: delivered, or dead without blocking it) its head, and delete the idle
+/// lines that have none: a line costs a row only while it has deliveries. The lines
 /// must be locked by this transaction (by [`release_heads`] or [`lock`]), and this must be
 /// a later statement than the one that locked them. Returns the deliveries it made heads
 /// (claimable now: the recorder hands them to its dispatcher, `crate::wake::Handoff`).
@@ -86,7 +90,10 @@ pub const PROMOTE_SQL: &str = "WITH idle AS (
          FROM unnest($1::uuid[], $2::text[]) AS t(endpoint_id, ordering_key)
          CROSS JOIN LATERAL (
              SELECT l.endpoint_id, l.ordering_key FROM order_lines l
-             WHERE l.endpoint_id = t.endpoint_id AND l.ordering_key = t.ordering_key AND l.head_id IS NULL
+             WHERE l.endpoint_id = t.endpoint_id AND l.ordering_key = t.ordering_key
+               AND (l.head_id IS NULL OR NOT EXISTS (
+                   SELECT 1 FROM deliveries h WHERE h.id = l.head_id
+                     AND CASE h.status WHEN 'delivered' THEN false WHEN 'dead' THEN h.blocks_on_dead ELSE true END))
              LIMIT 1
          ) l
      ), next AS (

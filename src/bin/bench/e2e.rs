@@ -160,6 +160,49 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         });
     }
     gw.stop(Duration::from_secs(40)).await;
+    for &rate in &ctx.args.rates {
+        floor(ctx, &pool, rate).await?;
+    }
+    Ok(())
+}
+
+/// pgbench's connections for [`floor`].
+const FLOOR_CLIENTS: usize = 4;
+
+/// Row 5's physical floor: pgbench running the ingest statement alone at the same rate, on
+/// the same database (the gateway stopped). At a low rate PostgreSQL's CPU per commit is
+/// mostly waking an idle backend and flushing the WAL, whatever the statement does, and a
+/// webhook costs the gateway three commits (its ingest, its claim, its outcome): this
+/// says what one costs on this machine.
+async fn floor(ctx: &Ctx, pool: &PgPool, rate: u64) -> anyhow::Result<()> {
+    let vars = crate::ingest::pgbench_vars(pool).await?;
+    let script = ctx.work_dir.join("e2e-floor.pgbench");
+    std::fs::write(&script, pg::pgbench_script(vars.fresh_terms)?)?;
+    crate::ingest::checkpoint(pool).await;
+    let postmaster = ctx.server.postmaster();
+    let secs = ctx.args.measure_secs;
+    let mark = CpuMark::now(None, postmaster);
+    let run = pg::pgbench(&ctx.server, DB, &script, &vars, FLOOR_CLIENTS, secs, Some(rate), None).await?;
+    let cpu = mark.share(&CpuMark::now(None, postmaster), Some(run.cpu_secs));
+    let us = |cores: Option<f64>| {
+        cores.map_or_else(|| "n/a".to_owned(), |c| format!("{:.0} µs", c / run.tps.max(1e-9) * 1e6))
+    };
+    ctx.row(Row {
+        id: "5".into(),
+        scenario: "Physical floor: pgbench, the ingest statement alone at the same rate".into(),
+        setting: format!("{}/s offered, {FLOOR_CLIENTS} connections", thousands(rate)),
+        result: format!("{} transactions", fmt_rate(run.tps)),
+        target: "—".into(),
+        cpu: cpu.cell(),
+        note: format!(
+            "CPU per transaction (one commit of the event and its delivery): PostgreSQL {}, pgbench {}; a webhook \
+             costs the gateway three commits (ingest, claim, outcome){}",
+            us(cpu.postgres),
+            us(cpu.pgbench),
+            if run.failed > 0 { format!("; {} failed transactions", thousands(run.failed)) } else { String::new() }
+        ),
+        ..Row::default()
+    });
     Ok(())
 }
 

@@ -92,10 +92,10 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         if statements && c == top_c {
             pg::reset_statements(&pool).await;
         }
-        pg::pgbench(&ctx.server, DB, &script, v, c, ctx.args.warmup_secs, None).await?;
+        pg::pgbench(&ctx.server, DB, &script, v, c, ctx.args.warmup_secs, None, None).await?;
         let mark = CpuMark::now(None, postmaster);
         let pgb_dir = ctx.work_dir.join(format!("pgbench-{c}"));
-        let pgb = pg::pgbench(&ctx.server, DB, &script, v, c, ctx.args.measure_secs, Some(&pgb_dir)).await?;
+        let pgb = pg::pgbench(&ctx.server, DB, &script, v, c, ctx.args.measure_secs, None, Some(&pgb_dir)).await?;
         let share = mark.share(&CpuMark::now(None, postmaster), Some(pgb.cpu_secs));
         let ratio = gateway_rate / pgb.tps.max(1e-9);
         let mut row = Row {
@@ -200,7 +200,7 @@ pub async fn checkpoint(pool: &PgPool) {
 
 /// pgbench's variables, taken from a webhook the gateway stored: same source, type,
 /// content type, headers and (one) body.
-async fn pgbench_vars(pool: &PgPool) -> anyhow::Result<PgbenchVars> {
+pub async fn pgbench_vars(pool: &PgPool) -> anyhow::Result<PgbenchVars> {
     #[allow(clippy::type_complexity)]
     let rows: Vec<(String, String, Option<String>, String, String, Vec<i64>)> = sqlx::query_as(
         "SELECT source_id::text, event_type, content_type, headers::text, '\\x' || encode(payload, 'hex'),

@@ -372,8 +372,10 @@ pub struct PgbenchVars {
     pub fresh_terms: usize,
 }
 
-/// Run pgbench with `script` on `db` for `secs` seconds at `clients` connections; with
-/// `log_dir`, per-transaction latencies are logged there and summarised.
+/// Run pgbench with `script` on `db` for `secs` seconds at `clients` connections, as fast
+/// as it can or, with `rate`, at that many transactions a second (`-R`); with `log_dir`,
+/// per-transaction latencies are logged there and summarised.
+#[allow(clippy::too_many_arguments)]
 pub async fn pgbench(
     server: &Server,
     db: &str,
@@ -381,11 +383,15 @@ pub async fn pgbench(
     vars: &PgbenchVars,
     clients: usize,
     secs: u64,
+    rate: Option<u64>,
     log_dir: Option<&Path>,
 ) -> anyhow::Result<PgbenchRun> {
     let mut cmd = Command::new("pgbench");
-    cmd.args(["-n", "-M", "prepared"])
-        .args(["-c", &clients.to_string(), "-j", &clients.min(2).to_string(), "-T", &secs.to_string()])
+    cmd.args(["-n", "-M", "prepared"]);
+    if let Some(rate) = rate {
+        cmd.args(["-R", &rate.to_string()]);
+    }
+    cmd.args(["-c", &clients.to_string(), "-j", &clients.min(2).to_string(), "-T", &secs.to_string()])
         .arg("-f")
         .arg(script)
         .args(["-D", &format!("source={}", vars.source)])

@@ -14,9 +14,10 @@
 //!   waiting delivery (lowest `line_seq`) its head, or deletes the line when none waits
 //!   (a line whose head is done with it is as idle as one without a head; the release
 //!   only locks, so the row gets one new version per step, not two, and no foreign key
-//!   check for a row this transaction wrote). A delivery joining meanwhile either committed before the lock (and is seen)
-//!   or upserts after our commit (and sees the new head, or no line: it starts one). No
-//!   delivery is left waiting behind no head, and an idle line costs no row.
+//!   check for a row this transaction wrote). A delivery joining meanwhile either
+//!   committed before the lock (and is seen) or upserts after our commit (and sees the
+//!   new head, or no line: it starts one). No delivery is left waiting behind no head,
+//!   and an idle line costs no row.
 //!
 //! A dead delivery of a `block` line stays its head: the line waits until an operator
 //! redelivers it (it is then claimable again, and its success releases the line) or
@@ -28,6 +29,22 @@ use crate::ids::{DeliveryId, EndpointId};
 
 /// A line: the endpoint and the ordering key.
 pub type Line = (EndpointId, String);
+
+/// Whether the delivery aliased `$d` is done with its line: delivered, or dead without
+/// blocking it. One definition for the release (which heads to let go) and the promotion
+/// (which lines are idle), so the two cannot disagree and leave a line stalled. A `CASE`,
+/// which no partial index of `deliveries` matches (see [`RELEASE_HEADS_SQL`]).
+macro_rules! done_with_line {
+    ($d:literal) => {
+        concat!(
+            "CASE ",
+            $d,
+            ".status WHEN 'delivered' THEN true WHEN 'dead' THEN NOT ",
+            $d,
+            ".blocks_on_dead ELSE false END"
+        )
+    };
+}
 
 /// Lock the lines whose heads are among `finished` and done with their line (delivered,
 /// or dead without blocking it) until the transaction ends; returns them, for
@@ -51,12 +68,15 @@ pub async fn release_heads(conn: &mut PgConnection, finished: &[DeliveryId]) -> 
 ///   the drain (nothing delivered yet, so an estimate of one row) the planner read every
 ///   delivered row for each batch: 8-9 ms per batch and growing in the bench's ordered
 ///   drain (auto_explain: 13,040 rows read and dropped for 48).
-pub const RELEASE_HEADS_SQL: &str = "SELECT l.endpoint_id, l.ordering_key FROM order_lines l
+pub const RELEASE_HEADS_SQL: &str = concat!(
+    "SELECT l.endpoint_id, l.ordering_key FROM order_lines l
      WHERE l.head_id = ANY(ARRAY(
          SELECT d.id FROM deliveries d
-         WHERE d.id = ANY($1)
-           AND CASE d.status WHEN 'delivered' THEN true WHEN 'dead' THEN NOT d.blocks_on_dead ELSE false END))
-     FOR NO KEY UPDATE OF l";
+         WHERE d.id = ANY($1) AND ",
+    done_with_line!("d"),
+    "))
+     FOR NO KEY UPDATE OF l"
+);
 
 /// Make the next waiting delivery of each idle line among `lines` (no head, or a head done
 /// with the line: delivered, or dead without blocking it) its head, and delete the idle
@@ -85,15 +105,17 @@ pub async fn promote(conn: &mut PgConnection, lines: &[Line]) -> Result<Vec<Deli
 /// head (an estimate of one idle line), the planner scanned all of `order_lines` for idle
 /// lines and matched each against every line of the batch: 864 ms for a batch of 256 at
 /// 10,000 lines in the bench's ordered drain (2,015,232 rows dropped by the join filter).
-pub const PROMOTE_SQL: &str = "WITH idle AS (
+pub const PROMOTE_SQL: &str = concat!(
+    "WITH idle AS (
          SELECT l.endpoint_id, l.ordering_key
          FROM unnest($1::uuid[], $2::text[]) AS t(endpoint_id, ordering_key)
          CROSS JOIN LATERAL (
              SELECT l.endpoint_id, l.ordering_key FROM order_lines l
              WHERE l.endpoint_id = t.endpoint_id AND l.ordering_key = t.ordering_key
                AND (l.head_id IS NULL OR NOT EXISTS (
-                   SELECT 1 FROM deliveries h WHERE h.id = l.head_id
-                     AND CASE h.status WHEN 'delivered' THEN false WHEN 'dead' THEN h.blocks_on_dead ELSE true END))
+                   SELECT 1 FROM deliveries h WHERE h.id = l.head_id AND NOT ",
+    done_with_line!("h"),
+    "))
              LIMIT 1
          ) l
      ), next AS (
@@ -116,7 +138,8 @@ pub const PROMOTE_SQL: &str = "WITH idle AS (
                            WHERE next.endpoint_id = idle.endpoint_id AND next.ordering_key = idle.ordering_key)
      )
      UPDATE deliveries d SET waiting = false, updated_at = now() FROM heads WHERE d.id = heads.id
-     RETURNING d.id";
+     RETURNING d.id"
+);
 
 /// Lock `lines` (creating missing ones, idle) until the transaction ends.
 pub async fn lock(conn: &mut PgConnection, lines: &[Line]) -> Result<(), sqlx::Error> {

@@ -420,24 +420,17 @@ async fn the_recorder_hands_each_line_s_next_head_to_the_claim_by_key() {
     let endpoint = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/").await;
     // Three deliveries per line, in line order; the first of each is its head.
     crate::support::seed_ordered_lines(pool, &endpoint, LINES).await;
-    let in_line = |n: i64| async move {
-        let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
-            "SELECT id FROM deliveries WHERE substr((SELECT dedupe_key FROM events e WHERE e.id = event_id), 6)::int8
-                 BETWEEN ($1 - 1) * $2 + 1 AND $1 * $2
-             ORDER BY id",
-        )
-        .bind(n)
+    // The first of each line (`line_seq` 1 to LINES): its head.
+    let first: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM deliveries WHERE line_seq <= $1 ORDER BY id")
         .bind(LINES)
         .fetch_all(pool)
         .await
-        .expect("line members");
-        ids.into_iter().map(webhook_gateway::ids::DeliveryId).collect::<Vec<_>>()
-    };
+        .expect("line heads");
 
     let heads = queue::claim(pool, 10, Duration::from_secs(60)).await.expect("claim");
-    let mut claimed: Vec<_> = heads.iter().map(|c| c.id).collect();
+    let mut claimed: Vec<_> = heads.iter().map(|c| c.id.0).collect();
     claimed.sort();
-    assert_eq!(claimed, in_line(1).await, "only the heads are claimable");
+    assert_eq!(claimed, first, "only the heads are claimable");
     assert!(heads.iter().all(|c| c.ordered));
 
     let (tx, rx) = tokio::sync::mpsc::channel(16);

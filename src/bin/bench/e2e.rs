@@ -160,8 +160,11 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         });
     }
     gw.stop(Duration::from_secs(40)).await;
+    let vars = crate::ingest::pgbench_vars(&pool).await?;
+    let script = ctx.work_dir.join("e2e-floor.pgbench");
+    std::fs::write(&script, pg::pgbench_script(vars.fresh_terms)?)?;
     for &rate in &ctx.args.rates {
-        floor(ctx, &pool, rate).await?;
+        floor(ctx, &pool, &script, &vars, rate).await?;
     }
     Ok(())
 }
@@ -174,15 +177,18 @@ const FLOOR_CLIENTS: usize = 4;
 /// mostly waking an idle backend and flushing the WAL, whatever the statement does, and a
 /// webhook costs the gateway three commits (its ingest, its claim, its outcome): this
 /// says what one costs on this machine.
-async fn floor(ctx: &Ctx, pool: &PgPool, rate: u64) -> anyhow::Result<()> {
-    let vars = crate::ingest::pgbench_vars(pool).await?;
-    let script = ctx.work_dir.join("e2e-floor.pgbench");
-    std::fs::write(&script, pg::pgbench_script(vars.fresh_terms)?)?;
+async fn floor(
+    ctx: &Ctx,
+    pool: &PgPool,
+    script: &std::path::Path,
+    vars: &pg::PgbenchVars,
+    rate: u64,
+) -> anyhow::Result<()> {
     crate::ingest::checkpoint(pool).await;
     let postmaster = ctx.server.postmaster();
     let secs = ctx.args.measure_secs;
     let mark = CpuMark::now(None, postmaster);
-    let run = pg::pgbench(&ctx.server, DB, &script, &vars, FLOOR_CLIENTS, secs, Some(rate), None).await?;
+    let run = pg::pgbench(&ctx.server, DB, script, vars, FLOOR_CLIENTS, secs, Some(rate), None).await?;
     let cpu = mark.share(&CpuMark::now(None, postmaster), Some(run.cpu_secs));
     let us = |cores: Option<f64>| {
         cores.map_or_else(|| "n/a".to_owned(), |c| format!("{:.0} µs", c / run.tps.max(1e-9) * 1e6))

@@ -16,6 +16,13 @@
 //! the wait turns the trickle into one statement. With fewer commits in flight (one
 //! producer, light load) nothing waits, so single-connection latency is unchanged.
 //!
+//! A lone webhook skips the writer tasks: when nothing is queued and no commit is in
+//! flight, its requester writes it itself ([`Batcher::store`]), and counts as a commit in
+//! flight while it does, so webhooks arriving meanwhile gather in the queue for the
+//! next batch exactly as they would behind a writer's commit. That saves the two task
+//! wake-ups of the hand-over (request to writer, writer back to request), which at one
+//! connection are a visible part of a webhook's time.
+//!
 //! If a batch fails for a reason other than the database being unreachable (say one
 //! event trips a trigger), its events are retried one by one so each gets its own
 //! verdict.
@@ -102,18 +109,19 @@ struct Job {
 #[derive(Clone)]
 pub struct Batcher {
     jobs: mpsc::Sender<Job>,
+    writers: Arc<Writers>,
+    pool: Pool,
 }
 
 impl Batcher {
     /// Start `writers` writer tasks on `pool`. They end when every handle is dropped.
     pub fn start(pool: Pool, writers: usize) -> Batcher {
         let (jobs, queue) = mpsc::channel::<Job>(MAX_BATCH * writers.max(1) * 4);
-        let shared =
-            Arc::new(Writers { queue: Mutex::new(queue), committing: AtomicUsize::new(0), finished: Notify::new() });
+        let shared = Arc::new(Writers::new(queue));
         for _ in 0..writers.max(1) {
             tokio::spawn(write_loop(pool.clone(), shared.clone()));
         }
-        Batcher { jobs }
+        Batcher { jobs, writers: shared, pool }
     }
 
     /// Store one event (with its fan-out); returns once it is committed, or at `deadline`
@@ -123,6 +131,9 @@ impl Batcher {
         let (reply, answer) = oneshot::channel();
         // Off: not even a clone of the current (request log) span.
         let span = if crate::telemetry::enabled() { tracing::Span::current() } else { tracing::Span::none() };
+        if let Some(in_flight) = self.writers.write_directly(&self.jobs) {
+            return write_alone(&self.pool, event, &span, deadline, in_flight).await;
+        }
         match tokio::time::timeout_at(deadline, self.jobs.send(Job { event, span, deadline, reply })).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => {
@@ -149,16 +160,46 @@ struct Writers {
     queue: Mutex<mpsc::Receiver<Job>>,
     /// Writes in flight.
     committing: AtomicUsize,
+    /// Batches in hand, from the moment a writer takes its first job (or a requester its
+    /// direct pass) until the write ends. A direct write needs none: one that overtook a
+    /// writer's batch collected behind the last commit would split it in two commits.
+    holding: AtomicUsize,
     /// Signalled when a write finishes.
     finished: Notify,
 }
 
 impl Writers {
+    fn new(queue: mpsc::Receiver<Job>) -> Writers {
+        Writers {
+            queue: Mutex::new(queue),
+            committing: AtomicUsize::new(0),
+            holding: AtomicUsize::new(0),
+            finished: Notify::new(),
+        }
+    }
+
+    /// A pass to write one webhook in the requester's own task: given only while nothing
+    /// is queued on `jobs` and no batch is in hand (collected or committing). While it is
+    /// held it counts as a commit in flight, so arrivals queue up for the next batch.
+    fn write_directly(self: &Arc<Self>, jobs: &mpsc::Sender<Job>) -> Option<InFlight> {
+        if jobs.capacity() < jobs.max_capacity() {
+            return None;
+        }
+        self.holding.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire).ok()?;
+        self.committing.fetch_add(1, Ordering::AcqRel);
+        Some(InFlight(self.clone()))
+    }
+
     /// Collect the next batch into `batch`; false when every handle is gone.
     async fn collect(&self, batch: &mut Vec<Job>) -> bool {
         let mut queue = self.queue.lock().await;
         match queue.recv().await {
-            Some(job) => batch.push(job),
+            Some(job) => {
+                // In the same poll that took the job off the queue: no direct write can
+                // slip in between.
+                self.holding.fetch_add(1, Ordering::AcqRel);
+                batch.push(job);
+            }
             None => return false,
         }
         take_queued(&mut queue, batch);
@@ -187,6 +228,40 @@ impl Writers {
     }
 }
 
+/// A commit in flight outside the writer tasks; ends (and lets a lingering writer go)
+/// when dropped, also when the requester is cancelled mid-write.
+struct InFlight(Arc<Writers>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.committing.fetch_sub(1, Ordering::AcqRel);
+        self.0.holding.fetch_sub(1, Ordering::AcqRel);
+        self.0.finished.notify_waiters();
+    }
+}
+
+/// Write one webhook in the requester's task, with the same deadline, span and verdicts
+/// as a writer's batch of one.
+async fn write_alone(
+    pool: &Pool,
+    event: OwnedEvent,
+    span: &tracing::Span,
+    deadline: Instant,
+    in_flight: InFlight,
+) -> Result<Stored, StoreError> {
+    let span = crate::telemetry::commit_span(std::iter::once(span), 1);
+    let events = [event];
+    let written = tokio::time::timeout_at(deadline, write(pool, &events).instrument(span)).await;
+    drop(in_flight);
+    match written {
+        Ok(results) => results.into_iter().next().unwrap_or(Err(StoreError::Failed)),
+        Err(_) => {
+            tracing::warn!(events = 1, "no answer from the database before the ingest deadline");
+            Err(StoreError::Unconfirmed)
+        }
+    }
+}
+
 /// Move what is queued now into `batch`, up to [`MAX_BATCH`].
 fn take_queued(queue: &mut mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
     while batch.len() < MAX_BATCH {
@@ -206,12 +281,16 @@ async fn write_loop(pool: Pool, writers: Arc<Writers>) {
         // Nobody waits for these any more (deadline passed, client gone): the requester
         // was not told they are stored, and the producer retries.
         batch.retain(|job| !job.reply.is_closed());
-        let Some(deadline) = batch.iter().map(|job| job.deadline).max() else { continue };
+        let Some(deadline) = batch.iter().map(|job| job.deadline).max() else {
+            writers.holding.fetch_sub(1, Ordering::AcqRel);
+            continue;
+        };
         let span = crate::telemetry::commit_span(batch.iter().map(|job| &job.span), batch.len());
         let (events, replies): (Vec<OwnedEvent>, Vec<_>) = batch.drain(..).map(|job| (job.event, job.reply)).unzip();
         writers.committing.fetch_add(1, Ordering::AcqRel);
         let written = tokio::time::timeout_at(deadline, write(&pool, &events).instrument(span)).await;
         writers.committing.fetch_sub(1, Ordering::AcqRel);
+        writers.holding.fetch_sub(1, Ordering::AcqRel);
         writers.finished.notify_waiters();
         let results = match written {
             Ok(results) => results,
@@ -260,7 +339,7 @@ mod tests {
 
     fn writers() -> (mpsc::Sender<Job>, Arc<Writers>) {
         let (jobs, queue) = mpsc::channel(MAX_BATCH * 2);
-        (jobs, Arc::new(Writers { queue: Mutex::new(queue), committing: AtomicUsize::new(0), finished: Notify::new() }))
+        (jobs, Arc::new(Writers::new(queue)))
     }
 
     async fn send(jobs: &mpsc::Sender<Job>, key: &str) {
@@ -349,6 +428,59 @@ mod tests {
         assert!(writers.collect(&mut batch).await);
         assert_eq!(batch.len(), MAX_BATCH);
         assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    /// A lone webhook is written by its requester only while nothing is queued and
+    /// nothing is committing; while it is, the next arrivals gather for one batch.
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_webhook_is_written_directly_and_counts_as_a_commit_in_flight() {
+        let (jobs, writers) = writers();
+        let in_flight = writers.write_directly(&jobs).expect("idle: the requester writes itself");
+        assert!(writers.write_directly(&jobs).is_none(), "one direct write at a time");
+        send(&jobs, "b").await;
+        send(&jobs, "c").await;
+        let collecting = {
+            let writers = writers.clone();
+            tokio::spawn(async move {
+                let mut batch = Vec::new();
+                writers.collect(&mut batch).await;
+                batch
+            })
+        };
+        tokio::task::yield_now().await;
+        assert!(!collecting.is_finished(), "a writer lingers behind the direct write");
+        drop(in_flight);
+        let batch = collecting.await.expect("collect");
+        assert_eq!(keys(&batch), ["b", "c"]);
+        assert!(writers.write_directly(&jobs).is_none(), "the writer holds a batch");
+        writers.holding.fetch_sub(1, Ordering::AcqRel);
+        assert!(writers.write_directly(&jobs).is_some(), "idle again");
+    }
+
+    /// Webhooks already queued, or a batch in a writer's hands: a new one queues behind
+    /// them rather than overtaking. The second case is the race at the end of a commit:
+    /// the writer lingering behind it holds its batch while `committing` is already 0.
+    #[tokio::test(start_paused = true)]
+    async fn no_direct_write_past_a_queue_or_a_collected_batch() {
+        let (jobs, writers) = writers();
+        writers.committing.store(1, Ordering::Release);
+        send(&jobs, "a").await;
+        assert!(writers.write_directly(&jobs).is_none(), "something is queued");
+        let collecting = {
+            let writers = writers.clone();
+            tokio::spawn(async move {
+                let mut batch = Vec::new();
+                writers.collect(&mut batch).await;
+                batch
+            })
+        };
+        tokio::task::yield_now().await;
+        // The other commit ends; the lingering writer has not run since.
+        writers.committing.store(0, Ordering::Release);
+        assert!(writers.write_directly(&jobs).is_none(), "the writer holds a batch");
+        assert_eq!(writers.committing.load(Ordering::Acquire), 0, "a refused pass changes nothing");
+        writers.finished.notify_waiters();
+        assert_eq!(keys(&collecting.await.expect("collect")), ["a"]);
     }
 
     #[test]

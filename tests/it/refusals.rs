@@ -367,3 +367,58 @@ async fn serialization_failures_are_retried_inside_and_never_reach_the_producer(
     let (events, own) = app.db.count_events_but_operational().await;
     assert_eq!(events, 20, "the gateway's own events besides: {own:?}");
 }
+
+/// The claim by key (deliveries handed over by ingest or by the recorder) on a server that
+/// turns read-only under its open connections: refused as a read-only refusal that
+/// committed nothing (what the dispatcher answers with its pause and an owed general
+/// claim, as for the general claim), nothing leased; once the server takes writes again,
+/// the same hand-off is claimed whole, each delivery on its first lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_by_key_on_a_server_turned_read_only_takes_nothing_and_takes_all_once_it_writes() {
+    use webhook_gateway::db::{self, Refusal, Unavailable};
+    use webhook_gateway::queue;
+
+    const LEASE: Duration = Duration::from_secs(60);
+    let mut server = Private::start().await;
+    // One connection: the one that sees the switch is the one that claims.
+    let pool = db::connect(&server.gateway_url, 1).await.expect("connect");
+    db::migrate(&pool).await.expect("migrate");
+    let endpoint = crate::support::insert_endpoint(&pool, "http://127.0.0.1:9/").await;
+    crate::support::seed_deliveries(&pool, &endpoint, 5).await;
+    let handed = crate::support::delivery_ids(&pool, &endpoint).await;
+    // The claim's connections are open and its plan cached before the switch.
+    let none = queue::claim_fresh(&pool, &[], 10, LEASE, 10).await.expect("warm-up claim");
+    assert!(none.claimed.is_empty());
+
+    server.sql("ALTER SYSTEM SET default_transaction_read_only = on").await;
+    server.sql("SELECT pg_reload_conf()").await;
+    eventually(Duration::from_secs(10), "the open connection turned read-only", || async {
+        let setting: Option<String> =
+            sqlx::query_scalar("SHOW default_transaction_read_only").fetch_one(&pool).await.ok();
+        (setting.as_deref() == Some("on")).then_some(())
+    })
+    .await;
+    let refused = queue::claim_fresh(&pool, &handed, 10, LEASE, 10).await.expect_err("refused on a read-only server");
+    assert_eq!(db::unavailable(&refused), Some(Unavailable::NotCommitted), "{refused}");
+    pool.note(&refused);
+    assert_eq!(pool.health().refusing_writes(), Some(Refusal::ReadOnly), "{refused}");
+    let mut reader = PgConnection::connect(&server.cluster.url("gw")).await.expect("superuser connection to gw");
+    let leased: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE claim_token <> 0 OR attempt_count <> 0")
+            .fetch_one(&mut reader)
+            .await
+            .expect("leases");
+    assert_eq!(leased, 0, "a refused claim leases nothing");
+
+    server.sql("ALTER SYSTEM RESET default_transaction_read_only").await;
+    server.sql("SELECT pg_reload_conf()").await;
+    let fresh = eventually(Duration::from_secs(10), "the claim by key taking writes again", || async {
+        queue::claim_fresh(&pool, &handed, 10, LEASE, 10).await.ok()
+    })
+    .await;
+    assert!(fresh.took_all, "the whole hand-off is claimed");
+    let mut claimed: Vec<_> = fresh.claimed.iter().map(|c| c.id).collect();
+    claimed.sort_by_key(|id| id.0);
+    assert_eq!(claimed, handed);
+    assert!(fresh.claimed.iter().all(|c| c.attempt == 1 && c.claim_token == 1), "first leases");
+}

@@ -188,7 +188,11 @@ async fn floor(
     let postmaster = ctx.server.postmaster();
     let secs = ctx.args.measure_secs;
     let mark = CpuMark::now(None, postmaster);
-    let run = pg::pgbench(&ctx.server, DB, script, vars, FLOOR_CLIENTS, secs, Some(rate), None).await?;
+    // The per-transaction log gives the floor's latency: with `-R` each transaction's time
+    // counts from its scheduled start, as the gateway's answer counts from the producer's
+    // send, so the two are side by side.
+    let log_dir = ctx.work_dir.join("e2e-floor-log");
+    let run = pg::pgbench(&ctx.server, DB, script, vars, FLOOR_CLIENTS, secs, Some(rate), Some(&log_dir)).await?;
     let cpu = mark.share(&CpuMark::now(None, postmaster), Some(run.cpu_secs));
     let us = |cores: Option<f64>| {
         cores.map_or_else(|| "n/a".to_owned(), |c| format!("{:.0} µs", c / run.tps.max(1e-9) * 1e6))
@@ -198,11 +202,15 @@ async fn floor(
         scenario: "Physical floor: pgbench, the ingest statement alone at the same rate".into(),
         setting: format!("{}/s offered, {FLOOR_CLIENTS} connections", thousands(rate)),
         result: format!("{} transactions", fmt_rate(run.tps)),
+        p50: fmt_dur(run.latency.p50),
+        p99: fmt_dur(run.latency.p99),
+        max: fmt_dur(run.latency.max),
         target: "—".into(),
         cpu: cpu.cell(),
         note: format!(
             "CPU per transaction (one commit of the event and its delivery): PostgreSQL {}, pgbench {}; a webhook \
-             costs the gateway three commits (ingest, claim, outcome){}",
+             costs the gateway three commits (ingest, claim, outcome); the latency columns are one commit's, from its \
+             scheduled start (compare the ingest answer above){}",
             us(cpu.postgres),
             us(cpu.pgbench),
             if run.failed > 0 { format!("; {} failed transactions", thousands(run.failed)) } else { String::new() }

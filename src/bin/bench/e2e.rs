@@ -215,7 +215,6 @@ async fn floor(
             us(cpu.pgbench),
             if run.failed > 0 { format!("; {} failed transactions", thousands(run.failed)) } else { String::new() }
         ),
-        ..Row::default()
     });
     Ok(())
 }

@@ -483,6 +483,30 @@ mod tests {
         assert_eq!(keys(&collecting.await.expect("collect")), ["a"]);
     }
 
+    /// A request cancelled in the middle of its direct write (its client went away, the
+    /// server shut down) gives the pass back: no writer lingers behind a commit that no
+    /// longer exists, and the next lone webhook writes directly again.
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_direct_write_gives_its_pass_back() {
+        let (jobs, writers) = writers();
+        let in_flight = writers.write_directly(&jobs).expect("idle");
+        let request = tokio::spawn(async move {
+            let _in_flight = in_flight;
+            std::future::pending::<()>().await;
+        });
+        tokio::task::yield_now().await;
+        assert!(writers.write_directly(&jobs).is_none(), "the pass is held");
+        request.abort();
+        assert!(request.await.expect_err("aborted").is_cancelled());
+        assert_eq!(writers.committing.load(Ordering::Acquire), 0);
+        assert_eq!(writers.holding.load(Ordering::Acquire), 0);
+        send(&jobs, "a").await;
+        let start = Instant::now();
+        let mut batch = Vec::new();
+        assert!(writers.collect(&mut batch).await);
+        assert_eq!((keys(&batch), start.elapsed()), (vec!["a"], Duration::ZERO), "no linger");
+    }
+
     #[test]
     fn a_failure_says_whether_the_event_may_be_stored() {
         assert_eq!(StoreError::from(&sqlx::Error::PoolTimedOut), StoreError::Unavailable);

@@ -128,12 +128,14 @@ impl Batcher {
     /// with [`StoreError::Unconfirmed`] (or [`StoreError::Unavailable`] if it never got
     /// to a writer).
     pub async fn store(&self, event: OwnedEvent, deadline: Instant) -> Result<Stored, StoreError> {
-        let (reply, answer) = oneshot::channel();
         // Off: not even a clone of the current (request log) span.
         let span = if crate::telemetry::enabled() { tracing::Span::current() } else { tracing::Span::none() };
         if let Some(in_flight) = self.writers.write_directly(&self.jobs) {
-            return write_alone(&self.pool, event, &span, deadline, in_flight).await;
+            let span = crate::telemetry::commit_span(std::iter::once(&span), 1);
+            let written = write_in_flight(&self.pool, &[event], span, deadline, in_flight).await;
+            return written.into_iter().next().unwrap_or(Err(StoreError::Failed));
         }
+        let (reply, answer) = oneshot::channel();
         match tokio::time::timeout_at(deadline, self.jobs.send(Job { event, span, deadline, reply })).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => {
@@ -186,8 +188,7 @@ impl Writers {
             return None;
         }
         self.holding.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire).ok()?;
-        self.committing.fetch_add(1, Ordering::AcqRel);
-        Some(InFlight(self.clone()))
+        Some(InFlight::start(self))
     }
 
     /// Collect the next batch into `batch`; false when every handle is gone.
@@ -228,9 +229,17 @@ impl Writers {
     }
 }
 
-/// A commit in flight outside the writer tasks; ends (and lets a lingering writer go)
-/// when dropped, also when the requester is cancelled mid-write.
+/// A commit in flight, a writer's or a requester's direct one, whose batch is counted in
+/// `holding`; ends both counts (and lets a lingering writer go) when dropped, also when
+/// the requester is cancelled mid-write.
 struct InFlight(Arc<Writers>);
+
+impl InFlight {
+    fn start(writers: &Arc<Writers>) -> InFlight {
+        writers.committing.fetch_add(1, Ordering::AcqRel);
+        InFlight(writers.clone())
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -240,26 +249,24 @@ impl Drop for InFlight {
     }
 }
 
-/// Write one webhook in the requester's task, with the same deadline, span and verdicts
-/// as a writer's batch of one.
-async fn write_alone(
+/// Write `events` as the commit `in_flight` by `deadline`, under `span`: a verdict for
+/// each, in order. Used by the writers and by a requester's direct write alike.
+async fn write_in_flight(
     pool: &Pool,
-    event: OwnedEvent,
-    span: &tracing::Span,
+    events: &[OwnedEvent],
+    span: tracing::Span,
     deadline: Instant,
     in_flight: InFlight,
-) -> Result<Stored, StoreError> {
-    let span = crate::telemetry::commit_span(std::iter::once(span), 1);
-    let events = [event];
-    let written = tokio::time::timeout_at(deadline, write(pool, &events).instrument(span)).await;
+) -> Vec<Result<Stored, StoreError>> {
+    let written = tokio::time::timeout_at(deadline, write(pool, events).instrument(span)).await;
     drop(in_flight);
-    match written {
-        Ok(results) => results.into_iter().next().unwrap_or(Err(StoreError::Failed)),
-        Err(_) => {
-            tracing::warn!(events = 1, "no answer from the database before the ingest deadline");
-            Err(StoreError::Unconfirmed)
-        }
-    }
+    written.unwrap_or_else(|_| {
+        // The statement may have reached the server. The connection goes back through
+        // sqlx's drain, out of the pool until the path answers or the kernel gives up on
+        // it (db::tcp).
+        tracing::warn!(events = events.len(), "no answer from the database before the ingest deadline");
+        events.iter().map(|_| Err(StoreError::Unconfirmed)).collect()
+    })
 }
 
 /// Move what is queued now into `batch`, up to [`MAX_BATCH`].
@@ -287,21 +294,7 @@ async fn write_loop(pool: Pool, writers: Arc<Writers>) {
         };
         let span = crate::telemetry::commit_span(batch.iter().map(|job| &job.span), batch.len());
         let (events, replies): (Vec<OwnedEvent>, Vec<_>) = batch.drain(..).map(|job| (job.event, job.reply)).unzip();
-        writers.committing.fetch_add(1, Ordering::AcqRel);
-        let written = tokio::time::timeout_at(deadline, write(&pool, &events).instrument(span)).await;
-        writers.committing.fetch_sub(1, Ordering::AcqRel);
-        writers.holding.fetch_sub(1, Ordering::AcqRel);
-        writers.finished.notify_waiters();
-        let results = match written {
-            Ok(results) => results,
-            Err(_) => {
-                // The statement may have reached the server. The connection goes back
-                // through sqlx's drain, out of the pool until the path answers or the
-                // kernel gives up on it (db::tcp).
-                tracing::warn!(events = events.len(), "no answer from the database before the ingest deadline");
-                events.iter().map(|_| Err(StoreError::Unconfirmed)).collect()
-            }
-        };
+        let results = write_in_flight(&pool, &events, span, deadline, InFlight::start(&writers)).await;
         for (reply, result) in replies.into_iter().zip(results) {
             // The requester may have gone meanwhile: the event is stored either way,
             // and a retry will be answered as a duplicate.
@@ -358,6 +351,16 @@ mod tests {
         jobs.send(job).await.expect("queue open");
     }
 
+    /// A writer collecting its next batch, in a task of its own.
+    fn collect_in_background(writers: &Arc<Writers>) -> tokio::task::JoinHandle<Vec<Job>> {
+        let writers = writers.clone();
+        tokio::spawn(async move {
+            let mut batch = Vec::new();
+            writers.collect(&mut batch).await;
+            batch
+        })
+    }
+
     fn keys(batch: &[Job]) -> Vec<&str> {
         batch.iter().map(|job| job.event.dedupe_key.as_str()).collect()
     }
@@ -382,14 +385,7 @@ mod tests {
         let (jobs, writers) = writers();
         writers.committing.store(1, Ordering::Release);
         send(&jobs, "a").await;
-        let collecting = {
-            let writers = writers.clone();
-            tokio::spawn(async move {
-                let mut batch = Vec::new();
-                writers.collect(&mut batch).await;
-                batch
-            })
-        };
+        let collecting = collect_in_background(&writers);
         tokio::task::yield_now().await;
         send(&jobs, "b").await;
         send(&jobs, "c").await;
@@ -439,14 +435,7 @@ mod tests {
         assert!(writers.write_directly(&jobs).is_none(), "one direct write at a time");
         send(&jobs, "b").await;
         send(&jobs, "c").await;
-        let collecting = {
-            let writers = writers.clone();
-            tokio::spawn(async move {
-                let mut batch = Vec::new();
-                writers.collect(&mut batch).await;
-                batch
-            })
-        };
+        let collecting = collect_in_background(&writers);
         tokio::task::yield_now().await;
         assert!(!collecting.is_finished(), "a writer lingers behind the direct write");
         drop(in_flight);
@@ -466,14 +455,7 @@ mod tests {
         writers.committing.store(1, Ordering::Release);
         send(&jobs, "a").await;
         assert!(writers.write_directly(&jobs).is_none(), "something is queued");
-        let collecting = {
-            let writers = writers.clone();
-            tokio::spawn(async move {
-                let mut batch = Vec::new();
-                writers.collect(&mut batch).await;
-                batch
-            })
-        };
+        let collecting = collect_in_background(&writers);
         tokio::task::yield_now().await;
         // The other commit ends; the lingering writer has not run since.
         writers.committing.store(0, Ordering::Release);

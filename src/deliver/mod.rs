@@ -21,6 +21,7 @@ pub mod bodies;
 pub mod dispatcher;
 pub mod housekeeping;
 pub mod policy;
+pub mod prelease;
 pub mod recorder;
 pub mod request;
 mod settings;

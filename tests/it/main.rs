@@ -34,6 +34,7 @@ mod ordering;
 mod otel;
 mod plans;
 mod pooler;
+mod prelease;
 mod quickstart;
 mod refusals;
 mod replicas;

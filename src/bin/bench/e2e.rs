@@ -42,6 +42,8 @@ struct Step {
     ingest: Latency,
     failures: String,
     cpu: CpuShare,
+    /// Transactions PostgreSQL ran over the load's window, per accepted webhook.
+    transactions: Option<f64>,
 }
 
 impl Step {
@@ -65,11 +67,13 @@ impl Step {
         [Some(self.note()), self.cpu_note()].into_iter().flatten().collect::<Vec<_>>().join("; ")
     }
 
-    /// Gateway and PostgreSQL CPU per webhook (ingest + its delivery), in µs.
+    /// Gateway and PostgreSQL CPU per webhook (ingest + its delivery), in µs, and the
+    /// transactions per webhook.
     fn cpu_note(&self) -> Option<String> {
         let us = |cores: f64| cores / self.accepted.max(1e-9) * 1e6;
+        let transactions = self.transactions.map(|t| format!(" in {t:.2} transactions")).unwrap_or_default();
         Some(format!(
-            "server CPU per webhook, ingest and delivery: gateway {:.0} µs + PostgreSQL {:.0} µs",
+            "server CPU per webhook, ingest and delivery: gateway {:.0} µs + PostgreSQL {:.0} µs{transactions}",
             us(self.cpu.gateway?),
             us(self.cpu.postgres?)
         ))
@@ -313,8 +317,12 @@ async fn offer(ctx: &Ctx, gw: &Gateway, pool: &PgPool, rate: u64, conns: usize) 
     let plan = loadgen::OpenLoop { addr: gw.addr, conns, rate: rate as f64, warmup, measure, first_seq: base };
     // The CPU window is the load's: ingest and the delivery that keeps pace with it.
     let mark = CpuMark::now(Some(gw.pid), postmaster);
+    // Backends report their counts at most once a second: over a window of 10 s or more
+    // the edges roughly cancel.
+    let transactions_before = pg::transactions(pool).await.ok();
     let mut out = loadgen::open_loop(plan, make, on_due).await;
     let cpu = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
+    let transactions_after = pg::transactions(pool).await.ok();
     let measured: Vec<(u64, Instant)> = due
         .lock()
         .expect("due lock")
@@ -341,6 +349,9 @@ async fn offer(ctx: &Ctx, gw: &Gateway, pool: &PgPool, rate: u64, conns: usize) 
         measured: measured.len(),
         e2e: Latency::from_micros(&mut e2e),
         ingest: Latency::from_micros(&mut out.latencies),
+        transactions: transactions_before
+            .zip(transactions_after)
+            .map(|(before, after)| (after - before) / (out.rate() * (warmup + measure).as_secs_f64()).max(1.0)),
         failures: out.failure_note(),
         cpu,
     };

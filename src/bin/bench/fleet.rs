@@ -182,7 +182,7 @@ async fn measure(ctx: &Ctx, pool: &sqlx::PgPool, gateways: &[Gateway], rate: Opt
     let postmaster = ctx.server.postmaster();
     let gw_cpu = || gateways.iter().filter_map(|g| pid_cpu(g.pid, false)).sum::<f64>();
     let pg_before = postmaster.and_then(cluster_cpu);
-    let (gw_before, tx_before, started) = (gw_cpu(), transactions(pool).await?, Instant::now());
+    let (gw_before, tx_before, started) = (gw_cpu(), pg::transactions(pool).await?, Instant::now());
     let accepted = match rate {
         None => {
             tokio::time::sleep(ctx.measure()).await;
@@ -218,17 +218,7 @@ async fn measure(ctx: &Ctx, pool: &sqlx::PgPool, gateways: &[Gateway], rate: Opt
     Ok(Window {
         pg_cores: pg_before.zip(pg_after).map(|(b, a)| (a - b) / secs),
         gw_cores: (gw_cpu() - gw_before) / secs,
-        tx_per_sec: (transactions(pool).await? - tx_before) / secs,
+        tx_per_sec: (pg::transactions(pool).await? - tx_before) / secs,
         accepted,
     })
-}
-
-/// Transactions committed and rolled back in the cluster so far.
-async fn transactions(pool: &sqlx::PgPool) -> anyhow::Result<f64> {
-    // The statistics are flushed by each backend at most once a second: good enough over
-    // a 10 s window.
-    let n: i64 = sqlx::query_scalar("SELECT sum(xact_commit + xact_rollback)::int8 FROM pg_stat_database")
-        .fetch_one(pool)
-        .await?;
-    Ok(n as f64)
 }

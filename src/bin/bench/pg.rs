@@ -372,6 +372,16 @@ pub struct PgbenchVars {
     pub fresh_terms: usize,
 }
 
+/// Transactions committed and rolled back in the cluster so far.
+pub async fn transactions(pool: &sqlx::PgPool) -> anyhow::Result<f64> {
+    // The statistics are flushed by each backend at most once a second: good enough over
+    // a 10 s window.
+    let n: i64 = sqlx::query_scalar("SELECT sum(xact_commit + xact_rollback)::int8 FROM pg_stat_database")
+        .fetch_one(pool)
+        .await?;
+    Ok(n as f64)
+}
+
 /// Run pgbench with `script` on `db` for `secs` seconds at `clients` connections, as fast
 /// as it can or, with `rate`, at that many transactions a second (`-R`); with `log_dir`,
 /// per-transaction latencies are logged there and summarised.

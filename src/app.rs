@@ -195,9 +195,6 @@ async fn serve(
     let wake = Arc::new(Notify::new());
     // Ingest hands the deliveries it stores straight to the dispatcher of the same process.
     let handoff = (settings.role == Role::All).then(|| Arc::new(crate::wake::Handoff::default()));
-    // And leases the deliveries of a webhook it writes alone in the same commit.
-    let (prelease, preleased) = crate::deliver::prelease::Prelease::new(&settings.delivery);
-    let intake_prelease = (settings.role == Role::All).then(|| prelease.clone());
     let state = AppState {
         pool: pool.clone(),
         admin_token: settings.admin_token.clone().into(),
@@ -207,14 +204,7 @@ async fn serve(
         egress_https_only: settings.egress.https_only,
         release_per_sec: settings.delivery.circuit.release_per_sec,
         metrics: settings.metrics.clone(),
-        intake: Intake::start(
-            pool.clone(),
-            settings.ingest_writers,
-            settings.secrets.clone(),
-            wake,
-            handoff.clone(),
-            intake_prelease,
-        ),
+        intake: Intake::start(pool.clone(), settings.ingest_writers, settings.secrets.clone(), wake, handoff.clone()),
         db_timeout: settings.db_timeout,
         request_timeout: settings.http.request_timeout,
         secrets: settings.secrets.clone(),
@@ -246,7 +236,7 @@ async fn serve(
             egress,
             settings.delivery.clone(),
             state.wake.clone(),
-            crate::deliver::dispatcher::Handovers { ids: handoff.unwrap_or_default(), prelease, preleased },
+            handoff.unwrap_or_default(),
             settings.secrets.clone(),
             housekeeping.clone(),
         ))

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::db::Pool;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::DeliverySettings;
@@ -16,8 +16,6 @@ use crate::egress::EgressClient;
 use crate::queue::{self, Claimed};
 use crate::secrets::Keyring;
 use crate::wake::Handoff;
-
-use super::prelease::{Prelease, Preleased, Received};
 
 /// Most deliveries claimed by one statement. Each claim pays fixed costs (two statements,
 /// the claim's planning, a commit) whatever its size; in the bench drain of 100,000, 256
@@ -36,8 +34,7 @@ pub struct Dispatcher {
 impl Dispatcher {
     /// Start the dispatcher. `wake` is notified when due work may have appeared (other
     /// processes' ingest, released circuits, redeliveries); `handoff` brings the
-    /// deliveries this process's ingest stored and its recorder made their lines' heads,
-    /// and those its ingest leased itself (with the worker slots they share);
+    /// deliveries this process's ingest stored and its recorder made their lines' heads;
     /// `secrets` opens the endpoint secrets each claim
     /// returns; it admits half-open probes while `housekeeping` says this process leads.
     pub fn spawn(
@@ -45,13 +42,12 @@ impl Dispatcher {
         egress: EgressClient,
         settings: DeliverySettings,
         wake: Arc<Notify>,
-        handoff: Handovers,
+        handoff: Arc<Handoff>,
         secrets: Keyring,
         housekeeping: Housekeeping,
     ) -> Dispatcher {
         let (stop, stopped) = watch::channel(false);
-        let Handovers { ids: handoff, prelease, preleased } = handoff;
-        let wakes = Wakes { general: wake, handoff, room: Arc::new(Notify::new()), prelease, preleased };
+        let wakes = Wakes { general: wake, handoff, room: Arc::new(Notify::new()) };
         let task = tokio::spawn(run(pool, egress, settings, wakes, secrets, housekeeping, stopped));
         Dispatcher { stop, task }
     }
@@ -65,16 +61,6 @@ impl Dispatcher {
     }
 }
 
-/// What this process's ingest and recorder hand to its dispatcher.
-pub struct Handovers {
-    /// Deliveries to claim by key.
-    pub ids: Arc<Handoff>,
-    /// What ingest shares with the dispatcher to lease deliveries itself.
-    pub prelease: Arc<Prelease>,
-    /// The deliveries it leased.
-    pub preleased: Received,
-}
-
 /// What wakes a sleeping dispatcher, by what it should look for.
 struct Wakes {
     /// Due work may have appeared anywhere: claim the general way.
@@ -85,22 +71,18 @@ struct Wakes {
     /// The recorder freed slots and endpoint room (and promoted nothing): only a
     /// dispatcher whose last claim left due work behind has anything to look for.
     room: Arc<Notify>,
-    /// What ingest shares with this dispatcher to lease deliveries itself.
-    prelease: Arc<Prelease>,
-    /// Deliveries this process's ingest leased, each with its slot: started as they come.
-    preleased: Received,
 }
 
 async fn run(
     pool: Pool,
     egress: EgressClient,
     settings: DeliverySettings,
-    mut wakes: Wakes,
+    wakes: Wakes,
     secrets: Keyring,
     housekeeping: Housekeeping,
     mut stop: watch::Receiver<bool>,
 ) {
-    let slots = wakes.prelease.slots();
+    let slots = Arc::new(Semaphore::new(settings.workers));
     let (outcomes, records) = mpsc::channel(settings.workers.max(16));
     let patience = recorder::Patience { lease: settings.lease, stopping: stop.clone() };
     // The recorder wakes the claim loop too: each write frees slots and endpoint room
@@ -127,20 +109,15 @@ async fn run(
     // hand-off's. Otherwise the deliveries handed over (by ingest, by the recorder) are
     // claimed by key.
     let mut owed_general = true;
-    wakes.prelease.set_owed_general(true);
     tracing::info!(workers = settings.workers, "delivery workers started");
 
-    'claims: loop {
-        // Wait for a free slot (or shutdown), starting what ingest leased meanwhile.
+    loop {
+        // Wait for a free slot (or shutdown).
         let first = tokio::select! {
             permit = slots.clone().acquire_owned() => match permit {
                 Ok(p) => p,
                 Err(_) => break,
             },
-            Some(leased) = wakes.preleased.recv() => {
-                start(&mut in_flight, &ctx, leased);
-                continue;
-            }
             _ = stop.wait_for(|s| *s) => break,
         };
         while in_flight.try_join_next().is_some() {}
@@ -182,7 +159,6 @@ async fn run(
                 claim_failures = 0;
                 // A full claim may have left more: look again the general way.
                 owed_general = left_behind || claimed.len() >= want;
-                wakes.prelease.set_owed_general(owed_general);
                 claimed
             }
             Err(e) => {
@@ -190,7 +166,6 @@ async fn run(
                 pool.note(&e);
                 claim_failures += 1;
                 owed_general = true;
-                wakes.prelease.set_owed_general(true);
                 let pause = claim_retry_pause(claim_failures);
                 tracing::warn!(error = %e, retry_in = ?pause, "claiming deliveries failed");
                 drop(first);
@@ -236,23 +211,10 @@ async fn run(
             } else {
                 settings.poll_interval
             };
-            let until = tokio::time::Instant::now() + pause;
-            loop {
-                match sleep(&mut wakes, &mut owed_general, until, &mut stop).await {
-                    Slept::Woken => break,
-                    // Started at once; the dispatcher sleeps on (it claimed nothing).
-                    Slept::Preleased(leased) => start(&mut in_flight, &ctx, *leased),
-                    Slept::Stopped => break 'claims,
-                }
+            if !sleep(&wakes, &mut owed_general, pause, &mut stop).await {
+                break;
             }
-            wakes.prelease.set_owed_general(owed_general);
         }
-    }
-    // Ingest leases no more; what it leased before is worked on like any claim.
-    wakes.prelease.set_owed_general(true);
-    wakes.preleased.close();
-    while let Ok(leased) = wakes.preleased.try_recv() {
-        start(&mut in_flight, &ctx, leased);
     }
 
     let in_flight_now = in_flight.len();
@@ -276,41 +238,21 @@ async fn run(
     tracing::info!("delivery workers stopped");
 }
 
-/// Start the attempt of a delivery that ingest leased.
-fn start(in_flight: &mut JoinSet<()>, ctx: &Context, leased: Preleased) {
-    in_flight.spawn(attempt::run(ctx.clone(), leased.job, leased.slot, leased.claim));
-}
-
-/// How a dispatcher's sleep ended.
-enum Slept {
-    /// Something may be claimable.
-    Woken,
-    /// Ingest leased a delivery: start it, and sleep on.
-    Preleased(Box<Preleased>),
-    /// Stop.
-    Stopped,
-}
-
-/// Sleep until something may be claimable: a general wake or the poll at `until` (after
-/// which a general claim is owed), the hand-off, or room freed while a general claim is
-/// owed; or until ingest hands over a delivery it leased.
-async fn sleep(
-    wakes: &mut Wakes,
-    owed_general: &mut bool,
-    until: tokio::time::Instant,
-    stop: &mut watch::Receiver<bool>,
-) -> Slept {
-    let Wakes { general, handoff, room, preleased, .. } = wakes;
+/// Sleep until something may be claimable: a general wake or the poll (after which a
+/// general claim is owed), the hand-off, or room freed while a general claim is owed.
+/// False on stop.
+async fn sleep(wakes: &Wakes, owed_general: &mut bool, pause: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    let poll = tokio::time::sleep(pause);
+    tokio::pin!(poll);
     loop {
         tokio::select! {
-            () = general.notified() => *owed_general = true,
-            () = tokio::time::sleep_until(until) => *owed_general = true,
-            () = handoff.arrived() => {}
-            () = room.notified() => if !*owed_general { continue },
-            Some(leased) = preleased.recv() => return Slept::Preleased(Box::new(leased)),
-            _ = stop.wait_for(|s| *s) => return Slept::Stopped,
+            () = wakes.general.notified() => *owed_general = true,
+            () = &mut poll => *owed_general = true,
+            () = wakes.handoff.arrived() => {}
+            () = wakes.room.notified() => if !*owed_general { continue },
+            _ = stop.wait_for(|s| *s) => return false,
         }
-        return Slept::Woken;
+        return true;
     }
 }
 

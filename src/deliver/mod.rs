@@ -21,7 +21,6 @@ pub mod bodies;
 pub mod dispatcher;
 pub mod housekeeping;
 pub mod policy;
-pub mod prelease;
 pub mod recorder;
 pub mod request;
 mod settings;

@@ -42,7 +42,6 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use crate::db;
-use crate::deliver::prelease::{self, Prelease};
 use crate::store::events::{self, OwnedEvent, Stored};
 
 /// Most events in one statement.
@@ -112,22 +111,17 @@ pub struct Batcher {
     jobs: mpsc::Sender<Job>,
     writers: Arc<Writers>,
     pool: Pool,
-    /// With a dispatcher in this process: a webhook written alone has its deliveries
-    /// leased in the same commit.
-    prelease: Option<Arc<Prelease>>,
 }
 
 impl Batcher {
     /// Start `writers` writer tasks on `pool`. They end when every handle is dropped.
-    /// With `prelease`, a webhook written alone also has its deliveries leased in its
-    /// commit ([`crate::deliver::prelease`]).
-    pub fn start(pool: Pool, writers: usize, prelease: Option<Arc<Prelease>>) -> Batcher {
+    pub fn start(pool: Pool, writers: usize) -> Batcher {
         let (jobs, queue) = mpsc::channel::<Job>(MAX_BATCH * writers.max(1) * 4);
         let shared = Arc::new(Writers::new(queue));
         for _ in 0..writers.max(1) {
             tokio::spawn(write_loop(pool.clone(), shared.clone()));
         }
-        Batcher { jobs, writers: shared, pool, prelease }
+        Batcher { jobs, writers: shared, pool }
     }
 
     /// Store one event (with its fan-out); returns once it is committed, or at `deadline`
@@ -138,8 +132,7 @@ impl Batcher {
         let span = if crate::telemetry::enabled() { tracing::Span::current() } else { tracing::Span::none() };
         if let Some(in_flight) = self.writers.write_directly(&self.jobs) {
             let span = crate::telemetry::commit_span(std::iter::once(&span), 1);
-            let alone = write_alone(&self.pool, &event, self.prelease.as_deref());
-            let written = write_in_flight(1, alone, span, deadline, in_flight).await;
+            let written = write_in_flight(&self.pool, &[event], span, deadline, in_flight).await;
             return written.into_iter().next().unwrap_or(Err(StoreError::Failed));
         }
         let (reply, answer) = oneshot::channel();
@@ -256,45 +249,24 @@ impl Drop for InFlight {
     }
 }
 
-/// Run `write` of `events` events as the commit `in_flight` by `deadline`, under `span`:
-/// a verdict for each, in order. Used by the writers and by a requester's direct write
-/// alike.
+/// Write `events` as the commit `in_flight` by `deadline`, under `span`: a verdict for
+/// each, in order. Used by the writers and by a requester's direct write alike.
 async fn write_in_flight(
-    events: usize,
-    write: impl Future<Output = Vec<Result<Stored, StoreError>>>,
+    pool: &Pool,
+    events: &[OwnedEvent],
     span: tracing::Span,
     deadline: Instant,
     in_flight: InFlight,
 ) -> Vec<Result<Stored, StoreError>> {
-    let written = tokio::time::timeout_at(deadline, write.instrument(span)).await;
+    let written = tokio::time::timeout_at(deadline, write(pool, events).instrument(span)).await;
     drop(in_flight);
     written.unwrap_or_else(|_| {
         // The statement may have reached the server. The connection goes back through
         // sqlx's drain, out of the pool until the path answers or the kernel gives up on
         // it (db::tcp).
-        tracing::warn!(events, "no answer from the database before the ingest deadline");
-        vec![Err(StoreError::Unconfirmed); events]
+        tracing::warn!(events = events.len(), "no answer from the database before the ingest deadline");
+        events.iter().map(|_| Err(StoreError::Unconfirmed)).collect()
     })
-}
-
-/// A requester's direct write of its webhook: with its deliveries leased in the same
-/// commit when the dispatcher of this process takes them now, else as a writer's batch
-/// of one.
-async fn write_alone(pool: &Pool, event: &OwnedEvent, prelease: Option<&Prelease>) -> Vec<Result<Stored, StoreError>> {
-    let Some(prelease) = prelease.filter(|p| p.open()) else {
-        return write(pool, std::slice::from_ref(event)).await;
-    };
-    let new = event.as_new();
-    match db::retry_conflicts(|| prelease::store(pool, &new, prelease)).await {
-        Ok(stored) => vec![Ok(stored)],
-        Err(e) if db::is_unavailable(&e) => vec![Err(StoreError::from(&e))],
-        Err(e) => {
-            // Nothing was committed (a lease the commit may hold is given back): the
-            // plain write gives the webhook its own verdict.
-            tracing::warn!(error = %e, "storing a webhook with its deliveries leased failed; storing it alone");
-            write(pool, std::slice::from_ref(event)).await
-        }
-    }
 }
 
 /// Move what is queued now into `batch`, up to [`MAX_BATCH`].
@@ -322,8 +294,7 @@ async fn write_loop(pool: Pool, writers: Arc<Writers>) {
         };
         let span = crate::telemetry::commit_span(batch.iter().map(|job| &job.span), batch.len());
         let (events, replies): (Vec<OwnedEvent>, Vec<_>) = batch.drain(..).map(|job| (job.event, job.reply)).unzip();
-        let results =
-            write_in_flight(events.len(), write(&pool, &events), span, deadline, InFlight::start(&writers)).await;
+        let results = write_in_flight(&pool, &events, span, deadline, InFlight::start(&writers)).await;
         for (reply, result) in replies.into_iter().zip(results) {
             // The requester may have gone meanwhile: the event is stored either way,
             // and a retry will be answered as a duplicate.

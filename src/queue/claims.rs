@@ -385,25 +385,10 @@ pub async fn claim_fresh(
     default_max_in_flight: i32,
 ) -> Result<FreshClaim, sqlx::Error> {
     let mut tx = pool.begin_planned(crate::db::Planning::Cached).await?;
-    let fresh = claim_fresh_in(&mut tx, deliveries, limit, lease, default_max_in_flight).await?;
-    tx.commit().await?;
-    Ok(fresh)
-}
-
-/// [`claim_fresh`]'s two statements inside the caller's transaction `tx`, which must
-/// have begun with [`Planning::Cached`](crate::db::Planning::Cached) and commits the
-/// leases: ingest's own transaction, when it leases a lone webhook's deliveries in the
-/// commit that stores them (`crate::deliver::prelease`).
-pub async fn claim_fresh_in(
-    tx: &mut sqlx::PgConnection,
-    deliveries: &[DeliveryId],
-    limit: i64,
-    lease: Duration,
-    default_max_in_flight: i32,
-) -> Result<FreshClaim, sqlx::Error> {
     let (endpoints, candidates): (Vec<EndpointId>, i64) =
         crate::db::query_as(FRESH_LOCK_SQL).bind(deliveries).fetch_one(&mut *tx).await?;
     if endpoints.is_empty() {
+        tx.commit().await?;
         return Ok(FreshClaim { claimed: Vec::new(), took_all: candidates == 0 });
     }
     let claimed: Vec<Claimed> = crate::db::query_as(claim_fresh_sql())
@@ -415,6 +400,7 @@ pub async fn claim_fresh_in(
         .fetch_all(&mut *tx)
         .await?;
     claimed_once(&claimed)?;
+    tx.commit().await?;
     Ok(FreshClaim { took_all: claimed.len() as i64 >= candidates, claimed })
 }
 

@@ -34,7 +34,6 @@ mod ordering;
 mod otel;
 mod plans;
 mod pooler;
-mod prelease;
 mod quickstart;
 mod refusals;
 mod replicas;

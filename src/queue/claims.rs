@@ -239,65 +239,23 @@ pub const CLAIM_LOCK_SQL: &str = "WITH head AS (
 /// the endpoints [`CLAIM_LOCK_SQL`] locked), public so tests and the benchmark run exactly
 /// what workers run.
 pub fn claim_sql() -> &'static str {
-    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| claim_sql_text(Candidates::Due));
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(claim_sql_text);
     &SQL
 }
 
-/// [`claim_sql`] for the deliveries `$5` only ([`claim_fresh`]).
-pub fn claim_fresh_sql() -> &'static str {
-    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| claim_sql_text(Candidates::Fresh));
-    &SQL
-}
-
-/// Which due rows of its endpoints a claim may take.
-#[derive(Clone, Copy)]
-enum Candidates {
-    /// Any, oldest due first (`deliveries_endpoint_unparked`).
-    Due,
-    /// Only the deliveries `$5`, found by primary key: the only index that leads with
-    /// `id`, and one the planner knows is unique, so that with whole-table strategies off
-    /// no plan, generic or built without statistics, walks an endpoint's due rows
-    /// (`tests/it/plans.rs`).
-    Fresh,
-}
-
-fn claim_sql_text(candidates: Candidates) -> String {
-    let picked = match candidates {
-        Candidates::Due => {
-            "picked AS (
-             SELECT p.id, p.next_attempt_at,
-                    row_number() OVER (PARTITION BY room.id ORDER BY p.next_attempt_at) AS turn
-             FROM room CROSS JOIN LATERAL (
-                 SELECT d.id, d.next_attempt_at FROM deliveries d
-                 WHERE d.endpoint_id = room.id AND d.status = 'pending' AND NOT d.parked AND NOT d.waiting
-                   AND d.next_attempt_at <= now()
-                 ORDER BY d.next_attempt_at
-                 LIMIT GREATEST(LEAST(room.n, room.share), 0)
-                 FOR UPDATE SKIP LOCKED
-             ) p
-         )"
-        }
-        Candidates::Fresh => {
-            // The scan names nothing but the key: a condition that a partial index's
-            // predicate implies would offer the planner that index to walk.
-            "fresh AS MATERIALIZED (
-             SELECT d.id, d.endpoint_id, d.next_attempt_at, d.status, d.parked, d.waiting
-             FROM deliveries d
-             WHERE d.id = ANY($5)
+fn claim_sql_text() -> String {
+    let picked = "picked AS (
+         SELECT p.id, p.next_attempt_at,
+                row_number() OVER (PARTITION BY room.id ORDER BY p.next_attempt_at) AS turn
+         FROM room CROSS JOIN LATERAL (
+             SELECT d.id, d.next_attempt_at FROM deliveries d
+             WHERE d.endpoint_id = room.id AND d.status = 'pending' AND NOT d.parked AND NOT d.waiting
+               AND d.next_attempt_at <= now()
+             ORDER BY d.next_attempt_at
+             LIMIT GREATEST(LEAST(room.n, room.share), 0)
              FOR UPDATE SKIP LOCKED
-         ), picked AS (
-             SELECT id, next_attempt_at, turn FROM (
-                 SELECT fresh.id, fresh.next_attempt_at,
-                        row_number() OVER (PARTITION BY room.id ORDER BY fresh.next_attempt_at) AS turn,
-                        GREATEST(LEAST(room.n, room.share), 0) AS room_left
-                 FROM fresh JOIN room ON room.id = fresh.endpoint_id
-                 WHERE fresh.status = 'pending' AND NOT fresh.parked AND NOT fresh.waiting
-                   AND fresh.next_attempt_at <= now()
-             ) f
-             WHERE turn <= room_left
-         )"
-        }
-    };
+         ) p
+     )";
     format!(
         "WITH room_n AS (
              SELECT ep.id, ep.rate_limit_per_sec, tokens.now AS tokens,
@@ -364,15 +322,19 @@ pub struct FreshClaim {
 }
 
 /// Claim those of `deliveries` (just stored by this process) that are due, up to `limit`,
-/// each endpoint within its limits: the same transaction of two statements as
-/// [`claim_batch`], with the same locks, room, rate tokens, lease and fencing token, but
-/// reaching the rows by primary key instead of through the due index.
+/// each endpoint within its limits: the same two statements as [`claim_batch`] (the
+/// endpoint locks in id order, then the claim with a snapshot taken after them), with the
+/// same room, rate tokens, lease and fencing token, but reaching the rows by primary key
+/// instead of through the due index.
 ///
-/// At low load every ingest commit wakes the claim loop for a webhook or two, and a
-/// [`claim_batch`] is planned at every call (0.5-1.5 ms of PostgreSQL's CPU, about once
-/// per webhook; bench/PROFILE.md). This one reaches its rows by key under any plan that
-/// [`Planning::Cached`](crate::db::Planning::Cached) allows, so it runs that way: planned
-/// once per connection.
+/// At low load every ingest commit wakes the claim loop for a webhook or two, and there
+/// a round trip costs PostgreSQL about as much as waking an idle backend, whatever the
+/// statement does. So this claim is one round trip: the function
+/// [`CLAIM_FRESH_FUNCTION`] (migration 0022) runs both statements, each with its own
+/// snapshot, under the settings of [`Planning::Cached`](crate::db::Planning::Cached):
+/// its plans are cached per session and reach every row by key (`tests/it/plans.rs`).
+/// It commits by itself (one statement), so a claim that broke
+/// [`crate::invariants::CLAIMED_ONCE`] is refused inside it, before the commit.
 ///
 /// It does not look at older due rows: the dispatcher uses it only when its last
 /// [`claim_batch`] left nothing due behind, and falls back to one whenever this claim did
@@ -384,45 +346,34 @@ pub async fn claim_fresh(
     lease: Duration,
     default_max_in_flight: i32,
 ) -> Result<FreshClaim, sqlx::Error> {
-    let mut tx = pool.begin_planned(crate::db::Planning::Cached).await?;
-    let (endpoints, candidates): (Vec<EndpointId>, i64) =
-        crate::db::query_as(FRESH_LOCK_SQL).bind(deliveries).fetch_one(&mut *tx).await?;
-    if endpoints.is_empty() {
-        tx.commit().await?;
-        return Ok(FreshClaim { claimed: Vec::new(), took_all: candidates == 0 });
-    }
-    let claimed: Vec<Claimed> = crate::db::query_as(claim_fresh_sql())
+    use sqlx::{FromRow as _, Row as _};
+    let rows = crate::db::query(CLAIM_FRESH_SQL)
+        .bind(deliveries)
         .bind(limit)
         .bind(lease.as_secs_f64())
         .bind(default_max_in_flight)
-        .bind(&endpoints)
-        .bind(deliveries)
-        .fetch_all(&mut *tx)
+        .fetch_all(pool)
         .await?;
+    let mut candidates = 0i64;
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in &rows {
+        candidates = row.try_get("candidates")?;
+        // One row with only `candidates` when nothing was claimed.
+        if row.try_get::<Option<DeliveryId>, _>("id")?.is_some() {
+            claimed.push(Claimed::from_row(row)?);
+        }
+    }
     claimed_once(&claimed)?;
-    tx.commit().await?;
     Ok(FreshClaim { took_all: claimed.len() as i64 >= candidates, claimed })
 }
 
-/// The first statement of [`claim_fresh`] (`$1` the delivery ids): lock the runnable
-/// endpoints of those that are claimable, in id order like [`CLAIM_LOCK_SQL`] (so the two
-/// claims take turns and cannot deadlock). One row: those endpoints' ids, and how many of
-/// the deliveries are claimable.
-pub const FRESH_LOCK_SQL: &str = "WITH handed AS MATERIALIZED (
-         -- By key only (see claim_fresh_sql).
-         SELECT d.endpoint_id, d.status, d.parked, d.waiting, d.next_attempt_at FROM deliveries d
-         WHERE d.id = ANY($1)
-     ), fresh AS (
-         SELECT endpoint_id FROM handed
-         WHERE status = 'pending' AND NOT parked AND NOT waiting AND next_attempt_at <= now()
-     ), locked AS (
-         SELECT ep.id FROM endpoints ep
-         WHERE ep.id IN (SELECT endpoint_id FROM fresh)
-           AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
-         ORDER BY ep.id
-         FOR NO KEY UPDATE OF ep
-     )
-     SELECT ARRAY(SELECT id FROM locked ORDER BY id), (SELECT count(*) FROM fresh)";
+/// The function that claims fresh deliveries ([`claim_fresh`]); a new version of it gets
+/// a new name (a release during a rolling deploy keeps calling the one it knows).
+pub const CLAIM_FRESH_FUNCTION: &str = "wg_claim_fresh_v1";
+
+/// [`claim_fresh`]'s call (`$1` the deliveries, `$2` limit, `$3` lease in seconds, `$4`
+/// default max in flight).
+pub const CLAIM_FRESH_SQL: &str = "SELECT * FROM wg_claim_fresh_v1($1, $2, $3, $4)";
 
 /// Admit one probe for each of up to `limit` half-open endpoints: claim the endpoint row
 /// (its cool-down is over and no live probe holds it) together with its oldest pending

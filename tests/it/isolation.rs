@@ -247,3 +247,53 @@ async fn a_batch_with_two_outcomes_for_one_claim_is_refused_whole_and_nothing_is
         assert_eq!(status_of(&db.pool, c.id).await, ("delivered".into(), None, 1), "recorded once");
     }
 }
+
+/// The recorder's one-call write (`queue::record_if_healthy`) takes only a batch that
+/// changes no circuit: healthy outcomes at endpoints with no failures on record. It writes
+/// such a batch by itself, idempotently; for a batch with a failure, or at an endpoint
+/// whose failures are on record, it writes nothing and says so, and the recorder's
+/// transaction then records the batch with the circuit (the endpoint's failures reset).
+#[tokio::test]
+async fn only_a_batch_that_changes_no_circuit_is_written_in_one_call() {
+    let db = TestDb::new().await;
+    let (flaky, claimed) = four_claimed(&db).await;
+    let (at_flaky, healthy): (Vec<_>, Vec<_>) = claimed.iter().partition(|c| c.endpoint_id.to_string() == flaky);
+    sqlx::query("UPDATE endpoints SET consecutive_failures = 2 WHERE id = $1::uuid")
+        .bind(&flaky)
+        .execute(&db.pool)
+        .await
+        .expect("failures on record");
+    let record = |c: &queue::Claimed| attempt_record(c, Outcome::Delivered);
+
+    let first = [record(healthy[0])];
+    let written = queue::record_if_healthy(&db.pool, &first, true).await.expect("written").expect("one call");
+    assert_eq!((written.fresh, written.already), (vec![healthy[0].id], vec![]));
+    let again = queue::record_if_healthy(&db.pool, &first, true).await.expect("again").expect("one call");
+    assert_eq!((again.fresh, again.already), (vec![], vec![healthy[0].id]), "idempotent per claim");
+    assert_eq!(status_of(&db.pool, healthy[0].id).await, ("delivered".into(), None, 1));
+
+    let failing = [record(healthy[1])];
+    assert_eq!(queue::record_if_healthy(&db.pool, &failing, false).await.expect("asked"), None, "a failure");
+    let mixed = [record(healthy[1]), record(at_flaky[0])];
+    assert_eq!(queue::record_if_healthy(&db.pool, &mixed, true).await.expect("asked"), None, "failures on record");
+    for c in [healthy[1], at_flaky[0]] {
+        assert_eq!(status_of(&db.pool, c.id).await, ("pending".into(), None, 0), "nothing written");
+    }
+
+    recorder::write(
+        &db.pool,
+        &finished(mixed.to_vec()),
+        &CircuitConfig::default(),
+        &recorder::Patience::of(Duration::from_secs(60)),
+    )
+    .await;
+    for c in [healthy[1], at_flaky[0]] {
+        assert_eq!(status_of(&db.pool, c.id).await, ("delivered".into(), None, 1));
+    }
+    let failures: i32 = sqlx::query_scalar("SELECT consecutive_failures FROM endpoints WHERE id = $1::uuid")
+        .bind(&flaky)
+        .fetch_one(&db.pool)
+        .await
+        .expect("endpoint");
+    assert_eq!(failures, 0, "the success reset the endpoint's failures: the batch went through the circuits");
+}

@@ -337,13 +337,6 @@ pub async fn end_unsent(pool: &Pool, unsent: &Unsent, patience: &Patience) {
 /// A failure is reported to the pool's health (a read-only node, a departing one).
 async fn write_once(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
     let written = async {
-        // Most batches change no circuit: then one round trip writes them (a transaction
-        // of four did, and at low load round trips are what PostgreSQL's CPU goes to).
-        let calm = batch.iter().all(|f| f.signal != Signal::Failure && f.probe_token.is_none());
-        let records: Vec<&AttemptRecord> = batch.iter().map(|f| &f.record).collect();
-        if let Some(recorded) = queue::record_if_healthy(pool, &records, calm).await? {
-            return Ok(recorded);
-        }
         let mut tx = pool.begin_planned(crate::db::Planning::Cached).await?;
         let recorded = queue::record(&mut tx, batch).await?;
         let fresh: HashSet<DeliveryId> = recorded.fresh.iter().copied().collect();

@@ -139,12 +139,12 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     let ids =
         invariants::distinct_set(batch.iter().map(|r| r.borrow().delivery_id), invariants::ONE_OUTCOME_PER_CLAIM)?;
     if !batch.iter().any(|r| r.borrow().ordered && r.borrow().outcome != Outcome::Retry) {
-        let recorded = written(record_outcomes(conn, batch, false).await?)?;
+        let recorded = record_outcomes(conn, batch).await?;
         recorded_from(&ids, &recorded)?;
         return Ok(recorded);
     }
     let mut tx = conn.begin().await?;
-    let recorded = written(record_outcomes(&mut *tx, batch, false).await?)?;
+    let recorded = record_outcomes(&mut *tx, batch).await?;
     recorded_from(&ids, &recorded)?;
     let finished: Vec<DeliveryId> = batch
         .iter()
@@ -158,11 +158,6 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     Ok(Recorded { promoted, ..recorded })
 }
 
-/// What an unconditional outcome write wrote (it always writes).
-fn written(recorded: Option<Recorded>) -> Result<Recorded, sqlx::Error> {
-    recorded.ok_or_else(|| sqlx::Error::Protocol("the outcome write asked for the circuits unasked".into()))
-}
-
 /// [`invariants::RECORDED_FROM_BATCH`]: every delivery `recorded` reports is one of
 /// the batch's (`ids`), reported once, as written or as already written.
 pub fn recorded_from(ids: &std::collections::HashSet<DeliveryId>, recorded: &Recorded) -> Result<(), Broken> {
@@ -173,51 +168,55 @@ pub fn recorded_from(ids: &std::collections::HashSet<DeliveryId>, recorded: &Rec
     invariants::distinct(recorded.fresh.iter().chain(&recorded.already), invariants::RECORDED_FROM_BATCH)
 }
 
-/// The call of [`record`]'s outcomes (`$1` ids, `$2` claim tokens, `$3` attempt numbers,
-/// `$4` start times, `$5` durations, `$6` status codes, `$7` error kinds, `$8` outcomes,
-/// `$9` statuses, `$10` reasons, `$11` response excerpts, `$12` next attempt times, `$13`
-/// their reasons, `$14` sent excerpts, `$15` the endpoints, `$16` only if healthy): the
-/// function of migration 0023, whose statement fences each outcome by its claim token and
-/// answers an outcome already on record as not fresh. Public so `tests/it/plans.rs`
-/// holds its plans to the backlog.
-pub const RECORD_SQL: &str = "SELECT delivery_id, fresh, needs_circuit
-     FROM wg_record_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
-
-/// Record a batch of outcomes in one round trip, committed by the call itself, when it
-/// changes no circuit: no failure and no probe among them, no ordered delivery finished
-/// (its line moves on in [`record`]'s transaction), and every endpoint of the batch with
-/// no failures on record and its circuit closed (checked by the call). `None`, with
-/// nothing written, otherwise: then [`record`] it in a transaction with the circuits.
+/// The statement of [`record`]'s outcomes (`$1` ids, `$2` claim tokens, `$3` attempt
+/// numbers, `$4` start times, `$5` durations, `$6` status codes, `$7` error kinds, `$8`
+/// outcomes, `$9` statuses, `$10` reasons, `$11` response excerpts, `$12` next attempt
+/// times, `$13` their reasons, `$14` sent excerpts), public so `tests/it/plans.rs` holds
+/// its plans to the backlog.
 ///
-/// `calm` says the batch's own outcomes hold no failure and no probe (the recorder knows
-/// their signals). Refused like [`record`].
-pub async fn record_if_healthy<R: std::borrow::Borrow<AttemptRecord>>(
-    pool: &crate::db::Pool,
-    batch: &[R],
-    calm: bool,
-) -> Result<Option<Recorded>, sqlx::Error> {
-    if batch.is_empty() {
-        return Ok(Some(Recorded::default()));
-    }
-    let ids =
-        invariants::distinct_set(batch.iter().map(|r| r.borrow().delivery_id), invariants::ONE_OUTCOME_PER_CLAIM)?;
-    if !calm || batch.iter().any(|r| r.borrow().ordered && r.borrow().outcome != Outcome::Retry) {
-        return Ok(None);
-    }
-    let Some(recorded) = record_outcomes(pool, batch, true).await? else {
-        return Ok(None);
-    };
-    recorded_from(&ids, &recorded)?;
-    Ok(Some(recorded))
-}
+/// `prior` reads the statement's snapshot, before `upd`: the rows an earlier write of this
+/// same claim recorded. Only `deliveries` is read, by primary key; `attempts_once` (one
+/// row per delivery and attempt number) backs it up.
+pub const RECORD_SQL: &str = "WITH o AS (
+             SELECT * FROM unnest($1::uuid[], $2::int8[], $3::int4[], $4::timestamptz[], $5::int4[],
+                                  $6::int4[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
+                                  $12::timestamptz[], $13::text[], $14::text[])
+                 AS o(id, token, attempt, started_at, duration_ms, status_code, error_kind, outcome,
+                      status, reason, excerpt, next_at, next_why, sent)
+         ), upd AS (
+             UPDATE deliveries d
+             SET status = o.status,
+                 next_attempt_at = COALESCE(o.next_at, d.next_attempt_at),
+                 leased_until = NULL,
+                 recorded_token = o.token,
+                 dead_reason = CASE WHEN o.status = 'dead' THEN o.reason END,
+                 finished_at = CASE WHEN o.status = 'pending' THEN NULL ELSE now() END,
+                 updated_at = now()
+             FROM o
+             WHERE d.id = o.id AND d.claim_token = o.token AND d.status = 'pending'
+               AND d.recorded_token IS DISTINCT FROM o.token
+             RETURNING d.id
+         ), ins AS (
+             INSERT INTO attempts (delivery_id, attempt_number, started_at, duration_ms, status_code, error_kind,
+                                   outcome, reason, response_excerpt, next_attempt_at, next_attempt_reason,
+                                   sent_excerpt)
+             SELECT o.id, o.attempt, o.started_at, o.duration_ms, o.status_code, o.error_kind, o.outcome,
+                    o.reason, o.excerpt, o.next_at, o.next_why, o.sent
+             FROM o JOIN upd ON upd.id = o.id
+             RETURNING delivery_id
+         ), prior AS (
+             SELECT o.id FROM o JOIN deliveries d ON d.id = o.id
+             WHERE d.claim_token = o.token AND d.recorded_token = o.token
+         )
+         SELECT delivery_id, true FROM ins
+         UNION ALL
+         SELECT id, false FROM prior";
 
-/// The outcomes of [`record`], in one call; `None` when `only_if_healthy` and the batch
-/// needs its circuits (nothing written).
+/// The outcomes of [`record`], in one statement.
 async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
     db: impl PgExecutor<'_>,
     batch: &[R],
-    only_if_healthy: bool,
-) -> Result<Option<Recorded>, sqlx::Error> {
+) -> Result<Recorded, sqlx::Error> {
     fn col<'a, R: std::borrow::Borrow<AttemptRecord>, T>(batch: &'a [R], f: impl Fn(&'a AttemptRecord) -> T) -> Vec<T> {
         batch.iter().map(|r| f(r.borrow())).collect()
     }
@@ -235,11 +234,8 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
     let sent: Vec<Option<&str>> = col(batch, |r| r.sent_excerpt.as_deref());
     let next_at: Vec<Option<DateTime<Utc>>> = col(batch, |r| r.next_attempt_at);
     let next_why: Vec<Option<&str>> = col(batch, |r| r.next_attempt_reason.map(|why| why.as_str()));
-    let mut endpoints: Vec<EndpointId> = col(batch, |r| r.endpoint_id);
-    endpoints.sort();
-    endpoints.dedup();
 
-    let rows: Vec<(Option<DeliveryId>, Option<bool>, bool)> = crate::db::query_as(RECORD_SQL)
+    let rows: Vec<(DeliveryId, bool)> = crate::db::query_as(RECORD_SQL)
         .bind(ids)
         .bind(tokens)
         .bind(attempts)
@@ -254,22 +250,13 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
         .bind(next_at)
         .bind(next_why)
         .bind(sent)
-        .bind(endpoints)
-        .bind(only_if_healthy)
         .fetch_all(db)
         .await?;
     let mut recorded = Recorded::default();
-    for row in rows {
-        match row {
-            (_, _, true) => return Ok(None),
-            (Some(id), Some(true), _) => recorded.fresh.push(id),
-            (Some(id), Some(false), _) => recorded.already.push(id),
-            (id, fresh, _) => {
-                return Err(sqlx::Error::Protocol(format!("outcome write answered {id:?}, {fresh:?}")));
-            }
-        }
+    for (id, fresh) in rows {
+        if fresh { recorded.fresh.push(id) } else { recorded.already.push(id) }
     }
-    Ok(Some(recorded))
+    Ok(recorded)
 }
 
 /// Give a claim back without spending its attempt (e.g. the circuit opened between the

@@ -99,6 +99,8 @@ pub(crate) struct Drained {
     pub claim: Option<Latency>,
     /// pg_stat_statements' view of the claim.
     pub claim_stats: Option<pg::StatementStats>,
+    /// And of the claims by key (the deliveries ingest or the recorder handed over).
+    pub fresh_claim_stats: Option<pg::StatementStats>,
     /// Peak RSS of the worker.
     pub rss: Option<u64>,
     /// CPU split.
@@ -141,6 +143,14 @@ impl Drained {
         if let Some(s) = &self.claim_stats {
             parts.push(format!(
                 "{} claims, mean {:.2} ms, {:.1} rows each (pg_stat_statements)",
+                thousands(s.calls as u64),
+                s.mean_ms,
+                s.rows as f64 / s.calls.max(1) as f64
+            ));
+        }
+        if let Some(s) = &self.fresh_claim_stats {
+            parts.push(format!(
+                "{} claims by key, mean {:.2} ms, {:.1} rows each",
                 thousands(s.calls as u64),
                 s.mean_ms,
                 s.rows as f64 / s.calls.max(1) as f64
@@ -232,7 +242,10 @@ pub(crate) async fn drain_with_worker(
         }
     }
     if statements {
-        out.claim_stats = pg::top_statements(&setup.pool, 50).await.into_iter().find(|s| pg::is_claim(&s.query));
+        let top = pg::top_statements(&setup.pool, 50).await;
+        out.fresh_claim_stats =
+            top.iter().find(|s| s.query.contains(webhook_gateway::queue::CLAIM_FRESH_FUNCTION)).cloned();
+        out.claim_stats = top.into_iter().find(|s| pg::is_claim(&s.query));
         out.statements = Some(crate::ingest::statements_table(&setup.pool).await);
     }
     Ok(Ok(out))

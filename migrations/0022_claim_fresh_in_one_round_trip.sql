@@ -7,7 +7,8 @@
 -- commits"), so the claim now runs as this function, in one.
 --
 -- The two statements are the ones the claim ran before, unchanged but for their
--- parameters' names:
+-- parameters' names (the room, the lease and the rate tokens are word for word the
+-- general claim's, queue::claim_sql: a unit test of queue::claims holds them to it):
 --
 -- 1. lock the runnable endpoints of the deliveries that are claimable, in id order;
 -- 2. the claim, with a snapshot taken after those locks (a VOLATILE PL/pgSQL function
@@ -109,13 +110,13 @@ BEGIN
                 claim_token = d.claim_token + 1,
                 attempt_count = d.attempt_count + 1,
                 updated_at = now()
-            WHERE d.id = ANY(ARRAY(SELECT due.id FROM due))
+            WHERE d.id = ANY(ARRAY(SELECT id FROM due))
             RETURNING d.id, d.event_id, d.endpoint_id, d.attempt_count, d.attempts_base, d.claim_token,
                       d.ordering_key, d.transform_by
         ), paid AS (
             UPDATE endpoints ep
             SET rate_tokens = room.tokens - spent.n, rate_tokens_at = now()
-            FROM room JOIN (SELECT c.endpoint_id, count(*) AS n FROM claimed c GROUP BY c.endpoint_id) spent
+            FROM room JOIN (SELECT endpoint_id, count(*) AS n FROM claimed GROUP BY endpoint_id) spent
                  ON spent.endpoint_id = room.id
             WHERE ep.id = room.id AND room.rate_limit_per_sec IS NOT NULL
         )

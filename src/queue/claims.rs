@@ -459,6 +459,33 @@ mod tests {
         }
     }
 
+    /// The text between `from` and `to` (both included) in `sql`, without comments, its
+    /// words separated by single spaces.
+    fn segment(sql: &str, from: &str, to: &str) -> String {
+        let start = sql.find(from).unwrap_or_else(|| panic!("no {from:?} in {sql}"));
+        let end = start + sql[start..].find(to).unwrap_or_else(|| panic!("no {to:?} after {from:?}")) + to.len();
+        let text: Vec<&str> = sql[start..end].lines().map(|l| l.split("--").next().unwrap_or("")).collect();
+        text.join(" ").split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    /// The claim by key's function (migration 0022) computes each endpoint's room and
+    /// share, takes the lease with a new token and pays the rate tokens word for word as
+    /// the general claim does: a change to one that misses the other fails here.
+    #[test]
+    fn the_claim_by_key_function_leases_exactly_as_the_general_claim() {
+        let function = include_str!("../../migrations/0022_claim_fresh_in_one_round_trip.sql");
+        let general = claim_sql()
+            .replace("$1", "claim_limit")
+            .replace("$2", "lease_secs")
+            .replace("$3", "default_max")
+            .replace("$4", "locked_ids");
+        for (from, to) in [("room_n AS (", "FROM room_n"), ("claimed AS (", "room.rate_limit_per_sec IS NOT NULL")] {
+            let ours = segment(function, from, to);
+            let theirs = segment(&general, from, to);
+            assert_eq!(ours, theirs, "{from}");
+        }
+    }
+
     /// A claim that leased one delivery twice trips [`claimed_once`]; distinct ones pass.
     #[test]
     fn a_claim_with_one_delivery_twice_is_refused() {

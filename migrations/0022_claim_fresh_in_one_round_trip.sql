@@ -145,10 +145,8 @@ BEGIN
         END LOOP;
     END IF;
     IF NOT found_any THEN
-        id := NULL; event_id := NULL; endpoint_id := NULL; attempt := NULL; attempts_base := NULL;
-        claim_token := NULL; url := NULL; secret := NULL; previous_secrets := NULL; event_type := NULL;
-        source_name := NULL; content_type := NULL; payload := NULL; payload_bytes := NULL; ordered := NULL;
-        traceparent := NULL; tracestate := NULL; transform := NULL; event_headers := NULL; probe_token := NULL;
+        -- The other columns are still NULL: output parameters start so, and the loop
+        -- assigned none.
         candidates := claimable;
         RETURN NEXT;
     END IF;

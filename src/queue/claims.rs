@@ -244,18 +244,6 @@ pub fn claim_sql() -> &'static str {
 }
 
 fn claim_sql_text() -> String {
-    let picked = "picked AS (
-         SELECT p.id, p.next_attempt_at,
-                row_number() OVER (PARTITION BY room.id ORDER BY p.next_attempt_at) AS turn
-         FROM room CROSS JOIN LATERAL (
-             SELECT d.id, d.next_attempt_at FROM deliveries d
-             WHERE d.endpoint_id = room.id AND d.status = 'pending' AND NOT d.parked AND NOT d.waiting
-               AND d.next_attempt_at <= now()
-             ORDER BY d.next_attempt_at
-             LIMIT GREATEST(LEAST(room.n, room.share), 0)
-             FOR UPDATE SKIP LOCKED
-         ) p
-     )";
     format!(
         "WITH room_n AS (
              SELECT ep.id, ep.rate_limit_per_sec, tokens.now AS tokens,
@@ -280,7 +268,18 @@ fn claim_sql_text() -> String {
              SELECT room_n.*,
                     ceil($1::float8 / GREATEST(count(*) FILTER (WHERE room_n.n > 0) OVER (), 1)) AS share
              FROM room_n
-         ), {picked}, due AS (
+         ), picked AS (
+             SELECT p.id, p.next_attempt_at,
+                    row_number() OVER (PARTITION BY room.id ORDER BY p.next_attempt_at) AS turn
+             FROM room CROSS JOIN LATERAL (
+                 SELECT d.id, d.next_attempt_at FROM deliveries d
+                 WHERE d.endpoint_id = room.id AND d.status = 'pending' AND NOT d.parked AND NOT d.waiting
+                   AND d.next_attempt_at <= now()
+                 ORDER BY d.next_attempt_at
+                 LIMIT GREATEST(LEAST(room.n, room.share), 0)
+                 FOR UPDATE SKIP LOCKED
+             ) p
+         ), due AS (
              SELECT id FROM picked ORDER BY turn, next_attempt_at LIMIT $1
          ), claimed AS (
              -- `= ANY(ARRAY(...))`: the rows are fetched by primary key whatever the

@@ -39,13 +39,23 @@ fn find_update<'a>(plan: &'a Value, table: &str) -> Option<&'a Value> {
 }
 
 fn cost_of(explain: &Value, table: &str) -> Cost {
+    let update =
+        find_update(&explain[0]["Plan"], table).unwrap_or_else(|| panic!("no UPDATE of {table} in plan: {explain}"));
+    Cost {
+        update_estimate: update["Plan Rows"].as_f64().unwrap_or_else(|| panic!("no estimate in {update}")),
+        ..top_cost(explain)
+    }
+}
+
+/// The buffers and rows of a plan's top node, which count everything below it (also the
+/// statements a function runs, which the plan does not show); no estimate.
+fn top_cost(explain: &Value) -> Cost {
     let top = &explain[0]["Plan"];
     let field = |k: &str| top[k].as_i64().unwrap_or_else(|| panic!("no {k} in plan: {explain}"));
-    let update = find_update(top, table).unwrap_or_else(|| panic!("no UPDATE of {table} in plan: {explain}"));
     Cost {
         buffers: field("Shared Hit Blocks") + field("Shared Read Blocks"),
         rows: field("Actual Rows"),
-        update_estimate: update["Plan Rows"].as_f64().unwrap_or_else(|| panic!("no estimate in {update}")),
+        update_estimate: f64::NAN,
     }
 }
 
@@ -308,14 +318,7 @@ async fn fresh_claim_cost(conn: &mut sqlx::PgConnection, deliveries: &[Uuid], cu
     sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
     // The function's statements do not appear in the plan; its buffers are counted in
     // the function scan's.
-    let top = &explain[0]["Plan"];
-    let field = |k: &str| top[k].as_i64().unwrap_or_else(|| panic!("no {k} in plan: {explain}"));
-    let cost = Cost {
-        buffers: field("Shared Hit Blocks") + field("Shared Read Blocks"),
-        rows: field("Actual Rows"),
-        update_estimate: f64::NAN,
-    };
-    (cost, explain)
+    (top_cost(&explain), explain)
 }
 
 /// Seed `n` fresh pending deliveries to `endpoint` and return their ids.

@@ -140,21 +140,19 @@ impl Drained {
         if let Some(l) = &self.claim {
             parts.push(format!("claim latency from {} sampled claims", l.n));
         }
-        if let Some(s) = &self.claim_stats {
-            parts.push(format!(
-                "{} claims, mean {:.2} ms, {:.1} rows each (pg_stat_statements)",
+        let claims = |kind: &str, s: &pg::StatementStats| {
+            format!(
+                "{} {kind}, mean {:.2} ms, {:.1} rows each",
                 thousands(s.calls as u64),
                 s.mean_ms,
                 s.rows as f64 / s.calls.max(1) as f64
-            ));
+            )
+        };
+        if let Some(s) = &self.claim_stats {
+            parts.push(format!("{} (pg_stat_statements)", claims("claims", s)));
         }
         if let Some(s) = &self.fresh_claim_stats {
-            parts.push(format!(
-                "{} claims by key, mean {:.2} ms, {:.1} rows each",
-                thousands(s.calls as u64),
-                s.mean_ms,
-                s.rows as f64 / s.calls.max(1) as f64
-            ));
+            parts.push(claims("claims by key", s));
         }
         if self.redelivered > 0 {
             parts.push(format!("{} redeliveries", thousands(self.redelivered)));

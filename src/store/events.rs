@@ -1,6 +1,8 @@
 //! The `events` table, including the ingest statement that stores an event and its
 //! fan-out together.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::{PgExecutor, Postgres, QueryBuilder};
@@ -47,7 +49,12 @@ pub struct Stored {
 /// `$4` content type, `$5` headers, `$6` payload, `$7` ordering key, `$8` traceparent,
 /// `$9` tracestate, `$10` search terms): public so the benchmark's pgbench runs exactly
 /// this.
-pub fn insert_sql() -> String {
+pub fn insert_sql() -> &'static str {
+    &INSERT_SQL
+}
+
+/// [`insert_sql`]'s text, built once: every lone webhook runs it.
+static INSERT_SQL: LazyLock<String> = LazyLock::new(|| {
     // The duplicate branch usually answers in the same round trip. It reads the
     // statement's snapshot, so a twin committed after our statement began is invisible
     // there (ON CONFLICT still saw it): then zero rows come back and we look again.
@@ -66,7 +73,7 @@ pub fn insert_sql() -> String {
         SELECT id, true, '{{}}'::uuid[] FROM events
         WHERE source_id = $1 AND dedupe_key = $2 AND NOT EXISTS (SELECT 1 FROM ev)"
     )
-}
+});
 
 /// [`insert_sql`] with `event` and its search `terms` bound, in the statement's order.
 fn bound_insert<'q>(
@@ -103,7 +110,7 @@ where
     // Bounded: the only way round again is a twin that committed and was then deleted
     // (retention) between our two statements.
     for _ in 0..3 {
-        let row = bound_insert(&insert, event, &terms).fetch_optional(db).await?;
+        let row = bound_insert(insert, event, &terms).fetch_optional(db).await?;
         if let Some((event_id, duplicate, deliveries)) = row {
             return Ok(Stored { event_id, duplicate, deliveries });
         }
@@ -122,7 +129,7 @@ where
 /// (`crate::operational`), whose keys no producer races for.
 pub async fn insert_in(conn: &mut sqlx::PgConnection, event: &NewEvent<'_>) -> Result<Option<Stored>, sqlx::Error> {
     let terms = crate::search::terms(event.dedupe_key, event.headers, event.payload);
-    let row = bound_insert(&insert_sql(), event, &terms).fetch_optional(conn).await?;
+    let row = bound_insert(insert_sql(), event, &terms).fetch_optional(conn).await?;
     Ok(row.map(|(event_id, duplicate, deliveries)| Stored { event_id, duplicate, deliveries }))
 }
 
@@ -206,7 +213,12 @@ fn answers_are_one_per_event(
 /// whole table for every batch, duplicates or not: 27,529 rows read for a batch of two in
 /// the bench's 1,000/s run, the statement's mean 2.9 ms, growing with the table
 /// (`tests/it/plans.rs`).
-pub fn insert_batch_sql() -> String {
+pub fn insert_batch_sql() -> &'static str {
+    &INSERT_BATCH_SQL
+}
+
+/// [`insert_batch_sql`]'s text, built once: every batch of the group commit runs it.
+static INSERT_BATCH_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH input AS (
             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::int4[],
@@ -241,7 +253,7 @@ pub fn insert_batch_sql() -> String {
             LIMIT 1
         ) old ON true"
     )
-}
+});
 
 /// Store many events, each with its fan-out, in one statement (one transaction, one
 /// commit): the ingest batcher's path under load. Same guarantees as
@@ -281,7 +293,7 @@ pub async fn insert_batch_with_fanout(
         term_ends.push(i32::try_from(terms.len()).unwrap_or(i32::MAX));
     }
 
-    let rows: Vec<(i32, Option<EventId>, bool, Vec<DeliveryId>)> = crate::db::query_as(&insert_batch_sql())
+    let rows: Vec<(i32, Option<EventId>, bool, Vec<DeliveryId>)> = crate::db::query_as(insert_batch_sql())
         .bind(&source_ids)
         .bind(&keys)
         .bind(&types)

@@ -474,7 +474,7 @@ fn single_args(source: Uuid, _round: usize) -> String {
 
 /// An ingest statement under test: what it is, its SQL, its parameter types, its
 /// arguments (for a source and a round) and how many answers it gives.
-type IngestStatement = (&'static str, String, &'static str, fn(Uuid, usize) -> String, i64);
+type IngestStatement = (&'static str, &'static str, &'static str, fn(Uuid, usize) -> String, i64);
 
 /// Both ingest statements are prepared once per connection: under load a batch of
 /// webhooks in one statement ([`webhook_gateway::store::events::insert_batch_sql`]), at

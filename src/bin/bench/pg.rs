@@ -280,7 +280,7 @@ pub fn ingest_statement() -> anyhow::Result<String> {
     {
         bail!("store::events::insert_sql() no longer looks like the event + fan-out statement with 10 parameters");
     }
-    Ok(sql)
+    Ok(sql.to_owned())
 }
 
 /// The gateway's claim statement (`$1` = how many, `$2` = lease in seconds, `$3` default

@@ -21,8 +21,8 @@ const MODES: [&str; 2] = ["force_custom_plan", "force_generic_plan"];
 /// What one run of a statement cost, from `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`.
 #[derive(Debug, Clone, Copy)]
 struct Cost {
-    /// Shared buffers (hit + read) the whole plan touched (for the fresh claim, those of the
-    /// queue's tables and indexes).
+    /// Buffers (hit + read) of the test database's own tables and indexes the statement
+    /// fetched ([`explain_measured`]).
     buffers: i64,
     /// Rows the statement returned.
     rows: i64,
@@ -39,41 +39,54 @@ fn find_update<'a>(plan: &'a Value, table: &str) -> Option<&'a Value> {
     plan["Plans"].as_array()?.iter().find_map(|child| find_update(child, table))
 }
 
-fn cost_of(explain: &Value, table: &str) -> Cost {
+fn cost_of(explain: &Value, buffers: i64, table: &str) -> Cost {
     let update =
         find_update(&explain[0]["Plan"], table).unwrap_or_else(|| panic!("no UPDATE of {table} in plan: {explain}"));
     Cost {
         update_estimate: update["Plan Rows"].as_f64().unwrap_or_else(|| panic!("no estimate in {update}")),
-        ..top_cost(explain)
+        ..top_cost(explain, buffers)
     }
 }
 
-/// The buffers and rows of a plan's top node, which count everything below it (also the
-/// statements a function runs, which the plan does not show); no estimate.
-fn top_cost(explain: &Value) -> Cost {
-    let top = &explain[0]["Plan"];
-    let field = |k: &str| top[k].as_i64().unwrap_or_else(|| panic!("no {k} in plan: {explain}"));
-    Cost {
-        buffers: field("Shared Hit Blocks") + field("Shared Read Blocks"),
-        rows: field("Actual Rows"),
-        update_estimate: f64::NAN,
-    }
+/// The `buffers` a plan fetched and the rows its top node returned; no estimate.
+fn top_cost(explain: &Value, buffers: i64) -> Cost {
+    let rows =
+        explain[0]["Plan"]["Actual Rows"].as_i64().unwrap_or_else(|| panic!("no Actual Rows in plan: {explain}"));
+    Cost { buffers, rows, update_estimate: f64::NAN }
+}
+
+/// Run `explain` (an `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`) on `conn`, inside the
+/// caller's transaction, and return its plan and the buffers (hit or read) its statement
+/// fetched from the test database's own tables and indexes.
+///
+/// Not the plan's own buffer counts: those also count catalog pages (all of a function's,
+/// whose statements are planned inside its scan; a foreign-key check's), and a session
+/// whose caches were reset rereads some 2,000 of them on its next statement. Another
+/// test's migrations (thousands of invalidation messages in one commit) reset idle
+/// sessions at any time, and a claim counted 2,623 buffers against its usual 537. A plan
+/// that walks the backlog inflates the tables' pages, which are counted here: the
+/// session's per-relation counters, which it reports only outside a transaction, read
+/// before and after.
+async fn explain_measured(conn: &mut sqlx::PgConnection, explain: &str) -> (Value, i64) {
+    const FETCHED: &str = "SELECT COALESCE(sum(pg_stat_get_xact_blocks_fetched(c.oid)), 0)::int8 FROM pg_class c
+         WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'deliveries'::regclass)";
+    let before: i64 = sqlx::query_scalar(FETCHED).fetch_one(&mut *conn).await.unwrap();
+    let plan: Value = sqlx::query_scalar(explain).fetch_one(&mut *conn).await.unwrap();
+    let after: i64 = sqlx::query_scalar(FETCHED).fetch_one(&mut *conn).await.unwrap();
+    (plan, after - before)
 }
 
 /// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of `sql` run as a prepared statement
 /// (parameter types `types`, arguments `args` as SQL literals), the way sqlx runs it, so
 /// that the session's `plan_cache_mode` decides its plan. The statement runs: call it in
 /// a transaction that is rolled back.
-async fn explain_prepared(conn: &mut sqlx::PgConnection, sql: &str, types: &str, args: &str) -> Value {
+async fn explain_prepared(conn: &mut sqlx::PgConnection, sql: &str, types: &str, args: &str) -> (Value, i64) {
     sqlx::query(&format!("PREPARE measured({types}) AS {sql}")).execute(&mut *conn).await.unwrap();
-    let explain: Value =
-        sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured({args})"))
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
+    let measured =
+        explain_measured(conn, &format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured({args})")).await;
     // PREPARE outlives a rollback; the connection goes back to the pool.
     sqlx::query("DEALLOCATE measured").execute(&mut *conn).await.unwrap();
-    explain
+    measured
 }
 
 /// Run the claim the workers run, prepared and executed in `mode`, inside a transaction
@@ -85,7 +98,7 @@ async fn claim_cost(pool: &Pool, mode: &str, endpoint: Uuid) -> Cost {
     let (locked, _head_rows): (Vec<Uuid>, i64) =
         sqlx::query_as(queue::CLAIM_LOCK_SQL).bind(CLAIM_ROWS * 2).bind(false).fetch_one(&mut *tx).await.unwrap();
     assert_eq!(locked, vec![endpoint], "the head of the due index is the one endpoint's");
-    let explain = explain_prepared(
+    let (explain, buffers) = explain_prepared(
         &mut tx,
         queue::claim_sql(),
         "int8, float8, int4, uuid[]",
@@ -93,7 +106,7 @@ async fn claim_cost(pool: &Pool, mode: &str, endpoint: Uuid) -> Cost {
     )
     .await;
     tx.rollback().await.unwrap();
-    cost_of(&explain, "deliveries")
+    cost_of(&explain, buffers, "deliveries")
 }
 
 /// Add `n` delivered deliveries (history: finished, with one attempt each) to `endpoint`.
@@ -198,7 +211,7 @@ async fn move_lines_on(pool: &Pool, planning: Planning) -> (f64, f64) {
         .await
         .unwrap();
     let array = |items: Vec<String>| format!("'{{{}}}'", items.join(","));
-    let release = explain_prepared(
+    let (release, _) = explain_prepared(
         &mut tx,
         lines::RELEASE_HEADS_SQL,
         "uuid[]",
@@ -213,7 +226,7 @@ async fn move_lines_on(pool: &Pool, planning: Planning) -> (f64, f64) {
             .await
             .unwrap();
     let (endpoints, keys): (Vec<String>, Vec<String>) = released.into_iter().map(|(e, k)| (e.to_string(), k)).unzip();
-    let promote = explain_prepared(
+    let (promote, _) = explain_prepared(
         &mut tx,
         lines::PROMOTE_SQL,
         "uuid[], text[]",
@@ -308,36 +321,18 @@ async fn fresh_claim_cost(conn: &mut sqlx::PgConnection, deliveries: &[Uuid], cu
     if custom {
         sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan").execute(&mut *conn).await.unwrap();
     }
-    let before = queue_tables_buffers(conn).await;
-    let explain: Value = sqlx::query_scalar(&format!(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM {}({array}, {CLAIM_ROWS}, 60, {})",
-        queue::CLAIM_FRESH_FUNCTION,
-        queue::DEFAULT_MAX_IN_FLIGHT,
-    ))
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap();
-    let after = queue_tables_buffers(conn).await;
-    sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
-    // The function's statements do not appear in the plan, and the function scan's
-    // buffers also count the catalog pages its statements' planning reads. A session
-    // whose caches were reset (another test's DDL can overflow the server's invalidation
-    // queue) reads some 2,000 of those on its next call; the tables' own pages are what a
-    // plan that walks the backlog inflates.
-    (Cost { buffers: after - before, ..top_cost(&explain) }, explain)
-}
-
-/// Buffers (hit or read) the session has fetched from the test database's own tables and
-/// indexes, not the catalogs, since its statistics were last reported; the difference of
-/// two readings in one transaction is what the statements between them fetched.
-async fn queue_tables_buffers(conn: &mut sqlx::PgConnection) -> i64 {
-    sqlx::query_scalar(
-        "SELECT COALESCE(sum(pg_stat_get_xact_blocks_fetched(c.oid)), 0)::int8 FROM pg_class c
-         WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'deliveries'::regclass)",
+    // The function's statements do not appear in the plan; their buffers are counted.
+    let (explain, buffers) = explain_measured(
+        conn,
+        &format!(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM {}({array}, {CLAIM_ROWS}, 60, {})",
+            queue::CLAIM_FRESH_FUNCTION,
+            queue::DEFAULT_MAX_IN_FLIGHT,
+        ),
     )
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap()
+    .await;
+    sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
+    (top_cost(&explain, buffers), explain)
 }
 
 /// Seed `n` fresh pending deliveries to `endpoint` and return their ids.
@@ -396,20 +391,21 @@ async fn record_cost(conn: &mut sqlx::PgConnection, claimed: &[(Uuid, i64)]) -> 
     let ids = claimed.iter().map(|(id, _)| id.to_string()).collect::<Vec<_>>().join(",");
     let tokens = claimed.iter().map(|(_, t)| t.to_string()).collect::<Vec<_>>().join(",");
     sqlx::raw_sql(webhook_gateway::db::begin_sql(Pooler::None, Planning::Cached)).execute(&mut *conn).await.unwrap();
-    let explain: Value = sqlx::query_scalar(&format!(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE record(
+    let (explain, buffers) = explain_measured(
+        conn,
+        &format!(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE record(
              '{{{ids}}}', '{{{tokens}}}', array_fill(1, ARRAY[{n}]), array_fill(now(), ARRAY[{n}]),
              array_fill(5, ARRAY[{n}]), array_fill(200, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
              array_fill('delivered'::text, ARRAY[{n}]), array_fill('delivered'::text, ARRAY[{n}]),
              array_fill('HTTP 200'::text, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
              array_fill(NULL::timestamptz, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
              array_fill(NULL::text, ARRAY[{n}]))"
-    ))
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap();
+        ),
+    )
+    .await;
     sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
-    (cost_of(&explain, "deliveries"), explain)
+    (cost_of(&explain, buffers, "deliveries"), explain)
 }
 
 /// Claim `n` of `endpoint`'s due deliveries for good (leased, as a worker holds them) and
@@ -461,12 +457,10 @@ async fn the_outcome_write_costs_the_same_at_any_backlog_with_a_plan_built_on_an
 /// transaction that is rolled back.
 async fn ingest_cost(conn: &mut sqlx::PgConnection, args: &str) -> (Cost, Value) {
     sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
-    let explain: Value = sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE ingest({args})"))
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
+    let (explain, buffers) =
+        explain_measured(conn, &format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE ingest({args})")).await;
     sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
-    (top_cost(&explain), explain)
+    (top_cost(&explain, buffers), explain)
 }
 
 /// The arguments of the batch ingest statement for two new events (their keys end in

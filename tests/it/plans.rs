@@ -10,6 +10,7 @@ use uuid::Uuid;
 use webhook_gateway::db::{Planning, Pool, Pooler};
 use webhook_gateway::queue;
 
+use crate::support::explain::explain_measured;
 use crate::support::{TestDb, insert_endpoint, seed_deliveries};
 
 /// Rows each measured claim takes: small, so that a scan of the table would dwarf it.
@@ -55,35 +56,17 @@ fn top_cost(explain: &Value, buffers: i64) -> Cost {
     Cost { buffers, rows, update_estimate: f64::NAN }
 }
 
-/// Run `explain` (an `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`) on `conn`, inside the
-/// caller's transaction, and return its plan and the buffers (hit or read) its statement
-/// fetched from the test database's own tables and indexes.
-///
-/// Not the plan's own buffer counts: those also count catalog pages (all of a function's,
-/// whose statements are planned inside its scan; a foreign-key check's), and a session
-/// whose caches were reset rereads some 2,000 of them on its next statement. Another
-/// test's migrations (thousands of invalidation messages in one commit) reset idle
-/// sessions at any time, and a claim counted 2,623 buffers against its usual 537. A plan
-/// that walks the backlog inflates the tables' pages, which are counted here: the
-/// session's per-relation counters, which it reports only outside a transaction, read
-/// before and after.
-async fn explain_measured(conn: &mut sqlx::PgConnection, explain: &str) -> (Value, i64) {
-    const FETCHED: &str = "SELECT COALESCE(sum(pg_stat_get_xact_blocks_fetched(c.oid)), 0)::int8 FROM pg_class c
-         WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'deliveries'::regclass)";
-    let before: i64 = sqlx::query_scalar(FETCHED).fetch_one(&mut *conn).await.unwrap();
-    let plan: Value = sqlx::query_scalar(explain).fetch_one(&mut *conn).await.unwrap();
-    let after: i64 = sqlx::query_scalar(FETCHED).fetch_one(&mut *conn).await.unwrap();
-    (plan, after - before)
-}
-
 /// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of `sql` run as a prepared statement
 /// (parameter types `types`, arguments `args` as SQL literals), the way sqlx runs it, so
 /// that the session's `plan_cache_mode` decides its plan. The statement runs: call it in
 /// a transaction that is rolled back.
 async fn explain_prepared(conn: &mut sqlx::PgConnection, sql: &str, types: &str, args: &str) -> (Value, i64) {
     sqlx::query(&format!("PREPARE measured({types}) AS {sql}")).execute(&mut *conn).await.unwrap();
-    let measured =
-        explain_measured(conn, &format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured({args})")).await;
+    let measured = explain_measured(
+        conn,
+        sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured({args})")),
+    )
+    .await;
     // PREPARE outlives a rollback; the connection goes back to the pool.
     sqlx::query("DEALLOCATE measured").execute(&mut *conn).await.unwrap();
     measured
@@ -324,11 +307,11 @@ async fn fresh_claim_cost(conn: &mut sqlx::PgConnection, deliveries: &[Uuid], cu
     // The function's statements do not appear in the plan; their buffers are counted.
     let (explain, buffers) = explain_measured(
         conn,
-        &format!(
+        sqlx::query_scalar(&format!(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM {}({array}, {CLAIM_ROWS}, 60, {})",
             queue::CLAIM_FRESH_FUNCTION,
             queue::DEFAULT_MAX_IN_FLIGHT,
-        ),
+        )),
     )
     .await;
     sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
@@ -393,7 +376,7 @@ async fn record_cost(conn: &mut sqlx::PgConnection, claimed: &[(Uuid, i64)]) -> 
     sqlx::raw_sql(webhook_gateway::db::begin_sql(Pooler::None, Planning::Cached)).execute(&mut *conn).await.unwrap();
     let (explain, buffers) = explain_measured(
         conn,
-        &format!(
+        sqlx::query_scalar(&format!(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE record(
              '{{{ids}}}', '{{{tokens}}}', array_fill(1, ARRAY[{n}]), array_fill(now(), ARRAY[{n}]),
              array_fill(5, ARRAY[{n}]), array_fill(200, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
@@ -401,7 +384,7 @@ async fn record_cost(conn: &mut sqlx::PgConnection, claimed: &[(Uuid, i64)]) -> 
              array_fill('HTTP 200'::text, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
              array_fill(NULL::timestamptz, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
              array_fill(NULL::text, ARRAY[{n}]))"
-        ),
+        )),
     )
     .await;
     sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
@@ -457,8 +440,11 @@ async fn the_outcome_write_costs_the_same_at_any_backlog_with_a_plan_built_on_an
 /// transaction that is rolled back.
 async fn ingest_cost(conn: &mut sqlx::PgConnection, args: &str) -> (Cost, Value) {
     sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
-    let (explain, buffers) =
-        explain_measured(conn, &format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE ingest({args})")).await;
+    let (explain, buffers) = explain_measured(
+        conn,
+        sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE ingest({args})")),
+    )
+    .await;
     sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
     (top_cost(&explain, buffers), explain)
 }

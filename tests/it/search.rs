@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use webhook_gateway::store::events::{OwnedEvent, insert_batch_with_fanout};
 
 use crate::support::{TestApp, TestDb};
@@ -234,18 +234,19 @@ async fn a_search_reads_the_matching_events_not_the_window() {
         let wanted = webhook_gateway::search::Condition::payload(&format!("order.id=ord_{}", total / 2))
             .expect("condition")
             .alternatives();
-        let plan: Value = sqlx::query_scalar(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
-             SELECT e.id FROM events e WHERE e.search && $1 AND e.received_at >= now() - interval '1 day'
-             ORDER BY e.id LIMIT 100",
+        let mut tx = db.pool.begin().await.expect("begin");
+        let (plan, touched) = crate::support::explain::explain_measured(
+            &mut tx,
+            sqlx::query_scalar(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
+                 SELECT e.id FROM events e WHERE e.search && $1 AND e.received_at >= now() - interval '1 day'
+                 ORDER BY e.id LIMIT 100",
+            )
+            .bind(&wanted),
         )
-        .bind(&wanted)
-        .fetch_one(&db.pool)
-        .await
-        .expect("explain");
-        let top = &plan[0]["Plan"];
-        assert_eq!(top["Actual Rows"], 1, "{plan}");
-        let touched = top["Shared Hit Blocks"].as_i64().unwrap_or(0) + top["Shared Read Blocks"].as_i64().unwrap_or(0);
+        .await;
+        tx.rollback().await.expect("rollback");
+        assert_eq!(plan[0]["Plan"]["Actual Rows"], 1, "{plan}");
         buffers.push(touched);
     }
     // A scan of the window would read ~100 times more pages at 20,000 than at 200.

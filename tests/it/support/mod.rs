@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod explain;
 pub mod haproxy;
 pub mod otlp;
 pub mod pgbouncer;

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// An id's name in messages ("source", "delivery"): a malformed or unknown one is
-/// answered "<name> not found".
+/// answered "`<name>` not found".
 pub trait Named {
     /// The name.
     const NAME: &'static str;

@@ -99,7 +99,7 @@ fn parse_id<T: FromStr>(raw: &str, what: &str) -> Result<T, ApiError> {
 }
 
 /// A typed id from the path's one parameter (`/v1/deliveries/{id}`): a malformed id is
-/// answered 404 "<what> not found" (JSON), like an unknown one, since no resource has it.
+/// answered 404 "`<what>` not found" (JSON), like an unknown one, since no resource has it.
 pub struct Id<T>(pub T);
 
 impl<S: Send + Sync, T: FromStr + crate::ids::Named> FromRequestParts<S> for Id<T> {

@@ -200,7 +200,7 @@ pub async fn rotate_secret(
     .await
 }
 
-/// The outcome of [`delete`].
+/// The outcome of deleting an endpoint ([`crate::actions::delete_endpoint`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {
     /// No such endpoint.

@@ -63,9 +63,9 @@ fn serve(rx: &Mutex<mpsc::Receiver<Job>>) {
 ///
 /// **Short runs stay on the caller's thread.** Handing a run to a transformation thread
 /// and its answer back costs two thread wake-ups, about as much CPU as a short handler
-/// itself (measured in bench row 15). So a small webhook ([`INLINE_BYTES`]) whose script
-/// has never been slow runs here, cut off after [`INLINE_LIMIT`]: a runtime thread is
-/// held at most that long. A script cut off here is remembered as slow ([`slow`]) and
+/// itself (measured in bench row 15). So a small webhook (`INLINE_BYTES`) whose script
+/// has never been slow runs here, cut off after `INLINE_LIMIT`: a runtime thread is
+/// held at most that long. A script cut off here is remembered as slow (`slow`) and
 /// its runs, this one included, go to the transformation threads with the full bound.
 pub async fn run(script: &str, webhook: super::Webhook) -> Result<Vec<u8>, String> {
     if webhook.parsed_bytes() <= INLINE_BYTES && !slow::is(script) {

@@ -103,7 +103,7 @@ const DENSE_MATCHES: i64 = 2000;
 /// estimate how many events hold one hash (it guesses 0.5 %), so with a page in id order
 /// to fill it walks the id index and tests every event of the window: fast for a value
 /// most events hold, a scan of the window for the one event of an order. So the matches
-/// are counted first, up to [`DENSE_MATCHES`] (one GIN lookup); when there are fewer,
+/// are counted first, up to `DENSE_MATCHES` (one GIN lookup); when there are fewer,
 /// the page is read through the index and sorted instead (`enable_indexscan` off for
 /// that one statement's transaction), and when there are more, through the id order.
 pub async fn list(pool: &crate::db::Pool, filter: &Filter, limit: i64) -> Result<Vec<EventSummary>, sqlx::Error> {

@@ -22,6 +22,13 @@ pub async fn explain_measured(
 ) -> (Value, i64) {
     const FETCHED: &str = "SELECT COALESCE(sum(pg_stat_get_xact_blocks_fetched(c.oid)), 0)::int8 FROM pg_class c
          WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'events'::regclass)";
+    // In a transaction block the transaction began with an earlier statement (`BEGIN`);
+    // outside one, each statement is its own transaction and starts it.
+    let in_block: bool = sqlx::query_scalar("SELECT now() <> statement_timestamp()")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("transaction state");
+    assert!(in_block, "explain_measured outside a transaction: the counters it reads are reported between statements");
     let before: i64 = sqlx::query_scalar(FETCHED).fetch_one(&mut *conn).await.expect("counters before");
     let plan = explain.fetch_one(&mut *conn).await.expect("explain");
     let after: i64 = sqlx::query_scalar(FETCHED).fetch_one(&mut *conn).await.expect("counters after");

@@ -80,11 +80,10 @@ static INSERT_SQL: LazyLock<String> = LazyLock::new(|| {
 
 /// [`insert_sql`] with `event` and its search `terms` bound, in the statement's order.
 fn bound_insert<'q>(
-    sql: &'q str,
     event: &'q NewEvent<'q>,
     terms: &'q [i64],
 ) -> sqlx::query::QueryAs<'q, Postgres, (EventId, bool, Vec<DeliveryId>), sqlx::postgres::PgArguments> {
-    crate::db::query_as(sql)
+    crate::db::query_as(insert_sql())
         .bind(event.source_id)
         .bind(event.dedupe_key)
         .bind(event.event_type)
@@ -108,12 +107,11 @@ where
     E: PgExecutor<'c> + Copy,
 {
     const FIND: &str = "SELECT id FROM events WHERE source_id = $1 AND dedupe_key = $2";
-    let insert = insert_sql();
     let terms = crate::search::terms(event.dedupe_key, event.headers, event.payload);
     // Bounded: the only way round again is a twin that committed and was then deleted
     // (retention) between our two statements.
     for _ in 0..3 {
-        let row = bound_insert(insert, event, &terms).fetch_optional(db).await?;
+        let row = bound_insert(event, &terms).fetch_optional(db).await?;
         if let Some((event_id, duplicate, deliveries)) = row {
             return Ok(Stored { event_id, duplicate, deliveries });
         }
@@ -132,7 +130,7 @@ where
 /// (`crate::operational`), whose keys no producer races for.
 pub async fn insert_in(conn: &mut sqlx::PgConnection, event: &NewEvent<'_>) -> Result<Option<Stored>, sqlx::Error> {
     let terms = crate::search::terms(event.dedupe_key, event.headers, event.payload);
-    let row = bound_insert(insert_sql(), event, &terms).fetch_optional(conn).await?;
+    let row = bound_insert(event, &terms).fetch_optional(conn).await?;
     Ok(row.map(|(event_id, duplicate, deliveries)| Stored { event_id, duplicate, deliveries }))
 }
 

@@ -175,15 +175,7 @@ async fn the_compression_migration_waits_for_its_lock_at_most_two_seconds_and_ne
     .execute(&db.pool)
     .await
     .unwrap();
-    let compression = || async {
-        sqlx::query_scalar::<_, String>(
-            "SELECT string_agg(attname::text || '=' || attcompression::text, ',' ORDER BY attname)
-             FROM pg_attribute WHERE attrelid = 'events'::regclass AND attname IN ('payload', 'headers')",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
-    };
+    let compression = || crate::support::events_compression(&db.pool);
     let default = compression().await;
     assert_ne!(default, "headers=l,payload=l");
 

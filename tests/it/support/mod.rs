@@ -474,6 +474,18 @@ pub async fn shop_to_sink(base: &str, sink: &sink::Sink) -> String {
     id
 }
 
+/// The compression set on `events`' body and headers, as `headers=<method>,payload=<method>`
+/// (`l` lz4, `p` pglz, empty the server's default): what migration 0023 changes.
+pub async fn events_compression(pool: &Pool) -> String {
+    sqlx::query_scalar(
+        "SELECT string_agg(attname::text || '=' || attcompression::text, ',' ORDER BY attname)
+         FROM pg_attribute WHERE attrelid = 'events'::regclass AND attname IN ('payload', 'headers')",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("events' compression")
+}
+
 /// Insert `n` events of source `api`, each with one delivery to `endpoint_id`, due now.
 /// Each call's dedupe keys are its own, so one endpoint can be seeded more than once.
 pub async fn seed_deliveries(pool: &Pool, endpoint_id: &str, n: i64) {

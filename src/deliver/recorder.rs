@@ -156,7 +156,7 @@ pub async fn run(
     while let Some(first) = rx.recv().await {
         gather(&mut rx, first, &mut arrived, |(done, _)| done.urgent()).await;
         // The slots are released only after the write (see above).
-        let (done, _slots): (Vec<Done>, Vec<OwnedSemaphorePermit>) = arrived.drain(..).unzip();
+        let (done, slots): (Vec<Done>, Vec<OwnedSemaphorePermit>) = arrived.drain(..).unzip();
         let (mut batch, mut unsent) = (Vec::with_capacity(done.len()), Vec::new());
         for d in done {
             match d {
@@ -164,13 +164,18 @@ pub async fn run(
                 Done::Unsent(u) => unsent.push(u),
             }
         }
-        let mut promoted = Promoted::Known(Vec::new());
+        let mut promoted = Promoted::Known { heads: Vec::new(), leased: Vec::new() };
         if !batch.is_empty() {
+            // Shutdown passes no lease on: nobody would run it.
+            let pass_on = written.leased.as_ref().filter(|_| !*patience.stopping.borrow()).map(|l| l.terms);
             let span = crate::telemetry::record_span(batch.iter().map(|f: &Finished| &f.span), batch.len());
-            promoted = write(&pool, &batch, &cfg, &patience).instrument(span).await;
+            promoted = write(&pool, &batch, &cfg, &patience, pass_on).instrument(span).await;
         }
         for u in &unsent {
             end_unsent(&pool, u, &patience).await;
+        }
+        if let Promoted::Known { leased, .. } = &mut promoted {
+            pass_on_slots(&pool, std::mem::take(leased), slots, written.leased.as_ref(), &patience).await;
         }
         match promoted {
             // A claim given back is due again (and one buried may have moved its line
@@ -178,10 +183,54 @@ pub async fn run(
             _ if !unsent.is_empty() => written.due.notify_one(),
             Promoted::Unknown => written.due.notify_one(),
             // The next deliveries of their lines, claimable now: claimed by key.
-            Promoted::Known(heads) if !heads.is_empty() => written.heads.push(&heads),
-            Promoted::Known(_) => written.room.notify_one(),
+            Promoted::Known { heads, .. } if !heads.is_empty() => written.heads.push(&heads),
+            Promoted::Known { .. } => written.room.notify_one(),
         }
     }
+}
+
+/// Hand each head the write leased ([`queue::lease_promoted`]) to the dispatcher with one
+/// of the batch's worker slots (each took the place of a finished head, whose slot it
+/// gets); the other slots are released. A head the dispatcher can no longer take
+/// (it is stopping) is given back at once, without spending its attempt.
+async fn pass_on_slots(
+    pool: &Pool,
+    leased: Vec<queue::Claimed>,
+    slots: Vec<OwnedSemaphorePermit>,
+    to: Option<&PassOn>,
+    patience: &Patience,
+) {
+    let mut slots = slots.into_iter();
+    for job in leased {
+        let give_back =
+            Unsent { delivery_id: job.id, claim_token: job.claim_token, end: UnsentEnd::GiveBack { due: Utc::now() } };
+        let handed = match (to, slots.next()) {
+            (Some(to), Some(slot)) => to.jobs.send((job, slot)).is_ok(),
+            _ => false,
+        };
+        if !handed {
+            end_unsent(pool, &give_back, patience).await;
+        }
+    }
+}
+
+/// How the recorder passes a finished head's lease on to its line's next head, and to
+/// whom it hands the leased head ([`Written::leased`]).
+#[derive(Debug, Clone)]
+pub struct PassOn {
+    /// The lease and the default limit of the claims.
+    pub terms: LeaseTerms,
+    /// The dispatcher's queue of leased heads, each with its worker slot.
+    pub jobs: mpsc::UnboundedSender<(queue::Claimed, OwnedSemaphorePermit)>,
+}
+
+/// What a lease the recorder takes is like: the same as a claim's.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseTerms {
+    /// The lease.
+    pub lease: Duration,
+    /// `--endpoint-max-in-flight`: the limit of an endpoint without its own.
+    pub default_max_in_flight: i32,
 }
 
 /// Whom the recorder tells after each write.
@@ -194,13 +243,21 @@ pub struct Written {
     pub heads: Arc<crate::wake::Handoff>,
     /// Told otherwise: slots and endpoint room were freed.
     pub room: Arc<Notify>,
+    /// Where the heads this process's writes lease go; `None`: the writes lease nothing,
+    /// and every head is handed over by id ([`Written::heads`]).
+    pub leased: Option<PassOn>,
 }
 
 /// The deliveries a write made their lines' heads.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Promoted {
-    /// These (none when no ordered outcome finished a head).
-    Known(Vec<DeliveryId>),
+    /// Known.
+    Known {
+        /// Heads left for a claim (none when no ordered outcome finished a head).
+        heads: Vec<DeliveryId>,
+        /// Heads the write leased in its own transaction, in place of the finished ones.
+        leased: Vec<queue::Claimed>,
+    },
     /// Not known: the batch was written row by row, salvaged, or not written at all.
     Unknown,
 }
@@ -239,12 +296,20 @@ async fn gather<T>(rx: &mut mpsc::Receiver<T>, first: T, batch: &mut Vec<T>, urg
 /// outcome ends written, written without its details, dead-lettered with a reason, or,
 /// only while the database is unreachable (or a queue invariant is found broken), left to
 /// its lease; returns the deliveries the write made their lines' heads, when it knows
-/// them. Public so tests can drive it with batches they build.
-pub async fn write(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig, patience: &Patience) -> Promoted {
-    match write_retrying(pool, batch, cfg, patience).await {
-        Ok(recorded) => {
+/// them; with `pass_on`, the heads whose finished predecessors' leases it passed on to
+/// them ([`queue::lease_promoted`]). Public so tests can drive it with batches they build.
+pub async fn write(
+    pool: &Pool,
+    batch: &[Finished],
+    cfg: &CircuitConfig,
+    patience: &Patience,
+    pass_on: Option<LeaseTerms>,
+) -> Promoted {
+    match write_retrying(pool, batch, cfg, patience, pass_on).await {
+        Ok((recorded, leased)) => {
             report(batch, &recorded);
-            return Promoted::Known(recorded.promoted);
+            let heads = recorded.promoted.into_iter().filter(|id| !leased.iter().any(|c| c.id == *id)).collect();
+            return Promoted::Known { heads, leased };
         }
         // A bug, already logged and counted where it was found: nothing was written, and
         // writing the rows one by one would only go round the check.
@@ -254,8 +319,8 @@ pub async fn write(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig, patienc
             tracing::warn!(error = %e, batch = batch.len(), "recording a batch of outcomes failed; recording each alone");
             for row in batch {
                 let one = std::slice::from_ref(row);
-                match write_retrying(pool, one, cfg, patience).await {
-                    Ok(recorded) => report(one, &recorded),
+                match write_retrying(pool, one, cfg, patience, None).await {
+                    Ok((recorded, _)) => report(one, &recorded),
                     Err(e) if transient(&e) => unrecorded(one, &e),
                     Err(e) => salvage(pool, row, cfg, &e, patience).await,
                 }
@@ -278,8 +343,11 @@ async fn write_retrying(
     batch: &[Finished],
     cfg: &CircuitConfig,
     patience: &Patience,
-) -> Result<Recorded, sqlx::Error> {
-    retrying(patience, batch.len(), || write_once(pool, batch, cfg)).await
+    pass_on: Option<LeaseTerms>,
+) -> Result<(Recorded, Vec<queue::Claimed>), sqlx::Error> {
+    // A retry after an ambiguous commit leases nothing: it does not know what the first
+    // try leased (those heads wait out their leases), and it finishes no head afresh.
+    retrying(patience, batch.len(), || write_once(pool, batch, cfg, pass_on)).await
 }
 
 /// `once`, tried again with a doubling pause (up to [`MAX_RETRY_PAUSE`]) while the error
@@ -333,9 +401,14 @@ pub async fn end_unsent(pool: &Pool, unsent: &Unsent, patience: &Patience) {
 
 /// One transaction: the fenced outcomes, then the circuits of their endpoints (only for
 /// outcomes this call wrote: an already-recorded one was observed by the write that
-/// recorded it).
+/// recorded it), then, with `pass_on`, the leases of the heads the outcomes promoted.
 /// A failure is reported to the pool's health (a read-only node, a departing one).
-async fn write_once(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
+async fn write_once(
+    pool: &Pool,
+    batch: &[Finished],
+    cfg: &CircuitConfig,
+    pass_on: Option<LeaseTerms>,
+) -> Result<(Recorded, Vec<queue::Claimed>), sqlx::Error> {
     let written = async {
         let mut tx = pool.begin_planned(crate::db::Planning::Cached).await?;
         let recorded = queue::record(&mut tx, batch).await?;
@@ -345,8 +418,16 @@ async fn write_once(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig) -> Res
             observations.entry(f.record.endpoint_id).or_default().add(f.signal, f.probe_token);
         }
         circuit::sql::observe(&mut tx, &observations, cfg).await?;
+        let leased = match pass_on {
+            Some(terms) => {
+                let LeaseTerms { lease, default_max_in_flight } = terms;
+                queue::lease_promoted(&mut tx, &recorded.promoted, &recorded.leases_ended, lease, default_max_in_flight)
+                    .await?
+            }
+            None => Vec::new(),
+        };
         tx.commit().await?;
-        Ok(recorded)
+        Ok((recorded, leased))
     }
     .await;
     if let Err(e) = &written {
@@ -401,8 +482,8 @@ async fn salvage(pool: &Pool, finished: &Finished, cfg: &CircuitConfig, refused:
     let error = sanitize::bounded(&refused.to_string(), ERROR_IN_REASON_BYTES);
     let plain = Finished { record: without_details(row, &error), ..finished.clone() };
     let one = std::slice::from_ref(&plain);
-    let second = match write_retrying(pool, one, cfg, patience).await {
-        Ok(recorded) => {
+    let second = match write_retrying(pool, one, cfg, patience, None).await {
+        Ok((recorded, _)) => {
             metrics::counter!(crate::metrics::OUTCOMES_DEGRADED).increment(1);
             tracing::warn!(delivery_id = %row.delivery_id, attempt = row.attempt, error,
                 "outcome recorded without its details: the database refused them");

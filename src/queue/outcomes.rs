@@ -109,6 +109,10 @@ pub struct Recorded {
     /// Deliveries this call made their lines' heads (the outcomes finished the heads
     /// before them): claimable now.
     pub promoted: Vec<DeliveryId>,
+    /// The ordered heads this call finished, each with the end of the lease it held
+    /// until this write ended it: [`lease_promoted`](super::lease_promoted) may pass a
+    /// live one on to its line's next head.
+    pub leases_ended: Vec<(DeliveryId, DateTime<Utc>)>,
 }
 
 /// Record a batch of outcomes, each fenced by its claim token, in one statement.
@@ -139,8 +143,10 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     let ids =
         invariants::distinct_set(batch.iter().map(|r| r.borrow().delivery_id), invariants::ONE_OUTCOME_PER_CLAIM)?;
     if !batch.iter().any(|r| r.borrow().ordered && r.borrow().outcome != Outcome::Retry) {
-        let recorded = record_outcomes(conn, batch).await?;
+        let mut recorded = record_outcomes(conn, batch).await?;
         recorded_from(&ids, &recorded)?;
+        // Retries only: no head finished.
+        recorded.leases_ended.clear();
         return Ok(recorded);
     }
     let mut tx = conn.begin().await?;
@@ -155,7 +161,8 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     let released = lines::release_heads(&mut tx, &finished).await?;
     let promoted = lines::promote(&mut tx, &released).await?;
     tx.commit().await?;
-    Ok(Recorded { promoted, ..recorded })
+    let leases_ended = recorded.leases_ended.into_iter().filter(|(id, _)| finished.contains(id)).collect();
+    Ok(Recorded { promoted, leases_ended, ..recorded })
 }
 
 /// [`invariants::RECORDED_FROM_BATCH`]: every delivery `recorded` reports is one of
@@ -174,9 +181,11 @@ pub fn recorded_from(ids: &std::collections::HashSet<DeliveryId>, recorded: &Rec
 /// times, `$13` their reasons, `$14` sent excerpts), public so `tests/it/plans.rs` holds
 /// its plans to the backlog.
 ///
-/// `prior` reads the statement's snapshot, before `upd`: the rows an earlier write of this
-/// same claim recorded. Only `deliveries` is read, by primary key; `attempts_once` (one
-/// row per delivery and attempt number) backs it up.
+/// `before` reads the statement's snapshot, before `upd`: which rows an earlier write of
+/// this same claim recorded (`prior`), and, for an ordered delivery, the end of the lease
+/// this write ends (`held_until`, the third column; [`Recorded::leases_ended`]). Only
+/// `deliveries` is read, by primary key; `attempts_once` (one row per delivery and
+/// attempt number) backs it up.
 pub const RECORD_SQL: &str = "WITH o AS (
              SELECT * FROM unnest($1::uuid[], $2::int8[], $3::int4[], $4::timestamptz[], $5::int4[],
                                   $6::int4[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
@@ -204,13 +213,15 @@ pub const RECORD_SQL: &str = "WITH o AS (
                     o.reason, o.excerpt, o.next_at, o.next_why, o.sent
              FROM o JOIN upd ON upd.id = o.id
              RETURNING delivery_id
-         ), prior AS (
-             SELECT o.id FROM o JOIN deliveries d ON d.id = o.id
-             WHERE d.claim_token = o.token AND d.recorded_token = o.token
+         ), before AS (
+             SELECT o.id, d.recorded_token = o.token AS prior,
+                    CASE WHEN d.ordering_key IS NOT NULL THEN d.leased_until END AS held_until
+             FROM o JOIN deliveries d ON d.id = o.id
+             WHERE d.claim_token = o.token
          )
-         SELECT delivery_id, true FROM ins
+         SELECT ins.delivery_id, true, before.held_until FROM ins JOIN before ON before.id = ins.delivery_id
          UNION ALL
-         SELECT id, false FROM prior";
+         SELECT id, false, NULL FROM before WHERE prior";
 
 /// The outcomes of [`record`], in one statement.
 async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
@@ -235,7 +246,7 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
     let next_at: Vec<Option<DateTime<Utc>>> = col(batch, |r| r.next_attempt_at);
     let next_why: Vec<Option<&str>> = col(batch, |r| r.next_attempt_reason.map(|why| why.as_str()));
 
-    let rows: Vec<(DeliveryId, bool)> = crate::db::query_as(RECORD_SQL)
+    let rows: Vec<(DeliveryId, bool, Option<DateTime<Utc>>)> = crate::db::query_as(RECORD_SQL)
         .bind(ids)
         .bind(tokens)
         .bind(attempts)
@@ -253,8 +264,13 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
         .fetch_all(db)
         .await?;
     let mut recorded = Recorded::default();
-    for (id, fresh) in rows {
-        if fresh { recorded.fresh.push(id) } else { recorded.already.push(id) }
+    for (id, fresh, held_until) in rows {
+        if fresh {
+            recorded.fresh.push(id);
+            recorded.leases_ended.extend(held_until.map(|until| (id, until)));
+        } else {
+            recorded.already.push(id);
+        }
     }
     Ok(recorded)
 }
@@ -357,12 +373,21 @@ mod tests {
     fn a_record_reports_only_its_batch_each_once() {
         let batch: std::collections::HashSet<DeliveryId> =
             [record(1), record(2), record(3)].iter().map(|r| r.delivery_id).collect();
-        let ok = Recorded { fresh: vec![id(1), id(3)], already: vec![id(2)], promoted: vec![] };
+        let ok = Recorded { fresh: vec![id(1), id(3)], already: vec![id(2)], promoted: vec![], leases_ended: vec![] };
         assert_eq!(recorded_from(&batch, &ok), Ok(()));
         for (what, bad) in [
-            ("not in the batch", Recorded { fresh: vec![id(1), id(4)], already: vec![], promoted: vec![] }),
-            ("twice as written", Recorded { fresh: vec![id(1), id(1)], already: vec![], promoted: vec![] }),
-            ("written and already written", Recorded { fresh: vec![id(2)], already: vec![id(2)], promoted: vec![] }),
+            (
+                "not in the batch",
+                Recorded { fresh: vec![id(1), id(4)], already: vec![], promoted: vec![], leases_ended: vec![] },
+            ),
+            (
+                "twice as written",
+                Recorded { fresh: vec![id(1), id(1)], already: vec![], promoted: vec![], leases_ended: vec![] },
+            ),
+            (
+                "written and already written",
+                Recorded { fresh: vec![id(2)], already: vec![id(2)], promoted: vec![], leases_ended: vec![] },
+            ),
         ] {
             let broken = recorded_from(&batch, &bad).expect_err(what);
             assert_eq!(broken.invariant, invariants::RECORDED_FROM_BATCH, "{what}");

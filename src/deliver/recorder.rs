@@ -1,6 +1,6 @@
-//! Writes attempt outcomes in batches: whatever finished while the previous write was in
-//! flight goes into the next statement, so the commit rate stays far below the delivery
-//! rate under load. A small batch waits up to [`LINGER`] for company: at low load each
+//! Writes attempt outcomes in batches: whatever finished while the writes in flight (at
+//! most [`WRITERS`], each on its own connection) were running goes into the next
+//! statement, so the commit rate stays far below the delivery rate under load. A small batch waits up to [`LINGER`] for company: at low load each
 //! write is a transaction of a few statements and a commit for one or two outcomes, and
 //! PostgreSQL's cost per webhook was dominated by such fixed costs. An outcome of an
 //! ordered delivery is written at once (its line waits for it).
@@ -16,6 +16,12 @@
 //!
 //! Recording is idempotent per (delivery, attempt) ([`queue::record`]), so a batch retried
 //! after an ambiguous commit is neither written twice nor mistaken for fenced.
+//!
+//! **A line's next head leased in the same write.** When an ordered outcome finishes its
+//! line's head, the write makes the line's next delivery its head and, where that keeps
+//! every limit, leases it in the same transaction, in the finished head's place
+//! ([`queue::record_passing_on`]); the head goes to the dispatcher with the finished one's
+//! worker slot ([`PassOn`]), with no claim in between.
 //!
 //! **The one writer of a claim's end.** A claim that ends without sending anything (its
 //! endpoint's secret cannot be read here, or its attempt budget was spent by workers that
@@ -152,44 +158,92 @@ pub async fn run(
     patience: Patience,
     written: Written,
 ) {
+    let written = Arc::new(written);
+    let mut writes = tokio::task::JoinSet::new();
     let mut arrived = Vec::with_capacity(MAX_BATCH);
-    while let Some(first) = rx.recv().await {
-        gather(&mut rx, first, &mut arrived, |(done, _)| done.urgent()).await;
-        // The slots are released only after the write (see above).
-        let (done, slots): (Vec<Done>, Vec<OwnedSemaphorePermit>) = arrived.drain(..).unzip();
-        let (mut batch, mut unsent) = (Vec::with_capacity(done.len()), Vec::new());
-        for d in done {
-            match d {
-                Done::Attempted(f) => batch.push(f),
-                Done::Unsent(u) => unsent.push(u),
+    loop {
+        // At most WRITERS writes at once; a write that ends frees its place.
+        while writes.len() >= WRITERS {
+            joined(writes.join_next().await);
+        }
+        let first = tokio::select! {
+            first = rx.recv() => match first {
+                Some(first) => first,
+                None => break,
+            },
+            Some(done) = writes.join_next(), if !writes.is_empty() => {
+                joined(Some(done));
+                continue;
             }
-        }
-        let mut promoted = Promoted::Known { heads: Vec::new(), leased: Vec::new() };
-        if !batch.is_empty() {
-            // Shutdown passes no lease on: nobody would run it.
-            let pass_on = written.leased.as_ref().filter(|_| !*patience.stopping.borrow()).map(|l| l.terms);
-            let span = crate::telemetry::record_span(batch.iter().map(|f: &Finished| &f.span), batch.len());
-            promoted = write(&pool, &batch, &cfg, &patience, pass_on).instrument(span).await;
-        }
-        for u in &unsent {
-            end_unsent(&pool, u, &patience).await;
-        }
-        if let Promoted::Known { leased, .. } = &mut promoted {
-            pass_on_slots(&pool, std::mem::take(leased), slots, written.leased.as_ref(), &patience).await;
-        }
-        match promoted {
-            // A claim given back is due again (and one buried may have moved its line
-            // on); the heads an unsure write made are unknown: look at all due work.
-            _ if !unsent.is_empty() => written.due.notify_one(),
-            Promoted::Unknown => written.due.notify_one(),
-            // The next deliveries of their lines, claimable now: claimed by key.
-            Promoted::Known { heads, .. } if !heads.is_empty() => written.heads.push(&heads),
-            Promoted::Known { .. } => written.room.notify_one(),
-        }
+        };
+        gather(&mut rx, first, &mut arrived, |(done, _)| done.urgent()).await;
+        let batch: Vec<_> = arrived.drain(..).collect();
+        let (pool, patience, written) = (pool.clone(), patience.clone(), written.clone());
+        writes.spawn(async move { write_batch(&pool, batch, &cfg, &patience, &written).await });
+    }
+    while let Some(done) = writes.join_next().await {
+        joined(Some(done));
     }
 }
 
-/// Hand each head the write leased ([`queue::lease_promoted`]) to the dispatcher with one
+/// Writes in flight at once. One write is a transaction of several statements, and while
+/// it runs the outcomes that arrive wait for it, each holding its worker slot (and, if
+/// ordered, its line); a second one lets them go without that wait, on a second
+/// connection. Batches are disjoint, every outcome is fenced by its own claim token, and
+/// what two writes may both lock they lock in one order (endpoints by id, for the
+/// circuits), so they cannot deadlock each other.
+pub const WRITERS: usize = 2;
+
+/// Report a write task that panicked (its outcomes are left to their leases).
+fn joined(done: Option<Result<(), tokio::task::JoinError>>) {
+    if let Some(Err(e)) = done {
+        tracing::error!(error = %e, "an outcome write panicked; its deliveries will be retried when their leases end");
+    }
+}
+
+/// Write one gathered batch (the outcomes, then the claims that ended unsent), hand on
+/// what it leased, and tell the claim loop what the write freed or made due.
+async fn write_batch(
+    pool: &Pool,
+    arrived: Vec<(Done, OwnedSemaphorePermit)>,
+    cfg: &CircuitConfig,
+    patience: &Patience,
+    written: &Written,
+) {
+    // The slots are released only after the write (see above).
+    let (done, slots): (Vec<Done>, Vec<OwnedSemaphorePermit>) = arrived.into_iter().unzip();
+    let (mut batch, mut unsent) = (Vec::with_capacity(done.len()), Vec::new());
+    for d in done {
+        match d {
+            Done::Attempted(f) => batch.push(f),
+            Done::Unsent(u) => unsent.push(u),
+        }
+    }
+    let mut promoted = Promoted::Known { heads: Vec::new(), leased: Vec::new() };
+    if !batch.is_empty() {
+        // Shutdown passes no lease on: nobody would run it.
+        let pass_on = written.leased.as_ref().filter(|_| !*patience.stopping.borrow()).map(|l| l.terms);
+        let span = crate::telemetry::record_span(batch.iter().map(|f: &Finished| &f.span), batch.len());
+        promoted = write(pool, &batch, cfg, patience, pass_on).instrument(span).await;
+    }
+    for u in &unsent {
+        end_unsent(pool, u, patience).await;
+    }
+    if let Promoted::Known { leased, .. } = &mut promoted {
+        pass_on_slots(pool, std::mem::take(leased), slots, written.leased.as_ref(), patience).await;
+    }
+    match promoted {
+        // A claim given back is due again (and one buried may have moved its line
+        // on); the heads an unsure write made are unknown: look at all due work.
+        _ if !unsent.is_empty() => written.due.notify_one(),
+        Promoted::Unknown => written.due.notify_one(),
+        // The next deliveries of their lines, claimable now: claimed by key.
+        Promoted::Known { heads, .. } if !heads.is_empty() => written.heads.push(&heads),
+        Promoted::Known { .. } => written.room.notify_one(),
+    }
+}
+
+/// Hand each head the write leased ([`queue::record_passing_on`]) to the dispatcher with one
 /// of the batch's worker slots (each took the place of a finished head, whose slot it
 /// gets); the other slots are released. A head the dispatcher can no longer take
 /// (it is stopping) is given back at once, without spending its attempt.
@@ -201,6 +255,9 @@ async fn pass_on_slots(
     patience: &Patience,
 ) {
     let mut slots = slots.into_iter();
+    if !leased.is_empty() {
+        metrics::counter!(crate::metrics::LINE_HEADS_LEASED).increment(leased.len() as u64);
+    }
     for job in leased {
         let give_back =
             Unsent { delivery_id: job.id, claim_token: job.claim_token, end: UnsentEnd::GiveBack { due: Utc::now() } };
@@ -224,14 +281,7 @@ pub struct PassOn {
     pub jobs: mpsc::UnboundedSender<(queue::Claimed, OwnedSemaphorePermit)>,
 }
 
-/// What a lease the recorder takes is like: the same as a claim's.
-#[derive(Debug, Clone, Copy)]
-pub struct LeaseTerms {
-    /// The lease.
-    pub lease: Duration,
-    /// `--endpoint-max-in-flight`: the limit of an endpoint without its own.
-    pub default_max_in_flight: i32,
-}
+pub use crate::queue::LeaseTerms;
 
 /// Whom the recorder tells after each write.
 pub struct Written {
@@ -297,7 +347,7 @@ async fn gather<T>(rx: &mut mpsc::Receiver<T>, first: T, batch: &mut Vec<T>, urg
 /// only while the database is unreachable (or a queue invariant is found broken), left to
 /// its lease; returns the deliveries the write made their lines' heads, when it knows
 /// them; with `pass_on`, the heads whose finished predecessors' leases it passed on to
-/// them ([`queue::lease_promoted`]). Public so tests can drive it with batches they build.
+/// them ([`queue::record_passing_on`]). Public so tests can drive it with batches they build.
 pub async fn write(
     pool: &Pool,
     batch: &[Finished],
@@ -411,21 +461,27 @@ async fn write_once(
 ) -> Result<(Recorded, Vec<queue::Claimed>), sqlx::Error> {
     let written = async {
         let mut tx = pool.begin_planned(crate::db::Planning::Cached).await?;
-        let recorded = queue::record(&mut tx, batch).await?;
+        // A lease passes on only where this write cannot open the circuit: an endpoint
+        // with no failure (and no probe) in the batch.
+        let quiet: HashSet<EndpointId> = match pass_on {
+            Some(_) => {
+                let noisy: HashSet<EndpointId> = batch
+                    .iter()
+                    .filter(|f| f.signal != Signal::Healthy || f.probe_token.is_some())
+                    .map(|f| f.record.endpoint_id)
+                    .collect();
+                batch.iter().map(|f| f.record.endpoint_id).filter(|e| !noisy.contains(e)).collect()
+            }
+            None => HashSet::new(),
+        };
+        let pass = pass_on.map(|terms| queue::PassOn { terms, endpoints: &quiet });
+        let (recorded, leased) = queue::record_passing_on(&mut tx, batch, pass).await?;
         let fresh: HashSet<DeliveryId> = recorded.fresh.iter().copied().collect();
         let mut observations: BTreeMap<EndpointId, Observation> = BTreeMap::new();
         for f in batch.iter().filter(|f| fresh.contains(&f.record.delivery_id)) {
             observations.entry(f.record.endpoint_id).or_default().add(f.signal, f.probe_token);
         }
         circuit::sql::observe(&mut tx, &observations, cfg).await?;
-        let leased = match pass_on {
-            Some(terms) => {
-                let LeaseTerms { lease, default_max_in_flight } = terms;
-                queue::lease_promoted(&mut tx, &recorded.promoted, &recorded.leases_ended, lease, default_max_in_flight)
-                    .await?
-            }
-            None => Vec::new(),
-        };
         tx.commit().await?;
         Ok((recorded, leased))
     }

@@ -67,7 +67,7 @@ pub(crate) fn claimed_columns() -> &'static str {
 
 /// Columns a worker needs, from the claimed delivery `d`, its event `e`, endpoint `ep`
 /// and source `s`.
-const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.attempts_base, \
+pub(super) const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.attempts_base, \
      d.claim_token, ep.url, ep.secret, \
      CASE WHEN cardinality(ep.previous_secrets) = 0 THEN ARRAY[]::text[] \
           ELSE ARRAY(SELECT p.s FROM unnest(ep.previous_secrets, ep.previous_secrets_until) AS p(s, u) \
@@ -304,8 +304,7 @@ fn claim_sql_text() -> String {
 
 /// The lease a claim takes (`$2` the lease in seconds): a new fencing token, the attempt
 /// counted, due again when the lease ends (so a crashed worker's delivery comes back).
-/// Shared by [`claim_sql`] and [`lease_promoted`]; migration 0022's function holds the
-/// same text (a unit test compares them).
+/// Migration 0022's function holds the same text (a unit test compares them).
 const TAKE_LEASE: &str = "SET next_attempt_at = now() + make_interval(secs => $2),
                  leased_until = now() + make_interval(secs => $2),
                  claim_token = d.claim_token + 1,
@@ -316,99 +315,20 @@ const TAKE_LEASE: &str = "SET next_attempt_at = now() + make_interval(secs => $2
 const LEASED_RETURNING: &str = "RETURNING d.id, d.event_id, d.endpoint_id, d.attempt_count, d.attempts_base, \
      d.claim_token, d.ordering_key, d.transform_by";
 
-/// How long a finished head's lease must still have to run, past the statement's clock,
-/// for [`lease_promoted`] to pass it on: more than the rest of the recorder's transaction
-/// (its commit) could take.
+/// How long a finished line head's lease must still have to run, past the statement's
+/// clock, for the write that finished it to pass it on to the line's next delivery
+/// ([`lines::promote_leasing`](super::lines::promote_leasing)): more than the rest of the
+/// recorder's transaction (its commit) could take.
 pub const LEASE_PASS_MARGIN_SECS: i32 = 2;
 
-/// Lease, in the recorder's transaction, the deliveries its write just made their lines'
-/// heads (`promoted`, [`lines::promote`](super::lines::promote)), each in place of its
-/// line's finished head, whose lease the same write ended (`leases_ended`,
-/// [`Recorded::leases_ended`](super::Recorded::leases_ended)). The line moves on without
-/// the claim by key's transaction: the worker slot that ran the finished head runs the
-/// next one.
-///
-/// Without the endpoint's lock, which the claims take to count leases: a concurrent claim
-/// could not see this transaction's writes, so it counted the finished head as in flight,
-/// and the new head's lease only takes that one's place (one for one, on the same line,
-/// so the same endpoint). That holds only while the finished head's lease was still live
-/// for any claim that counted it, so a head is passed a lease only when its line's
-/// finished one held one for at least [`LEASE_PASS_MARGIN_SECS`] more. Leases are also
-/// counted here, as the claims count them, so a lowered `max_in_flight` holds.
-///
-/// What is not leased here (returned heads are a subset of `promoted`) is left to the
-/// claims, as before: a head whose finished predecessor's lease had run out, an endpoint
-/// whose circuit is not closed (a half-open probe needs its probe token), one paused,
-/// deleted or rate-limited (its tokens are paid under the endpoint's lock), or with no
-/// room left. Call it after the circuits' observations of the same write, so an outcome
-/// that opened its endpoint's circuit passes nothing on.
-pub async fn lease_promoted(
-    conn: &mut sqlx::PgConnection,
-    promoted: &[DeliveryId],
-    leases_ended: &[(DeliveryId, chrono::DateTime<chrono::Utc>)],
-    lease: Duration,
-    default_max_in_flight: i32,
-) -> Result<Vec<Claimed>, sqlx::Error> {
-    if promoted.is_empty() || leases_ended.is_empty() {
-        return Ok(Vec::new());
-    }
-    let (ended, held_until): (Vec<DeliveryId>, Vec<chrono::DateTime<chrono::Utc>>) =
-        leases_ended.iter().copied().unzip();
-    let leased: Vec<Claimed> = crate::db::query_as(lease_promoted_sql())
-        .bind(promoted)
-        .bind(lease.as_secs_f64())
-        .bind(default_max_in_flight)
-        .bind(&ended)
-        .bind(&held_until)
-        .fetch_all(&mut *conn)
-        .await?;
-    // Refused (the recorder's transaction rolls back) rather than sent twice at once.
-    claimed_once(&leased)?;
-    Ok(leased)
-}
-
-/// [`lease_promoted`]'s statement (`$1` the promoted heads, `$2` lease in seconds, `$3`
-/// default max in flight, `$4` and `$5` the finished heads and their leases' ends),
-/// public so that tests can read its plan.
-pub fn lease_promoted_sql() -> &'static str {
-    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        format!(
-            "WITH passed AS (
-                 SELECT p.id, p.endpoint_id FROM deliveries p
-                 WHERE p.id = ANY($1) AND p.status = 'pending' AND NOT p.parked AND NOT p.waiting
-                   AND p.next_attempt_at <= now() AND (p.leased_until IS NULL OR p.leased_until <= now())
-                   AND EXISTS (
-                       SELECT 1 FROM unnest($4::uuid[], $5::timestamptz[]) AS f(id, held_until)
-                       JOIN deliveries fd ON fd.id = f.id
-                       WHERE fd.endpoint_id = p.endpoint_id AND fd.ordering_key = p.ordering_key
-                         AND f.held_until > clock_timestamp() + make_interval(secs => {LEASE_PASS_MARGIN_SECS}))
-             ), room AS (
-                 SELECT ep.id,
-                        COALESCE(ep.max_in_flight, $3)
-                        - (SELECT count(*) FROM deliveries f
-                           WHERE f.endpoint_id = ep.id AND f.status = 'pending'
-                             AND f.leased_until IS NOT NULL AND f.leased_until > now()) AS n
-                 FROM endpoints ep
-                 WHERE ep.id IN (SELECT endpoint_id FROM passed)
-                   AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
-                   AND ep.rate_limit_per_sec IS NULL
-             ), picked AS (
-                 SELECT mine.id FROM room CROSS JOIN LATERAL (
-                     SELECT passed.id FROM passed WHERE passed.endpoint_id = room.id
-                     ORDER BY passed.id
-                     LIMIT GREATEST(room.n, 0)
-                 ) mine
-             ), claimed AS (
-                 UPDATE deliveries d {TAKE_LEASE}
-                 WHERE d.id = ANY(ARRAY(SELECT id FROM picked))
-                 {LEASED_RETURNING}
-             )
-             SELECT {CLAIMED_COLUMNS}, NULL::int8 AS probe_token
-             FROM claimed d JOIN events e ON e.id = d.event_id JOIN endpoints ep ON ep.id = d.endpoint_id
-                  JOIN sources s ON s.id = e.source_id"
-        )
-    });
-    &SQL
+/// The terms of a lease taken outside a claim (a line's next head leased by the write
+/// that finished the one before): the claims' own.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseTerms {
+    /// The lease.
+    pub lease: Duration,
+    /// `--endpoint-max-in-flight`: the limit of an endpoint without its own.
+    pub default_max_in_flight: i32,
 }
 
 /// What [`claim_fresh`] took.

@@ -110,8 +110,8 @@ pub struct Recorded {
     /// before them): claimable now.
     pub promoted: Vec<DeliveryId>,
     /// The ordered heads this call finished, each with the end of the lease it held
-    /// until this write ended it: [`lease_promoted`](super::lease_promoted) may pass a
-    /// live one on to its line's next head.
+    /// until this write ended it ([`record_passing_on`] may pass a live one on to its
+    /// line's next delivery).
     pub leases_ended: Vec<(DeliveryId, DateTime<Utc>)>,
 }
 
@@ -136,9 +136,31 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     conn: &mut sqlx::PgConnection,
     batch: &[R],
 ) -> Result<Recorded, sqlx::Error> {
+    Ok(record_passing_on(conn, batch, None).await?.0)
+}
+
+/// Where a write may pass a finished line head's lease on to the line's next delivery
+/// ([`record_passing_on`]).
+#[derive(Debug, Clone)]
+pub struct PassOn<'a> {
+    /// The lease and limits, as the claims'.
+    pub terms: super::LeaseTerms,
+    /// The endpoints it may do so for (not one whose circuit the same write may open).
+    pub endpoints: &'a std::collections::HashSet<EndpointId>,
+}
+
+/// [`record`], and with `pass_on`, each line's next delivery leased in the same
+/// transaction in place of the head the batch finished there
+/// ([`lines::promote_leasing`]); returns those leased heads too (they are not in
+/// [`Recorded::promoted`]'s claimable sense: they are taken).
+pub async fn record_passing_on<R: std::borrow::Borrow<AttemptRecord>>(
+    conn: &mut sqlx::PgConnection,
+    batch: &[R],
+    pass_on: Option<PassOn<'_>>,
+) -> Result<(Recorded, Vec<super::Claimed>), sqlx::Error> {
     use sqlx::Connection as _;
     if batch.is_empty() {
-        return Ok(Recorded::default());
+        return Ok((Recorded::default(), Vec::new()));
     }
     let ids =
         invariants::distinct_set(batch.iter().map(|r| r.borrow().delivery_id), invariants::ONE_OUTCOME_PER_CLAIM)?;
@@ -147,7 +169,7 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
         recorded_from(&ids, &recorded)?;
         // Retries only: no head finished.
         recorded.leases_ended.clear();
-        return Ok(recorded);
+        return Ok((recorded, Vec::new()));
     }
     let mut tx = conn.begin().await?;
     let recorded = record_outcomes(&mut *tx, batch).await?;
@@ -158,11 +180,21 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
         .filter(|r| r.ordered && r.outcome != Outcome::Retry && recorded.fresh.contains(&r.delivery_id))
         .map(|r| r.delivery_id)
         .collect();
-    let released = lines::release_heads(&mut tx, &finished).await?;
-    let promoted = lines::promote(&mut tx, &released).await?;
+    let leases_ended: Vec<(DeliveryId, DateTime<Utc>)> =
+        recorded.leases_ended.iter().copied().filter(|(id, _)| finished.contains(id)).collect();
+    let released = lines::release_heads_of(&mut tx, &finished).await?;
+    let lines: Vec<(lines::Line, Option<DateTime<Utc>>)> = released
+        .into_iter()
+        .map(|(line, head)| {
+            let passable = pass_on.as_ref().is_some_and(|p| p.endpoints.contains(&line.0));
+            let until = leases_ended.iter().find(|(id, _)| *id == head).map(|(_, until)| *until);
+            (line, until.filter(|_| passable))
+        })
+        .collect();
+    let promotion = lines::promote_leasing(&mut tx, &lines, pass_on.map(|p| p.terms)).await?;
     tx.commit().await?;
-    let leases_ended = recorded.leases_ended.into_iter().filter(|(id, _)| finished.contains(id)).collect();
-    Ok(Recorded { promoted, leases_ended, ..recorded })
+    let promoted = promotion.heads.iter().copied().chain(promotion.leased.iter().map(|c| c.id)).collect();
+    Ok((Recorded { promoted, leases_ended, ..recorded }, promotion.leased))
 }
 
 /// [`invariants::RECORDED_FROM_BATCH`]: every delivery `recorded` reports is one of

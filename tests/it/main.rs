@@ -26,6 +26,7 @@ mod ingest;
 mod isolation;
 mod janitor;
 mod leases;
+mod line_leases;
 mod metrics;
 mod openapi;
 mod operational;

@@ -1,6 +1,6 @@
-//! Writes attempt outcomes in batches: whatever finished while the writes in flight (at
-//! most [`WRITERS`], each on its own connection) were running goes into the next
-//! statement, so the commit rate stays far below the delivery rate under load. A small batch waits up to [`LINGER`] for company: at low load each
+//! Writes attempt outcomes in batches: whatever finished while the previous write was in
+//! flight goes into the next statement, so the commit rate stays far below the delivery
+//! rate under load. A small batch waits up to [`LINGER`] for company: at low load each
 //! write is a transaction of a few statements and a commit for one or two outcomes, and
 //! PostgreSQL's cost per webhook was dominated by such fixed costs. An outcome of an
 //! ordered delivery is written at once (its line waits for it).
@@ -18,10 +18,12 @@
 //! after an ambiguous commit is neither written twice nor mistaken for fenced.
 //!
 //! **A line's next head leased in the same write.** When an ordered outcome finishes its
-//! line's head, the write makes the line's next delivery its head and, where that keeps
-//! every limit, leases it in the same transaction, in the finished head's place
-//! ([`queue::record_passing_on`]); the head goes to the dispatcher with the finished one's
-//! worker slot ([`PassOn`]), with no claim in between.
+//! line's head, the write makes the line's next delivery its head and, in a batch under
+//! [`SMALL_BATCH`] and where that keeps every limit, leases it in the same `UPDATE`, in
+//! the finished head's place ([`queue::record_passing_on`]); the head goes to the
+//! dispatcher with the finished one's worker slot ([`PassOn`]), with no claim in
+//! between. A larger batch means outcomes are queueing behind the writes: its new heads
+//! go to the claim by key, which runs beside this loop on the dispatcher's connection.
 //!
 //! **The one writer of a claim's end.** A claim that ends without sending anything (its
 //! endpoint's secret cannot be read here, or its attempt budget was spent by workers that
@@ -158,46 +160,10 @@ pub async fn run(
     patience: Patience,
     written: Written,
 ) {
-    let written = Arc::new(written);
-    let mut writes = tokio::task::JoinSet::new();
     let mut arrived = Vec::with_capacity(MAX_BATCH);
-    loop {
-        // At most WRITERS writes at once; a write that ends frees its place.
-        while writes.len() >= WRITERS {
-            joined(writes.join_next().await);
-        }
-        let first = tokio::select! {
-            first = rx.recv() => match first {
-                Some(first) => first,
-                None => break,
-            },
-            Some(done) = writes.join_next(), if !writes.is_empty() => {
-                joined(Some(done));
-                continue;
-            }
-        };
+    while let Some(first) = rx.recv().await {
         gather(&mut rx, first, &mut arrived, |(done, _)| done.urgent()).await;
-        let batch: Vec<_> = arrived.drain(..).collect();
-        let (pool, patience, written) = (pool.clone(), patience.clone(), written.clone());
-        writes.spawn(async move { write_batch(&pool, batch, &cfg, &patience, &written).await });
-    }
-    while let Some(done) = writes.join_next().await {
-        joined(Some(done));
-    }
-}
-
-/// Writes in flight at once. One write is a transaction of several statements, and while
-/// it runs the outcomes that arrive wait for it, each holding its worker slot (and, if
-/// ordered, its line); a second one lets them go without that wait, on a second
-/// connection. Batches are disjoint, every outcome is fenced by its own claim token, and
-/// what two writes may both lock they lock in one order (endpoints by id, for the
-/// circuits), so they cannot deadlock each other.
-pub const WRITERS: usize = 2;
-
-/// Report a write task that panicked (its outcomes are left to their leases).
-fn joined(done: Option<Result<(), tokio::task::JoinError>>) {
-    if let Some(Err(e)) = done {
-        tracing::error!(error = %e, "an outcome write panicked; its deliveries will be retried when their leases end");
+        write_batch(&pool, arrived.drain(..).collect(), &cfg, &patience, &written).await;
     }
 }
 
@@ -221,8 +187,14 @@ async fn write_batch(
     }
     let mut promoted = Promoted::Known { heads: Vec::new(), leased: Vec::new() };
     if !batch.is_empty() {
-        // Shutdown passes no lease on: nobody would run it.
-        let pass_on = written.leased.as_ref().filter(|_| !*patience.stopping.borrow()).map(|l| l.terms);
+        // Shutdown passes no lease on: nobody would run it. Nor does a batch that is not
+        // small: outcomes are queueing behind the writes, and the claim by key, on the
+        // dispatcher's connection, takes that work off this loop (bench/PROFILE.md).
+        let pass_on = written
+            .leased
+            .as_ref()
+            .filter(|_| !*patience.stopping.borrow() && batch.len() < SMALL_BATCH)
+            .map(|l| l.terms);
         let span = crate::telemetry::record_span(batch.iter().map(|f: &Finished| &f.span), batch.len());
         promoted = write(pool, &batch, cfg, patience, pass_on).instrument(span).await;
     }

@@ -247,9 +247,13 @@ pub fn promote_sql() -> &'static str {
                  RETURNING h.pass AS leased, d.id, d.event_id, d.endpoint_id, d.attempt_count, d.attempts_base,
                            d.claim_token, d.ordering_key, d.transform_by
              )
+             -- What a worker needs, read only for the leased heads (the others go to a
+             -- claim, which reads it again): `d.leased` gates each lookup.
              SELECT d.leased, {columns}, NULL::int8 AS probe_token
-             FROM moved d JOIN events e ON e.id = d.event_id JOIN endpoints ep ON ep.id = d.endpoint_id
-                  JOIN sources s ON s.id = e.source_id",
+             FROM moved d
+             LEFT JOIN LATERAL (SELECT e.* FROM events e WHERE d.leased AND e.id = d.event_id) e ON true
+             LEFT JOIN LATERAL (SELECT ep.* FROM endpoints ep WHERE d.leased AND ep.id = d.endpoint_id) ep ON true
+             LEFT JOIN LATERAL (SELECT s.* FROM sources s WHERE d.leased AND s.id = e.source_id) s ON true",
             done = done_with_line!("h"),
             margin = super::LEASE_PASS_MARGIN_SECS,
             columns = super::claims::CLAIMED_COLUMNS,

@@ -38,9 +38,6 @@ pub const ATTEMPT_DURATION: &str = "webhook_gateway_attempt_duration_seconds";
 pub const INVARIANT_VIOLATIONS: &str = crate::invariants::VIOLATIONS;
 /// Outcomes dropped because a newer claim took the lease over.
 pub const FENCED: &str = "webhook_gateway_outcomes_fenced_total";
-/// Ordered deliveries leased by the outcome write that finished their line's previous
-/// head, in its place: a line step that needed no claim (`queue::lease_promoted`).
-pub const LINE_HEADS_LEASED: &str = "webhook_gateway_line_heads_leased_total";
 /// Outcomes recorded without their details (status and error kind only) because the
 /// database refused them: each is a bug in sanitizing outside text, worth a look.
 pub const OUTCOMES_DEGRADED: &str = "webhook_gateway_outcomes_degraded_total";

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::db::Pool;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::DeliverySettings;
@@ -88,19 +88,8 @@ async fn run(
     // The recorder wakes the claim loop too: each write frees slots and endpoint room
     // (leases end), work that a claim which came back short (an endpoint at its limit)
     // left due; the ordered deliveries it makes their lines' heads it hands over by id.
-    // The heads whose lines' finished heads' leases a write passed on to them, each with
-    // the finished one's slot: run at once, without a claim.
-    let (leased_tx, leased) = mpsc::unbounded_channel();
-    let pass_on = recorder::PassOn {
-        terms: recorder::LeaseTerms { lease: settings.lease, default_max_in_flight: settings.endpoint_max_in_flight },
-        jobs: leased_tx,
-    };
-    let written = recorder::Written {
-        due: wakes.general.clone(),
-        heads: wakes.handoff.clone(),
-        room: wakes.room.clone(),
-        leased: Some(pass_on),
-    };
+    let written =
+        recorder::Written { due: wakes.general.clone(), heads: wakes.handoff.clone(), room: wakes.room.clone() };
     let recorder = tokio::spawn(recorder::run(pool.clone(), records, settings.circuit, patience, written));
     let ctx = Context {
         pool: pool.clone(),
@@ -111,7 +100,6 @@ async fn run(
         urls: Default::default(),
         bodies: super::bodies::delivery_budget(settings.body_memory_bytes),
     };
-    let leased = tokio::spawn(run_leased(ctx.clone(), leased, settings.shutdown_grace, stop.clone()));
     let mut in_flight = JoinSet::new();
     let mut claim_failures = 0u32;
     let mut idle_poll = settings.poll_interval;
@@ -229,26 +217,12 @@ async fn run(
         }
     }
 
-    finish(in_flight, settings.shutdown_grace).await;
-    drop(ctx);
-    // The recorder ends once every holder of its channel has: the leased heads' runner too.
-    if let Err(e) = leased.await {
-        tracing::error!(error = %e, "the runner of leased line heads panicked");
-    }
-    if let Err(e) = recorder.await {
-        tracing::error!(error = %e, "outcome recorder panicked");
-    }
-    tracing::info!("delivery workers stopped");
-}
-
-/// Let the attempts in `in_flight` finish, up to `grace`; then abort the rest (their
-/// leases bring them back).
-async fn finish(mut in_flight: JoinSet<()>, grace: Duration) {
     let in_flight_now = in_flight.len();
     if in_flight_now > 0 {
-        tracing::info!(in_flight = in_flight_now, ?grace, "waiting for in-flight deliveries");
+        tracing::info!(in_flight = in_flight_now, grace = ?settings.shutdown_grace, "waiting for in-flight deliveries");
     }
-    let finished = tokio::time::timeout(grace, async { while in_flight.join_next().await.is_some() {} }).await;
+    let finished =
+        tokio::time::timeout(settings.shutdown_grace, async { while in_flight.join_next().await.is_some() {} }).await;
     if finished.is_err() {
         tracing::warn!(
             unfinished = in_flight.len(),
@@ -257,36 +231,11 @@ async fn finish(mut in_flight: JoinSet<()>, grace: Duration) {
         in_flight.abort_all();
         while in_flight.join_next().await.is_some() {}
     }
-}
-
-/// Run the line heads the recorder leased ([`recorder::PassOn`]), each in the slot it
-/// came with, until stop. Then take no more (the recorder gives back, unspent, what it
-/// can no longer hand over), run those already handed over, and let them all finish
-/// within the grace period, as the claimed ones do.
-async fn run_leased(
-    ctx: Context,
-    mut jobs: mpsc::UnboundedReceiver<(Claimed, OwnedSemaphorePermit)>,
-    grace: Duration,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut in_flight = JoinSet::new();
-    loop {
-        tokio::select! {
-            job = jobs.recv() => match job {
-                Some((job, slot)) => {
-                    in_flight.spawn(attempt::run(ctx.clone(), job, slot, None));
-                }
-                None => break,
-            },
-            Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
-            _ = stop.wait_for(|s| *s) => break,
-        }
+    drop(ctx);
+    if let Err(e) = recorder.await {
+        tracing::error!(error = %e, "outcome recorder panicked");
     }
-    jobs.close();
-    while let Ok((job, slot)) = jobs.try_recv() {
-        in_flight.spawn(attempt::run(ctx.clone(), job, slot, None));
-    }
-    finish(in_flight, grace).await;
+    tracing::info!("delivery workers stopped");
 }
 
 /// Sleep until something may be claimable: a general wake or the poll (after which a

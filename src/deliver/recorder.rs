@@ -17,14 +17,6 @@
 //! Recording is idempotent per (delivery, attempt) ([`queue::record`]), so a batch retried
 //! after an ambiguous commit is neither written twice nor mistaken for fenced.
 //!
-//! **A line's next head leased in the same write.** When an ordered outcome finishes its
-//! line's head, the write makes the line's next delivery its head and, in a batch under
-//! [`SMALL_BATCH`] and where that keeps every limit, leases it in the same `UPDATE`, in
-//! the finished head's place ([`queue::record_passing_on`]); the head goes to the
-//! dispatcher with the finished one's worker slot ([`PassOn`]), with no claim in
-//! between. A larger batch means outcomes are queueing behind the writes: its new heads
-//! go to the claim by key, which runs beside this loop on the dispatcher's connection.
-//!
 //! **The one writer of a claim's end.** A claim that ends without sending anything (its
 //! endpoint's secret cannot be read here, or its attempt budget was spent by workers that
 //! died) is handed over too ([`Done::Unsent`]) and given back or dead-lettered here, fenced
@@ -163,97 +155,34 @@ pub async fn run(
     let mut arrived = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.recv().await {
         gather(&mut rx, first, &mut arrived, |(done, _)| done.urgent()).await;
-        write_batch(&pool, arrived.drain(..).collect(), &cfg, &patience, &written).await;
-    }
-}
-
-/// Write one gathered batch (the outcomes, then the claims that ended unsent), hand on
-/// what it leased, and tell the claim loop what the write freed or made due.
-async fn write_batch(
-    pool: &Pool,
-    arrived: Vec<(Done, OwnedSemaphorePermit)>,
-    cfg: &CircuitConfig,
-    patience: &Patience,
-    written: &Written,
-) {
-    // The slots are released only after the write (see above).
-    let (done, slots): (Vec<Done>, Vec<OwnedSemaphorePermit>) = arrived.into_iter().unzip();
-    let (mut batch, mut unsent) = (Vec::with_capacity(done.len()), Vec::new());
-    for d in done {
-        match d {
-            Done::Attempted(f) => batch.push(f),
-            Done::Unsent(u) => unsent.push(u),
+        // The slots are released only after the write (see above).
+        let (done, _slots): (Vec<Done>, Vec<OwnedSemaphorePermit>) = arrived.drain(..).unzip();
+        let (mut batch, mut unsent) = (Vec::with_capacity(done.len()), Vec::new());
+        for d in done {
+            match d {
+                Done::Attempted(f) => batch.push(f),
+                Done::Unsent(u) => unsent.push(u),
+            }
         }
-    }
-    let mut promoted = Promoted::Known { heads: Vec::new(), leased: Vec::new() };
-    if !batch.is_empty() {
-        // Shutdown passes no lease on: nobody would run it. Nor does a batch that is not
-        // small: outcomes are queueing behind the writes, and the claim by key, on the
-        // dispatcher's connection, takes that work off this loop (bench/PROFILE.md).
-        let pass_on = written
-            .leased
-            .as_ref()
-            .filter(|_| !*patience.stopping.borrow() && batch.len() < SMALL_BATCH)
-            .map(|l| l.terms);
-        let span = crate::telemetry::record_span(batch.iter().map(|f: &Finished| &f.span), batch.len());
-        promoted = write(pool, &batch, cfg, patience, pass_on).instrument(span).await;
-    }
-    for u in &unsent {
-        end_unsent(pool, u, patience).await;
-    }
-    if let Promoted::Known { leased, .. } = &mut promoted {
-        pass_on_slots(pool, std::mem::take(leased), slots, written.leased.as_ref(), patience).await;
-    }
-    match promoted {
-        // A claim given back is due again (and one buried may have moved its line
-        // on); the heads an unsure write made are unknown: look at all due work.
-        _ if !unsent.is_empty() => written.due.notify_one(),
-        Promoted::Unknown => written.due.notify_one(),
-        // The next deliveries of their lines, claimable now: claimed by key.
-        Promoted::Known { heads, .. } if !heads.is_empty() => written.heads.push(&heads),
-        Promoted::Known { .. } => written.room.notify_one(),
-    }
-}
-
-/// Hand each head the write leased ([`queue::record_passing_on`]) to the dispatcher with one
-/// of the batch's worker slots (each took the place of a finished head, whose slot it
-/// gets); the other slots are released. A head the dispatcher can no longer take
-/// (it is stopping) is given back at once, without spending its attempt.
-async fn pass_on_slots(
-    pool: &Pool,
-    leased: Vec<queue::Claimed>,
-    slots: Vec<OwnedSemaphorePermit>,
-    to: Option<&PassOn>,
-    patience: &Patience,
-) {
-    let mut slots = slots.into_iter();
-    if !leased.is_empty() {
-        metrics::counter!(crate::metrics::LINE_HEADS_LEASED).increment(leased.len() as u64);
-    }
-    for job in leased {
-        let give_back =
-            Unsent { delivery_id: job.id, claim_token: job.claim_token, end: UnsentEnd::GiveBack { due: Utc::now() } };
-        let handed = match (to, slots.next()) {
-            (Some(to), Some(slot)) => to.jobs.send((job, slot)).is_ok(),
-            _ => false,
-        };
-        if !handed {
-            end_unsent(pool, &give_back, patience).await;
+        let mut promoted = Promoted::Known(Vec::new());
+        if !batch.is_empty() {
+            let span = crate::telemetry::record_span(batch.iter().map(|f: &Finished| &f.span), batch.len());
+            promoted = write(&pool, &batch, &cfg, &patience).instrument(span).await;
+        }
+        for u in &unsent {
+            end_unsent(&pool, u, &patience).await;
+        }
+        match promoted {
+            // A claim given back is due again (and one buried may have moved its line
+            // on); the heads an unsure write made are unknown: look at all due work.
+            _ if !unsent.is_empty() => written.due.notify_one(),
+            Promoted::Unknown => written.due.notify_one(),
+            // The next deliveries of their lines, claimable now: claimed by key.
+            Promoted::Known(heads) if !heads.is_empty() => written.heads.push(&heads),
+            Promoted::Known(_) => written.room.notify_one(),
         }
     }
 }
-
-/// How the recorder passes a finished head's lease on to its line's next head, and to
-/// whom it hands the leased head ([`Written::leased`]).
-#[derive(Debug, Clone)]
-pub struct PassOn {
-    /// The lease and the default limit of the claims.
-    pub terms: LeaseTerms,
-    /// The dispatcher's queue of leased heads, each with its worker slot.
-    pub jobs: mpsc::UnboundedSender<(queue::Claimed, OwnedSemaphorePermit)>,
-}
-
-pub use crate::queue::LeaseTerms;
 
 /// Whom the recorder tells after each write.
 pub struct Written {
@@ -265,21 +194,13 @@ pub struct Written {
     pub heads: Arc<crate::wake::Handoff>,
     /// Told otherwise: slots and endpoint room were freed.
     pub room: Arc<Notify>,
-    /// Where the heads this process's writes lease go; `None`: the writes lease nothing,
-    /// and every head is handed over by id ([`Written::heads`]).
-    pub leased: Option<PassOn>,
 }
 
 /// The deliveries a write made their lines' heads.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Promoted {
-    /// Known.
-    Known {
-        /// Heads left for a claim (none when no ordered outcome finished a head).
-        heads: Vec<DeliveryId>,
-        /// Heads the write leased in its own transaction, in place of the finished ones.
-        leased: Vec<queue::Claimed>,
-    },
+    /// These (none when no ordered outcome finished a head).
+    Known(Vec<DeliveryId>),
     /// Not known: the batch was written row by row, salvaged, or not written at all.
     Unknown,
 }
@@ -318,20 +239,12 @@ async fn gather<T>(rx: &mut mpsc::Receiver<T>, first: T, batch: &mut Vec<T>, urg
 /// outcome ends written, written without its details, dead-lettered with a reason, or,
 /// only while the database is unreachable (or a queue invariant is found broken), left to
 /// its lease; returns the deliveries the write made their lines' heads, when it knows
-/// them; with `pass_on`, the heads whose finished predecessors' leases it passed on to
-/// them ([`queue::record_passing_on`]). Public so tests can drive it with batches they build.
-pub async fn write(
-    pool: &Pool,
-    batch: &[Finished],
-    cfg: &CircuitConfig,
-    patience: &Patience,
-    pass_on: Option<LeaseTerms>,
-) -> Promoted {
-    match write_retrying(pool, batch, cfg, patience, pass_on).await {
-        Ok((recorded, leased)) => {
+/// them. Public so tests can drive it with batches they build.
+pub async fn write(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig, patience: &Patience) -> Promoted {
+    match write_retrying(pool, batch, cfg, patience).await {
+        Ok(recorded) => {
             report(batch, &recorded);
-            let heads = recorded.promoted.into_iter().filter(|id| !leased.iter().any(|c| c.id == *id)).collect();
-            return Promoted::Known { heads, leased };
+            return Promoted::Known(recorded.promoted);
         }
         // A bug, already logged and counted where it was found: nothing was written, and
         // writing the rows one by one would only go round the check.
@@ -341,8 +254,8 @@ pub async fn write(
             tracing::warn!(error = %e, batch = batch.len(), "recording a batch of outcomes failed; recording each alone");
             for row in batch {
                 let one = std::slice::from_ref(row);
-                match write_retrying(pool, one, cfg, patience, None).await {
-                    Ok((recorded, _)) => report(one, &recorded),
+                match write_retrying(pool, one, cfg, patience).await {
+                    Ok(recorded) => report(one, &recorded),
                     Err(e) if transient(&e) => unrecorded(one, &e),
                     Err(e) => salvage(pool, row, cfg, &e, patience).await,
                 }
@@ -365,11 +278,8 @@ async fn write_retrying(
     batch: &[Finished],
     cfg: &CircuitConfig,
     patience: &Patience,
-    pass_on: Option<LeaseTerms>,
-) -> Result<(Recorded, Vec<queue::Claimed>), sqlx::Error> {
-    // A retry after an ambiguous commit leases nothing: it does not know what the first
-    // try leased (those heads wait out their leases), and it finishes no head afresh.
-    retrying(patience, batch.len(), || write_once(pool, batch, cfg, pass_on)).await
+) -> Result<Recorded, sqlx::Error> {
+    retrying(patience, batch.len(), || write_once(pool, batch, cfg)).await
 }
 
 /// `once`, tried again with a doubling pause (up to [`MAX_RETRY_PAUSE`]) while the error
@@ -423,31 +333,12 @@ pub async fn end_unsent(pool: &Pool, unsent: &Unsent, patience: &Patience) {
 
 /// One transaction: the fenced outcomes, then the circuits of their endpoints (only for
 /// outcomes this call wrote: an already-recorded one was observed by the write that
-/// recorded it), then, with `pass_on`, the leases of the heads the outcomes promoted.
+/// recorded it).
 /// A failure is reported to the pool's health (a read-only node, a departing one).
-async fn write_once(
-    pool: &Pool,
-    batch: &[Finished],
-    cfg: &CircuitConfig,
-    pass_on: Option<LeaseTerms>,
-) -> Result<(Recorded, Vec<queue::Claimed>), sqlx::Error> {
+async fn write_once(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
     let written = async {
         let mut tx = pool.begin_planned(crate::db::Planning::Cached).await?;
-        // A lease passes on only where this write cannot open the circuit: an endpoint
-        // with no failure (and no probe) in the batch.
-        let quiet: HashSet<EndpointId> = match pass_on {
-            Some(_) => {
-                let noisy: HashSet<EndpointId> = batch
-                    .iter()
-                    .filter(|f| f.signal != Signal::Healthy || f.probe_token.is_some())
-                    .map(|f| f.record.endpoint_id)
-                    .collect();
-                batch.iter().map(|f| f.record.endpoint_id).filter(|e| !noisy.contains(e)).collect()
-            }
-            None => HashSet::new(),
-        };
-        let pass = pass_on.map(|terms| queue::PassOn { terms, endpoints: &quiet });
-        let (recorded, leased) = queue::record_passing_on(&mut tx, batch, pass).await?;
+        let recorded = queue::record(&mut tx, batch).await?;
         let fresh: HashSet<DeliveryId> = recorded.fresh.iter().copied().collect();
         let mut observations: BTreeMap<EndpointId, Observation> = BTreeMap::new();
         for f in batch.iter().filter(|f| fresh.contains(&f.record.delivery_id)) {
@@ -455,7 +346,7 @@ async fn write_once(
         }
         circuit::sql::observe(&mut tx, &observations, cfg).await?;
         tx.commit().await?;
-        Ok((recorded, leased))
+        Ok(recorded)
     }
     .await;
     if let Err(e) = &written {
@@ -510,8 +401,8 @@ async fn salvage(pool: &Pool, finished: &Finished, cfg: &CircuitConfig, refused:
     let error = sanitize::bounded(&refused.to_string(), ERROR_IN_REASON_BYTES);
     let plain = Finished { record: without_details(row, &error), ..finished.clone() };
     let one = std::slice::from_ref(&plain);
-    let second = match write_retrying(pool, one, cfg, patience, None).await {
-        Ok((recorded, _)) => {
+    let second = match write_retrying(pool, one, cfg, patience).await {
+        Ok(recorded) => {
             metrics::counter!(crate::metrics::OUTCOMES_DEGRADED).increment(1);
             tracing::warn!(delivery_id = %row.delivery_id, attempt = row.attempt, error,
                 "outcome recorded without its details: the database refused them");

@@ -67,7 +67,7 @@ pub(crate) fn claimed_columns() -> &'static str {
 
 /// Columns a worker needs, from the claimed delivery `d`, its event `e`, endpoint `ep`
 /// and source `s`.
-pub(super) const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.attempts_base, \
+const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.attempts_base, \
      d.claim_token, ep.url, ep.secret, \
      CASE WHEN cardinality(ep.previous_secrets) = 0 THEN ARRAY[]::text[] \
           ELSE ARRAY(SELECT p.s FROM unnest(ep.previous_secrets, ep.previous_secrets_until) AS p(s, u) \
@@ -286,9 +286,15 @@ fn claim_sql_text() -> String {
              -- planner thinks `due` holds. A generic plan estimates `LIMIT $1` as a tenth
              -- of its input, a tenth of the backlog, and at 100,000 pending that estimate
              -- turned a join with `due` into a hash join over the whole table.
-             UPDATE deliveries d {TAKE_LEASE}
+             UPDATE deliveries d
+             SET next_attempt_at = now() + make_interval(secs => $2),
+                 leased_until = now() + make_interval(secs => $2),
+                 claim_token = d.claim_token + 1,
+                 attempt_count = d.attempt_count + 1,
+                 updated_at = now()
              WHERE d.id = ANY(ARRAY(SELECT id FROM due))
-             {LEASED_RETURNING}
+             RETURNING d.id, d.event_id, d.endpoint_id, d.attempt_count, d.attempts_base, d.claim_token,
+                       d.ordering_key, d.transform_by
          ), paid AS (
              UPDATE endpoints ep
              SET rate_tokens = room.tokens - spent.n, rate_tokens_at = now()
@@ -300,35 +306,6 @@ fn claim_sql_text() -> String {
          FROM claimed d JOIN events e ON e.id = d.event_id JOIN endpoints ep ON ep.id = d.endpoint_id
               JOIN sources s ON s.id = e.source_id"
     )
-}
-
-/// The lease a claim takes (`$2` the lease in seconds): a new fencing token, the attempt
-/// counted, due again when the lease ends (so a crashed worker's delivery comes back).
-/// Migration 0022's function holds the same text (a unit test compares them).
-const TAKE_LEASE: &str = "SET next_attempt_at = now() + make_interval(secs => $2),
-                 leased_until = now() + make_interval(secs => $2),
-                 claim_token = d.claim_token + 1,
-                 attempt_count = d.attempt_count + 1,
-                 updated_at = now()";
-
-/// What a lease's `UPDATE` returns for [`CLAIMED_COLUMNS`].
-const LEASED_RETURNING: &str = "RETURNING d.id, d.event_id, d.endpoint_id, d.attempt_count, d.attempts_base, \
-     d.claim_token, d.ordering_key, d.transform_by";
-
-/// How long a finished line head's lease must still have to run, past the statement's
-/// clock, for the write that finished it to pass it on to the line's next delivery
-/// ([`lines::promote_leasing`](super::lines::promote_leasing)): more than the rest of the
-/// recorder's transaction (its commit) could take.
-pub const LEASE_PASS_MARGIN_SECS: i32 = 2;
-
-/// The terms of a lease taken outside a claim (a line's next head leased by the write
-/// that finished the one before): the claims' own.
-#[derive(Debug, Clone, Copy)]
-pub struct LeaseTerms {
-    /// The lease.
-    pub lease: Duration,
-    /// `--endpoint-max-in-flight`: the limit of an endpoint without its own.
-    pub default_max_in_flight: i32,
 }
 
 /// What [`claim_fresh`] took.

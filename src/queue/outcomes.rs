@@ -109,10 +109,6 @@ pub struct Recorded {
     /// Deliveries this call made their lines' heads (the outcomes finished the heads
     /// before them): claimable now.
     pub promoted: Vec<DeliveryId>,
-    /// The ordered heads this call finished, each with the end of the lease it held
-    /// until this write ended it ([`record_passing_on`] may pass a live one on to its
-    /// line's next delivery).
-    pub leases_ended: Vec<(DeliveryId, DateTime<Utc>)>,
 }
 
 /// Record a batch of outcomes, each fenced by its claim token, in one statement.
@@ -136,40 +132,16 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     conn: &mut sqlx::PgConnection,
     batch: &[R],
 ) -> Result<Recorded, sqlx::Error> {
-    Ok(record_passing_on(conn, batch, None).await?.0)
-}
-
-/// Where a write may pass a finished line head's lease on to the line's next delivery
-/// ([`record_passing_on`]).
-#[derive(Debug, Clone)]
-pub struct PassOn<'a> {
-    /// The lease and limits, as the claims'.
-    pub terms: super::LeaseTerms,
-    /// The endpoints it may do so for (not one whose circuit the same write may open).
-    pub endpoints: &'a std::collections::HashSet<EndpointId>,
-}
-
-/// [`record`], and with `pass_on`, each line's next delivery leased in the same
-/// transaction in place of the head the batch finished there
-/// ([`lines::promote_leasing`]); returns those leased heads too (they are not in
-/// [`Recorded::promoted`]'s claimable sense: they are taken).
-pub async fn record_passing_on<R: std::borrow::Borrow<AttemptRecord>>(
-    conn: &mut sqlx::PgConnection,
-    batch: &[R],
-    pass_on: Option<PassOn<'_>>,
-) -> Result<(Recorded, Vec<super::Claimed>), sqlx::Error> {
     use sqlx::Connection as _;
     if batch.is_empty() {
-        return Ok((Recorded::default(), Vec::new()));
+        return Ok(Recorded::default());
     }
     let ids =
         invariants::distinct_set(batch.iter().map(|r| r.borrow().delivery_id), invariants::ONE_OUTCOME_PER_CLAIM)?;
     if !batch.iter().any(|r| r.borrow().ordered && r.borrow().outcome != Outcome::Retry) {
-        let mut recorded = record_outcomes(conn, batch).await?;
+        let recorded = record_outcomes(conn, batch).await?;
         recorded_from(&ids, &recorded)?;
-        // Retries only: no head finished.
-        recorded.leases_ended.clear();
-        return Ok((recorded, Vec::new()));
+        return Ok(recorded);
     }
     let mut tx = conn.begin().await?;
     let recorded = record_outcomes(&mut *tx, batch).await?;
@@ -180,21 +152,10 @@ pub async fn record_passing_on<R: std::borrow::Borrow<AttemptRecord>>(
         .filter(|r| r.ordered && r.outcome != Outcome::Retry && recorded.fresh.contains(&r.delivery_id))
         .map(|r| r.delivery_id)
         .collect();
-    let leases_ended: Vec<(DeliveryId, DateTime<Utc>)> =
-        recorded.leases_ended.iter().copied().filter(|(id, _)| finished.contains(id)).collect();
-    let released = lines::release_heads_of(&mut tx, &finished).await?;
-    let lines: Vec<(lines::Line, Option<DateTime<Utc>>)> = released
-        .into_iter()
-        .map(|(line, head)| {
-            let passable = pass_on.as_ref().is_some_and(|p| p.endpoints.contains(&line.0));
-            let until = leases_ended.iter().find(|(id, _)| *id == head).map(|(_, until)| *until);
-            (line, until.filter(|_| passable))
-        })
-        .collect();
-    let promotion = lines::promote_leasing(&mut tx, &lines, pass_on.map(|p| p.terms)).await?;
+    let released = lines::release_heads(&mut tx, &finished).await?;
+    let promoted = lines::promote(&mut tx, &released).await?;
     tx.commit().await?;
-    let promoted = promotion.heads.iter().copied().chain(promotion.leased.iter().map(|c| c.id)).collect();
-    Ok((Recorded { promoted, leases_ended, ..recorded }, promotion.leased))
+    Ok(Recorded { promoted, ..recorded })
 }
 
 /// [`invariants::RECORDED_FROM_BATCH`]: every delivery `recorded` reports is one of
@@ -213,11 +174,9 @@ pub fn recorded_from(ids: &std::collections::HashSet<DeliveryId>, recorded: &Rec
 /// times, `$13` their reasons, `$14` sent excerpts), public so `tests/it/plans.rs` holds
 /// its plans to the backlog.
 ///
-/// `before` reads the statement's snapshot, before `upd`: which rows an earlier write of
-/// this same claim recorded (`prior`), and, for an ordered delivery, the end of the lease
-/// this write ends (`held_until`, the third column; [`Recorded::leases_ended`]). Only
-/// `deliveries` is read, by primary key; `attempts_once` (one row per delivery and
-/// attempt number) backs it up.
+/// `prior` reads the statement's snapshot, before `upd`: the rows an earlier write of this
+/// same claim recorded. Only `deliveries` is read, by primary key; `attempts_once` (one
+/// row per delivery and attempt number) backs it up.
 pub const RECORD_SQL: &str = "WITH o AS (
              SELECT * FROM unnest($1::uuid[], $2::int8[], $3::int4[], $4::timestamptz[], $5::int4[],
                                   $6::int4[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
@@ -245,15 +204,13 @@ pub const RECORD_SQL: &str = "WITH o AS (
                     o.reason, o.excerpt, o.next_at, o.next_why, o.sent
              FROM o JOIN upd ON upd.id = o.id
              RETURNING delivery_id
-         ), before AS (
-             SELECT o.id, d.recorded_token = o.token AS prior,
-                    CASE WHEN d.ordering_key IS NOT NULL THEN d.leased_until END AS held_until
-             FROM o JOIN deliveries d ON d.id = o.id
-             WHERE d.claim_token = o.token
+         ), prior AS (
+             SELECT o.id FROM o JOIN deliveries d ON d.id = o.id
+             WHERE d.claim_token = o.token AND d.recorded_token = o.token
          )
-         SELECT ins.delivery_id, true, before.held_until FROM ins JOIN before ON before.id = ins.delivery_id
+         SELECT delivery_id, true FROM ins
          UNION ALL
-         SELECT id, false, NULL FROM before WHERE prior";
+         SELECT id, false FROM prior";
 
 /// The outcomes of [`record`], in one statement.
 async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
@@ -278,7 +235,7 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
     let next_at: Vec<Option<DateTime<Utc>>> = col(batch, |r| r.next_attempt_at);
     let next_why: Vec<Option<&str>> = col(batch, |r| r.next_attempt_reason.map(|why| why.as_str()));
 
-    let rows: Vec<(DeliveryId, bool, Option<DateTime<Utc>>)> = crate::db::query_as(RECORD_SQL)
+    let rows: Vec<(DeliveryId, bool)> = crate::db::query_as(RECORD_SQL)
         .bind(ids)
         .bind(tokens)
         .bind(attempts)
@@ -296,13 +253,8 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
         .fetch_all(db)
         .await?;
     let mut recorded = Recorded::default();
-    for (id, fresh, held_until) in rows {
-        if fresh {
-            recorded.fresh.push(id);
-            recorded.leases_ended.extend(held_until.map(|until| (id, until)));
-        } else {
-            recorded.already.push(id);
-        }
+    for (id, fresh) in rows {
+        if fresh { recorded.fresh.push(id) } else { recorded.already.push(id) }
     }
     Ok(recorded)
 }
@@ -405,21 +357,12 @@ mod tests {
     fn a_record_reports_only_its_batch_each_once() {
         let batch: std::collections::HashSet<DeliveryId> =
             [record(1), record(2), record(3)].iter().map(|r| r.delivery_id).collect();
-        let ok = Recorded { fresh: vec![id(1), id(3)], already: vec![id(2)], promoted: vec![], leases_ended: vec![] };
+        let ok = Recorded { fresh: vec![id(1), id(3)], already: vec![id(2)], promoted: vec![] };
         assert_eq!(recorded_from(&batch, &ok), Ok(()));
         for (what, bad) in [
-            (
-                "not in the batch",
-                Recorded { fresh: vec![id(1), id(4)], already: vec![], promoted: vec![], leases_ended: vec![] },
-            ),
-            (
-                "twice as written",
-                Recorded { fresh: vec![id(1), id(1)], already: vec![], promoted: vec![], leases_ended: vec![] },
-            ),
-            (
-                "written and already written",
-                Recorded { fresh: vec![id(2)], already: vec![id(2)], promoted: vec![], leases_ended: vec![] },
-            ),
+            ("not in the batch", Recorded { fresh: vec![id(1), id(4)], already: vec![], promoted: vec![] }),
+            ("twice as written", Recorded { fresh: vec![id(1), id(1)], already: vec![], promoted: vec![] }),
+            ("written and already written", Recorded { fresh: vec![id(2)], already: vec![id(2)], promoted: vec![] }),
         ] {
             let broken = recorded_from(&batch, &bad).expect_err(what);
             assert_eq!(broken.invariant, invariants::RECORDED_FROM_BATCH, "{what}");

@@ -104,7 +104,6 @@ async fn an_unwritable_outcome_is_dead_lettered_and_the_rest_of_its_batch_record
         &finished(batch),
         &CircuitConfig::default(),
         &recorder::Patience::of(Duration::from_secs(60)),
-        None,
     )
     .await;
 
@@ -142,7 +141,6 @@ async fn an_outcome_whose_details_are_refused_is_recorded_without_them() {
         &finished(batch),
         &CircuitConfig::default(),
         &recorder::Patience::of(Duration::from_secs(60)),
-        None,
     )
     .await;
 
@@ -240,11 +238,11 @@ async fn a_batch_with_two_outcomes_for_one_claim_is_refused_whole_and_nothing_is
     drop(tx);
 
     let patience = recorder::Patience::of(Duration::from_secs(60));
-    recorder::write(&db.pool, &finished(twice), &CircuitConfig::default(), &patience, None).await;
+    recorder::write(&db.pool, &finished(twice), &CircuitConfig::default(), &patience).await;
     for c in &claimed {
         assert_eq!(status_of(&db.pool, c.id).await, ("pending".into(), None, 0), "nothing written");
     }
-    recorder::write(&db.pool, &finished(vec![one, other]), &CircuitConfig::default(), &patience, None).await;
+    recorder::write(&db.pool, &finished(vec![one, other]), &CircuitConfig::default(), &patience).await;
     for c in &claimed {
         assert_eq!(status_of(&db.pool, c.id).await, ("delivered".into(), None, 1), "recorded once");
     }

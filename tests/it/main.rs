@@ -26,7 +26,6 @@ mod ingest;
 mod isolation;
 mod janitor;
 mod leases;
-mod line_leases;
 mod metrics;
 mod openapi;
 mod operational;

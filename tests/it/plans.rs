@@ -171,7 +171,7 @@ const LINES: i64 = 2_000;
 const LINE_BATCH: i64 = 16;
 
 /// Finish the heads of the last [`LINE_BATCH`] lines (by key) and move their lines on with
-/// the recorder's statements ([`lines::RELEASE_HEADS_SQL`], then [`lines::promote_sql`]),
+/// the recorder's statements ([`lines::RELEASE_HEADS_SQL`], then [`lines::PROMOTE_SQL`]),
 /// custom-planned as the recorder runs them, in a transaction that is rolled back. Returns
 /// the rows each plan handled.
 async fn move_lines_on(pool: &Pool, planning: Planning) -> (f64, f64) {
@@ -211,13 +211,9 @@ async fn move_lines_on(pool: &Pool, planning: Planning) -> (f64, f64) {
     let (endpoints, keys): (Vec<String>, Vec<String>) = released.into_iter().map(|(e, k)| (e.to_string(), k)).unzip();
     let (promote, _) = explain_prepared(
         &mut tx,
-        lines::promote_sql(),
-        "uuid[], text[], timestamptz[], float8, int4",
-        &format!(
-            "{}, {}, array_fill(NULL::timestamptz, ARRAY[{LINE_BATCH}]), 0, 0",
-            array(endpoints),
-            array(keys.clone())
-        ),
+        lines::PROMOTE_SQL,
+        "uuid[], text[]",
+        &format!("{}, {}", array(endpoints), array(keys.clone())),
     )
     .await;
     let promoted: i64 =
@@ -550,105 +546,4 @@ async fn ingest_costs_the_same_at_any_table_size_with_a_plan_built_on_an_empty_d
             );
         }
     }
-}
-
-/// `EXPLAIN (ANALYZE, BUFFERS)` of the promotion that leases each line's next head
-/// (`lines::promote_sql`, prepared on `conn` as `promote`), run as the recorder runs it:
-/// in its transaction (cached plans), after `heads` were recorded delivered and their
-/// lines locked, each passing on a lease with ten minutes to run; rolled back.
-async fn lease_passing_cost(conn: &mut sqlx::PgConnection, heads: &[queue::Claimed]) -> (Cost, Value) {
-    use sqlx::Connection as _;
-    use webhook_gateway::queue::lines;
-    // A transaction sqlx knows of, as the recorder's.
-    let mut tx = conn.begin().await.unwrap();
-    let settings = webhook_gateway::db::begin_sql(Pooler::None, Planning::Cached).trim_start_matches("BEGIN; ");
-    sqlx::raw_sql(settings).execute(&mut *tx).await.unwrap();
-    let ids: Vec<Uuid> = heads.iter().map(|c| c.id.0).collect();
-    sqlx::query(
-        "UPDATE deliveries SET status = 'delivered', finished_at = now(), leased_until = NULL WHERE id = ANY($1)",
-    )
-    .bind(&ids)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    let finished: Vec<_> = heads.iter().map(|c| c.id).collect();
-    let released = lines::release_heads(&mut tx, &finished).await.unwrap();
-    assert_eq!(released.len(), heads.len(), "each line released");
-    let list = |items: Vec<String>| format!("'{{{}}}'", items.join(","));
-    let endpoints = list(released.iter().map(|(e, _)| e.to_string()).collect());
-    let keys = list(released.iter().map(|(_, k)| k.clone()).collect());
-    let n = released.len();
-    let (explain, buffers) = explain_measured(
-        &mut tx,
-        sqlx::query_scalar(&format!(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE promote({endpoints}, {keys}, \
-             array_fill(now() + interval '10 minutes', ARRAY[{n}]), 600, 1000000)"
-        )),
-    )
-    .await;
-    let leased: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM deliveries WHERE line_seq > $1 AND claim_token = 1 AND NOT waiting AND leased_until > now()",
-    )
-    .bind(heads.len() as i64)
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
-    assert_eq!(leased, heads.len() as i64, "each line's next head leased");
-    tx.rollback().await.unwrap();
-    (cost_of(&explain, buffers, "deliveries"), explain)
-}
-
-/// The promotion that leases a line's next head in its finished head's place
-/// (`lines::promote_leasing`) runs in the recorder's transaction with a cached generic
-/// plan: prepared and first run on an almost empty queue (no `ANALYZE`), it still reaches
-/// the batch's lines and heads by key at 20,000 more lines, 60,000 pending and 20,000
-/// delivered.
-#[tokio::test]
-async fn passing_a_lease_on_costs_the_same_at_any_backlog_with_a_plan_built_on_an_empty_queue() {
-    use sqlx::Connection as _;
-    let (db, endpoint, mut conn) = unanalyzed_queue().await;
-    let pool = &db.pool;
-    sqlx::query("ALTER TABLE order_lines SET (autovacuum_enabled = false)").execute(pool).await.unwrap();
-    sqlx::query(&format!(
-        "PREPARE promote(uuid[], text[], timestamptz[], float8, int4) AS {}",
-        queue::lines::promote_sql()
-    ))
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    crate::support::seed_ordered_lines(pool, &endpoint.to_string(), CLAIM_ROWS).await;
-    let heads = queue::claim(pool, CLAIM_ROWS, std::time::Duration::from_secs(600)).await.unwrap();
-    assert_eq!(heads.len() as i64, CLAIM_ROWS);
-    let (small, small_plan) = lease_passing_cost(&mut conn, &heads).await;
-
-    // 20,000 more lines (one delivery each, its head), and a backlog and a history.
-    sqlx::query(
-        "WITH ev AS (
-             INSERT INTO events (source_id, dedupe_key, event_type, headers, payload, ordering_key)
-             SELECT (SELECT id FROM sources WHERE name = 'api'), 'more-' || g, 't', '{}', '\\x7b7d', 'more-' || g
-             FROM generate_series(1, 20000) g
-             RETURNING id, ordering_key),
-         d AS (
-             INSERT INTO deliveries (event_id, endpoint_id, ordering_key, line_seq, waiting)
-             SELECT id, $1, ordering_key, 1, false FROM ev
-             RETURNING id, endpoint_id, ordering_key)
-         INSERT INTO order_lines (endpoint_id, ordering_key, head_id) SELECT endpoint_id, ordering_key, id FROM d",
-    )
-    .bind(endpoint)
-    .execute(pool)
-    .await
-    .unwrap();
-    add_history(pool, endpoint, 20_000).await;
-    seed_deliveries(pool, &endpoint.to_string(), 60_000).await;
-    let (large, large_plan) = lease_passing_cost(&mut conn, &heads).await;
-    conn.close().await.unwrap();
-    eprintln!("lease passed on to {CLAIM_ROWS} heads: on an empty queue {small:?}; at 80,000 more {large:?}");
-    assert_eq!((small.rows, large.rows), (CLAIM_ROWS, CLAIM_ROWS), "each line's next head leased");
-    assert!(
-        large.buffers <= 2 * small.buffers + 100,
-        "passing {CLAIM_ROWS} leases on touched {} buffers on an empty queue and {} at 80,000 more rows: its \
-         plan walks a table\n{small_plan}\n{large_plan}",
-        small.buffers,
-        large.buffers
-    );
 }

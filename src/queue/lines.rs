@@ -119,23 +119,26 @@ pub const PROMOTE_SQL: &str = concat!(
              LIMIT 1
          ) l
      ), next AS (
+         -- Every idle line, with its next delivery or NULL (no one waits).
          SELECT n.id, idle.endpoint_id, idle.ordering_key
-         FROM idle CROSS JOIN LATERAL (
+         FROM idle LEFT JOIN LATERAL (
              SELECT w.id FROM deliveries w
              WHERE w.waiting AND w.endpoint_id = idle.endpoint_id AND w.ordering_key = idle.ordering_key
              ORDER BY w.line_seq
              LIMIT 1
-         ) n
+         ) n ON true
      ), heads AS (
          UPDATE order_lines l SET head_id = next.id
-         FROM next WHERE l.endpoint_id = next.endpoint_id AND l.ordering_key = next.ordering_key
+         FROM next WHERE next.id IS NOT NULL
+           AND l.endpoint_id = next.endpoint_id AND l.ordering_key = next.ordering_key
          RETURNING next.id
      ), gone AS (
+         -- Driven by `next`'s rows, one key lookup each: written as `idle` anti-joined
+         -- to `next` (the recorder plans without hash joins), every idle line rescanned
+         -- the batch (32,640 rows dropped by the join filter for 256 lines, 8 of 20 ms).
          DELETE FROM order_lines l
-         USING idle
-         WHERE l.endpoint_id = idle.endpoint_id AND l.ordering_key = idle.ordering_key
-           AND NOT EXISTS (SELECT 1 FROM next
-                           WHERE next.endpoint_id = idle.endpoint_id AND next.ordering_key = idle.ordering_key)
+         USING next
+         WHERE next.id IS NULL AND l.endpoint_id = next.endpoint_id AND l.ordering_key = next.ordering_key
      )
      UPDATE deliveries d SET waiting = false, updated_at = now() FROM heads WHERE d.id = heads.id
      RETURNING d.id"

@@ -177,9 +177,7 @@ const LINE_BATCH: i64 = 16;
 async fn move_lines_on(pool: &Pool, planning: Planning) -> (f64, f64) {
     use webhook_gateway::queue::lines;
     let mut tx = pool.begin().await.unwrap();
-    // The recorder's transaction's settings (its `BEGIN` sets them).
-    let settings = webhook_gateway::db::begin_sql(Pooler::None, planning).trim_start_matches("BEGIN; ");
-    sqlx::raw_sql(settings).execute(&mut *tx).await.unwrap();
+    plan_as(&mut tx, planning).await;
     let heads: Vec<Uuid> = sqlx::query_scalar(
         "SELECT head_id FROM order_lines WHERE head_id IS NOT NULL ORDER BY ordering_key DESC LIMIT $1",
     )
@@ -193,12 +191,11 @@ async fn move_lines_on(pool: &Pool, planning: Planning) -> (f64, f64) {
         .execute(&mut *tx)
         .await
         .unwrap();
-    let array = |items: Vec<String>| format!("'{{{}}}'", items.join(","));
     let (release, _) = explain_prepared(
         &mut tx,
         lines::RELEASE_HEADS_SQL,
         "uuid[]",
-        &array(heads.iter().map(Uuid::to_string).collect()),
+        &sql_array(heads.iter().map(Uuid::to_string).collect()),
     )
     .await;
     assert_eq!(release[0]["Plan"]["Actual Rows"], LINE_BATCH, "every finished head released its line: {release}");
@@ -213,7 +210,7 @@ async fn move_lines_on(pool: &Pool, planning: Planning) -> (f64, f64) {
         &mut tx,
         lines::PROMOTE_SQL,
         "uuid[], text[]",
-        &format!("{}, {}", array(endpoints), array(keys.clone())),
+        &format!("{}, {}", sql_array(endpoints), sql_array(keys.clone())),
     )
     .await;
     let promoted: i64 =
@@ -367,24 +364,48 @@ async fn a_fresh_claim_costs_the_same_at_any_backlog_with_a_plan_built_on_an_emp
     }
 }
 
+/// The parameter types of `queue::RECORD_SQL`, for `PREPARE`.
+const RECORD_TYPES: &str = "uuid[], int8[], int4[], timestamptz[], int4[], int4[], text[], text[], text[], text[], \
+     text[], timestamptz[], text[], text[]";
+
+/// `queue::RECORD_SQL`'s arguments, as SQL literals, for the deliveries `claimed` (id,
+/// claim token): each delivered at attempt 1.
+fn delivered_outcomes(claimed: &[(Uuid, i64)]) -> String {
+    let n = claimed.len();
+    let ids = claimed.iter().map(|(id, _)| id.to_string()).collect::<Vec<_>>().join(",");
+    let tokens = claimed.iter().map(|(_, t)| t.to_string()).collect::<Vec<_>>().join(",");
+    format!(
+        "'{{{ids}}}', '{{{tokens}}}', array_fill(1, ARRAY[{n}]), array_fill(now(), ARRAY[{n}]),
+         array_fill(5, ARRAY[{n}]), array_fill(200, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
+         array_fill('delivered'::text, ARRAY[{n}]), array_fill('delivered'::text, ARRAY[{n}]),
+         array_fill('HTTP 200'::text, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
+         array_fill(NULL::timestamptz, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
+         array_fill(NULL::text, ARRAY[{n}])"
+    )
+}
+
+/// `items` as an SQL array literal (`'{a,b}'`).
+fn sql_array(items: Vec<String>) -> String {
+    format!("'{{{}}}'", items.join(","))
+}
+
+/// Give the transaction on `conn` the plan settings of `planning`, as the recorder's
+/// `BEGIN` does.
+async fn plan_as(conn: &mut sqlx::PgConnection, planning: Planning) {
+    let settings = webhook_gateway::db::begin_sql(Pooler::None, planning).trim_start_matches("BEGIN; ");
+    sqlx::raw_sql(settings).execute(&mut *conn).await.unwrap();
+}
+
 /// `EXPLAIN (ANALYZE, BUFFERS)` of the recorder's outcome write (`queue::RECORD_SQL`,
 /// prepared on `conn` as `record`) for the deliveries `claimed` (id, claim token): each
 /// delivered at attempt 1, in a transaction that is rolled back.
 async fn record_cost(conn: &mut sqlx::PgConnection, claimed: &[(Uuid, i64)]) -> (Cost, Value) {
-    let n = claimed.len();
-    let ids = claimed.iter().map(|(id, _)| id.to_string()).collect::<Vec<_>>().join(",");
-    let tokens = claimed.iter().map(|(_, t)| t.to_string()).collect::<Vec<_>>().join(",");
     sqlx::raw_sql(webhook_gateway::db::begin_sql(Pooler::None, Planning::Cached)).execute(&mut *conn).await.unwrap();
     let (explain, buffers) = explain_measured(
         conn,
         sqlx::query_scalar(&format!(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE record(
-             '{{{ids}}}', '{{{tokens}}}', array_fill(1, ARRAY[{n}]), array_fill(now(), ARRAY[{n}]),
-             array_fill(5, ARRAY[{n}]), array_fill(200, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
-             array_fill('delivered'::text, ARRAY[{n}]), array_fill('delivered'::text, ARRAY[{n}]),
-             array_fill('HTTP 200'::text, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
-             array_fill(NULL::timestamptz, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
-             array_fill(NULL::text, ARRAY[{n}]))"
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE record({})",
+            delivered_outcomes(claimed)
         )),
     )
     .await;
@@ -409,14 +430,7 @@ async fn the_outcome_write_costs_the_same_at_any_backlog_with_a_plan_built_on_an
     use sqlx::Connection as _;
     let (db, endpoint, mut conn) = unanalyzed_queue().await;
     let pool = &db.pool;
-    sqlx::query(&format!(
-        "PREPARE record(uuid[], int8[], int4[], timestamptz[], int4[], int4[], text[], text[], text[], text[], \
-         text[], timestamptz[], text[], text[]) AS {}",
-        queue::RECORD_SQL
-    ))
-    .execute(&mut conn)
-    .await
-    .unwrap();
+    sqlx::query(&format!("PREPARE record({RECORD_TYPES}) AS {}", queue::RECORD_SQL)).execute(&mut conn).await.unwrap();
     seed_deliveries(pool, &endpoint.to_string(), CLAIM_ROWS).await;
     let (small, small_plan) = record_cost(&mut conn, &claim_for_good(pool, CLAIM_ROWS).await).await;
 
@@ -554,9 +568,10 @@ async fn ingest_costs_the_same_at_any_table_size_with_a_plan_built_on_an_empty_d
 /// other: the attempts insert joined the `UPDATE`'s rows back to the batch (65,280 rows
 /// dropped by the join filter for 256 outcomes, half the statement's time), and the
 /// promotion anti-joined its idle lines to their next deliveries (32,640 rows for 256
-/// lines). Each statement here runs on a batch of 256 (the recorder's largest) and must
-/// handle at most 30 rows per row of the batch: one pass handled 2,816 (outcomes) and
-/// 4,864 (promotion); the self-joins, run here as a control, 133,888 and 70,016.
+/// lines). Each statement here runs on a batch of 256 (the recorder's largest; half the
+/// lines then have nothing waiting and are deleted) and must handle at most 30 rows per
+/// row of the batch: one pass handles 2,816 (outcomes) and 3,200 (promotion); the
+/// self-joins, run here as a control, 133,888 and 52,416.
 #[tokio::test]
 async fn the_recorder_s_statements_handle_a_full_batch_in_one_pass() {
     use webhook_gateway::queue::lines;
@@ -565,41 +580,34 @@ async fn the_recorder_s_statements_handle_a_full_batch_in_one_pass() {
     let pool = &db.pool;
     let endpoint = insert_endpoint(pool, "http://127.0.0.1:9/").await;
     crate::support::seed_ordered_lines(pool, &endpoint, BATCH).await;
-    let fairness = queue::Fairness { default_max_in_flight: 1_000_000, sweep: false };
-    let heads = queue::claim_fair(pool, BATCH, std::time::Duration::from_secs(600), fairness).await.unwrap();
+    let heads = claim_for_good(pool, BATCH).await;
     assert_eq!(heads.len() as i64, BATCH, "every line's head claimed");
 
     let mut tx = pool.begin().await.unwrap();
-    let settings = webhook_gateway::db::begin_sql(Pooler::None, Planning::Cached).trim_start_matches("BEGIN; ");
-    sqlx::raw_sql(settings).execute(&mut *tx).await.unwrap();
-    let list = |items: Vec<String>| format!("'{{{}}}'", items.join(","));
-    let ids = list(heads.iter().map(|c| c.id.0.to_string()).collect());
-    let tokens = list(heads.iter().map(|c| c.claim_token.to_string()).collect());
-    let n = BATCH;
-    let (record, _) = explain_prepared(
-        &mut tx,
-        queue::RECORD_SQL,
-        "uuid[], int8[], int4[], timestamptz[], int4[], int4[], text[], text[], text[], text[], text[], \
-         timestamptz[], text[], text[]",
-        &format!(
-            "{ids}, {tokens}, array_fill(1, ARRAY[{n}]), array_fill(now(), ARRAY[{n}]), array_fill(5, ARRAY[{n}]), \
-             array_fill(200, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]), \
-             array_fill('delivered'::text, ARRAY[{n}]), array_fill('delivered'::text, ARRAY[{n}]), \
-             array_fill('HTTP 200'::text, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]), \
-             array_fill(NULL::timestamptz, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]), \
-             array_fill(NULL::text, ARRAY[{n}])"
-        ),
-    )
-    .await;
+    plan_as(&mut tx, Planning::Cached).await;
+    let (record, _) = explain_prepared(&mut tx, queue::RECORD_SQL, RECORD_TYPES, &delivered_outcomes(&heads)).await;
     assert_eq!(record[0]["Plan"]["Actual Rows"], BATCH, "every outcome recorded: {record}");
-    let finished: Vec<_> = heads.iter().map(|c| c.id).collect();
+    let finished: Vec<_> = heads.iter().map(|(id, _)| webhook_gateway::ids::DeliveryId(*id)).collect();
     let released = lines::release_heads(&mut tx, &finished).await.unwrap();
     assert_eq!(released.len() as i64, BATCH, "every line released");
-    let endpoints = list(released.iter().map(|(e, _)| e.to_string()).collect());
-    let keys = list(released.iter().map(|(_, k)| k.clone()).collect());
+    // Half the lines have nothing left waiting: the promotion deletes them.
+    let emptied: Vec<String> = released.iter().take(BATCH as usize / 2).map(|(_, k)| k.clone()).collect();
+    sqlx::query("UPDATE deliveries SET status = 'delivered', waiting = false WHERE waiting AND ordering_key = ANY($1)")
+        .bind(&emptied)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let endpoints = sql_array(released.iter().map(|(e, _)| e.to_string()).collect());
+    let keys = sql_array(released.iter().map(|(_, k)| k.clone()).collect());
     let (promote, _) =
         explain_prepared(&mut tx, lines::PROMOTE_SQL, "uuid[], text[]", &format!("{endpoints}, {keys}")).await;
-    assert_eq!(promote[0]["Plan"]["Actual Rows"], BATCH, "every line has its next head: {promote}");
+    assert_eq!(promote[0]["Plan"]["Actual Rows"], BATCH / 2, "every line with a waiting delivery moved on: {promote}");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM order_lines WHERE ordering_key = ANY($1)")
+        .bind(&emptied)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the lines with nothing waiting were deleted");
     tx.rollback().await.unwrap();
 
     let (record_rows, promote_rows) = (rows_handled(&record[0]["Plan"]), rows_handled(&promote[0]["Plan"]));

@@ -7,6 +7,13 @@
 //! made-up source does not become a flood of queries. Bounded: past [`MAX_ENTRIES`] the
 //! cache is cleared.
 //!
+//! One lookup per name at a time: requests that miss while a lookup of their name is
+//! under way wait for its answer instead of sending their own. Without that, a burst on a
+//! cold (or just expired) entry sent one read per request, each on its own connection,
+//! and a burst larger than the pool waited on the connections the others were opening
+//! (60 webhooks at once opened 32 connections, and on a loaded machine some waited past
+//! the pool's acquire timeout and were answered 503).
+//!
 //! Entries hold the source with its secrets opened (decrypted when a secrets key is set),
 //! so verification never decrypts: each refresh opens the stored values, which the
 //! keyring's own cache makes a lookup after the first time.
@@ -40,7 +47,24 @@ pub const MAX_ENTRIES: usize = 10_000;
 
 /// A source, no such source, or a source whose secrets cannot be opened (cached too, so
 /// a flood of webhooks to it logs once per [`TTL`], not once per request).
-type Entry = (Instant, Result<Option<Arc<OpenSource>>, ()>);
+type Found = Result<Option<Arc<OpenSource>>, ()>;
+
+/// One lookup of a name: the requests that ask while it is fresh or under way share it.
+/// A lookup the database failed leaves the cell empty, so the next request to ask tries
+/// again (one at a time).
+#[derive(Debug)]
+struct Entry {
+    started: Instant,
+    found: tokio::sync::OnceCell<Found>,
+}
+
+impl Entry {
+    /// Whether a request arriving `now` shares this entry: it is fresh, or its lookup has
+    /// not answered yet (a newer one would not answer sooner).
+    fn serves(&self, now: Instant) -> bool {
+        now.duration_since(self.started) < TTL || !self.found.initialized()
+    }
+}
 
 /// Why [`SourceCache::get`] has no answer.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +80,7 @@ pub enum LookupError {
 /// Sources by name, each entry trusted for `TTL` (1 s).
 #[derive(Debug, Default)]
 pub struct SourceCache {
-    entries: Mutex<HashMap<String, Entry>>,
+    entries: Mutex<HashMap<String, Arc<Entry>>>,
     secrets: Keyring,
 }
 
@@ -70,31 +94,42 @@ impl SourceCache {
     /// A source whose secrets this process cannot open is an error (logged; the sender
     /// gets a 500 and retries), never a source that refuses every signature.
     pub async fn get(&self, pool: &Pool, name: &str) -> Result<Option<Arc<OpenSource>>, LookupError> {
-        let now = Instant::now();
-        if let Some((at, source)) = self.lock().get(name)
-            && now.duration_since(*at) < TTL
-        {
-            return source.clone().map_err(|()| LookupError::Unreadable);
-        }
-        let source = match store::sources::by_name(pool, name).await? {
-            Some(source) => match self.secrets.open_all(Place::SourceSecret, &source.spec.0.secrets) {
-                Ok(secrets) => {
-                    let spec = source.spec.0.with_secrets(secrets);
-                    Ok(Some(Arc::new(OpenSource { id: source.id, name: source.name, spec })))
-                }
-                Err(e) => {
-                    tracing::error!(source = %source.name, error = %e, "cannot read this source's secrets");
-                    Err(())
-                }
-            },
-            None => Ok(None),
-        };
+        let entry = self.entry(name, Instant::now());
+        let found = entry.found.get_or_try_init(|| self.lookup(pool, name)).await?;
+        found.clone().map_err(|()| LookupError::Unreadable)
+    }
+
+    /// The entry a request for `name` shares: the current one, or a new one in its place.
+    fn entry(&self, name: &str, now: Instant) -> Arc<Entry> {
         let mut entries = self.lock();
+        if let Some(entry) = entries.get(name)
+            && entry.serves(now)
+        {
+            return entry.clone();
+        }
         if entries.len() >= MAX_ENTRIES {
             entries.clear();
         }
-        entries.insert(name.to_owned(), (now, source.clone()));
-        source.map_err(|()| LookupError::Unreadable)
+        let entry = Arc::new(Entry { started: now, found: tokio::sync::OnceCell::new() });
+        entries.insert(name.to_owned(), entry.clone());
+        entry
+    }
+
+    /// Read the source from the database and open its secrets.
+    async fn lookup(&self, pool: &Pool, name: &str) -> Result<Found, LookupError> {
+        let Some(source) = store::sources::by_name(pool, name).await? else {
+            return Ok(Ok(None));
+        };
+        Ok(match self.secrets.open_all(Place::SourceSecret, &source.spec.0.secrets) {
+            Ok(secrets) => {
+                let spec = source.spec.0.with_secrets(secrets);
+                Ok(Some(Arc::new(OpenSource { id: source.id, name: source.name, spec })))
+            }
+            Err(e) => {
+                tracing::error!(source = %source.name, error = %e, "cannot read this source's secrets");
+                Err(())
+            }
+        })
     }
 
     /// Forget everything (after an admin change to sources).
@@ -102,7 +137,7 @@ impl SourceCache {
         self.lock().clear();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Entry>>> {
         // The map holds no invariant a panicking holder could break.
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }

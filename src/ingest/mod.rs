@@ -8,7 +8,7 @@
 
 pub mod batcher;
 pub mod budget;
-mod cache;
+pub mod cache;
 mod headers;
 pub mod rejections;
 

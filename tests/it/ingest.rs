@@ -408,3 +408,39 @@ async fn a_refused_event_in_a_batch_fails_alone() {
     assert_eq!(app.db.count("events").await, 63);
     assert_eq!(app.db.count("deliveries").await, 63);
 }
+
+/// A burst of webhooks to a source the cache does not hold (a cold start, or every `TTL`
+/// under load) shares one lookup of the source: each miss that sent its own read took
+/// its own connection, and a burst larger than the pool waited on the connections the
+/// others were opening, up to the acquire timeout (503). The pool here has room for every
+/// request; it opens no more connections than there are names, because one read of each
+/// name is made at a time, of a source and of a name no source has alike.
+#[tokio::test]
+async fn a_burst_of_misses_shares_one_source_lookup() {
+    use webhook_gateway::ingest::{SourceCache, cache};
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let pool = webhook_gateway::db::connect(&app.db.url, 64).await.expect("pool");
+    let sources = SourceCache::new(webhook_gateway::secrets::Keyring::default());
+    for round in 0..2 {
+        if round == 1 {
+            // Past the entry's life: the next burst refreshes it, again with one read.
+            tokio::time::sleep(cache::TTL + std::time::Duration::from_millis(100)).await;
+        }
+        let burst = (0..100).map(|n| {
+            let (name, exists) = if n % 2 == 0 { ("shop", true) } else { ("no-such-source", false) };
+            let sources = &sources;
+            let pool = &pool;
+            async move { (name, exists, sources.get(pool, name).await) }
+        });
+        for (name, exists, found) in futures_util::future::join_all(burst).await {
+            let found = found.expect("lookup");
+            assert_eq!(found.is_some(), exists, "{name}");
+            if let Some(source) = found {
+                assert_eq!(source.name, "shop");
+            }
+        }
+        // One read of each name at a time: two connections at most, however many ask.
+        assert!(pool.size() <= 2, "round {round}: {} connections opened for 100 lookups of two names", pool.size());
+    }
+}

@@ -111,10 +111,10 @@ async fn events_stored_in_one_batch_are_each_found_by_their_own_values() {
         let body = json!({"data": {"object": {"id": format!("ord_{i}"), "n": i}}}).to_string();
         let key = format!("key-{i}");
         let app = &app;
-        async move { app.ingest("shop", &key, "order.paid", &body).await.0 }
+        async move { app.ingest("shop", &key, "order.paid", &body).await }
     });
-    let statuses = futures_util::future::join_all(sends).await;
-    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let answers = futures_util::future::join_all(sends).await;
+    assert!(answers.iter().all(|(status, _)| *status == 200), "{answers:?}");
     let batched: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT xmin FROM events GROUP BY xmin HAVING count(*) > 1) AS shared",
     )

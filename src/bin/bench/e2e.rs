@@ -40,6 +40,8 @@ struct Step {
     delivered: usize,
     measured: usize,
     ingest: Latency,
+    /// How late the load generator sent the measured webhooks (counted in both latencies).
+    late: Latency,
     failures: String,
     cpu: CpuShare,
     /// Transactions PostgreSQL ran over the load's window, per accepted webhook.
@@ -50,9 +52,12 @@ impl Step {
     /// `ingest answer p50 … / p99 …; N of M measured webhooks delivered[; failures]`.
     fn note(&self) -> String {
         format!(
-            "ingest answer p50 {} / p99 {}; {} of {} measured webhooks delivered{}",
+            "ingest answer p50 {} / p99 {}; load generator late p50 {} / p99 {} (in both latencies); {} of {} \
+             measured webhooks delivered{}",
             fmt_dur(self.ingest.p50),
             fmt_dur(self.ingest.p99),
+            fmt_dur(self.late.p50),
+            fmt_dur(self.late.p99),
             thousands(self.delivered as u64),
             thousands(self.measured as u64),
             match self.failures.as_str() {
@@ -349,6 +354,7 @@ async fn offer(ctx: &Ctx, gw: &Gateway, pool: &PgPool, rate: u64, conns: usize) 
         measured: measured.len(),
         e2e: Latency::from_micros(&mut e2e),
         ingest: Latency::from_micros(&mut out.latencies),
+        late: Latency::from_micros(&mut out.lateness),
         transactions: transactions_before
             .zip(transactions_after)
             .map(|(before, after)| (after - before) / (out.rate() * (warmup + measure).as_secs_f64()).max(1.0)),

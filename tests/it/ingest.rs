@@ -444,3 +444,32 @@ async fn a_burst_of_misses_shares_one_source_lookup() {
         assert!(pool.size() <= 2, "round {round}: {} connections opened for 100 lookups of two names", pool.size());
     }
 }
+
+/// A lookup the database failed is not remembered: the next request for the name reads
+/// again, though the failed entry is younger than an entry's life (here the first read is
+/// refused at once: its role may not read `sources`).
+#[tokio::test]
+async fn a_failed_source_lookup_is_read_again_by_the_next_request() {
+    use webhook_gateway::ingest::{LookupError, SourceCache};
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let role = format!("wg_no_sources_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(&format!("CREATE ROLE {role} LOGIN PASSWORD 'pw'")).execute(&app.db.pool).await.expect("role");
+    let mut refused_url = url::Url::parse(&app.db.url).expect("url");
+    refused_url.set_username(&role).expect("user");
+    refused_url.set_password(Some("pw")).expect("password");
+    let refused = webhook_gateway::db::connect(refused_url.as_str(), 1).await.expect("pool of the role");
+    let allowed = webhook_gateway::db::connect(&app.db.url, 1).await.expect("pool");
+    let sources = SourceCache::new(webhook_gateway::secrets::Keyring::default());
+
+    let failed = sources.get(&refused, "shop").await;
+    assert!(matches!(failed, Err(LookupError::Database(_))), "{failed:?}");
+    let found = sources.get(&allowed, "shop").await.expect("read again").expect("the source");
+    assert_eq!(found.name, "shop");
+    // And what was found is what the next request shares, whatever its pool can read.
+    let shared = sources.get(&refused, "shop").await.expect("shared").expect("the source");
+    assert!(Arc::ptr_eq(&found, &shared));
+
+    refused.close().await;
+    let _ = sqlx::query(&format!("DROP ROLE {role}")).execute(&app.db.pool).await;
+}

@@ -453,12 +453,8 @@ async fn a_failed_source_lookup_is_read_again_by_the_next_request() {
     use webhook_gateway::ingest::{LookupError, SourceCache};
     let app = TestApp::spawn().await;
     app.source_none("shop").await;
-    let role = format!("wg_no_sources_{}", uuid::Uuid::new_v4().simple());
-    sqlx::query(&format!("CREATE ROLE {role} LOGIN PASSWORD 'pw'")).execute(&app.db.pool).await.expect("role");
-    let mut refused_url = url::Url::parse(&app.db.url).expect("url");
-    refused_url.set_username(&role).expect("user");
-    refused_url.set_password(Some("pw")).expect("password");
-    let refused = webhook_gateway::db::connect(refused_url.as_str(), 1).await.expect("pool of the role");
+    let (role, refused_url) = crate::support::login_role(&app.db.pool, &app.db.url, "wg_no_sources").await;
+    let refused = webhook_gateway::db::connect(&refused_url, 1).await.expect("pool of the role");
     let allowed = webhook_gateway::db::connect(&app.db.url, 1).await.expect("pool");
     let sources = SourceCache::new(webhook_gateway::secrets::Keyring::default());
 

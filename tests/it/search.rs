@@ -281,19 +281,15 @@ async fn the_search_index_pending_list_is_merged_in_the_background_by_its_owner(
         sqlx::query(sql).execute(&db.pool).await.expect(sql);
     }
     // A role that may read and write every table but owns none of them.
-    let role = format!("wg_not_owner_{}", uuid::Uuid::new_v4().simple());
+    let (role, not_owner_url) = crate::support::login_role(&db.pool, &db.url, "wg_not_owner").await;
     for sql in [
-        format!("CREATE ROLE {role} LOGIN PASSWORD 'pw'"),
         format!("GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}"),
         format!("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}"),
         format!("GRANT CREATE ON SCHEMA public TO {role}"),
     ] {
         sqlx::query(&sql).execute(&db.pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
-    let mut not_owner_url = url::Url::parse(&db.url).expect("url");
-    not_owner_url.set_username(&role).expect("user");
-    not_owner_url.set_password(Some("pw")).expect("password");
-    let not_owner = TestDb { url: not_owner_url.to_string(), pool: db.pool.clone() };
+    let not_owner = TestDb { url: not_owner_url, pool: db.pool.clone() };
 
     let mut app = TestApp::spawn_with(not_owner, crate::support::test_settings(), 8).await;
     app.source_none("shop").await;

@@ -577,6 +577,17 @@ pub fn attempt_record(
     }
 }
 
+/// A new login role on the test server, named `prefix` and a unique suffix, with no
+/// privileges of its own: its name, and `url` (the test database's) logging in as it.
+pub async fn login_role(pool: &Pool, url: &str, prefix: &str) -> (String, String) {
+    let role = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(&format!("CREATE ROLE {role} LOGIN PASSWORD 'pw'")).execute(pool).await.expect("create role");
+    let mut url = url::Url::parse(url).expect("database URL");
+    url.set_username(&role).expect("user");
+    url.set_password(Some("pw")).expect("password");
+    (role, url.to_string())
+}
+
 /// Insert an endpoint row directly (no API, no validation); returns its id.
 pub async fn insert_endpoint(pool: &Pool, url: &str) -> String {
     sqlx::query_scalar("INSERT INTO endpoints (url, secret) VALUES ($1, 'whsec_c2VjcmV0') RETURNING id::text")

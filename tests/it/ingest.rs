@@ -469,3 +469,30 @@ async fn a_failed_source_lookup_is_read_again_by_the_next_request() {
     refused.close().await;
     let _ = sqlx::query(&format!("DROP ROLE {role}")).execute(&app.db.pool).await;
 }
+
+/// A read sent into a partition does not hold its name: the request that made it gives up
+/// at its deadline, and the next request for the name reads again instead of waiting for
+/// an answer that will not come.
+#[tokio::test]
+async fn a_source_lookup_abandoned_in_a_partition_does_not_hold_its_name() {
+    use crate::support::proxy::{Proxy, server_addr};
+    use webhook_gateway::ingest::SourceCache;
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let proxy = Proxy::start(server_addr(&app.db.url)).await;
+    let behind = webhook_gateway::db::connect(&proxy.url_for(&app.db.url), 1).await.expect("pool behind the proxy");
+    let direct = webhook_gateway::db::connect(&app.db.url, 1).await.expect("pool");
+    let sources = SourceCache::new(webhook_gateway::secrets::Keyring::default());
+
+    proxy.blackhole();
+    let stuck = tokio::time::timeout(std::time::Duration::from_millis(300), sources.get(&behind, "shop")).await;
+    assert!(stuck.is_err(), "a read into a partition has no answer: {stuck:?}");
+    // Bounded so that a wait for the abandoned read fails here instead of hanging.
+    let found = tokio::time::timeout(std::time::Duration::from_secs(10), sources.get(&direct, "shop"))
+        .await
+        .expect("the next request reads again")
+        .expect("read")
+        .expect("the source");
+    assert_eq!(found.name, "shop");
+    proxy.heal();
+}

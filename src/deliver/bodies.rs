@@ -86,14 +86,18 @@ pub async fn hold(ctx: &Context, job: &mut Claimed) -> Result<Option<OwnedSemaph
 
 #[cfg(test)]
 mod tests {
-    /// The claim statements (the general claim's columns, and the claim by key's function
-    /// of migration 0022) bring exactly the bodies this module says they do.
+    /// The claim statements (the general claim's columns, and the claim by key's functions
+    /// of migrations 0022 and 0024) bring exactly the bodies this module says they do.
     #[test]
     fn the_claim_brings_bodies_up_to_the_inline_size() {
         let bound = format!("octet_length(e.payload) <= {}", super::INLINE_BODY_BYTES);
         let sql = crate::queue::claimed_columns();
         assert!(sql.contains(&bound), "{sql}");
-        let function = include_str!("../../migrations/0022_claim_fresh_in_one_round_trip.sql");
-        assert!(function.contains(&bound), "the claim by key's function inlines other bodies");
+        for function in [
+            include_str!("../../migrations/0022_claim_fresh_in_one_round_trip.sql"),
+            include_str!("../../migrations/0024_claim_tokens_a_lost_claim_cannot_repeat.sql"),
+        ] {
+            assert!(function.contains(&bound), "the claim by key's function inlines other bodies");
+        }
     }
 }

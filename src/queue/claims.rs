@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use sqlx::PgExecutor;
 
+use super::NEXT_CLAIM_TOKEN;
 use crate::ids::{DeliveryId, EndpointId, EventId};
 
 /// A claimed delivery: everything needed to send it.
@@ -289,7 +290,7 @@ fn claim_sql_text() -> String {
              UPDATE deliveries d
              SET next_attempt_at = now() + make_interval(secs => $2),
                  leased_until = now() + make_interval(secs => $2),
-                 claim_token = d.claim_token + 1,
+                 claim_token = d.{NEXT_CLAIM_TOKEN},
                  attempt_count = d.attempt_count + 1,
                  updated_at = now()
              WHERE d.id = ANY(ARRAY(SELECT id FROM due))
@@ -329,7 +330,7 @@ pub struct FreshClaim {
 /// At low load every ingest commit wakes the claim loop for a webhook or two, and there
 /// a round trip costs PostgreSQL about as much as waking an idle backend, whatever the
 /// statement does. So this claim is one round trip: the function
-/// [`CLAIM_FRESH_FUNCTION`] (migration 0022) runs both statements, each with its own
+/// [`CLAIM_FRESH_FUNCTION`] (migration 0024) runs both statements, each with its own
 /// snapshot, under the settings of [`Planning::Cached`](crate::db::Planning::Cached):
 /// its plans are cached per session and reach every row by key (`tests/it/plans.rs`).
 /// It commits by itself (one statement), so a claim that broke
@@ -368,11 +369,11 @@ pub async fn claim_fresh(
 
 /// The function that claims fresh deliveries ([`claim_fresh`]); a new version of it gets
 /// a new name (a release during a rolling deploy keeps calling the one it knows).
-pub const CLAIM_FRESH_FUNCTION: &str = "wg_claim_fresh_v1";
+pub const CLAIM_FRESH_FUNCTION: &str = "wg_claim_fresh_v2";
 
 /// [`claim_fresh`]'s call (`$1` the deliveries, `$2` limit, `$3` lease in seconds, `$4`
 /// default max in flight).
-pub const CLAIM_FRESH_SQL: &str = "SELECT * FROM wg_claim_fresh_v1($1, $2, $3, $4)";
+pub const CLAIM_FRESH_SQL: &str = "SELECT * FROM wg_claim_fresh_v2($1, $2, $3, $4)";
 
 /// Admit one probe for each of up to `limit` half-open endpoints: claim the endpoint row
 /// (its cool-down is over and no live probe holds it) together with its oldest pending
@@ -412,7 +413,7 @@ pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) 
          SET parked = false,
              next_attempt_at = now() + make_interval(secs => $2),
              leased_until = now() + make_interval(secs => $2),
-             claim_token = d.claim_token + 1,
+             claim_token = d.{NEXT_CLAIM_TOKEN},
              attempt_count = d.attempt_count + 1,
              updated_at = now()
          FROM pick, probe, events e, endpoints ep, sources s
@@ -467,12 +468,12 @@ mod tests {
         text.join(" ").split_whitespace().collect::<Vec<_>>().join(" ")
     }
 
-    /// The claim by key's function (migration 0022) computes each endpoint's room and
+    /// The claim by key's function (migration 0024) computes each endpoint's room and
     /// share, takes the lease with a new token and pays the rate tokens word for word as
     /// the general claim does: a change to one that misses the other fails here.
     #[test]
     fn the_claim_by_key_function_leases_exactly_as_the_general_claim() {
-        let function = include_str!("../../migrations/0022_claim_fresh_in_one_round_trip.sql");
+        let function = include_str!("../../migrations/0024_claim_tokens_a_lost_claim_cannot_repeat.sql");
         let general = claim_sql()
             .replace("$1", "claim_limit")
             .replace("$2", "lease_secs")

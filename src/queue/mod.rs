@@ -10,6 +10,11 @@
 //!   fairness, for tests and tools.)
 //! - [`record`]: outcomes are written with `WHERE claim_token = $token`; a worker whose
 //!   lease was taken over matches zero rows and its result is dropped (fenced).
+//!
+//! A failover to an asynchronous standby can lose a claim whose worker is already
+//! sending. A new token is the old one plus a random step ([`NEXT_CLAIM_TOKEN`]), not
+//! plus one, so the claim that replaces a lost one does not hand its token out again, and
+//! the lost claim's worker stays fenced.
 
 mod claims;
 pub mod fanout;
@@ -24,6 +29,19 @@ use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 
 use crate::ids::{DeliveryId, EndpointId};
+
+/// The fencing token that replaces `claim_token` on a row's next lease (and on a burial):
+/// the old one plus a random step of 1 to 2^32.
+///
+/// Tokens are only ever compared for equality, and they still only grow. The step is
+/// random because a claim can be lost after its worker was told: a failover to an
+/// asynchronous standby loses the last commits the standby had not received, and a
+/// restore to a point in time loses more. The row then holds the token from before, and
+/// with a step of one the next claim handed the lost claim's token out again, so the lost
+/// claim's worker (still sending) could record over the new lease and free its in-flight
+/// room early. With a random step the two draws meet once in 2^32. Overflow needs over 2
+/// billion leases of one delivery.
+pub const NEXT_CLAIM_TOKEN: &str = "claim_token + 1 + floor(random() * 4294967296)::int8";
 
 /// Rows one [`park_blocked`] call parks at most.
 pub const PARK_BATCH: i64 = 1_000;
@@ -76,16 +94,15 @@ pub async fn bury_all_of_endpoint(
     endpoint_id: EndpointId,
     reason: &str,
 ) -> Result<u64, sqlx::Error> {
-    let done = crate::db::query(
-        "UPDATE deliveries
-         SET status = 'dead', dead_reason = $2, parked = false, leased_until = NULL,
-             claim_token = claim_token + 1, finished_at = now(), updated_at = now()
-         WHERE endpoint_id = $1 AND status = 'pending'",
-    )
-    .bind(endpoint_id)
-    .bind(reason)
-    .execute(&mut *conn)
-    .await?;
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "UPDATE deliveries
+             SET status = 'dead', dead_reason = $2, parked = false, leased_until = NULL,
+                 claim_token = {NEXT_CLAIM_TOKEN}, finished_at = now(), updated_at = now()
+             WHERE endpoint_id = $1 AND status = 'pending'"
+        )
+    });
+    let done = crate::db::query(&SQL).bind(endpoint_id).bind(reason).execute(&mut *conn).await?;
     // Nothing of the endpoint will be sent again: its lines go too.
     crate::db::query("DELETE FROM order_lines WHERE endpoint_id = $1").bind(endpoint_id).execute(&mut *conn).await?;
     Ok(done.rows_affected())

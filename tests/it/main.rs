@@ -26,6 +26,7 @@ mod ingest;
 mod isolation;
 mod janitor;
 mod leases;
+mod lost_claims;
 mod metrics;
 mod openapi;
 mod operational;

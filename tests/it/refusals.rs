@@ -420,5 +420,5 @@ async fn a_claim_by_key_on_a_server_turned_read_only_takes_nothing_and_takes_all
     let mut claimed: Vec<_> = fresh.claimed.iter().map(|c| c.id).collect();
     claimed.sort_by_key(|id| id.0);
     assert_eq!(claimed, handed);
-    assert!(fresh.claimed.iter().all(|c| c.attempt == 1 && c.claim_token == 1), "first leases");
+    assert!(fresh.claimed.iter().all(|c| c.attempt == 1 && c.claim_token > 0), "first leases");
 }

@@ -46,6 +46,8 @@ struct Step {
     cpu: CpuShare,
     /// Transactions PostgreSQL ran over the load's window, per accepted webhook.
     transactions: Option<f64>,
+    /// WAL written over the load's window, per accepted webhook.
+    wal: Option<pg::Wal>,
 }
 
 impl Step {
@@ -77,8 +79,19 @@ impl Step {
     fn cpu_note(&self) -> Option<String> {
         let us = |cores: f64| cores / self.accepted.max(1e-9) * 1e6;
         let transactions = self.transactions.map(|t| format!(" in {t:.2} transactions")).unwrap_or_default();
+        let wal = self
+            .wal
+            .map(|w| {
+                format!(
+                    ", writing {:.1} kB of WAL ({:.2} full-page images) synced to disk {:.2} times",
+                    w.bytes / 1000.0,
+                    w.full_pages,
+                    w.syncs
+                )
+            })
+            .unwrap_or_default();
         Some(format!(
-            "server CPU per webhook, ingest and delivery: gateway {:.0} µs + PostgreSQL {:.0} µs{transactions}",
+            "server CPU per webhook, ingest and delivery: gateway {:.0} µs + PostgreSQL {:.0} µs{transactions}{wal}",
             us(self.cpu.gateway?),
             us(self.cpu.postgres?)
         ))
@@ -325,9 +338,11 @@ async fn offer(ctx: &Ctx, gw: &Gateway, pool: &PgPool, rate: u64, conns: usize) 
     // Backends report their counts at most once a second: over a window of 10 s or more
     // the edges roughly cancel.
     let transactions_before = pg::transactions(pool).await.ok();
+    let wal_before = pg::wal(pool).await.ok();
     let mut out = loadgen::open_loop(plan, make, on_due).await;
     let cpu = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
     let transactions_after = pg::transactions(pool).await.ok();
+    let wal_after = pg::wal(pool).await.ok();
     let measured: Vec<(u64, Instant)> = due
         .lock()
         .expect("due lock")
@@ -358,6 +373,9 @@ async fn offer(ctx: &Ctx, gw: &Gateway, pool: &PgPool, rate: u64, conns: usize) 
         transactions: transactions_before
             .zip(transactions_after)
             .map(|(before, after)| (after - before) / (out.rate() * (warmup + measure).as_secs_f64()).max(1.0)),
+        wal: wal_before
+            .zip(wal_after)
+            .map(|(before, after)| before.per(&after, out.rate() * (warmup + measure).as_secs_f64())),
         failures: out.failure_note(),
         cpu,
     };

@@ -310,6 +310,38 @@ pub async fn transactions(pool: &sqlx::PgPool) -> anyhow::Result<f64> {
     Ok(n as f64)
 }
 
+/// PostgreSQL's WAL counters (`pg_stat_wal`, PostgreSQL 14 and later): bytes, full-page
+/// images and syncs to disk, cluster-wide since the last reset.
+#[derive(Debug, Clone, Copy)]
+pub struct Wal {
+    /// Bytes of WAL written.
+    pub bytes: f64,
+    /// Full-page images among them (the first change of a page after a checkpoint).
+    pub full_pages: f64,
+    /// Times the WAL was synced to disk (a flush, which commits wait for).
+    pub syncs: f64,
+}
+
+impl Wal {
+    /// What was written between `self` and `later`, per one of `per` (webhooks, say).
+    pub fn per(&self, later: &Wal, per: f64) -> Wal {
+        let per = per.max(1.0);
+        Wal {
+            bytes: (later.bytes - self.bytes) / per,
+            full_pages: (later.full_pages - self.full_pages) / per,
+            syncs: (later.syncs - self.syncs) / per,
+        }
+    }
+}
+
+/// The WAL counters now (flushed by each backend at most once a second, like
+/// [`transactions`]); an error before PostgreSQL 14.
+pub async fn wal(pool: &sqlx::PgPool) -> anyhow::Result<Wal> {
+    let (bytes, full_pages, syncs): (f64, i64, i64) =
+        sqlx::query_as("SELECT wal_bytes::float8, wal_fpi, wal_sync FROM pg_stat_wal").fetch_one(pool).await?;
+    Ok(Wal { bytes, full_pages: full_pages as f64, syncs: syncs as f64 })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

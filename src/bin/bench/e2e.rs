@@ -214,8 +214,11 @@ async fn floor(
     // counts from its scheduled start, as the gateway's answer counts from the producer's
     // send, so the two are side by side.
     let log_dir = ctx.work_dir.join("e2e-floor-log");
+    let wal_before = pg::wal(pool).await.ok();
     let run = pg::pgbench(&ctx.server, DB, script, vars, FLOOR_CLIENTS, secs, Some(rate), Some(&log_dir)).await?;
     let cpu = mark.share(&CpuMark::now(None, postmaster), Some(run.cpu_secs));
+    // After pgbench's backends have gone (they report their counts as they exit).
+    let wal = wal_before.zip(pg::wal(pool).await.ok()).map(|(before, after)| before.per(&after, run.tps * secs as f64));
     let us = |cores: Option<f64>| {
         cores.map_or_else(|| "n/a".to_owned(), |c| format!("{:.0} µs", c / run.tps.max(1e-9) * 1e6))
     };
@@ -230,11 +233,17 @@ async fn floor(
         target: "—".into(),
         cpu: cpu.cell(),
         note: format!(
-            "CPU per transaction (one commit of the event and its delivery): PostgreSQL {}, pgbench {}; a webhook \
+            "CPU per transaction (one commit of the event and its delivery): PostgreSQL {}, pgbench {}{}; a webhook \
              costs the gateway three commits (ingest, claim, outcome); the latency columns are one commit's, from its \
              scheduled start (compare the ingest answer above){}",
             us(cpu.postgres),
             us(cpu.pgbench),
+            wal.map(|w| format!(
+                "; WAL {:.1} kB per transaction ({:.2} full-page images; the run starts right after a checkpoint)",
+                w.bytes / 1000.0,
+                w.full_pages
+            ))
+            .unwrap_or_default(),
             if run.failed > 0 { format!("; {} failed transactions", thousands(run.failed)) } else { String::new() }
         ),
     });

@@ -68,13 +68,14 @@ async fn record_delivered(pool: &Pool, claim: &Claimed) -> Vec<DeliveryId> {
     recorded.fresh
 }
 
-/// Three deliveries. One is claimed (by key) the gateway's way and its outcome recorded;
-/// two more are claimed by sessions whose commits the crash will lose, one by key and one
-/// by the general claim; then the database crashes before anything writes its WAL out.
+/// Four deliveries. One is claimed (by key) the gateway's way and its outcome recorded;
+/// three more are claimed by a session whose commits the crash will lose, one by each
+/// claim (by key, general, a half-open circuit's probe); then the database crashes before
+/// anything writes its WAL out.
 ///
 /// - The first survives whole: a claim and an outcome are durable commits.
-/// - The two lost claims left their rows as before (token 0, no attempt counted, no
-///   lease): due again.
+/// - The lost claims left their rows as before (token 0, no attempt counted, no lease):
+///   due again, the probe admitted again.
 /// - Claimed again, each gets a token the lost claim did not hold, so the lost claims'
 ///   workers, still sending, record nothing, and the new holders record their outcomes.
 ///   (With tokens stepping by one, the new tokens were the lost ones, and the lost
@@ -91,6 +92,20 @@ async fn a_claim_lost_with_the_database_is_fenced_and_its_delivery_claimed_again
     seed_deliveries(&pool, &endpoint, 3).await;
     let ids = delivery_ids(&pool, &endpoint).await;
     let (kept, by_key, by_general) = (ids[0], ids[1], ids[2]);
+    // A fourth, parked behind an open circuit whose cool-down is over: its probe's claim.
+    let broken = insert_endpoint(&pool, "http://127.0.0.1:9/broken").await;
+    seed_deliveries(&pool, &broken, 1).await;
+    let probed = delivery_ids(&pool, &broken).await[0];
+    sqlx::query(
+        "UPDATE endpoints SET circuit_state = 'open', open_count = 1, opened_at = now() - interval '1 minute',
+                              reopen_at = now() - interval '1 second'
+         WHERE id = $1::uuid",
+    )
+    .bind(&broken)
+    .execute(&pool)
+    .await
+    .expect("open the circuit");
+    sqlx::query("UPDATE deliveries SET parked = true WHERE id = $1").bind(probed).execute(&pool).await.expect("park");
     // One session whose commits the crash can lose (the setting is read at connection).
     sqlx::query("ALTER DATABASE gw SET synchronous_commit = off").execute(&mut admin).await.expect("alter");
     let losing = db::connect(&url, 1).await.expect("pool");
@@ -109,6 +124,8 @@ async fn a_claim_lost_with_the_database_is_fenced_and_its_delivery_claimed_again
     assert_eq!(lost_by_key.len(), 1);
     let lost_general = queue::claim(&losing, 10, LEASE).await.expect("general claim");
     assert_eq!(lost_general.iter().map(|c| c.id).collect::<Vec<_>>(), [by_general], "the only due row");
+    let lost_probe = queue::claim_probes(&losing, 10, LEASE).await.expect("probe claim");
+    assert_eq!(lost_probe.iter().map(|c| c.id).collect::<Vec<_>>(), [probed], "the half-open endpoint's probe");
 
     // The crash: the postmaster sees its WAL writer killed and restarts every process.
     signal(writer, libc::SIGKILL);
@@ -129,16 +146,24 @@ async fn a_claim_lost_with_the_database_is_fenced_and_its_delivery_claimed_again
         .await
         .expect("status");
     assert_eq!(status, "delivered", "a claim and its outcome are durable");
-    for (id, lost) in [(by_key, &lost_by_key[0]), (by_general, &lost_general[0])] {
+    for (id, lost) in [(by_key, &lost_by_key[0]), (by_general, &lost_general[0]), (probed, &lost_probe[0])] {
         assert!(lost.claim_token > 0 && lost.attempt == 1, "{lost:?}");
         assert_eq!(lease_of(&mut conn, id).await, (0, 0, false), "the crash lost the claim of {id:?}");
     }
 
     let again_by_key = queue::claim_fresh(&pool, &[by_key], 10, LEASE, 10).await.expect("claim by key").claimed;
     let again_general = queue::claim(&pool, 10, LEASE).await.expect("general claim");
+    let again_probe = queue::claim_probes(&pool, 10, LEASE).await.expect("probe claim");
     assert_eq!(again_by_key.iter().map(|c| c.id).collect::<Vec<_>>(), [by_key]);
     assert_eq!(again_general.iter().map(|c| c.id).collect::<Vec<_>>(), [by_general]);
-    for (lost, again) in [(&lost_by_key[0], &again_by_key[0]), (&lost_general[0], &again_general[0])] {
+    assert_eq!(again_probe.iter().map(|c| c.id).collect::<Vec<_>>(), [probed], "one probe again");
+    // The probe's own token (`probe_token`, on the endpoint) steps by one and comes back
+    // equal; the circuit only hears of outcomes the claim token let through
+    // (deliver::recorder), so the lost prober cannot close or reopen it.
+    assert_eq!(again_probe[0].probe_token, lost_probe[0].probe_token, "the probe token repeats");
+    let pairs =
+        [(&lost_by_key[0], &again_by_key[0]), (&lost_general[0], &again_general[0]), (&lost_probe[0], &again_probe[0])];
+    for (lost, again) in pairs {
         assert_eq!(again.attempt, 1, "the lost claim's attempt is counted again");
         assert_ne!(again.claim_token, lost.claim_token, "a new lease never takes a lost claim's token");
         assert!(record_delivered(&pool, lost).await.is_empty(), "the lost claim's worker is fenced");

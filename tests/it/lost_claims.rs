@@ -14,7 +14,7 @@ use webhook_gateway::db::{self, Pool};
 use webhook_gateway::ids::DeliveryId;
 use webhook_gateway::queue::{self, Claimed, Outcome};
 
-use crate::support::{attempt_record, delivery_ids, eventually, insert_endpoint, seed_deliveries};
+use crate::support::{attempt_record, delivery_ids, eventually, insert_endpoint, record_committed, seed_deliveries};
 
 const LEASE: Duration = Duration::from_secs(60);
 
@@ -24,16 +24,13 @@ const LEASE: Duration = Duration::from_secs(60);
 /// durable commit writes WAL out: no background writer rounds (a dirty page written out
 /// flushes the WAL before it), no autovacuum, and the WAL writer stopped by the test.
 fn crash_cluster() -> Cluster {
-    let dir = std::env::temp_dir().join(format!("wg-lost-claims-{}", uuid::Uuid::new_v4().simple()));
     let settings =
         [("fsync", "off"), ("autovacuum", "off"), ("bgwriter_lru_maxpages", "0"), ("wal_writer_delay", "10s")];
-    Cluster::start(&ClusterOptions {
-        data_dir: dir,
-        throwaway: true,
-        port: None,
+    let options = ClusterOptions {
         settings: settings.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
-    })
-    .expect("start a private cluster")
+        ..crate::support::throwaway_options()
+    };
+    Cluster::start(&options).expect("start a private cluster")
 }
 
 /// The WAL writer's pid.
@@ -61,9 +58,7 @@ async fn lease_of(conn: &mut PgConnection, id: DeliveryId) -> (i64, i32, bool) {
 
 /// Record `claim`'s attempt as delivered, committed: what it wrote (fresh, or nothing).
 async fn record_delivered(pool: &Pool, claim: &Claimed) -> Vec<DeliveryId> {
-    let mut tx = pool.begin().await.expect("begin");
-    let recorded = queue::record(&mut tx, &[attempt_record(claim, Outcome::Delivered)]).await.expect("record");
-    tx.commit().await.expect("commit");
+    let recorded = record_committed(pool, &[attempt_record(claim, Outcome::Delivered)]).await.expect("record");
     assert!(recorded.already.is_empty(), "{recorded:?}");
     recorded.fresh
 }

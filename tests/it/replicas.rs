@@ -126,7 +126,7 @@ async fn a_stale_worker_is_fenced() {
     assert!(b[0].claim_token > a[0].claim_token, "{} then {}", a[0].claim_token, b[0].claim_token);
     assert_eq!((a[0].attempt, b[0].attempt), (1, 2));
 
-    let stale = record_committed(&db.pool, &[record(&a[0], Outcome::Delivered)]).await.unwrap();
+    let stale = crate::support::record_committed(&db.pool, &[record(&a[0], Outcome::Delivered)]).await.unwrap();
     assert_eq!(stale, queue::Recorded::default(), "A is fenced");
     let (status, attempts): (String, i32) =
         sqlx::query_as("SELECT status, attempt_count FROM deliveries").fetch_one(&db.pool).await.unwrap();
@@ -134,11 +134,11 @@ async fn a_stale_worker_is_fenced() {
     assert_eq!(db.count("attempts").await, 0);
     assert!(!queue::release(&db.pool, a[0].id, a[0].claim_token, chrono::Utc::now()).await.unwrap());
 
-    let fresh = record_committed(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
+    let fresh = crate::support::record_committed(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
     assert_eq!(fresh, queue::Recorded { fresh: vec![b[0].id], ..Default::default() });
     // Recording twice (a retried write) does not apply twice, and says so: it is not
     // mistaken for a fenced outcome.
-    let again = record_committed(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
+    let again = crate::support::record_committed(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
     assert_eq!(again, queue::Recorded { already: vec![b[0].id], ..Default::default() });
     assert_eq!(db.count("attempts").await, 1);
 }
@@ -159,11 +159,11 @@ async fn recording_a_retry_twice_records_one_attempt() {
     retry.next_attempt_at = Some(first_at);
     retry.next_attempt_reason = Some(webhook_gateway::deliver::policy::NextReason::Backoff);
     let delivered = record(&claimed[1], Outcome::Delivered);
-    let first = record_committed(&db.pool, &[retry.clone(), delivered.clone()]).await.unwrap();
+    let first = crate::support::record_committed(&db.pool, &[retry.clone(), delivered.clone()]).await.unwrap();
     assert_eq!(first.fresh.len(), 2);
     // The same batch again, with a later schedule for the retry (a fresh draw).
     retry.next_attempt_at = Some(first_at + chrono::Duration::seconds(60));
-    let second = record_committed(&db.pool, &[retry, delivered]).await.unwrap();
+    let second = crate::support::record_committed(&db.pool, &[retry, delivered]).await.unwrap();
     assert!(second.fresh.is_empty(), "{second:?}");
     assert_eq!(second.already.len(), 2);
     let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE delivery_id = $1")
@@ -251,17 +251,6 @@ async fn split_roles_wake_workers_by_notification() {
         (count_status(&app.db.pool, "delivered").await == 5).then_some(())
     })
     .await;
-}
-
-/// `queue::record` in a transaction of its own, committed.
-async fn record_committed(
-    pool: &webhook_gateway::db::Pool,
-    rows: &[webhook_gateway::queue::AttemptRecord],
-) -> Result<webhook_gateway::queue::Recorded, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    let recorded = queue::record(&mut tx, rows).await?;
-    tx.commit().await?;
-    Ok(recorded)
 }
 
 /// Claims of fresh deliveries by key (ingest's hand-off, `queue::claim_fresh`) racing

@@ -371,6 +371,8 @@ async fn offer(ctx: &Ctx, gw: &Gateway, pool: &PgPool, rate: u64, conns: usize) 
         .iter()
         .filter_map(|(s, at)| Some(ctx.sink.seen_at(*s)?.saturating_duration_since(*at).as_micros() as u64))
         .collect();
+    // Webhooks accepted over the window the counters above span (the per-webhook divisor).
+    let accepted = (out.rate() * (warmup + measure).as_secs_f64()).max(1.0);
     let step = Step {
         rate,
         accepted: out.rate(),
@@ -379,12 +381,8 @@ async fn offer(ctx: &Ctx, gw: &Gateway, pool: &PgPool, rate: u64, conns: usize) 
         e2e: Latency::from_micros(&mut e2e),
         ingest: Latency::from_micros(&mut out.latencies),
         late: Latency::from_micros(&mut out.lateness),
-        transactions: transactions_before
-            .zip(transactions_after)
-            .map(|(before, after)| (after - before) / (out.rate() * (warmup + measure).as_secs_f64()).max(1.0)),
-        wal: wal_before
-            .zip(wal_after)
-            .map(|(before, after)| before.per(&after, out.rate() * (warmup + measure).as_secs_f64())),
+        transactions: transactions_before.zip(transactions_after).map(|(before, after)| (after - before) / accepted),
+        wal: wal_before.zip(wal_after).map(|(before, after)| before.per(&after, accepted)),
         failures: out.failure_note(),
         cpu,
     };

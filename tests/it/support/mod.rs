@@ -577,6 +577,17 @@ pub fn attempt_record(
     }
 }
 
+/// `queue::record` in a transaction of its own, committed.
+pub async fn record_committed(
+    pool: &Pool,
+    rows: &[webhook_gateway::queue::AttemptRecord],
+) -> Result<webhook_gateway::queue::Recorded, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let recorded = webhook_gateway::queue::record(&mut tx, rows).await?;
+    tx.commit().await?;
+    Ok(recorded)
+}
+
 /// A new login role on the test server, named `prefix` and a unique suffix, with no
 /// privileges of its own: its name, and `url` (the test database's) logging in as it.
 pub async fn login_role(pool: &Pool, url: &str, prefix: &str) -> (String, String) {

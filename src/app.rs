@@ -195,6 +195,9 @@ async fn serve(
     let wake = Arc::new(Notify::new());
     // Ingest hands the deliveries it stores straight to the dispatcher of the same process.
     let handoff = (settings.role == Role::All).then(|| Arc::new(crate::wake::Handoff::default()));
+    // And leases the deliveries of a webhook it writes alone in the statement that stores it.
+    let (prelease, preleased) = crate::deliver::prelease::Prelease::new(&settings.delivery);
+    let intake_prelease = (settings.role == Role::All).then(|| prelease.clone());
     let state = AppState {
         pool: pool.clone(),
         admin_token: settings.admin_token.clone().into(),
@@ -204,7 +207,14 @@ async fn serve(
         egress_https_only: settings.egress.https_only,
         release_per_sec: settings.delivery.circuit.release_per_sec,
         metrics: settings.metrics.clone(),
-        intake: Intake::start(pool.clone(), settings.ingest_writers, settings.secrets.clone(), wake, handoff.clone()),
+        intake: Intake::start(
+            pool.clone(),
+            settings.ingest_writers,
+            settings.secrets.clone(),
+            wake,
+            handoff.clone(),
+            intake_prelease,
+        ),
         db_timeout: settings.db_timeout,
         request_timeout: settings.http.request_timeout,
         secrets: settings.secrets.clone(),
@@ -236,7 +246,7 @@ async fn serve(
             egress,
             settings.delivery.clone(),
             state.wake.clone(),
-            handoff.unwrap_or_default(),
+            crate::deliver::dispatcher::Handovers { ids: handoff.unwrap_or_default(), prelease, preleased },
             settings.secrets.clone(),
             housekeeping.clone(),
         ))

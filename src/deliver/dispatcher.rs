@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::db::Pool;
-use tokio::sync::{Notify, Semaphore, mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::DeliverySettings;
@@ -16,6 +16,8 @@ use crate::egress::EgressClient;
 use crate::queue::{self, Claimed};
 use crate::secrets::Keyring;
 use crate::wake::Handoff;
+
+use super::prelease::{Prelease, Preleased, Received};
 
 /// Most deliveries claimed by one statement. Each claim pays fixed costs (two statements,
 /// the claim's planning, a commit) whatever its size; in the bench drain of 100,000, 256
@@ -34,7 +36,8 @@ pub struct Dispatcher {
 impl Dispatcher {
     /// Start the dispatcher. `wake` is notified when due work may have appeared (other
     /// processes' ingest, released circuits, redeliveries); `handoff` brings the
-    /// deliveries this process's ingest stored and its recorder made their lines' heads;
+    /// deliveries this process's ingest stored and its recorder made their lines' heads,
+    /// and those its ingest leased itself (with the worker slots they share);
     /// `secrets` opens the endpoint secrets each claim
     /// returns; it admits half-open probes while `housekeeping` says this process leads.
     pub fn spawn(
@@ -42,12 +45,13 @@ impl Dispatcher {
         egress: EgressClient,
         settings: DeliverySettings,
         wake: Arc<Notify>,
-        handoff: Arc<Handoff>,
+        handoff: Handovers,
         secrets: Keyring,
         housekeeping: Housekeeping,
     ) -> Dispatcher {
         let (stop, stopped) = watch::channel(false);
-        let wakes = Wakes { general: wake, handoff, room: Arc::new(Notify::new()) };
+        let Handovers { ids: handoff, prelease, preleased } = handoff;
+        let wakes = Wakes { general: wake, handoff, room: Arc::new(Notify::new()), prelease, preleased };
         let task = tokio::spawn(run(pool, egress, settings, wakes, secrets, housekeeping, stopped));
         Dispatcher { stop, task }
     }
@@ -61,6 +65,16 @@ impl Dispatcher {
     }
 }
 
+/// What this process's ingest and recorder hand to its dispatcher.
+pub struct Handovers {
+    /// Deliveries to claim by key.
+    pub ids: Arc<Handoff>,
+    /// What ingest shares with the dispatcher to lease deliveries itself.
+    pub prelease: Arc<Prelease>,
+    /// The deliveries it leased.
+    pub preleased: Received,
+}
+
 /// What wakes a sleeping dispatcher, by what it should look for.
 struct Wakes {
     /// Due work may have appeared anywhere: claim the general way.
@@ -71,18 +85,22 @@ struct Wakes {
     /// The recorder freed slots and endpoint room (and promoted nothing): only a
     /// dispatcher whose last claim left due work behind has anything to look for.
     room: Arc<Notify>,
+    /// What ingest shares with this dispatcher to lease deliveries itself.
+    prelease: Arc<Prelease>,
+    /// Deliveries this process's ingest leased, each with its slot: started as they come.
+    preleased: Received,
 }
 
 async fn run(
     pool: Pool,
     egress: EgressClient,
     settings: DeliverySettings,
-    wakes: Wakes,
+    mut wakes: Wakes,
     secrets: Keyring,
     housekeeping: Housekeeping,
     mut stop: watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(Semaphore::new(settings.workers));
+    let slots = wakes.prelease.slots();
     let (outcomes, records) = mpsc::channel(settings.workers.max(16));
     let patience = recorder::Patience { lease: settings.lease, stopping: stop.clone() };
     // The recorder wakes the claim loop too: each write frees slots and endpoint room
@@ -109,19 +127,33 @@ async fn run(
     // hand-off's. Otherwise the deliveries handed over (by ingest, by the recorder) are
     // claimed by key.
     let mut owed_general = true;
+    wakes.prelease.set_owed_general(true);
     tracing::info!(workers = settings.workers, "delivery workers started");
 
-    loop {
-        // Wait for a free slot (or shutdown).
+    'claims: loop {
+        // Wait for a free slot (or shutdown), starting what ingest leased meanwhile.
         let first = tokio::select! {
             permit = slots.clone().acquire_owned() => match permit {
                 Ok(p) => p,
                 Err(_) => break,
             },
+            Some(leased) = wakes.preleased.recv() => {
+                start(&mut in_flight, &ctx, leased);
+                continue;
+            }
             _ = stop.wait_for(|s| *s) => break,
         };
         while in_flight.try_join_next().is_some() {}
-        let want = (1 + slots.available_permits()).min(MAX_CLAIM_BATCH);
+        // The slots this claim may fill, held through it: ingest takes free slots too
+        // (`prelease`), so slots merely counted could be gone when the claim returns.
+        let mut permits = vec![first];
+        while permits.len() < MAX_CLAIM_BATCH {
+            match slots.clone().try_acquire_owned() {
+                Ok(permit) => permits.push(permit),
+                Err(_) => break,
+            }
+        }
+        let want = permits.len();
         // Raced against stop: a claim sent into a network partition must not hold
         // shutdown until the connection gives up. A claim that committed unseen is a
         // crashed claim: its lease brings the rows back.
@@ -159,6 +191,7 @@ async fn run(
                 claim_failures = 0;
                 // A full claim may have left more: look again the general way.
                 owed_general = left_behind || claimed.len() >= want;
+                wakes.prelease.set_owed_general(owed_general);
                 claimed
             }
             Err(e) => {
@@ -166,9 +199,10 @@ async fn run(
                 pool.note(&e);
                 claim_failures += 1;
                 owed_general = true;
+                wakes.prelease.set_owed_general(true);
                 let pause = claim_retry_pause(claim_failures);
                 tracing::warn!(error = %e, retry_in = ?pause, "claiming deliveries failed");
-                drop(first);
+                drop(permits);
                 // A wake-up (ingest stored a webhook, so the database is back) ends the
                 // pause early: after a failover the workers follow ingest at once rather
                 // than up to a whole pause later.
@@ -187,9 +221,9 @@ async fn run(
         let found = claimed.len();
         let probes = claimed.iter().filter(|job| job.probe_token.is_some()).count();
         let claim_span = crate::telemetry::claim_span(claim_started, claimed.len(), probes);
-        let mut permits = std::iter::once(first).chain(std::iter::from_fn(|| slots.clone().try_acquire_owned().ok()));
+        // A claim takes at most `want` rows: each has its slot; the rest are freed below.
+        let mut permits = permits.into_iter();
         for job in claimed {
-            // Only this loop acquires slots, and it counted them: a permit is there.
             let Some(permit) = permits.next() else {
                 tracing::error!(delivery_id = %job.id, "no free slot for a claimed delivery; its lease will bring it back");
                 continue;
@@ -211,10 +245,23 @@ async fn run(
             } else {
                 settings.poll_interval
             };
-            if !sleep(&wakes, &mut owed_general, pause, &mut stop).await {
-                break;
+            let until = tokio::time::Instant::now() + pause;
+            loop {
+                match sleep(&mut wakes, &mut owed_general, until, &mut stop).await {
+                    Slept::Woken => break,
+                    // Started at once; the dispatcher sleeps on (it claimed nothing).
+                    Slept::Preleased(leased) => start(&mut in_flight, &ctx, *leased),
+                    Slept::Stopped => break 'claims,
+                }
             }
+            wakes.prelease.set_owed_general(owed_general);
         }
+    }
+    // Ingest leases no more; what it leased before is worked on like any claim.
+    wakes.prelease.set_owed_general(true);
+    wakes.preleased.close();
+    while let Ok(leased) = wakes.preleased.try_recv() {
+        start(&mut in_flight, &ctx, leased);
     }
 
     let in_flight_now = in_flight.len();
@@ -238,21 +285,43 @@ async fn run(
     tracing::info!("delivery workers stopped");
 }
 
-/// Sleep until something may be claimable: a general wake or the poll (after which a
-/// general claim is owed), the hand-off, or room freed while a general claim is owed.
-/// False on stop.
-async fn sleep(wakes: &Wakes, owed_general: &mut bool, pause: Duration, stop: &mut watch::Receiver<bool>) -> bool {
-    let poll = tokio::time::sleep(pause);
+/// Start the attempt of a delivery that ingest leased.
+fn start(in_flight: &mut JoinSet<()>, ctx: &Context, leased: Preleased) {
+    in_flight.spawn(attempt::run(ctx.clone(), leased.job, leased.slot, leased.claim));
+}
+
+/// How a dispatcher's sleep ended.
+enum Slept {
+    /// Something may be claimable.
+    Woken,
+    /// Ingest leased a delivery: start it, and sleep on.
+    Preleased(Box<Preleased>),
+    /// Stop.
+    Stopped,
+}
+
+/// Sleep until something may be claimable: a general wake or the poll at `until` (after
+/// which a general claim is owed), the hand-off, or room freed while a general claim is
+/// owed; or until ingest hands over a delivery it leased.
+async fn sleep(
+    wakes: &mut Wakes,
+    owed_general: &mut bool,
+    until: tokio::time::Instant,
+    stop: &mut watch::Receiver<bool>,
+) -> Slept {
+    let Wakes { general, handoff, room, preleased, .. } = wakes;
+    let poll = tokio::time::sleep_until(until);
     tokio::pin!(poll);
     loop {
         tokio::select! {
-            () = wakes.general.notified() => *owed_general = true,
+            () = general.notified() => *owed_general = true,
             () = &mut poll => *owed_general = true,
-            () = wakes.handoff.arrived() => {}
-            () = wakes.room.notified() => if !*owed_general { continue },
-            _ = stop.wait_for(|s| *s) => return false,
+            () = handoff.arrived() => {}
+            () = room.notified() => if !*owed_general { continue },
+            Some(leased) = preleased.recv() => return Slept::Preleased(Box::new(leased)),
+            _ = stop.wait_for(|s| *s) => return Slept::Stopped,
         }
-        return true;
+        return Slept::Woken;
     }
 }
 

@@ -11,6 +11,8 @@
 //! - [`attempt`]: one attempt of one delivery, from the claim to the outcome it hands
 //!   the recorder (its decisions are pure functions: [`attempt::judge`],
 //!   [`attempt::schedule`]);
+//! - [`prelease`]: a lone webhook's deliveries leased by the statement that stores it
+//!   (role `all`), handed to the dispatcher with their worker slots;
 //! - [`recorder`]: batched, fenced, idempotent outcome writes;
 //! - [`policy`] and [`backoff`] (pure), [`request`] and [`sign`] (the outbound request),
 //!   [`urls`] (endpoint URLs parsed once).
@@ -21,6 +23,7 @@ pub mod bodies;
 pub mod dispatcher;
 pub mod housekeeping;
 pub mod policy;
+pub mod prelease;
 pub mod recorder;
 pub mod request;
 mod settings;

@@ -21,7 +21,10 @@
 //! flight while it does, so webhooks arriving meanwhile gather in the queue for the
 //! next batch exactly as they would behind a writer's commit. That saves the two task
 //! wake-ups of the hand-over (request to writer, writer back to request), which at one
-//! connection are a visible part of a webhook's time.
+//! connection are a visible part of a webhook's time. In role `all`, while the
+//! process's dispatcher has free workers and owes no general claim, that one statement
+//! also leases the webhook's deliveries for them ([`crate::deliver::prelease`]; in a task
+//! of its own, so that a requester that goes away strands no lease).
 //!
 //! If a batch fails for a reason other than the database being unreachable (say one
 //! event trips a trigger), its events are retried one by one so each gets its own
@@ -42,6 +45,7 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use crate::db;
+use crate::deliver::prelease::{self, Prelease};
 use crate::store::events::{self, OwnedEvent, Stored};
 
 /// Most events in one statement.
@@ -111,17 +115,22 @@ pub struct Batcher {
     jobs: mpsc::Sender<Job>,
     writers: Arc<Writers>,
     pool: Pool,
+    /// With a dispatcher in this process: a webhook written alone has its deliveries
+    /// leased by the statement that stores it.
+    prelease: Option<Arc<Prelease>>,
 }
 
 impl Batcher {
     /// Start `writers` writer tasks on `pool`. They end when every handle is dropped.
-    pub fn start(pool: Pool, writers: usize) -> Batcher {
+    /// With `prelease`, a webhook written alone also has its deliveries leased by its
+    /// statement ([`crate::deliver::prelease`]).
+    pub fn start(pool: Pool, writers: usize, prelease: Option<Arc<Prelease>>) -> Batcher {
         let (jobs, queue) = mpsc::channel::<Job>(MAX_BATCH * writers.max(1) * 4);
         let shared = Arc::new(Writers::new(queue));
         for _ in 0..writers.max(1) {
             tokio::spawn(write_loop(pool.clone(), shared.clone()));
         }
-        Batcher { jobs, writers: shared, pool }
+        Batcher { jobs, writers: shared, pool, prelease }
     }
 
     /// Store one event (with its fan-out); returns once it is committed, or at `deadline`
@@ -132,7 +141,8 @@ impl Batcher {
         let span = if crate::telemetry::enabled() { tracing::Span::current() } else { tracing::Span::none() };
         if let Some(in_flight) = self.writers.write_directly(&self.jobs) {
             let span = crate::telemetry::commit_span(std::iter::once(&span), 1);
-            let written = write_in_flight(&self.pool, &[event], span, deadline, in_flight).await;
+            let alone = write_alone(&self.pool, event, self.prelease.clone());
+            let written = write_in_flight(1, alone, span, deadline, in_flight).await;
             return written.into_iter().next().unwrap_or(Err(StoreError::Failed));
         }
         let (reply, answer) = oneshot::channel();
@@ -249,24 +259,39 @@ impl Drop for InFlight {
     }
 }
 
-/// Write `events` as the commit `in_flight` by `deadline`, under `span`: a verdict for
-/// each, in order. Used by the writers and by a requester's direct write alike.
+/// Run `write` of `events` events as the commit `in_flight` by `deadline`, under `span`:
+/// a verdict for each, in order. Used by the writers and by a requester's direct write
+/// alike.
 async fn write_in_flight(
-    pool: &Pool,
-    events: &[OwnedEvent],
+    events: usize,
+    write: impl Future<Output = Vec<Result<Stored, StoreError>>>,
     span: tracing::Span,
     deadline: Instant,
     in_flight: InFlight,
 ) -> Vec<Result<Stored, StoreError>> {
-    let written = tokio::time::timeout_at(deadline, write(pool, events).instrument(span)).await;
+    let written = tokio::time::timeout_at(deadline, write.instrument(span)).await;
     drop(in_flight);
     written.unwrap_or_else(|_| {
         // The statement may have reached the server. The connection goes back through
         // sqlx's drain, out of the pool until the path answers or the kernel gives up on
         // it (db::tcp).
-        tracing::warn!(events = events.len(), "no answer from the database before the ingest deadline");
-        events.iter().map(|_| Err(StoreError::Unconfirmed)).collect()
+        tracing::warn!(events, "no answer from the database before the ingest deadline");
+        vec![Err(StoreError::Unconfirmed); events]
     })
+}
+
+/// A requester's direct write of its webhook: with its deliveries leased by the same
+/// statement when the dispatcher of this process takes them now, else as a writer's
+/// batch of one.
+async fn write_alone(
+    pool: &Pool,
+    event: OwnedEvent,
+    prelease: Option<Arc<Prelease>>,
+) -> Vec<Result<Stored, StoreError>> {
+    match prelease.filter(|p| p.takes(&event.as_new())) {
+        Some(prelease) => vec![prelease::store(pool, event, prelease).await.map_err(|e| StoreError::from(&e))],
+        None => write(pool, std::slice::from_ref(&event)).await,
+    }
 }
 
 /// Move what is queued now into `batch`, up to [`MAX_BATCH`].
@@ -294,7 +319,8 @@ async fn write_loop(pool: Pool, writers: Arc<Writers>) {
         };
         let span = crate::telemetry::commit_span(batch.iter().map(|job| &job.span), batch.len());
         let (events, replies): (Vec<OwnedEvent>, Vec<_>) = batch.drain(..).map(|job| (job.event, job.reply)).unzip();
-        let results = write_in_flight(&pool, &events, span, deadline, InFlight::start(&writers)).await;
+        let results =
+            write_in_flight(events.len(), write(&pool, &events), span, deadline, InFlight::start(&writers)).await;
         for (reply, result) in replies.into_iter().zip(results) {
             // The requester may have gone meanwhile: the event is stored either way,
             // and a retry will be answered as a duplicate.

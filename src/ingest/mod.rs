@@ -77,17 +77,20 @@ impl Intake {
     /// Start `writers` group-commit writers on `pool`. Sources' secrets are opened with
     /// `secrets`. Whenever an event creates deliveries they are handed to this process's
     /// dispatcher through `handoff` when there is one (role `all`), else `wake` is
-    /// signalled (role `ingest`: the notification to other processes).
+    /// signalled (role `ingest`: the notification to other processes). With `prelease`
+    /// (role `all`), a webhook written alone has its deliveries leased by the statement
+    /// that stores it and handed to that dispatcher (`crate::deliver::prelease`).
     pub fn start(
         pool: Pool,
         writers: usize,
         secrets: Keyring,
         wake: Arc<Notify>,
         handoff: Option<Arc<crate::wake::Handoff>>,
+        prelease: Option<Arc<crate::deliver::prelease::Prelease>>,
     ) -> Intake {
         Intake {
             sources: Arc::new(SourceCache::new(secrets)),
-            batcher: Batcher::start(pool.clone(), writers),
+            batcher: Batcher::start(pool.clone(), writers, prelease),
             pool,
             wake,
             handoff,

@@ -346,7 +346,6 @@ pub async fn claim_fresh(
     lease: Duration,
     default_max_in_flight: i32,
 ) -> Result<FreshClaim, sqlx::Error> {
-    use sqlx::{FromRow as _, Row as _};
     let rows = crate::db::query(CLAIM_FRESH_SQL)
         .bind(deliveries)
         .bind(limit)
@@ -354,10 +353,19 @@ pub async fn claim_fresh(
         .bind(default_max_in_flight)
         .fetch_all(pool)
         .await?;
+    fresh_claim_of(&rows)
+}
+
+/// What [`CLAIM_FRESH_FUNCTION`] returned, read from its rows (or from rows that carry its
+/// columns beside others: the ingest statement that claims, `crate::store::events`).
+/// Refused when it broke [`crate::invariants::CLAIMED_ONCE`].
+pub(crate) fn fresh_claim_of(rows: &[sqlx::postgres::PgRow]) -> Result<FreshClaim, sqlx::Error> {
+    use sqlx::{FromRow as _, Row as _};
     let mut candidates = 0i64;
     let mut claimed = Vec::with_capacity(rows.len());
-    for row in &rows {
-        candidates = row.try_get("candidates")?;
+    for row in rows {
+        // Null where the function was not called (nothing to claim).
+        candidates = row.try_get::<Option<i64>, _>("candidates")?.unwrap_or(0);
         // One row with only `candidates` when nothing was claimed.
         if row.try_get::<Option<DeliveryId>, _>("id")?.is_some() {
             claimed.push(Claimed::from_row(row)?);

@@ -35,6 +35,7 @@ mod ordering;
 mod otel;
 mod plans;
 mod pooler;
+mod prelease;
 mod quickstart;
 mod refusals;
 mod replicas;

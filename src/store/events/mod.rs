@@ -57,10 +57,10 @@ pub fn insert_sql() -> &'static str {
 }
 
 /// [`insert_sql`]'s text, built once: every lone webhook runs it.
-static INSERT_SQL: LazyLock<String> = LazyLock::new(|| {
-    // The duplicate branch usually answers in the same round trip. It reads the
-    // statement's snapshot, so a twin committed after our statement began is invisible
-    // there (ON CONFLICT still saw it): then zero rows come back and we look again.
+static INSERT_SQL: LazyLock<String> = LazyLock::new(|| format!("{}\n        {INSERT_ANSWER}", insert_ctes()));
+
+/// The ingest statement's `WITH` list: the event, its bodies and the fan-out.
+fn insert_ctes() -> String {
     format!(
         "WITH ev AS (
             INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload, ordering_key,
@@ -70,20 +70,55 @@ static INSERT_SQL: LazyLock<String> = LazyLock::new(|| {
             RETURNING id, source_id, event_type, ordering_key, 0 AS ord
         ), bodies AS (
             SELECT ev.id, $5::jsonb AS headers, $6::bytea AS payload FROM ev
-        ), {FANOUT}
-        SELECT id, false AS duplicate, ARRAY(SELECT id FROM fan) AS deliveries FROM ev
-        UNION ALL
-        SELECT id, true, '{{}}'::uuid[] FROM events
-        WHERE source_id = $1 AND dedupe_key = $2 AND NOT EXISTS (SELECT 1 FROM ev)"
+        ), {FANOUT}"
     )
-});
+}
 
-/// [`insert_sql`] with `event` and its search `terms` bound, in the statement's order.
-fn bound_insert<'q>(
+/// The ingest statement's answer: the new event with its deliveries, or the stored twin.
+///
+/// The duplicate branch usually answers in the same round trip. It reads the statement's
+/// snapshot, so a twin committed after our statement began is invisible there (ON
+/// CONFLICT still saw it): then zero rows come back and we look again.
+const INSERT_ANSWER: &str = "SELECT id, false AS duplicate, ARRAY(SELECT id FROM fan) AS deliveries FROM ev
+        UNION ALL
+        SELECT id, true, '{}'::uuid[] FROM events
+        WHERE source_id = $1 AND dedupe_key = $2 AND NOT EXISTS (SELECT 1 FROM ev)";
+
+/// The ingest statement that also claims the deliveries it creates ([`insert_and_claim`];
+/// `$11` claim limit, `$12` lease in seconds, `$13` default max in flight): the answer's
+/// columns renamed `stored_*`, then the claim function's
+/// ([`crate::queue::CLAIM_FRESH_FUNCTION`]), one row per delivery claimed (or one with
+/// only `candidates`; null when there was nothing to claim).
+///
+/// The function runs after the fan-out's rows are in (its input is their ids) and, being
+/// `VOLATILE`, sees them: PostgreSQL lets a volatile function see the changes of the
+/// statement that calls it (unlike the statement's other parts, which share one
+/// snapshot).
+pub fn insert_and_claim_sql() -> &'static str {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "{}, answer AS (
+            {INSERT_ANSWER}
+        )
+        SELECT a.id AS stored_id, a.duplicate AS stored_duplicate, a.deliveries AS stored_deliveries, c.*
+        FROM answer a LEFT JOIN LATERAL (
+            SELECT * FROM {}(a.deliveries, $11, $12, $13) WHERE cardinality(a.deliveries) > 0
+        ) c ON true",
+            insert_ctes(),
+            crate::queue::CLAIM_FRESH_FUNCTION
+        )
+    });
+    &SQL
+}
+
+/// `sql` (the ingest statement, [`insert_sql`] or [`insert_and_claim_sql`]) with `event`
+/// and its search `terms` bound, in the statement's order.
+fn bound_event<'q>(
+    sql: &'q str,
     event: &'q NewEvent<'q>,
     terms: &'q [i64],
-) -> sqlx::query::QueryAs<'q, Postgres, (EventId, bool, Vec<DeliveryId>), sqlx::postgres::PgArguments> {
-    crate::db::query_as(insert_sql())
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    crate::db::query(sql)
         .bind(event.source_id)
         .bind(event.dedupe_key)
         .bind(event.event_type)
@@ -96,6 +131,25 @@ fn bound_insert<'q>(
         .bind(terms)
 }
 
+/// The answer of [`insert_sql`]'s row.
+fn stored_of(row: &sqlx::postgres::PgRow) -> Result<Stored, sqlx::Error> {
+    use sqlx::FromRow as _;
+    let (event_id, duplicate, deliveries) = <(EventId, bool, Vec<DeliveryId>)>::from_row(row)?;
+    Ok(Stored { event_id, duplicate, deliveries })
+}
+
+/// The twin an ingest statement did not see (committed after its snapshot), as a
+/// duplicate's answer; `None` when there is none (it was deleted meanwhile).
+async fn find_twin<'c>(db: impl PgExecutor<'c>, event: &NewEvent<'_>) -> Result<Option<Stored>, sqlx::Error> {
+    let existing: Option<EventId> =
+        crate::db::query_scalar("SELECT id FROM events WHERE source_id = $1 AND dedupe_key = $2")
+            .bind(event.source_id)
+            .bind(event.dedupe_key)
+            .fetch_optional(db)
+            .await?;
+    Ok(existing.map(|event_id| Stored { event_id, duplicate: true, deliveries: Vec::new() }))
+}
+
 /// Store an event and one delivery per matching subscription's endpoint, atomically.
 ///
 /// One statement, so one transaction: there is no state with the event but not its
@@ -106,19 +160,61 @@ pub async fn insert_with_fanout<'c, E>(db: E, event: &NewEvent<'_>) -> Result<St
 where
     E: PgExecutor<'c> + Copy,
 {
-    const FIND: &str = "SELECT id FROM events WHERE source_id = $1 AND dedupe_key = $2";
     let terms = crate::search::terms(event.dedupe_key, event.headers, event.payload);
     // Bounded: the only way round again is a twin that committed and was then deleted
     // (retention) between our two statements.
     for _ in 0..3 {
-        let row = bound_insert(event, &terms).fetch_optional(db).await?;
-        if let Some((event_id, duplicate, deliveries)) = row {
-            return Ok(Stored { event_id, duplicate, deliveries });
+        if let Some(row) = bound_event(insert_sql(), event, &terms).fetch_optional(db).await? {
+            return stored_of(&row);
         }
-        let existing: Option<EventId> =
-            crate::db::query_scalar(FIND).bind(event.source_id).bind(event.dedupe_key).fetch_optional(db).await?;
-        if let Some(event_id) = existing {
-            return Ok(Stored { event_id, duplicate: true, deliveries: Vec::new() });
+        if let Some(twin) = find_twin(db, event).await? {
+            return Ok(twin);
+        }
+    }
+    Err(sqlx::Error::Protocol("event neither inserted nor found after 3 tries (concurrent deletion)".into()))
+}
+
+/// How [`insert_and_claim`] claims: as [`crate::queue::claim_fresh`] does.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimTerms {
+    /// Most deliveries to claim (the worker slots the caller holds for them).
+    pub limit: i64,
+    /// The lease.
+    pub lease: std::time::Duration,
+    /// An endpoint's in-flight limit when it sets none.
+    pub default_max_in_flight: i32,
+}
+
+/// [`insert_with_fanout`], and in the same statement (one round trip, one commit) the
+/// claim by key of the deliveries it creates ([`crate::queue::claim_fresh`]: the same
+/// function, with the endpoint locks, room, rate tokens, lease and fencing token of any
+/// claim). The stored event's `deliveries` still lists every delivery it created; the
+/// claim says which were leased.
+pub async fn insert_and_claim(
+    pool: &crate::db::Pool,
+    event: &NewEvent<'_>,
+    terms: ClaimTerms,
+) -> Result<(Stored, crate::queue::FreshClaim), sqlx::Error> {
+    use sqlx::Row as _;
+    let search = crate::search::terms(event.dedupe_key, event.headers, event.payload);
+    // Bounded as in `insert_with_fanout`.
+    for _ in 0..3 {
+        let rows = bound_event(insert_and_claim_sql(), event, &search)
+            .bind(terms.limit)
+            .bind(terms.lease.as_secs_f64())
+            .bind(terms.default_max_in_flight)
+            .fetch_all(pool)
+            .await?;
+        if let Some(first) = rows.first() {
+            let stored = Stored {
+                event_id: first.try_get("stored_id")?,
+                duplicate: first.try_get("stored_duplicate")?,
+                deliveries: first.try_get("stored_deliveries")?,
+            };
+            return Ok((stored, crate::queue::fresh_claim_of(&rows)?));
+        }
+        if let Some(twin) = find_twin(pool, event).await? {
+            return Ok((twin, crate::queue::FreshClaim { claimed: Vec::new(), took_all: true }));
         }
     }
     Err(sqlx::Error::Protocol("event neither inserted nor found after 3 tries (concurrent deletion)".into()))
@@ -130,8 +226,8 @@ where
 /// (`crate::operational`), whose keys no producer races for.
 pub async fn insert_in(conn: &mut sqlx::PgConnection, event: &NewEvent<'_>) -> Result<Option<Stored>, sqlx::Error> {
     let terms = crate::search::terms(event.dedupe_key, event.headers, event.payload);
-    let row = bound_insert(event, &terms).fetch_optional(conn).await?;
-    Ok(row.map(|(event_id, duplicate, deliveries)| Stored { event_id, duplicate, deliveries }))
+    let row = bound_event(insert_sql(), event, &terms).fetch_optional(conn).await?;
+    row.as_ref().map(stored_of).transpose()
 }
 
 /// The arrival time of the oldest event received before `before` that retention could

@@ -1,0 +1,184 @@
+//! The pre-leased hand-off: a lone webhook's deliveries leased by the statement that
+//! stores them.
+//!
+//! At low load a webhook cost two round trips before its attempt could start: ingest's
+//! statement, then the claim by key of the deliveries it created, each its own commit
+//! (bench/PROFILE.md). In a process that both ingests and delivers (role `all`), a
+//! webhook that ingest writes alone (group commit's direct write, `ingest::batcher`) is
+//! stored and its deliveries claimed in one statement
+//! ([`crate::store::events::insert_and_claim`]): the claim is the same function as the
+//! claim by key, with the same endpoint locks, room, rate tokens, lease and fencing token
+//! as any claim. The leased deliveries go to this process's dispatcher with a worker slot
+//! each, reserved before the statement, so no lease waits for a slot.
+//!
+//! It is not done (the deliveries are handed over by id, [`crate::wake::Handoff`], as
+//! before) when the dispatcher has no free slot, when it owes a general claim (due work
+//! older than this webhook may be waiting, and that goes first), once it has stopped, or
+//! for an event with an ordering key (its line's row is locked by the fan-out, and the
+//! claim would then lock the endpoint's after it, an order the recorder does not keep).
+//!
+//! The statement runs in a task of its own, so a request that goes away meanwhile (its
+//! client gone, its deadline passed) does not leave leases committed that no worker
+//! receives. A lease the dispatcher cannot take any more (it stopped meanwhile) is given
+//! back at once ([`queue::release`], fenced by its token, the attempt not spent), not left
+//! until the lease runs out.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::trace::SpanContext;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+
+use super::DeliverySettings;
+use crate::db::Pool;
+use crate::ids::DeliveryId;
+use crate::queue::{self, Claimed};
+use crate::store::events::{self, ClaimTerms, NewEvent, Stored};
+
+/// Most deliveries of one webhook leased by the statement that stores it: the worker
+/// slots reserved before it, when that many are free (a webhook's fan-out is not known
+/// before the statement; what it creates beyond them is handed over by id).
+pub const MOST_LEASED_PER_WEBHOOK: usize = 8;
+
+/// What ingest and the dispatcher of one process share for the hand-off.
+#[derive(Debug)]
+pub struct Prelease {
+    /// The dispatcher's worker slots.
+    slots: Arc<Semaphore>,
+    /// Leased deliveries, each with its slot, on their way to the dispatcher.
+    jobs: mpsc::UnboundedSender<Preleased>,
+    /// Set by the dispatcher while its last claim left nothing due behind (it owes no
+    /// general claim): only then may a fresh delivery be leased ahead of it.
+    open: AtomicBool,
+    lease: Duration,
+    default_max_in_flight: i32,
+}
+
+/// A delivery leased by ingest, with the worker slot reserved for it.
+#[derive(Debug)]
+pub struct Preleased {
+    /// The claimed delivery.
+    pub job: Claimed,
+    /// Its worker slot.
+    pub slot: OwnedSemaphorePermit,
+    /// The claim's span (with tracing on).
+    pub claim: Option<SpanContext>,
+}
+
+/// The dispatcher's end of the hand-off.
+pub type Received = mpsc::UnboundedReceiver<Preleased>;
+
+impl Prelease {
+    /// The hand-off for a dispatcher with `settings`; the receiver goes to the dispatcher.
+    pub fn new(settings: &DeliverySettings) -> (Arc<Prelease>, Received) {
+        let (jobs, received) = mpsc::unbounded_channel();
+        let shared = Prelease {
+            slots: Arc::new(Semaphore::new(settings.workers)),
+            jobs,
+            open: AtomicBool::new(false),
+            lease: settings.lease,
+            default_max_in_flight: settings.endpoint_max_in_flight,
+        };
+        (Arc::new(shared), received)
+    }
+
+    /// The dispatcher's worker slots.
+    pub fn slots(&self) -> Arc<Semaphore> {
+        self.slots.clone()
+    }
+
+    /// The dispatcher says whether it owes a general claim (then nothing is leased
+    /// ahead of it).
+    pub fn set_owed_general(&self, owed: bool) {
+        self.open.store(!owed, Ordering::Release);
+    }
+
+    /// Whether ingest may lease the deliveries of `event` now. (A dispatcher that stops
+    /// closes the hand-off first; one that is gone without doing so gets leases that are
+    /// given back at once.)
+    pub fn takes(&self, event: &NewEvent<'_>) -> bool {
+        event.ordering_key.is_none() && self.open.load(Ordering::Acquire)
+    }
+
+    /// Up to [`MOST_LEASED_PER_WEBHOOK`] free worker slots (none when none is free).
+    fn reserve(&self) -> Vec<OwnedSemaphorePermit> {
+        std::iter::from_fn(|| self.slots.clone().try_acquire_owned().ok()).take(MOST_LEASED_PER_WEBHOOK).collect()
+    }
+}
+
+/// Store `event` with its fan-out and, when [`Prelease::takes`] it and a worker slot is
+/// free, lease its deliveries in the same statement and hand them to the dispatcher.
+/// The answer's `deliveries` are those left to claim (not leased here): what ingest
+/// hands over by id.
+///
+/// Runs in a task of its own (see the module doc): the caller may go away meanwhile. A
+/// failure that says nothing of the database's health (it would refuse the plain write
+/// too) has the webhook stored the plain way: nothing of the failed statement committed.
+pub async fn store(pool: &Pool, event: events::OwnedEvent, prelease: Arc<Prelease>) -> Result<Stored, sqlx::Error> {
+    let pool = pool.clone();
+    let task = tokio::spawn(async move {
+        let event = event.as_new();
+        match store_leasing(&pool, &event, &prelease).await {
+            Err(e) if !crate::db::is_unavailable(&e) => {
+                tracing::warn!(error = %e, "storing a webhook with its deliveries leased failed; storing it alone");
+                crate::db::retry_conflicts(|| events::insert_with_fanout(&pool, &event)).await
+            }
+            stored => stored,
+        }
+    });
+    task.await.unwrap_or_else(|e| Err(sqlx::Error::Protocol(format!("storing a webhook stopped: {e}"))))
+}
+
+/// [`store`], in the caller's task.
+pub async fn store_leasing(pool: &Pool, event: &NewEvent<'_>, prelease: &Prelease) -> Result<Stored, sqlx::Error> {
+    let slots = if prelease.takes(event) { prelease.reserve() } else { Vec::new() };
+    if slots.is_empty() {
+        return crate::db::retry_conflicts(|| events::insert_with_fanout(pool, event)).await;
+    }
+    let terms = ClaimTerms {
+        limit: slots.len() as i64,
+        lease: prelease.lease,
+        default_max_in_flight: prelease.default_max_in_flight,
+    };
+    let started = SystemTime::now();
+    let (mut stored, fresh) = crate::db::retry_conflicts(|| events::insert_and_claim(pool, event, terms)).await?;
+    let mut unsent = Unsent { pool: pool.clone(), leases: Vec::new() };
+    stored.deliveries.retain(|id| !fresh.claimed.iter().any(|job| job.id == *id));
+    let claim = crate::telemetry::claim_span(started, fresh.claimed.len(), 0);
+    // At most `limit` were claimed: each has a slot; the slots left over are freed here.
+    for (job, slot) in fresh.claimed.into_iter().zip(slots) {
+        if let Err(mpsc::error::SendError(back)) = prelease.jobs.send(Preleased { job, slot, claim: claim.clone() }) {
+            unsent.leases.push(back.job);
+        }
+    }
+    Ok(stored)
+}
+
+/// Leases taken that no worker received; given back when dropped.
+struct Unsent {
+    pool: Pool,
+    leases: Vec<Claimed>,
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if self.leases.is_empty() {
+            return;
+        }
+        let leases: Vec<(DeliveryId, i64)> = self.leases.iter().map(|job| (job.id, job.claim_token)).collect();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(deliveries = leases.len(), "leases not handed to a worker; they end by themselves");
+            return;
+        };
+        let pool = self.pool.clone();
+        runtime.spawn(async move {
+            for (id, token) in leases {
+                // Fenced: a lease taken since is left alone.
+                if let Err(e) = queue::release(&pool, id, token, chrono::Utc::now()).await {
+                    tracing::warn!(delivery_id = %id, error = %e, "giving back an unsent lease failed; it ends by itself");
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,253 @@
+//! The pre-leased hand-off (`deliver::prelease`): a lone webhook's deliveries leased by
+//! the statement that stores them, within every limit of a claim, across replicas, and
+//! given back when no worker receives them.
+
+use std::time::Duration;
+
+use serde_json::json;
+use webhook_gateway::deliver::DeliverySettings;
+use webhook_gateway::deliver::prelease::{self, Prelease};
+use webhook_gateway::ids::SourceId;
+use webhook_gateway::store::events::NewEvent;
+
+use crate::support::sink::{Reply, Sink};
+use crate::support::{TestApp, TestDb, count_status, eventually, test_settings};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Per delivery of `endpoint`, oldest event first: whether it was leased by the
+/// transaction that inserted its event (its row version is that transaction's), its claim
+/// token, its attempt count and whether it is leased.
+async fn lease_of(pool: &webhook_gateway::db::Pool, endpoint: &str) -> Vec<(bool, i64, i32, bool)> {
+    sqlx::query_as(
+        "SELECT d.xmin::text = e.xmin::text, d.claim_token, d.attempt_count, d.leased_until IS NOT NULL
+         FROM deliveries d JOIN events e ON e.id = d.event_id
+         WHERE d.endpoint_id = $1::uuid ORDER BY e.received_at",
+    )
+    .bind(endpoint)
+    .fetch_all(pool)
+    .await
+    .expect("deliveries")
+}
+
+/// How many deliveries of the event stored under `key` are still as the transaction that
+/// stored it left them, leased (before their outcome is written).
+async fn leased_by_ingest(pool: &webhook_gateway::db::Pool, key: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM deliveries d JOIN events e ON e.id = d.event_id
+         WHERE e.dedupe_key = $1 AND d.xmin::text = e.xmin::text AND d.leased_until IS NOT NULL",
+    )
+    .bind(key)
+    .fetch_one(pool)
+    .await
+    .expect("count")
+}
+
+/// Settings of a gateway (role `all`) that polls only every 10 s: once its first claim
+/// found nothing, nothing but ingest's hand-offs wakes it during the test.
+fn quiet() -> webhook_gateway::app::Settings {
+    let mut settings = test_settings();
+    settings.delivery.poll_interval = Duration::from_secs(10);
+    settings
+}
+
+async fn quiet_gateway() -> TestApp {
+    TestApp::spawn_with(TestDb::new().await, quiet(), 32).await
+}
+
+/// A source `shop` and an endpoint at `url` subscribed to it, limited to `max` requests in
+/// flight; returns the endpoint's id once the dispatcher's first claim has run.
+async fn capped_endpoint(app: &TestApp, url: &str, max: i32) -> String {
+    app.source_none("shop").await;
+    let ep = app.endpoint_for(url, Some("shop")).await;
+    let (status, view) =
+        app.admin(reqwest::Method::PATCH, &format!("/v1/endpoints/{ep}"), Some(json!({"max_in_flight": max}))).await;
+    assert_eq!(status, 200, "{view}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ep
+}
+
+/// Webhooks posted one at a time to a gateway with idle workers, fanned out to two
+/// endpoints whose subscriber holds each request: every delivery is already leased
+/// (attempt 1) by the transaction that stored its webhook when the producer gets its
+/// answer, and each arrives once, on its first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lone_webhook_s_deliveries_are_leased_by_the_statement_that_stores_them() {
+    let app = quiet_gateway().await;
+    let sink = Sink::start(|_, _| Reply::Hold(Duration::from_secs(3))).await;
+    app.source_none("shop").await;
+    let a = app.endpoint_for(&sink.url("/a"), Some("shop")).await;
+    let b = app.endpoint_for(&sink.url("/b"), Some("shop")).await;
+    // The dispatcher's first (general) claim, which opens the hand-off, has run once the
+    // gateway answers; give it a moment all the same.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..3 {
+        let (status, body) = app.ingest("shop", &format!("lone-{i}"), "order.created", "{}").await;
+        assert_eq!(status, 200, "{body}");
+        for endpoint in [&a, &b] {
+            let leases = lease_of(&app.db.pool, endpoint).await;
+            assert_eq!(leases.len(), i + 1);
+            let (same_transaction, token, attempt, leased) = leases[i];
+            assert!(same_transaction && token > 0 && leased, "webhook {i}: leased in its own commit: {leases:?}");
+            assert_eq!(attempt, 1);
+        }
+    }
+    eventually(WAIT, "all delivered", || async { (count_status(&app.db.pool, "delivered").await == 6).then_some(()) })
+        .await;
+    let mut ids: Vec<String> = sink.received().iter().map(|r| r.header("webhook-id")).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((sink.count(), ids.len()), (6, 6), "each delivery once");
+    assert!(sink.received().iter().all(|r| r.header("webhook-attempt") == "1"), "each on its first attempt");
+}
+
+/// A webhook fanned out to more endpoints than the dispatcher has free workers: the
+/// statement leases one delivery per free worker, the rest are claimed by key after it,
+/// and each arrives once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fan_out_wider_than_the_free_workers_is_leased_up_to_them_and_the_rest_claimed_after() {
+    let mut settings = quiet();
+    settings.delivery.workers = 2;
+    let app = TestApp::spawn_with(TestDb::new().await, settings, 32).await;
+    let sink = Sink::start(|_, _| Reply::Hold(Duration::from_millis(500))).await;
+    app.source_none("shop").await;
+    for path in ["/a", "/b", "/c"] {
+        app.endpoint_for(&sink.url(path), Some("shop")).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body) = app.ingest("shop", "wide-1", "order.created", "{}").await;
+    assert_eq!(status, 200, "{body}");
+    // The subscriber holds each request: no outcome is written yet.
+    assert_eq!(leased_by_ingest(&app.db.pool, "wide-1").await, 2, "two workers free: two leased by the statement");
+    eventually(WAIT, "all delivered", || async { (count_status(&app.db.pool, "delivered").await == 3).then_some(()) })
+        .await;
+    assert_eq!(sink.count(), 3, "each once");
+    assert!(sink.max_concurrent() <= 2, "never more requests than workers");
+}
+
+/// An endpoint limited to one request in flight, its subscriber holding each for a
+/// second: the second and third lone webhooks find no room in their statements and are
+/// left pending (not leased), the first's request is the only one in flight, and all
+/// three arrive once, one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_in_the_ingest_statement_keeps_the_endpoint_s_limit() {
+    let app = quiet_gateway().await;
+    let sink = Sink::start(|_, _| Reply::Hold(Duration::from_secs(1))).await;
+    let ep = capped_endpoint(&app, &sink.url("/"), 1).await;
+    for i in 0..3 {
+        let (status, body) = app.ingest("shop", &format!("capped-{i}"), "order.created", "{}").await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let leases = lease_of(&app.db.pool, &ep).await;
+    assert!(leases[0].0 && leases[0].3, "the first is leased in its own commit: {leases:?}");
+    for (i, lease) in leases.iter().enumerate().skip(1) {
+        assert_eq!((lease.1, lease.3), (0, false), "webhook {i}: no room, so not leased (nor since): {lease:?}");
+    }
+    eventually(WAIT, "all delivered", || async { (count_status(&app.db.pool, "delivered").await == 3).then_some(()) })
+        .await;
+    assert_eq!(sink.max_concurrent(), 1, "one request in flight at most");
+    assert_eq!(sink.count(), 3, "each once");
+}
+
+/// Two replicas (role `all`) on one database, each storing lone webhooks one after
+/// another for the same endpoint, limited to two requests in flight across the fleet:
+/// the ingest statements of both race each other and both dispatchers' claims, and the
+/// limit holds; every webhook arrives once, some of them leased by their own statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_leasing_in_their_ingest_statements_keep_the_fleet_s_limit() {
+    let db = TestDb::new().await;
+    let twin = TestDb { url: db.url.clone(), pool: db.pool.clone() };
+    let first = TestApp::spawn_with(db, quiet(), 32).await;
+    let second = TestApp::spawn_with(twin, quiet(), 32).await;
+    let sink = Sink::start(|_, _| Reply::Hold(Duration::from_millis(200))).await;
+    capped_endpoint(&first, &sink.url("/"), 2).await;
+    const EACH: usize = 15;
+    let pool = first.db.pool.clone();
+    let post = |app: &TestApp, name: &'static str| {
+        let (http, url, pool) = (app.http.clone(), app.url("/ingest/shop"), pool.clone());
+        async move {
+            let mut leased = 0;
+            for i in 0..EACH {
+                let key = format!("{name}-{i}");
+                let resp = http
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .header("x-delivery-id", &key)
+                    .header("x-event-type", "order.created")
+                    .body("{}")
+                    .send()
+                    .await
+                    .expect("ingest");
+                assert_eq!(resp.status().as_u16(), 200);
+                // Held by the subscriber: a lease the statement took is still its own.
+                leased += leased_by_ingest(&pool, &key).await;
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            leased
+        }
+    };
+    let (one, two) = tokio::join!(post(&first, "one"), post(&second, "two"));
+    eventually(WAIT, "all delivered", || async {
+        (count_status(&first.db.pool, "delivered").await == 2 * EACH as i64).then_some(())
+    })
+    .await;
+    assert!(sink.max_concurrent() <= 2, "at most two in flight across both replicas: {}", sink.max_concurrent());
+    assert_eq!(sink.count(), 2 * EACH, "each once");
+    assert!(one + two >= 1, "the ingest statements leased some ({one} and {two})");
+}
+
+/// Leases that no worker receives (the dispatcher is gone without closing the hand-off)
+/// are given back at once, fenced: pending again, the attempt not spent; the next claim
+/// gets it with a new token, on its first attempt; and the same webhook stored again is a
+/// duplicate with nothing leased.
+#[tokio::test]
+async fn leases_that_no_worker_receives_are_given_back() {
+    let app = TestApp::ingest_only().await;
+    app.source_none("shop").await;
+    let ep = app.endpoint_for("http://127.0.0.1:9/", Some("shop")).await;
+    let pool = &app.db.pool;
+    let source: (uuid::Uuid,) =
+        sqlx::query_as("SELECT id FROM sources WHERE name = 'shop'").fetch_one(pool).await.expect("source");
+    let settings = DeliverySettings { workers: 4, ..test_settings().delivery };
+    let (shared, received) = Prelease::new(&settings);
+    shared.set_owed_general(false);
+    drop(received);
+
+    let headers = json!({});
+    let event = NewEvent {
+        source_id: SourceId(source.0),
+        dedupe_key: "unsent-1",
+        event_type: "order.created",
+        content_type: Some("application/json"),
+        headers: &headers,
+        payload: b"{}",
+        ordering_key: None,
+        trace: None,
+    };
+    assert!(shared.takes(&event));
+    let stored = prelease::store_leasing(pool, &event, &shared).await.expect("stored");
+    assert!(!stored.duplicate);
+    assert!(stored.deliveries.is_empty(), "its one delivery was leased by the statement");
+    eventually(WAIT, "the lease given back", || async {
+        let rows = lease_of(pool, &ep).await;
+        (rows.len() == 1 && !rows[0].3).then_some(rows)
+    })
+    .await;
+    let (token, attempts, status): (i64, i32, String) =
+        sqlx::query_as("SELECT claim_token, attempt_count, status::text FROM deliveries WHERE endpoint_id = $1::uuid")
+            .bind(&ep)
+            .fetch_one(pool)
+            .await
+            .expect("delivery");
+    assert!(token > 0, "the lease's token is used up");
+    assert_eq!((attempts, status.as_str()), (0, "pending"), "pending, attempt not spent");
+    let leased = webhook_gateway::queue::claim(pool, 10, Duration::from_secs(60)).await.expect("claim");
+    assert_eq!(leased.len(), 1, "due again at once");
+    assert!(leased[0].claim_token > token, "a new token");
+    assert_eq!(leased[0].attempt, 1, "the first attempt");
+
+    let again = prelease::store_leasing(pool, &event, &shared).await.expect("stored again");
+    assert!(again.duplicate);
+    assert!(again.deliveries.is_empty());
+    assert_eq!(app.db.count("deliveries").await, 1);
+}

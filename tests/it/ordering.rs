@@ -17,7 +17,7 @@ const WAIT: Duration = Duration::from_secs(180);
 
 /// A `none` source keyed by `X-Delivery-Id`, ordered by `X-Key`; an endpoint for `sink`
 /// subscribed with ordered delivery (`on_dead`). Returns the endpoint id.
-async fn ordered_setup(app: &TestApp, sink: &Sink, on_dead: &str) -> String {
+pub(crate) async fn ordered_setup(app: &TestApp, sink: &Sink, on_dead: &str) -> String {
     app.admin_post(
         "/v1/sources",
         json!({"name": "ord", "kind": "none", "dedupe": {"header": "X-Delivery-Id"},

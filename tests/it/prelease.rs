@@ -196,6 +196,41 @@ async fn replicas_leasing_in_their_ingest_statements_keep_the_fleet_s_limit() {
     assert!(one + two >= 1, "the ingest statements leased some ({one} and {two})");
 }
 
+/// A webhook with an ordering key is not leased by its ingest statement (its fan-out
+/// locks the line's row, and the claim would lock the endpoint's after it); it is claimed
+/// after its commit, and arrives. The same source's webhook without a key is leased by its
+/// statement (the control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_webhook_with_an_ordering_key_is_claimed_after_its_commit_not_by_its_statement() {
+    let app = quiet_gateway().await;
+    let sink = Sink::start(|_, _| Reply::Hold(Duration::from_millis(500))).await;
+    crate::ordering::ordered_setup(&app, &sink, "skip").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let post = |key: &'static str, line: Option<&'static str>| {
+        let mut request = app
+            .http
+            .post(app.url("/ingest/ord"))
+            .header("content-type", "application/json")
+            .header("x-delivery-id", key)
+            .body("{}");
+        if let Some(line) = line {
+            request = request.header("x-key", line);
+        }
+        async move { request.send().await.expect("ingest").status().as_u16() }
+    };
+    assert_eq!(post("keyed-1", Some("customer-1")).await, 200);
+    assert_eq!(leased_by_ingest(&app.db.pool, "keyed-1").await, 0, "an ordered delivery is not leased by ingest");
+    eventually(WAIT, "the ordered one delivered", || async {
+        (count_status(&app.db.pool, "delivered").await == 1).then_some(())
+    })
+    .await;
+    assert_eq!(post("plain-1", None).await, 200);
+    assert_eq!(leased_by_ingest(&app.db.pool, "plain-1").await, 1, "without a key it is");
+    eventually(WAIT, "both delivered", || async { (count_status(&app.db.pool, "delivered").await == 2).then_some(()) })
+        .await;
+    assert_eq!(sink.count(), 2, "each once");
+}
+
 /// Leases that no worker receives (the dispatcher is gone without closing the hand-off)
 /// are given back at once, fenced: pending again, the attempt not spent; the next claim
 /// gets it with a new token, on its first attempt; and the same webhook stored again is a

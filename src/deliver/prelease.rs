@@ -113,14 +113,16 @@ impl Prelease {
 /// hands over by id.
 ///
 /// Runs in a task of its own (see the module doc): the caller may go away meanwhile. A
-/// failure that says nothing of the database's health (it would refuse the plain write
-/// too) has the webhook stored the plain way: nothing of the failed statement committed.
+/// statement the database refused for a reason that says nothing of its health has the
+/// webhook stored the plain way (nothing of a refused statement committed); any other
+/// failure is the answer (a statement that committed and then could not be read must
+/// not be written again).
 pub async fn store(pool: &Pool, event: events::OwnedEvent, prelease: Arc<Prelease>) -> Result<Stored, sqlx::Error> {
     let pool = pool.clone();
     let task = tokio::spawn(async move {
         let event = event.as_new();
         match store_leasing(&pool, &event, &prelease).await {
-            Err(e) if !crate::db::is_unavailable(&e) => {
+            Err(e) if matches!(e, sqlx::Error::Database(_)) && !crate::db::is_unavailable(&e) => {
                 tracing::warn!(error = %e, "storing a webhook with its deliveries leased failed; storing it alone");
                 crate::db::retry_conflicts(|| events::insert_with_fanout(&pool, &event)).await
             }

@@ -231,6 +231,26 @@ async fn a_webhook_with_an_ordering_key_is_claimed_after_its_commit_not_by_its_s
     assert_eq!(sink.count(), 2, "each once");
 }
 
+/// An ingest statement with a lease that the database refuses (here: the claim function
+/// is gone) stores nothing; the webhook is then stored the plain way, answered as new, and
+/// delivered once by the general claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_leasing_statement_falls_back_to_the_plain_write() {
+    let app = quiet_gateway().await;
+    let sink = Sink::ok().await;
+    app.source_none("shop").await;
+    app.endpoint_for(&sink.url("/"), Some("shop")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sqlx::query("DROP FUNCTION wg_claim_fresh_v2").execute(&app.db.pool).await.expect("drop");
+    let (status, body) = app.ingest("shop", "refused-1", "order.created", "{}").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["duplicate"], false, "stored once, by the plain write: {body}");
+    eventually(WAIT, "delivered", || async { (count_status(&app.db.pool, "delivered").await == 1).then_some(()) })
+        .await;
+    assert_eq!(app.db.count("events").await, 1);
+    assert_eq!(sink.count(), 1);
+}
+
 /// Leases that no worker receives (the dispatcher is gone without closing the hand-off)
 /// are given back at once, fenced: pending again, the attempt not spent; the next claim
 /// gets it with a new token, on its first attempt; and the same webhook stored again is a

@@ -145,42 +145,32 @@ pub async fn store_leasing(pool: &Pool, event: &NewEvent<'_>, prelease: &Preleas
     };
     let started = SystemTime::now();
     let (mut stored, fresh) = crate::db::retry_conflicts(|| events::insert_and_claim(pool, event, terms)).await?;
-    let mut unsent = Unsent { pool: pool.clone(), leases: Vec::new() };
     stored.deliveries.retain(|id| !fresh.claimed.iter().any(|job| job.id == *id));
     let claim = crate::telemetry::claim_span(started, fresh.claimed.len(), 0);
     // At most `limit` were claimed: each has a slot; the slots left over are freed here.
+    let mut unsent = Vec::new();
     for (job, slot) in fresh.claimed.into_iter().zip(slots) {
         if let Err(mpsc::error::SendError(back)) = prelease.jobs.send(Preleased { job, slot, claim: claim.clone() }) {
-            unsent.leases.push(back.job);
+            unsent.push((back.job.id, back.job.claim_token));
         }
     }
+    give_back(pool, unsent);
     Ok(stored)
 }
 
-/// Leases taken that no worker received; given back when dropped.
-struct Unsent {
-    pool: Pool,
-    leases: Vec<Claimed>,
-}
-
-impl Drop for Unsent {
-    fn drop(&mut self) {
-        if self.leases.is_empty() {
-            return;
-        }
-        let leases: Vec<(DeliveryId, i64)> = self.leases.iter().map(|job| (job.id, job.claim_token)).collect();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(deliveries = leases.len(), "leases not handed to a worker; they end by themselves");
-            return;
-        };
-        let pool = self.pool.clone();
-        runtime.spawn(async move {
-            for (id, token) in leases {
-                // Fenced: a lease taken since is left alone.
-                if let Err(e) = queue::release(&pool, id, token, chrono::Utc::now()).await {
-                    tracing::warn!(delivery_id = %id, error = %e, "giving back an unsent lease failed; it ends by itself");
-                }
-            }
-        });
+/// Give back, in the background (the producer's answer does not wait for it), the
+/// leases `(delivery, claim token)` that no worker received.
+fn give_back(pool: &Pool, leases: Vec<(DeliveryId, i64)>) {
+    if leases.is_empty() {
+        return;
     }
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        for (id, token) in leases {
+            // Fenced: a lease taken since is left alone.
+            if let Err(e) = queue::release(&pool, id, token, chrono::Utc::now()).await {
+                tracing::warn!(delivery_id = %id, error = %e, "giving back an unsent lease failed; it ends by itself");
+            }
+        }
+    });
 }

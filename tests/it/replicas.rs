@@ -10,7 +10,7 @@ use webhook_gateway::queue::{self, Outcome};
 use crate::support::sink::{Reply, Sink};
 use crate::support::{
     GatewayProcess, TestApp, TestDb, attempt_record as record, count_status, eventually, insert_endpoint,
-    seed_deliveries,
+    record_committed, seed_deliveries,
 };
 
 /// Two gateway processes (separate pools, separate workers), 1,000 due deliveries: the
@@ -126,7 +126,7 @@ async fn a_stale_worker_is_fenced() {
     assert!(b[0].claim_token > a[0].claim_token, "{} then {}", a[0].claim_token, b[0].claim_token);
     assert_eq!((a[0].attempt, b[0].attempt), (1, 2));
 
-    let stale = crate::support::record_committed(&db.pool, &[record(&a[0], Outcome::Delivered)]).await.unwrap();
+    let stale = record_committed(&db.pool, &[record(&a[0], Outcome::Delivered)]).await.unwrap();
     assert_eq!(stale, queue::Recorded::default(), "A is fenced");
     let (status, attempts): (String, i32) =
         sqlx::query_as("SELECT status, attempt_count FROM deliveries").fetch_one(&db.pool).await.unwrap();
@@ -134,11 +134,11 @@ async fn a_stale_worker_is_fenced() {
     assert_eq!(db.count("attempts").await, 0);
     assert!(!queue::release(&db.pool, a[0].id, a[0].claim_token, chrono::Utc::now()).await.unwrap());
 
-    let fresh = crate::support::record_committed(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
+    let fresh = record_committed(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
     assert_eq!(fresh, queue::Recorded { fresh: vec![b[0].id], ..Default::default() });
     // Recording twice (a retried write) does not apply twice, and says so: it is not
     // mistaken for a fenced outcome.
-    let again = crate::support::record_committed(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
+    let again = record_committed(&db.pool, &[record(&b[0], Outcome::Delivered)]).await.unwrap();
     assert_eq!(again, queue::Recorded { already: vec![b[0].id], ..Default::default() });
     assert_eq!(db.count("attempts").await, 1);
 }
@@ -159,11 +159,11 @@ async fn recording_a_retry_twice_records_one_attempt() {
     retry.next_attempt_at = Some(first_at);
     retry.next_attempt_reason = Some(webhook_gateway::deliver::policy::NextReason::Backoff);
     let delivered = record(&claimed[1], Outcome::Delivered);
-    let first = crate::support::record_committed(&db.pool, &[retry.clone(), delivered.clone()]).await.unwrap();
+    let first = record_committed(&db.pool, &[retry.clone(), delivered.clone()]).await.unwrap();
     assert_eq!(first.fresh.len(), 2);
     // The same batch again, with a later schedule for the retry (a fresh draw).
     retry.next_attempt_at = Some(first_at + chrono::Duration::seconds(60));
-    let second = crate::support::record_committed(&db.pool, &[retry, delivered]).await.unwrap();
+    let second = record_committed(&db.pool, &[retry, delivered]).await.unwrap();
     assert!(second.fresh.is_empty(), "{second:?}");
     assert_eq!(second.already.len(), 2);
     let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM attempts WHERE delivery_id = $1")

@@ -251,6 +251,48 @@ async fn a_refused_leasing_statement_falls_back_to_the_plain_write() {
     assert_eq!(sink.count(), 1);
 }
 
+/// A process that dies right after its leasing statement committed (here: the statement
+/// is run and its answer thrown away, as if the connection or the process went at that
+/// instant): nobody holds the leases, and when they run out the delivery is claimed again
+/// and sent once, as its second attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leases_stranded_by_a_death_after_the_commit_are_claimed_again_when_they_run_out() {
+    let app = TestApp::spawn().await;
+    let sink = Sink::ok().await;
+    app.source_none("shop").await;
+    app.endpoint_for(&sink.url("/"), Some("shop")).await;
+    let pool = &app.db.pool;
+    let source: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM sources WHERE name = 'shop'").fetch_one(pool).await.expect("source");
+    let headers = json!({});
+    let event = NewEvent {
+        source_id: SourceId(source),
+        dedupe_key: "stranded-1",
+        event_type: "order.created",
+        content_type: Some("application/json"),
+        headers: &headers,
+        payload: b"{}",
+        ordering_key: None,
+        trace: None,
+    };
+    let terms = webhook_gateway::store::events::ClaimTerms {
+        limit: 8,
+        lease: Duration::from_secs(2),
+        default_max_in_flight: 4,
+    };
+    let (stored, fresh) = webhook_gateway::store::events::insert_and_claim(pool, &event, terms).await.expect("stored");
+    assert_eq!((stored.deliveries.len(), fresh.claimed.len()), (1, 1), "stored and leased");
+    drop(fresh);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(sink.count(), 0, "nobody sends while the stranded lease lasts");
+    eventually(WAIT, "delivered after the lease ran out", || async {
+        (count_status(pool, "delivered").await == 1).then_some(())
+    })
+    .await;
+    assert_eq!(sink.count(), 1, "sent once");
+    assert_eq!(sink.received()[0].header("webhook-attempt"), "2", "the stranded lease spent the first attempt");
+}
+
 /// Leases that no worker receives (the dispatcher is gone without closing the hand-off)
 /// are given back at once, fenced: pending again, the attempt not spent; the next claim
 /// gets it with a new token, on its first attempt; and the same webhook stored again is a

@@ -43,6 +43,26 @@ async fn leased_by_ingest(pool: &webhook_gateway::db::Pool, key: &str) -> i64 {
     .expect("count")
 }
 
+/// An event of the source `shop` keyed `key`, to store without the HTTP front.
+async fn shop_event<'a>(
+    pool: &webhook_gateway::db::Pool,
+    key: &'a str,
+    headers: &'a serde_json::Value,
+) -> NewEvent<'a> {
+    let source: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM sources WHERE name = 'shop'").fetch_one(pool).await.expect("source");
+    NewEvent {
+        source_id: SourceId(source),
+        dedupe_key: key,
+        event_type: "order.created",
+        content_type: Some("application/json"),
+        headers,
+        payload: b"{}",
+        ordering_key: None,
+        trace: None,
+    }
+}
+
 /// Settings of a gateway (role `all`) that polls only every 10 s: once its first claim
 /// found nothing, nothing but ingest's hand-offs wakes it during the test.
 fn quiet() -> webhook_gateway::app::Settings {
@@ -262,19 +282,8 @@ async fn leases_stranded_by_a_death_after_the_commit_are_claimed_again_when_they
     app.source_none("shop").await;
     app.endpoint_for(&sink.url("/"), Some("shop")).await;
     let pool = &app.db.pool;
-    let source: uuid::Uuid =
-        sqlx::query_scalar("SELECT id FROM sources WHERE name = 'shop'").fetch_one(pool).await.expect("source");
     let headers = json!({});
-    let event = NewEvent {
-        source_id: SourceId(source),
-        dedupe_key: "stranded-1",
-        event_type: "order.created",
-        content_type: Some("application/json"),
-        headers: &headers,
-        payload: b"{}",
-        ordering_key: None,
-        trace: None,
-    };
+    let event = shop_event(pool, "stranded-1", &headers).await;
     let terms = webhook_gateway::store::events::ClaimTerms {
         limit: 8,
         lease: Duration::from_secs(2),
@@ -303,24 +312,13 @@ async fn leases_that_no_worker_receives_are_given_back() {
     app.source_none("shop").await;
     let ep = app.endpoint_for("http://127.0.0.1:9/", Some("shop")).await;
     let pool = &app.db.pool;
-    let source: (uuid::Uuid,) =
-        sqlx::query_as("SELECT id FROM sources WHERE name = 'shop'").fetch_one(pool).await.expect("source");
     let settings = DeliverySettings { workers: 4, ..test_settings().delivery };
     let (shared, received) = Prelease::new(&settings);
     shared.set_owed_general(false);
     drop(received);
 
     let headers = json!({});
-    let event = NewEvent {
-        source_id: SourceId(source.0),
-        dedupe_key: "unsent-1",
-        event_type: "order.created",
-        content_type: Some("application/json"),
-        headers: &headers,
-        payload: b"{}",
-        ordering_key: None,
-        trace: None,
-    };
+    let event = shop_event(pool, "unsent-1", &headers).await;
     assert!(shared.takes(&event));
     let stored = prelease::store_leasing(pool, &event, &shared).await.expect("stored");
     assert!(!stored.duplicate);

@@ -41,10 +41,6 @@ use crate::store::events::{self, ClaimTerms, NewEvent, Stored};
 /// before the statement; what it creates beyond them is handed over by id).
 pub const MOST_LEASED_PER_WEBHOOK: usize = 8;
 
-/// Most deliveries of one batch of group commit leased by its statement: as many as the
-/// dispatcher's claim takes at once.
-pub const MOST_LEASED_PER_BATCH: usize = 128;
-
 /// What ingest and the dispatcher of one process share for the hand-off.
 #[derive(Debug)]
 pub struct Prelease {
@@ -105,20 +101,9 @@ impl Prelease {
         event.ordering_key.is_none() && self.open.load(Ordering::Acquire)
     }
 
-    /// Whether ingest may lease the deliveries of the batch `events` now: as
-    /// [`Prelease::takes`], for every event of it.
-    pub fn takes_batch(&self, events: &[events::OwnedEvent]) -> bool {
-        events.iter().all(|e| e.ordering_key.is_none()) && self.open.load(Ordering::Acquire)
-    }
-
-    /// Up to `most` free worker slots (none when none is free).
-    fn reserve(&self, most: usize) -> Vec<OwnedSemaphorePermit> {
-        std::iter::from_fn(|| self.slots.clone().try_acquire_owned().ok()).take(most).collect()
-    }
-
-    /// How the statement that holds `slots` claims.
-    fn terms(&self, slots: &[OwnedSemaphorePermit]) -> ClaimTerms {
-        ClaimTerms { limit: slots.len() as i64, lease: self.lease, default_max_in_flight: self.default_max_in_flight }
+    /// Up to [`MOST_LEASED_PER_WEBHOOK`] free worker slots (none when none is free).
+    fn reserve(&self) -> Vec<OwnedSemaphorePermit> {
+        std::iter::from_fn(|| self.slots.clone().try_acquire_owned().ok()).take(MOST_LEASED_PER_WEBHOOK).collect()
     }
 }
 
@@ -149,58 +134,20 @@ pub async fn store(pool: &Pool, event: events::OwnedEvent, prelease: Arc<Preleas
 
 /// [`store`], in the caller's task.
 pub async fn store_leasing(pool: &Pool, event: &NewEvent<'_>, prelease: &Prelease) -> Result<Stored, sqlx::Error> {
-    let slots = if prelease.takes(event) { prelease.reserve(MOST_LEASED_PER_WEBHOOK) } else { Vec::new() };
+    let slots = if prelease.takes(event) { prelease.reserve() } else { Vec::new() };
     if slots.is_empty() {
         return crate::db::retry_conflicts(|| events::insert_with_fanout(pool, event)).await;
     }
+    let terms = ClaimTerms {
+        limit: slots.len() as i64,
+        lease: prelease.lease,
+        default_max_in_flight: prelease.default_max_in_flight,
+    };
     let started = SystemTime::now();
-    let terms = prelease.terms(&slots);
     let (mut stored, fresh) = crate::db::retry_conflicts(|| events::insert_and_claim(pool, event, terms)).await?;
-    hand_over(pool, prelease, fresh, slots, started, std::slice::from_mut(&mut stored));
-    Ok(stored)
-}
-
-/// A batch of group commit (`ingest::batcher`) stored with its fan-out, and, when
-/// [`Prelease::takes_batch`] it and a worker slot is free, its deliveries leased by the
-/// same statement ([`events::insert_batch_and_claim`]) and handed to the dispatcher; else
-/// [`events::insert_batch_with_fanout`]. Each answer's `deliveries` are those left to
-/// claim. Run it in a task of its own, as [`store`] runs the lone write; the caller
-/// decides what a failed statement becomes.
-pub async fn store_batch_leasing(
-    pool: &Pool,
-    batch: &[events::OwnedEvent],
-    prelease: &Prelease,
-) -> Result<Vec<Stored>, sqlx::Error> {
-    let most = MOST_LEASED_PER_BATCH.min(batch.len().saturating_mul(MOST_LEASED_PER_WEBHOOK));
-    let slots = if prelease.takes_batch(batch) { prelease.reserve(most) } else { Vec::new() };
-    if slots.is_empty() {
-        return crate::db::retry_conflicts(|| events::insert_batch_with_fanout(pool, batch)).await;
-    }
-    let started = SystemTime::now();
-    let terms = prelease.terms(&slots);
-    let (mut stored, fresh) = crate::db::retry_conflicts(|| events::insert_batch_and_claim(pool, batch, terms)).await?;
-    hand_over(pool, prelease, fresh, slots, started, &mut stored);
-    Ok(stored)
-}
-
-/// Hand what a storing statement leased (`fresh`, at most one per slot of `slots`) to the
-/// dispatcher, each with its slot, and take it out of the `stored` answers' deliveries
-/// (what ingest then hands over by id). The slots left over are freed here; a lease the
-/// dispatcher no longer takes is given back.
-fn hand_over(
-    pool: &Pool,
-    prelease: &Prelease,
-    fresh: queue::FreshClaim,
-    slots: Vec<OwnedSemaphorePermit>,
-    started: SystemTime,
-    stored: &mut [Stored],
-) {
-    if !fresh.claimed.is_empty() {
-        for answer in stored.iter_mut() {
-            answer.deliveries.retain(|id| !fresh.claimed.iter().any(|job| job.id == *id));
-        }
-    }
+    stored.deliveries.retain(|id| !fresh.claimed.iter().any(|job| job.id == *id));
     let claim = crate::telemetry::claim_span(started, fresh.claimed.len(), 0);
+    // At most `limit` were claimed: each has a slot; the slots left over are freed here.
     let mut unsent = Vec::new();
     for (job, slot) in fresh.claimed.into_iter().zip(slots) {
         if let Err(mpsc::error::SendError(back)) = prelease.jobs.send(Preleased { job, slot, claim: claim.clone() }) {
@@ -208,6 +155,7 @@ fn hand_over(
         }
     }
     give_back(pool, unsent);
+    Ok(stored)
 }
 
 /// Give back, in the background (the producer's answer does not wait for it), the

@@ -128,7 +128,7 @@ impl Batcher {
         let (jobs, queue) = mpsc::channel::<Job>(MAX_BATCH * writers.max(1) * 4);
         let shared = Arc::new(Writers::new(queue));
         for _ in 0..writers.max(1) {
-            tokio::spawn(write_loop(pool.clone(), shared.clone(), prelease.clone()));
+            tokio::spawn(write_loop(pool.clone(), shared.clone()));
         }
         Batcher { jobs, writers: shared, pool, prelease }
     }
@@ -294,45 +294,6 @@ async fn write_alone(
     }
 }
 
-/// A writer's batch: with its deliveries leased by the same statement when the
-/// dispatcher of this process takes them now ([`Prelease::takes_batch`]), else plainly.
-async fn write_batch(
-    pool: &Pool,
-    mut events: Vec<OwnedEvent>,
-    prelease: Option<Arc<Prelease>>,
-) -> Vec<Result<Stored, StoreError>> {
-    let Some(prelease) = prelease.filter(|p| p.takes_batch(&events)) else {
-        return write(pool, &events).await;
-    };
-    if events.len() == 1
-        && let Some(event) = events.pop()
-    {
-        return write_alone(pool, event, Some(prelease)).await;
-    }
-    let count = events.len();
-    let pool = pool.clone();
-    // In a task of its own, as the lone write's (`deliver::prelease`): the writer's
-    // deadline drops the future it waits on, and a statement that committed leases must
-    // still hand them to the dispatcher.
-    let task = tokio::spawn(async move {
-        match prelease::store_batch_leasing(&pool, &events, &prelease).await {
-            Ok(stored) => stored.into_iter().map(Ok).collect(),
-            // Refused for a reason that says nothing of the database's health: nothing of
-            // it committed; store the batch the plain way.
-            Err(e) if matches!(e, sqlx::Error::Database(_)) && !db::is_unavailable(&e) => {
-                tracing::warn!(error = %e, events = events.len(), "storing a batch with its deliveries leased failed; storing it plainly");
-                write(&pool, &events).await
-            }
-            // Anything else may have committed: it is the answer, not written again.
-            Err(e) => vec![Err(StoreError::from(&e)); events.len()],
-        }
-    });
-    task.await.unwrap_or_else(|e| {
-        tracing::error!(error = %e, "storing a batch stopped");
-        vec![Err(StoreError::Failed); count]
-    })
-}
-
 /// Move what is queued now into `batch`, up to [`MAX_BATCH`].
 fn take_queued(queue: &mut mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
     while batch.len() < MAX_BATCH {
@@ -343,7 +304,7 @@ fn take_queued(queue: &mut mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
     }
 }
 
-async fn write_loop(pool: Pool, writers: Arc<Writers>, prelease: Option<Arc<Prelease>>) {
+async fn write_loop(pool: Pool, writers: Arc<Writers>) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     loop {
         if !writers.collect(&mut batch).await {
@@ -358,9 +319,8 @@ async fn write_loop(pool: Pool, writers: Arc<Writers>, prelease: Option<Arc<Prel
         };
         let span = crate::telemetry::commit_span(batch.iter().map(|job| &job.span), batch.len());
         let (events, replies): (Vec<OwnedEvent>, Vec<_>) = batch.drain(..).map(|job| (job.event, job.reply)).unzip();
-        let count = events.len();
-        let write = write_batch(&pool, events, prelease.clone());
-        let results = write_in_flight(count, write, span, deadline, InFlight::start(&writers)).await;
+        let results =
+            write_in_flight(events.len(), write(&pool, &events), span, deadline, InFlight::start(&writers)).await;
         for (reply, result) in replies.into_iter().zip(results) {
             // The requester may have gone meanwhile: the event is stored either way,
             // and a retry will be answered as a duplicate.

@@ -359,12 +359,10 @@ pub async fn claim_fresh(
 /// What [`CLAIM_FRESH_FUNCTION`] returned, read from its rows (or from rows that carry its
 /// columns beside others: the ingest statement that claims, `crate::store::events`).
 /// Refused when it broke [`crate::invariants::CLAIMED_ONCE`].
-pub(crate) fn fresh_claim_of<'r>(
-    rows: impl IntoIterator<Item = &'r sqlx::postgres::PgRow>,
-) -> Result<FreshClaim, sqlx::Error> {
+pub(crate) fn fresh_claim_of(rows: &[sqlx::postgres::PgRow]) -> Result<FreshClaim, sqlx::Error> {
     use sqlx::{FromRow as _, Row as _};
     let mut candidates = 0i64;
-    let mut claimed = Vec::new();
+    let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
         // Null where the function was not called (nothing to claim).
         candidates = row.try_get::<Option<i64>, _>("candidates")?.unwrap_or(0);

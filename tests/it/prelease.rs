@@ -1,6 +1,6 @@
-//! The pre-leased hand-off (`deliver::prelease`): a lone webhook's deliveries, and a
-//! batch's of group commit, leased by the statement that stores them, within every limit
-//! of a claim, across replicas, and given back when no worker receives them.
+//! The pre-leased hand-off (`deliver::prelease`): a lone webhook's deliveries leased by
+//! the statement that stores them, within every limit of a claim, across replicas, and
+//! given back when no worker receives them.
 
 use std::time::Duration;
 
@@ -8,8 +8,7 @@ use serde_json::json;
 use webhook_gateway::deliver::DeliverySettings;
 use webhook_gateway::deliver::prelease::{self, Prelease};
 use webhook_gateway::ids::SourceId;
-use webhook_gateway::ingest::Batcher;
-use webhook_gateway::store::events::{NewEvent, OwnedEvent};
+use webhook_gateway::store::events::NewEvent;
 
 use crate::support::sink::{Reply, Sink};
 use crate::support::{TestApp, TestDb, count_status, eventually, test_settings};
@@ -62,28 +61,6 @@ async fn shop_event<'a>(
         ordering_key: None,
         trace: None,
     }
-}
-
-/// Events of the source `shop`, keyed `keys`, to store as a batch without the HTTP front.
-async fn shop_batch(
-    pool: &webhook_gateway::db::Pool,
-    keys: &[impl AsRef<str>],
-    ordering_key: Option<&str>,
-) -> Vec<OwnedEvent> {
-    let headers = json!({});
-    let source = shop_event(pool, "", &headers).await.source_id;
-    keys.iter()
-        .map(|key| OwnedEvent {
-            source_id: source,
-            dedupe_key: key.as_ref().to_owned(),
-            event_type: "order.created".into(),
-            content_type: Some("application/json".into()),
-            headers: json!({}),
-            payload: bytes::Bytes::from_static(b"{}"),
-            ordering_key: ordering_key.map(str::to_owned),
-            trace: None,
-        })
-        .collect()
 }
 
 /// Settings of a gateway (role `all`) that polls only every 10 s: once its first claim
@@ -368,119 +345,4 @@ async fn leases_that_no_worker_receives_are_given_back() {
     assert!(again.duplicate);
     assert!(again.deliveries.is_empty());
     assert_eq!(app.db.count("deliveries").await, 1);
-}
-
-/// A batch of group commit stored by one statement that also leases its deliveries, up
-/// to the worker slots free: three new events fanned out to two endpoints, a repeat of one
-/// of them within the batch and one stored before. Five slots: five deliveries leased, in
-/// the events' own transaction (one for the whole batch), handed to the dispatcher with a
-/// slot each; the sixth is left in the answers (handed over by id); the duplicates lease
-/// nothing. A batch with an ordering key is not leased at all (the control for the
-/// statement's choice).
-#[tokio::test]
-async fn a_batch_s_deliveries_are_leased_by_the_statement_that_stores_it_up_to_the_free_workers() {
-    let app = TestApp::ingest_only().await;
-    app.source_none("shop").await;
-    app.endpoint_for("http://127.0.0.1:9/a", Some("shop")).await;
-    app.endpoint_for("http://127.0.0.1:9/b", Some("shop")).await;
-    let pool = &app.db.pool;
-    let settings = DeliverySettings { workers: 5, ..test_settings().delivery };
-    let (shared, mut received) = Prelease::new(&settings);
-    shared.set_owed_general(false);
-    let before = shop_batch(pool, &["batch-old"], None).await;
-    webhook_gateway::store::events::insert_batch_with_fanout(pool, &before).await.expect("stored before");
-
-    let batch = shop_batch(pool, &["batch-c", "batch-a", "batch-old", "batch-b", "batch-a"], None).await;
-    assert!(shared.takes_batch(&batch));
-    let stored = prelease::store_batch_leasing(pool, &batch, &shared).await.expect("stored");
-    let duplicates: Vec<bool> = stored.iter().map(|s| s.duplicate).collect();
-    assert_eq!(duplicates, [false, false, true, false, true], "{stored:?}");
-    assert!(stored.iter().filter(|s| s.duplicate).all(|s| s.deliveries.is_empty()));
-    assert_eq!(stored[4].event_id, stored[1].event_id, "the repeat within the batch is the first's duplicate");
-    let left: Vec<_> = stored.iter().flat_map(|s| s.deliveries.clone()).collect();
-    assert_eq!(left.len(), 1, "one delivery left to claim by id: {stored:?}");
-
-    let mut leased = Vec::new();
-    while let Ok(job) = received.try_recv() {
-        leased.push(job);
-    }
-    assert_eq!(leased.len(), 5, "one lease per free worker");
-    assert_eq!(shared.slots().available_permits(), 0, "each lease holds its worker slot");
-    assert!(leased.iter().all(|l| l.job.attempt == 1 && l.job.claim_token > 0 && !left.contains(&l.job.id)));
-    let transactions: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT e.xmin::text, count(DISTINCT e.id), count(*) FILTER (WHERE d.xmin::text = e.xmin::text
-                                                                   AND d.leased_until IS NOT NULL)
-         FROM events e JOIN deliveries d ON d.event_id = e.id
-         WHERE e.dedupe_key <> 'batch-old' GROUP BY 1",
-    )
-    .fetch_all(pool)
-    .await
-    .expect("transactions");
-    assert_eq!(transactions.len(), 1, "the batch is one transaction: {transactions:?}");
-    assert_eq!((transactions[0].1, transactions[0].2), (3, 5), "its three events, five deliveries leased by it");
-    drop(leased);
-
-    let ordered = shop_batch(pool, &["ordered-1", "ordered-2"], Some("customer-1")).await;
-    let mixed: Vec<OwnedEvent> = shop_batch(pool, &["plain-9"], None).await.into_iter().chain(ordered).collect();
-    assert!(!shared.takes_batch(&mixed), "a batch with an ordering key is not leased");
-    let stored = prelease::store_batch_leasing(pool, &mixed, &shared).await.expect("stored");
-    assert_eq!(stored.iter().map(|s| s.deliveries.len()).sum::<usize>(), 6, "every delivery left to claim by id");
-    assert!(received.try_recv().is_err(), "nothing leased");
-}
-
-/// Webhooks stored through group commit's writer (a `Batcher` with this process's
-/// hand-off, as in role `all`), many at once: every delivery is leased by the statement
-/// that stores its webhook, at least one statement stores several, and the answers leave
-/// nothing to claim by id. With the claim function gone, the same burst is stored the plain
-/// way (the refused statement falls back), every webhook answered as new and once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_burst_through_group_commit_is_leased_by_its_batches_and_a_refused_batch_falls_back() {
-    let app = TestApp::ingest_only().await;
-    app.source_none("shop").await;
-    app.endpoint_for("http://127.0.0.1:9/", Some("shop")).await;
-    let pool = &app.db.pool;
-    let settings = DeliverySettings { workers: 256, endpoint_max_in_flight: 256, ..test_settings().delivery };
-    let (shared, mut received) = Prelease::new(&settings);
-    shared.set_owed_general(false);
-    let batcher = Batcher::start(pool.clone(), 1, Some(shared.clone()));
-    let burst = |name: &'static str| {
-        let batcher = batcher.clone();
-        async move {
-            let keys: Vec<String> = (0..24).map(|i| format!("{name}-{i}")).collect();
-            let events = shop_batch(pool, &keys, None).await;
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-            let stores = events.into_iter().map(|event| {
-                let batcher = batcher.clone();
-                tokio::spawn(async move { batcher.store(event, deadline).await })
-            });
-            let mut answers = Vec::new();
-            for store in stores.collect::<Vec<_>>() {
-                answers.push(store.await.expect("task").expect("stored"));
-            }
-            answers
-        }
-    };
-
-    let answers = burst("burst").await;
-    assert!(answers.iter().all(|a| !a.duplicate && a.deliveries.is_empty()), "all new, all leased: {answers:?}");
-    let mut leased = 0;
-    while received.try_recv().is_ok() {
-        leased += 1;
-    }
-    assert_eq!(leased, 24, "each delivery handed to the dispatcher once");
-    let most_per_transaction: i64 = sqlx::query_scalar(
-        "SELECT max(n) FROM (SELECT count(*) AS n FROM events e JOIN deliveries d ON d.event_id = e.id
-                             WHERE d.xmin::text = e.xmin::text AND d.leased_until IS NOT NULL GROUP BY e.xmin::text) t",
-    )
-    .fetch_one(pool)
-    .await
-    .expect("transactions");
-    assert!(most_per_transaction > 1, "a statement stored and leased several webhooks");
-
-    sqlx::query("DROP FUNCTION wg_claim_fresh_v2").execute(pool).await.expect("drop");
-    let answers = burst("refused").await;
-    assert!(answers.iter().all(|a| !a.duplicate && a.deliveries.len() == 1), "stored plainly: {answers:?}");
-    assert!(received.try_recv().is_err(), "nothing leased");
-    assert_eq!(app.db.count("events").await, 48, "each once");
-    assert_eq!(app.db.count("deliveries").await, 48);
 }

@@ -315,10 +315,7 @@ pub fn insert_batch_sql() -> &'static str {
 }
 
 /// [`insert_batch_sql`]'s text, built once: every batch of the group commit runs it.
-static INSERT_BATCH_SQL: LazyLock<String> = LazyLock::new(|| format!("{}\n        {BATCH_ANSWER}", batch_ctes()));
-
-/// The batch statement's `WITH` list: the input, the events, their bodies and fan-out.
-fn batch_ctes() -> String {
+static INSERT_BATCH_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH input AS (
             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::int4[],
@@ -342,15 +339,8 @@ fn batch_ctes() -> String {
             FROM ins JOIN input i ON i.source_id = ins.source_id AND i.dedupe_key = ins.dedupe_key
         ), {FANOUT}, fanned AS (
             SELECT event_id, array_agg(id) AS ids FROM fan GROUP BY event_id
-        )"
-    )
-}
-
-/// The batch statement's answer: one row per input (`ord`, event id, duplicate, the
-/// deliveries created).
-const BATCH_ANSWER: &str =
-    "SELECT i.ord AS stored_ord, COALESCE(ev.id, old.id) AS stored_id, ev.id IS NULL AS stored_duplicate,
-               COALESCE(fanned.ids, '{}'::uuid[]) AS stored_deliveries
+        )
+        SELECT i.ord, COALESCE(ev.id, old.id), ev.id IS NULL, COALESCE(fanned.ids, '{{}}'::uuid[])
         FROM input i
         LEFT JOIN ev ON ev.source_id = i.source_id AND ev.dedupe_key = i.dedupe_key
         LEFT JOIN fanned ON fanned.event_id = ev.id
@@ -358,166 +348,9 @@ const BATCH_ANSWER: &str =
             SELECT o.id FROM events o
             WHERE ev.id IS NULL AND o.source_id = i.source_id AND o.dedupe_key = i.dedupe_key
             LIMIT 1
-        ) old ON true";
-
-/// The batch statement that also claims the deliveries it creates
-/// ([`insert_batch_and_claim`]; `$14` claim limit, `$15` lease in seconds, `$16` default
-/// max in flight): [`BATCH_ANSWER`]'s rows, and beside the first input's (`ord` 0) the
-/// claim function's columns ([`crate::queue::CLAIM_FRESH_FUNCTION`], called once, on
-/// every delivery of the batch), one row per delivery claimed (or one with only
-/// `candidates`; null on the other rows and when nothing was created). The function
-/// sees the fan-out's rows as in [`insert_and_claim_sql`].
-pub fn insert_batch_and_claim_sql() -> &'static str {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "{}, answer AS (
-            {BATCH_ANSWER}
-        )
-        SELECT a.*, c.*
-        FROM answer a LEFT JOIN LATERAL (
-            SELECT * FROM {}(ARRAY(SELECT id FROM fan), $14, $15, $16)
-            WHERE a.stored_ord = 0 AND EXISTS (SELECT 1 FROM fan)
-        ) c ON true",
-            batch_ctes(),
-            crate::queue::CLAIM_FRESH_FUNCTION
-        )
-    });
-    &SQL
-}
-
-/// A batch as the batch statements take it: one array per column, the events in
-/// (source, key) order without repeats ([`BatchPlan`]).
-struct BatchColumns<'e> {
-    plan: BatchPlan,
-    source_ids: Vec<SourceId>,
-    keys: Vec<&'e str>,
-    types: Vec<&'e str>,
-    content_types: Vec<Option<&'e str>>,
-    headers: Vec<String>,
-    payloads: Vec<&'e [u8]>,
-    ords: Vec<i32>,
-    ordering_keys: Vec<Option<&'e str>>,
-    arrivals: Vec<i32>,
-    traceparents: Vec<Option<&'e str>>,
-    tracestates: Vec<Option<&'e str>>,
-    terms: Vec<i64>,
-    term_ends: Vec<i32>,
-}
-
-impl<'e> BatchColumns<'e> {
-    fn of(events: &'e [OwnedEvent]) -> BatchColumns<'e> {
-        let plan = plan_batch(events);
-        let each = |f: &dyn Fn(&'e OwnedEvent) -> Option<&'e str>| -> Vec<Option<&'e str>> {
-            plan.unique.iter().map(|&i| f(&events[i])).collect()
-        };
-        let content_types = each(&|e| e.content_type.as_deref());
-        let ordering_keys = each(&|e| e.ordering_key.as_deref());
-        let traceparents = each(&|e| e.trace.as_ref().map(|t| t.traceparent.as_str()));
-        let tracestates = each(&|e| e.trace.as_ref().and_then(|t| t.tracestate.as_deref()));
-        // Each event's search terms, end to end in one array: event n's are
-        // `terms[term_ends[n-1] + 1 : term_ends[n]]` (1-based, inclusive), since a
-        // parameter cannot be an array of arrays of different lengths.
-        let mut terms: Vec<i64> = Vec::new();
-        let mut term_ends: Vec<i32> = Vec::with_capacity(plan.unique.len());
-        for &i in &plan.unique {
-            let e = &events[i];
-            terms.extend(crate::search::terms(&e.dedupe_key, &e.headers, &e.payload));
-            term_ends.push(i32::try_from(terms.len()).unwrap_or(i32::MAX));
-        }
-        BatchColumns {
-            source_ids: plan.unique.iter().map(|&i| events[i].source_id).collect(),
-            keys: plan.unique.iter().map(|&i| events[i].dedupe_key.as_str()).collect(),
-            types: plan.unique.iter().map(|&i| events[i].event_type.as_str()).collect(),
-            content_types,
-            headers: plan.unique.iter().map(|&i| events[i].headers.to_string()).collect(),
-            payloads: plan.unique.iter().map(|&i| &events[i].payload[..]).collect(),
-            ords: (0..plan.unique.len() as i32).collect(),
-            ordering_keys,
-            // The order events arrived in (the batch's input order), which orders the
-            // deliveries of one line; `ord` is the (source, key) order the rows are
-            // inserted in.
-            arrivals: plan.unique.iter().map(|&i| i32::try_from(i).unwrap_or(i32::MAX)).collect(),
-            traceparents,
-            tracestates,
-            terms,
-            term_ends,
-            plan,
-        }
-    }
-
-    /// `sql` (a batch statement) with the batch's columns bound as `$1`-`$13`.
-    fn bound<'q>(&'q self, sql: &'q str) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
-        crate::db::query(sql)
-            .bind(&self.source_ids)
-            .bind(&self.keys)
-            .bind(&self.types)
-            .bind(&self.content_types)
-            .bind(&self.headers)
-            .bind(&self.payloads)
-            .bind(&self.ords)
-            .bind(&self.ordering_keys)
-            .bind(&self.arrivals)
-            .bind(&self.traceparents)
-            .bind(&self.tracestates)
-            .bind(&self.terms)
-            .bind(&self.term_ends)
-    }
-
-    /// The answers for every input of `events` from the statement's answer rows (one per
-    /// distinct event, in any order; with `first_repeats`, the first input's row comes
-    /// once per delivery claimed beside it, and counts once).
-    async fn answers(
-        &self,
-        pool: &crate::db::Pool,
-        events: &[OwnedEvent],
-        rows: &[sqlx::postgres::PgRow],
-        first_repeats: bool,
-    ) -> Result<Vec<Stored>, sqlx::Error> {
-        use sqlx::Row as _;
-        let mut answers: Vec<(i32, Option<EventId>, bool, Vec<DeliveryId>)> = Vec::with_capacity(rows.len());
-        let mut first_seen = false;
-        for row in rows {
-            let ord: i32 = row.try_get("stored_ord")?;
-            if first_repeats && ord == 0 && std::mem::replace(&mut first_seen, true) {
-                continue;
-            }
-            answers.push((
-                ord,
-                row.try_get("stored_id")?,
-                row.try_get("stored_duplicate")?,
-                row.try_get("stored_deliveries")?,
-            ));
-        }
-        let unique = &self.plan.unique;
-        answers_are_one_per_event(&answers, unique.len())?;
-        let mut stored: Vec<Option<Stored>> = vec![None; events.len()];
-        for (ord, id, duplicate, deliveries) in answers {
-            let Some(&i) = unique.get(ord as usize) else { continue };
-            if let Some(event_id) = id {
-                stored[i] = Some(Stored { event_id, duplicate, deliveries });
-            }
-        }
-        // A twin committed after our statement's snapshot: invisible to the statement's
-        // duplicate lookup. Rare; settle each one on its own.
-        for &i in unique {
-            if stored[i].is_none() {
-                stored[i] = Some(insert_with_fanout(pool, &events[i].as_new()).await?);
-            }
-        }
-        let mut out = Vec::with_capacity(events.len());
-        for (i, &rep) in self.plan.representative.iter().enumerate() {
-            let Some(first) = stored[rep].clone() else {
-                return Err(sqlx::Error::Protocol("batch insert left an event without an answer".into()));
-            };
-            out.push(if rep == i {
-                first
-            } else {
-                Stored { event_id: first.event_id, duplicate: true, deliveries: Vec::new() }
-            });
-        }
-        Ok(out)
-    }
-}
+        ) old ON true"
+    )
+});
 
 /// Store many events, each with its fan-out, in one statement (one transaction, one
 /// commit): the ingest batcher's path under load. Same guarantees as
@@ -529,38 +362,78 @@ pub async fn insert_batch_with_fanout(
     pool: &crate::db::Pool,
     events: &[OwnedEvent],
 ) -> Result<Vec<Stored>, sqlx::Error> {
-    let batch = BatchColumns::of(events);
-    let rows = batch.bound(insert_batch_sql()).fetch_all(pool).await?;
-    batch.answers(pool, events, &rows, false).await
-}
+    let BatchPlan { unique, representative } = plan_batch(events);
+    let column = |f: &dyn Fn(&OwnedEvent) -> String| unique.iter().map(|&i| f(&events[i])).collect::<Vec<String>>();
+    let source_ids: Vec<SourceId> = unique.iter().map(|&i| events[i].source_id).collect();
+    let keys = column(&|e| e.dedupe_key.clone());
+    let types = column(&|e| e.event_type.clone());
+    let content_types: Vec<Option<String>> = unique.iter().map(|&i| events[i].content_type.clone()).collect();
+    let headers = column(&|e| e.headers.to_string());
+    let payloads: Vec<&[u8]> = unique.iter().map(|&i| &events[i].payload[..]).collect();
+    let ords: Vec<i32> = (0..unique.len() as i32).collect();
+    let ordering_keys: Vec<Option<&str>> = unique.iter().map(|&i| events[i].ordering_key.as_deref()).collect();
+    // The order events arrived in (the batch's input order), which orders the deliveries
+    // of one line; `ord` is the (source, key) order the rows are inserted in.
+    let arrivals: Vec<i32> = unique.iter().map(|&i| i32::try_from(i).unwrap_or(i32::MAX)).collect();
+    let traceparents: Vec<Option<&str>> =
+        unique.iter().map(|&i| events[i].trace.as_ref().map(|t| t.traceparent.as_str())).collect();
+    let tracestates: Vec<Option<&str>> =
+        unique.iter().map(|&i| events[i].trace.as_ref().and_then(|t| t.tracestate.as_deref())).collect();
+    // Each event's search terms, end to end in one array: event n's are
+    // `terms[term_ends[n-1] + 1 : term_ends[n]]` (1-based, inclusive), since a
+    // parameter cannot be an array of arrays of different lengths.
+    let mut terms: Vec<i64> = Vec::new();
+    let mut term_ends: Vec<i32> = Vec::with_capacity(unique.len());
+    for &i in &unique {
+        let e = &events[i];
+        terms.extend(crate::search::terms(&e.dedupe_key, &e.headers, &e.payload));
+        term_ends.push(i32::try_from(terms.len()).unwrap_or(i32::MAX));
+    }
 
-/// [`insert_batch_with_fanout`], and in the same statement (one round trip, one commit)
-/// the claim by key of every delivery it creates, as [`insert_and_claim`] does for one
-/// event. For a batch without ordering keys only: an ordered event's fan-out locks its
-/// line's row, and the claim would then lock endpoints after it (`crate::deliver::prelease`).
-pub async fn insert_batch_and_claim(
-    pool: &crate::db::Pool,
-    events: &[OwnedEvent],
-    terms: ClaimTerms,
-) -> Result<(Vec<Stored>, crate::queue::FreshClaim), sqlx::Error> {
-    use sqlx::Row as _;
-    let batch = BatchColumns::of(events);
-    let rows = batch
-        .bound(insert_batch_and_claim_sql())
-        .bind(terms.limit)
-        .bind(terms.lease.as_secs_f64())
-        .bind(terms.default_max_in_flight)
+    let rows: Vec<(i32, Option<EventId>, bool, Vec<DeliveryId>)> = crate::db::query_as(insert_batch_sql())
+        .bind(&source_ids)
+        .bind(&keys)
+        .bind(&types)
+        .bind(&content_types)
+        .bind(&headers)
+        .bind(&payloads)
+        .bind(&ords)
+        .bind(&ordering_keys)
+        .bind(&arrivals)
+        .bind(&traceparents)
+        .bind(&tracestates)
+        .bind(&terms)
+        .bind(&term_ends)
         .fetch_all(pool)
         .await?;
-    // The claim's columns are on the first input's rows only.
-    let mut beside_first = Vec::new();
-    for row in &rows {
-        if row.try_get::<i32, _>("stored_ord")? == 0 {
-            beside_first.push(row);
+
+    answers_are_one_per_event(&rows, unique.len())?;
+    let mut stored: Vec<Option<Stored>> = vec![None; events.len()];
+    for (ord, id, duplicate, deliveries) in rows {
+        let Some(&i) = unique.get(ord as usize) else { continue };
+        if let Some(event_id) = id {
+            stored[i] = Some(Stored { event_id, duplicate, deliveries });
         }
     }
-    let claimed = crate::queue::fresh_claim_of(beside_first)?;
-    Ok((batch.answers(pool, events, &rows, true).await?, claimed))
+    // A twin committed after our statement's snapshot: invisible to the statement's
+    // duplicate lookup. Rare; settle each one on its own.
+    for &i in &unique {
+        if stored[i].is_none() {
+            stored[i] = Some(insert_with_fanout(pool, &events[i].as_new()).await?);
+        }
+    }
+    let mut out = Vec::with_capacity(events.len());
+    for (i, &rep) in representative.iter().enumerate() {
+        let Some(first) = stored[rep].clone() else {
+            return Err(sqlx::Error::Protocol("batch insert left an event without an answer".into()));
+        };
+        out.push(if rep == i {
+            first
+        } else {
+            Stored { event_id: first.event_id, duplicate: true, deliveries: Vec::new() }
+        });
+    }
+    Ok(out)
 }
 
 /// Which events of a batch are sent to the database, and whose answer each one takes.

@@ -27,10 +27,11 @@
 //! The index's pending list is merged in the background ([`pending`]), not by the insert
 //! that happens to fill it.
 
+mod payload;
 pub mod pending;
 
 use serde_json::Value;
-use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+use xxhash_rust::xxh3::xxh3_64;
 
 /// Scalars of one payload that are indexed; the rest of a larger document is not.
 pub const MAX_PAYLOAD_TERMS: usize = 1000;
@@ -81,64 +82,13 @@ pub fn terms(dedupe_key: &str, headers: &Value, payload: &[u8]) -> Vec<i64> {
     let first = payload.iter().find(|b| !b.is_ascii_whitespace());
     if payload.len() <= MAX_INDEXED_PAYLOAD_BYTES
         && matches!(first, Some(b'{' | b'['))
-        && let Ok(doc) = serde_json::from_slice::<Value>(payload)
+        && let Some(hashed) = payload::document_terms(payload, &[Kind::Payload as u8], MAX_PAYLOAD_TERMS)
     {
-        buf.clear();
-        buf.push(Kind::Payload as u8);
-        let mut budget = MAX_PAYLOAD_TERMS;
-        walk(&doc, &mut buf, &mut budget, &mut out);
+        out.extend(hashed);
     }
     out.sort_unstable();
     out.dedup();
     out
-}
-
-/// Hash each scalar under `value` with the path in `buf` (restored on return).
-fn walk(value: &Value, buf: &mut Vec<u8>, budget: &mut usize, out: &mut Vec<i64>) {
-    let at = buf.len();
-    match value {
-        Value::Object(map) => {
-            for (key, child) in map {
-                if *budget == 0 {
-                    return;
-                }
-                buf.push(SEPARATOR);
-                buf.extend_from_slice(key.as_bytes());
-                walk(child, buf, budget, out);
-                buf.truncate(at);
-            }
-        }
-        Value::Array(items) => {
-            for (i, child) in items.iter().enumerate() {
-                if *budget == 0 {
-                    return;
-                }
-                buf.push(SEPARATOR);
-                buf.extend_from_slice(i.to_string().as_bytes());
-                walk(child, buf, budget, out);
-                buf.truncate(at);
-            }
-        }
-        scalar => {
-            *budget = budget.saturating_sub(1);
-            buf.push(SEPARATOR);
-            buf.push(SEPARATOR);
-            // Streamed: a long value is hashed where it is, not copied after the path.
-            let mut hasher = Xxh3::new();
-            hasher.update(buf);
-            hasher.update(scalar_text(scalar).as_bytes());
-            out.push(i64::from_ne_bytes(hasher.digest().to_ne_bytes()));
-            buf.truncate(at);
-        }
-    }
-}
-
-/// A scalar as searched for: a string's own text, anything else as JSON writes it.
-fn scalar_text(v: &Value) -> std::borrow::Cow<'_, str> {
-    match v {
-        Value::String(s) => s.as_str().into(),
-        other => other.to_string().into(),
-    }
 }
 
 fn header_hash(name: &str, value: &str) -> i64 {
@@ -353,6 +303,110 @@ mod tests {
         assert!(!found(&doc, &format!("/{0}={0}", MAX_PAYLOAD_TERMS)));
     }
 
+    use xxhash_rust::xxh3::Xxh3;
+
+    /// The payload terms of `doc` by the reference walk over the parsed `Value`.
+    fn walked(doc: &Value, budget: usize) -> Vec<i64> {
+        let (mut buf, mut budget, mut out) = (vec![Kind::Payload as u8], budget, Vec::new());
+        walk(doc, &mut buf, &mut budget, &mut out);
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The payload terms of `text` hashed while parsing.
+    fn streamed(text: &str, budget: usize) -> Option<Vec<i64>> {
+        let mut out = payload::document_terms(text.as_bytes(), &[Kind::Payload as u8], budget)?;
+        out.sort_unstable();
+        out.dedup();
+        Some(out)
+    }
+
+    #[test]
+    fn hashing_while_parsing_gives_the_terms_of_the_parsed_document() {
+        for text in [
+            r#"{"id":"evt_1","type":"charge.succeeded","data":{"object":{"amount":1050,"currency":"usd","paid":true,
+                "refunded":false,"failure":null,"fee":-12,"rate":1.50,"big":18446744073709551615,"huge":1e300,
+                "tiny":1e-7,"neg0":-0,"neg0f":-0.0,"over":123456789012345678901234567890,
+                "items":[{"sku":"a\/b\u00e9\n"},[],{},[1,[2,[3]]]]}}}"#,
+            r#"[1, "two", 3.0, null, {"k\u0000ey": "v\"al\\"}]"#,
+            r#"{}"#,
+            r#"[]"#,
+            r#"{"a":{"b":{"c":{"d":[[[["deep"]]]]}}}}"#,
+        ] {
+            let doc: Value = serde_json::from_str(text).expect("valid");
+            assert_eq!(streamed(text, MAX_PAYLOAD_TERMS), Some(walked(&doc, MAX_PAYLOAD_TERMS)), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_body_that_is_not_one_json_document_has_no_payload_terms() {
+        for text in [r#"{"a":1"#, r#"{"a":1} {"b":2}"#, r#"[1,2,]"#, r#"{"a":1}x"#, "[\"\\x\"]"] {
+            assert_eq!(streamed(text, MAX_PAYLOAD_TERMS), None, "{text}");
+            assert_eq!(terms("k", &json!({}), text.as_bytes()).len(), 1, "only the key: {text}");
+        }
+    }
+
+    #[test]
+    fn past_the_budget_the_document_is_still_read_to_its_end() {
+        let doc = json!([[1, 2, 3], {"a": [4, 5]}, 6]);
+        let mut text = doc.to_string();
+        assert_eq!(streamed(&text, 2).map(|t| t.len()), Some(2));
+        assert_eq!(streamed(&text, 2), Some(walked(&json!([[1, 2]]), 2)), "the first two in document order");
+        text.push(']');
+        assert_eq!(streamed(&text, 2), None, "malformed after the budget ran out");
+    }
+
+    /// The terms of a parsed document as the gateway computed them before it hashed while
+    /// parsing ([`payload`]): each scalar under `value` hashed with the path in `buf`
+    /// (restored on return). The reference the streamed hashes must equal.
+    fn walk(value: &Value, buf: &mut Vec<u8>, budget: &mut usize, out: &mut Vec<i64>) {
+        let at = buf.len();
+        match value {
+            Value::Object(map) => {
+                for (key, child) in map {
+                    if *budget == 0 {
+                        return;
+                    }
+                    buf.push(SEPARATOR);
+                    buf.extend_from_slice(key.as_bytes());
+                    walk(child, buf, budget, out);
+                    buf.truncate(at);
+                }
+            }
+            Value::Array(items) => {
+                for (i, child) in items.iter().enumerate() {
+                    if *budget == 0 {
+                        return;
+                    }
+                    buf.push(SEPARATOR);
+                    buf.extend_from_slice(i.to_string().as_bytes());
+                    walk(child, buf, budget, out);
+                    buf.truncate(at);
+                }
+            }
+            scalar => {
+                *budget = budget.saturating_sub(1);
+                buf.push(SEPARATOR);
+                buf.push(SEPARATOR);
+                // Streamed: a long value is hashed where it is, not copied after the path.
+                let mut hasher = Xxh3::new();
+                hasher.update(buf);
+                hasher.update(scalar_text(scalar).as_bytes());
+                out.push(i64::from_ne_bytes(hasher.digest().to_ne_bytes()));
+                buf.truncate(at);
+            }
+        }
+    }
+
+    /// A scalar as searched for: a string's own text, anything else as JSON writes it.
+    fn scalar_text(v: &Value) -> std::borrow::Cow<'_, str> {
+        match v {
+            Value::String(s) => s.as_str().into(),
+            other => other.to_string().into(),
+        }
+    }
+
     /// Every scalar of a document, as (JSON Pointer, value text).
     fn leaves(v: &Value, path: String, out: &mut Vec<(String, Value)>) {
         match v {
@@ -372,6 +426,13 @@ mod tests {
 
     proptest! {
         #![proptest_config(crate::props::config(64))]
+
+        /// Any document's terms hashed while parsing are those of the parsed document.
+        #[test]
+        fn hashing_while_parsing_equals_walking_the_parsed_document(doc in crate::props::json_value()) {
+            let text = doc.to_string();
+            prop_assert_eq!(streamed(&text, MAX_PAYLOAD_TERMS), Some(walked(&doc, MAX_PAYLOAD_TERMS)));
+        }
 
         /// Any scalar of any (small) document is found at its own path, with its value
         /// quoted as a JSON string when it is one; and a value it does not hold is not.

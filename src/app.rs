@@ -198,7 +198,7 @@ async fn serve(
     // And leases the deliveries of a webhook it writes alone in the statement that stores it.
     let (prelease, preleased) = crate::deliver::prelease::Prelease::new(&settings.delivery);
     let intake_prelease = (settings.role == Role::All).then(|| prelease.clone());
-    let state = AppState {
+    let state = AppState::new(crate::state::Shared {
         pool: pool.clone(),
         admin_token: settings.admin_token.clone().into(),
         max_body_bytes: settings.max_body_bytes,
@@ -222,7 +222,7 @@ async fn serve(
         draining: Arc::default(),
         operational_events: settings.operational.enabled,
         ingest_budget: crate::ingest::budget::ingest_budget(settings.ingest_memory_bytes),
-    };
+    });
     if settings.role.runs_workers() {
         let allow: Vec<String> = settings.egress.allow.iter().map(ToString::to_string).collect();
         if allow.is_empty() {

@@ -37,8 +37,9 @@ use xxhash_rust::xxh3::xxh3_64;
 pub const MAX_PAYLOAD_TERMS: usize = 1000;
 
 /// Largest payload whose values are indexed: a larger one is found by its headers and key
-/// only. Parsing a body costs several times its size in memory, and the ingest memory
-/// budget (`crate::ingest::budget`) counts a few copies per body, not a parse of a large one.
+/// only. The terms are hashed while the body is parsed ([`payload`]), so a parse holds no
+/// copy of the document; the bound keeps the CPU one webhook spends on them, and which
+/// events are found, as they were when the parse built the whole document in memory.
 pub const MAX_INDEXED_PAYLOAD_BYTES: usize = 256 * 1024;
 
 /// Longest search condition accepted (path and value together).

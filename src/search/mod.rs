@@ -37,7 +37,7 @@ use xxhash_rust::xxh3::xxh3_64;
 pub const MAX_PAYLOAD_TERMS: usize = 1000;
 
 /// Largest payload whose values are indexed: a larger one is found by its headers and key
-/// only. The terms are hashed while the body is parsed ([`payload`]), so a parse holds no
+/// only. The terms are hashed while the body is parsed (`search::payload`), so a parse holds no
 /// copy of the document; the bound keeps the CPU one webhook spends on them, and which
 /// events are found, as they were when the parse built the whole document in memory.
 pub const MAX_INDEXED_PAYLOAD_BYTES: usize = 256 * 1024;

@@ -66,7 +66,8 @@ fn hash(bytes: &[u8]) -> i64 {
 /// The hashed terms of an event, sorted and without repeats: what `events.search` holds.
 pub fn terms(dedupe_key: &str, headers: &Value, payload: &[u8]) -> Vec<i64> {
     let mut out = Vec::new();
-    let mut buf = Vec::with_capacity(128);
+    // The key's term only: the payload's path has a buffer of its own (`payload`).
+    let mut buf = Vec::with_capacity(1 + dedupe_key.len());
     buf.push(Kind::Key as u8);
     buf.extend_from_slice(dedupe_key.as_bytes());
     out.push(hash(&buf));

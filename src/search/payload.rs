@@ -126,7 +126,7 @@ impl<'de> Visitor<'de> for Level<'_> {
         while terms.budget > 0 {
             terms.path.push(SEPARATOR);
             // Writing into a Vec cannot fail.
-            let _ = write!(PathWriter(&mut terms.path), "{index}");
+            let _ = std::io::Write::write_fmt(&mut terms.path, format_args!("{index}"));
             let more = seq.next_element_seed(Level(terms))?;
             terms.path.truncate(at);
             if more.is_none() {
@@ -176,16 +176,6 @@ impl<'de> Visitor<'de> for Key<'_> {
 
     fn visit_str<E>(self, v: &str) -> Result<(), E> {
         self.0.extend_from_slice(v.as_bytes());
-        Ok(())
-    }
-}
-
-/// `fmt::Write` into a byte buffer (an array index in the path).
-struct PathWriter<'p>(&'p mut Vec<u8>);
-
-impl fmt::Write for PathWriter<'_> {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
         Ok(())
     }
 }

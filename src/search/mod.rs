@@ -350,6 +350,15 @@ mod tests {
     }
 
     #[test]
+    fn a_document_nested_past_the_parser_s_depth_limit_has_no_payload_terms_and_no_overflow() {
+        let deep = format!("{}1{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert_eq!(streamed(&deep, MAX_PAYLOAD_TERMS), None);
+        assert!(serde_json::from_str::<Value>(&deep).is_err(), "the parse into a Value refused it too");
+        let within = format!("{}1{}", "[".repeat(100), "]".repeat(100));
+        assert_eq!(streamed(&within, MAX_PAYLOAD_TERMS).map(|t| t.len()), Some(1));
+    }
+
+    #[test]
     fn past_the_budget_the_document_is_still_read_to_its_end() {
         let doc = json!([[1, 2, 3], {"a": [4, 5]}, 6]);
         let mut text = doc.to_string();

@@ -108,7 +108,10 @@ async fn run(
     // left due; the ordered deliveries it makes their lines' heads it hands over by id.
     let written =
         recorder::Written { due: wakes.general.clone(), heads: wakes.handoff.clone(), room: wakes.room.clone() };
-    let recorder = tokio::spawn(recorder::run(pool.clone(), records, settings.circuit, patience, written));
+    // Whether this dispatcher waits for a slot or room, which ends the recorder's linger.
+    let waiting = Arc::new(recorder::Waiting::default());
+    let recorder =
+        tokio::spawn(recorder::run(pool.clone(), records, settings.circuit, patience, written, waiting.clone()));
     let ctx = Context {
         pool: pool.clone(),
         egress,
@@ -131,7 +134,11 @@ async fn run(
     tracing::info!(workers = settings.workers, "delivery workers started");
 
     'claims: loop {
-        // Wait for a free slot (or shutdown), starting what ingest leased meanwhile.
+        // Wait for a free slot (or shutdown), starting what ingest leased meanwhile. With
+        // none free, the recorder holds some until its next write: it should not linger.
+        if slots.available_permits() == 0 {
+            waiting.set(true);
+        }
         let first = tokio::select! {
             permit = slots.clone().acquire_owned() => match permit {
                 Ok(p) => p,
@@ -191,6 +198,9 @@ async fn run(
                 claim_failures = 0;
                 // A full claim may have left more: look again the general way.
                 owed_general = left_behind || claimed.len() >= want;
+                // Short with due work left behind: an endpoint at its limit (or out of
+                // rate tokens) waits for leases to end, which the recorder's writes do.
+                waiting.set(left_behind && claimed.len() < want);
                 wakes.prelease.set_owed_general(owed_general);
                 claimed
             }

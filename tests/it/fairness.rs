@@ -100,6 +100,51 @@ async fn max_in_flight_holds_across_two_replicas() {
     assert_eq!(sink.count(), 120);
 }
 
+/// An endpoint limited to one request at a time gets its next request as soon as the
+/// last one's outcome is written: the recorder does not linger for company (25 ms) while
+/// a claim has left that endpoint's due work behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_endpoint_limited_to_one_request_at_a_time_is_not_held_back_by_the_recorders_linger() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::ok().await;
+    let ep = app.endpoint_for(&sink.url("/"), None).await;
+    set_limits(&app, &ep, Some(1), None).await;
+    one_at_a_time_without_the_linger(&app, &sink, &ep, worker(&app)).await;
+}
+
+/// The same with one worker slot and no limit: the dispatcher waits for the slot that
+/// the recorder holds until the outcome is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_single_worker_is_not_held_back_by_the_recorders_linger() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::ok().await;
+    let ep = app.endpoint_for(&sink.url("/"), None).await;
+    let one_worker =
+        GatewayProcess::start(&app.db.url, &["--role", "worker", "--poll-interval-ms", "50", "--workers", "1"]);
+    one_at_a_time_without_the_linger(&app, &sink, &ep, one_worker).await;
+}
+
+/// 41 deliveries seeded to `ep`, delivered one at a time by `worker`.
+/// With the linger, every gap between two requests would be at least the linger, whatever
+/// the machine; so the shortest of the 40 gaps must be under it.
+async fn one_at_a_time_without_the_linger(app: &TestApp, sink: &Sink, ep: &str, worker: GatewayProcess) {
+    seed_deliveries(&app.db.pool, ep, 41).await;
+    eventually(WAIT, "all delivered", || async { (count_status(&app.db.pool, "delivered").await == 41).then_some(()) })
+        .await;
+    drop(worker);
+    assert_eq!(sink.max_concurrent(), 1, "one request at a time");
+    let received = sink.received();
+    assert_eq!(received.len(), 41);
+    let mut gaps: Vec<Duration> = received.windows(2).map(|w| w[1].at.duration_since(w[0].at)).collect();
+    gaps.sort();
+    eprintln!("one request at a time: gaps between requests min {:?}, p50 {:?}, max {:?}", gaps[0], gaps[20], gaps[39]);
+    let linger = webhook_gateway::deliver::recorder::LINGER;
+    assert!(
+        gaps[0] < linger,
+        "every request waited at least the recorder's linger ({linger:?}) after the last: {gaps:?}"
+    );
+}
+
 /// A replica dies holding an endpoint's every slot: the endpoint is throttled only until
 /// those leases run out, then the surviving replica delivers everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

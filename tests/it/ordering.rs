@@ -441,7 +441,8 @@ async fn the_recorder_hands_each_line_s_next_head_to_the_claim_by_key() {
     };
     let (due, handed, room) = (written.due.clone(), written.heads.clone(), written.room.clone());
     let patience = recorder::Patience::of(Duration::from_secs(60));
-    let recorder = tokio::spawn(recorder::run(pool.clone(), rx, Default::default(), patience, written));
+    let recorder =
+        tokio::spawn(recorder::run(pool.clone(), rx, Default::default(), patience, written, Default::default()));
     let slots = Arc::new(tokio::sync::Semaphore::new(16));
     let done = |claim: &queue::Claimed, outcome: Outcome| {
         let mut record = crate::support::attempt_record(claim, outcome);

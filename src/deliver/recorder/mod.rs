@@ -2,8 +2,11 @@
 //! flight goes into the next statement, so the commit rate stays far below the delivery
 //! rate under load. A small batch waits up to [`LINGER`] for company: at low load each
 //! write is a transaction of a few statements and a commit for one or two outcomes, and
-//! PostgreSQL's cost per webhook was dominated by such fixed costs. An outcome of an
-//! ordered delivery is written at once (its line waits for it).
+//! PostgreSQL's cost per webhook was dominated by such fixed costs. Nobody waits for a
+//! linger but the dispatcher, so it ends as soon as anything does: an ordered delivery's
+//! outcome is written at once (its line waits for it), and so is every batch while the
+//! dispatcher waits for a worker slot or for room at an endpoint ([`Waiting`]), which
+//! only a write frees.
 //!
 //! **A bad row fails alone.** One statement records the whole batch; if it fails for any
 //! reason other than the database being unreachable, every outcome is written again on
@@ -38,13 +41,11 @@ use crate::ids::{DeliveryId, EndpointId};
 use crate::queue::{self, AttemptRecord, Burial, Recorded};
 use crate::sanitize;
 
-/// Most outcomes in one statement.
-pub const MAX_BATCH: usize = 256;
-/// A batch of fewer outcomes waits for more, up to [`LINGER`] after its first arrived.
-pub const SMALL_BATCH: usize = 64;
-/// The longest a small batch waits. Recording later holds a worker slot that much
-/// longer and delays the circuit's view by as much; it does not delay any request.
-pub const LINGER: Duration = Duration::from_millis(5);
+mod gather;
+
+use gather::gather;
+pub use gather::{LINGER, MAX_BATCH, SMALL_BATCH, Waiting};
+
 /// Longest pause between tries of a write while the database is unreachable.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
 
@@ -151,10 +152,11 @@ pub async fn run(
     cfg: CircuitConfig,
     patience: Patience,
     written: Written,
+    waiting: Arc<Waiting>,
 ) {
     let mut arrived = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.recv().await {
-        gather(&mut rx, first, &mut arrived, |(done, _)| done.urgent()).await;
+        gather(&mut rx, first, &mut arrived, |(done, _)| done.urgent(), &waiting).await;
         // The slots are released only after the write (see above).
         let (done, _slots): (Vec<Done>, Vec<OwnedSemaphorePermit>) = arrived.drain(..).unzip();
         let (mut batch, mut unsent) = (Vec::with_capacity(done.len()), Vec::new());
@@ -203,36 +205,6 @@ pub enum Promoted {
     Known(Vec<DeliveryId>),
     /// Not known: the batch was written row by row, salvaged, or not written at all.
     Unknown,
-}
-
-/// Gather one batch into `batch`: `first`, whatever is already queued, and, while the
-/// batch is smaller than [`SMALL_BATCH`] and nothing in it is `urgent`, whatever arrives
-/// within [`LINGER`] of `first`. Ends at once when the channel closes (shutdown).
-async fn gather<T>(rx: &mut mpsc::Receiver<T>, first: T, batch: &mut Vec<T>, urgent: impl Fn(&T) -> bool) {
-    let deadline = tokio::time::Instant::now() + LINGER;
-    let mut hurry = urgent(&first);
-    batch.push(first);
-    loop {
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(next) => {
-                    hurry |= urgent(&next);
-                    batch.push(next);
-                }
-                Err(_) => break,
-            }
-        }
-        if hurry || batch.len() >= SMALL_BATCH {
-            return;
-        }
-        match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(next)) => {
-                hurry |= urgent(&next);
-                batch.push(next);
-            }
-            Ok(None) | Err(_) => return,
-        }
-    }
 }
 
 /// Record `batch` (fenced, idempotent, with the circuits' observations) so that every
@@ -455,97 +427,5 @@ fn without_details(row: &AttemptRecord, error: &str) -> AttemptRecord {
             sanitize::MAX_REASON_BYTES,
         ),
         ..row.clone()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Gather from a channel on paused time: the batch, and how long gathering took.
-    async fn gathered(rx: &mut mpsc::Receiver<u32>, urgent: fn(&u32) -> bool) -> (Vec<u32>, Duration) {
-        let first = rx.recv().await.expect("a first outcome");
-        let started = tokio::time::Instant::now();
-        let mut batch = Vec::new();
-        gather(rx, first, &mut batch, urgent).await;
-        (batch, started.elapsed())
-    }
-
-    fn never(_: &u32) -> bool {
-        false
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_lone_outcome_waits_the_linger_and_no_longer() {
-        let (tx, mut rx) = mpsc::channel(16);
-        tx.send(1).await.unwrap();
-        let (batch, waited) = gathered(&mut rx, never).await;
-        assert_eq!(batch, vec![1]);
-        assert_eq!(waited, LINGER);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn outcomes_that_arrive_within_the_linger_join_the_batch() {
-        let (tx, mut rx) = mpsc::channel(16);
-        tx.send(1).await.unwrap();
-        let late = tx.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(LINGER / 2).await;
-            late.send(2).await.unwrap();
-            tokio::time::sleep(LINGER).await;
-            late.send(3).await.unwrap();
-        });
-        let (batch, waited) = gathered(&mut rx, never).await;
-        assert_eq!(batch, vec![1, 2], "the third came after the linger");
-        assert_eq!(waited, LINGER);
-        let (next, _) = gathered(&mut rx, never).await;
-        assert_eq!(next, vec![3]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_batch_that_is_not_small_goes_at_once() {
-        let (tx, mut rx) = mpsc::channel(MAX_BATCH * 2);
-        for i in 0..SMALL_BATCH as u32 {
-            tx.send(i).await.unwrap();
-        }
-        let (batch, waited) = gathered(&mut rx, never).await;
-        assert_eq!(batch.len(), SMALL_BATCH);
-        assert_eq!(waited, Duration::ZERO);
-        // And never more than MAX_BATCH, however many are queued.
-        for i in 0..(MAX_BATCH + 10) as u32 {
-            tx.send(i).await.unwrap();
-        }
-        let (batch, _) = gathered(&mut rx, never).await;
-        assert_eq!(batch.len(), MAX_BATCH);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_urgent_outcome_is_written_at_once_queued_or_late() {
-        let (tx, mut rx) = mpsc::channel(16);
-        tx.send(1).await.unwrap();
-        tx.send(7).await.unwrap();
-        let (batch, waited) = gathered(&mut rx, |n| *n == 7).await;
-        assert_eq!((batch, waited), (vec![1, 7], Duration::ZERO), "an urgent one already queued");
-
-        tx.send(1).await.unwrap();
-        let late = tx.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(LINGER / 5).await;
-            late.send(7).await.unwrap();
-        });
-        let (batch, waited) = gathered(&mut rx, |n| *n == 7).await;
-        assert_eq!((batch, waited), (vec![1, 7], LINGER / 5), "an urgent one arriving ends the wait");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn shutdown_ends_the_wait() {
-        let (tx, mut rx) = mpsc::channel(16);
-        tx.send(1).await.unwrap();
-        tokio::spawn(async move {
-            tokio::time::sleep(LINGER / 5).await;
-            drop(tx);
-        });
-        let (batch, waited) = gathered(&mut rx, never).await;
-        assert_eq!((batch, waited), (vec![1], LINGER / 5));
     }
 }

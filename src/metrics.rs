@@ -36,6 +36,10 @@ pub const ATTEMPTS: &str = "webhook_gateway_attempts_total";
 pub const ATTEMPT_DURATION: &str = "webhook_gateway_attempt_duration_seconds";
 /// Queue invariants found broken at run time, by `invariant` (see `crate::invariants`).
 pub const INVARIANT_VIOLATIONS: &str = crate::invariants::VIOLATIONS;
+/// Outcome writes by the recorder, by why its batch stopped gathering (`ended`: `full`,
+/// `urgent`, `waiting`, `linger`, `closed`; `deliver::recorder::Ended`). Outcomes per
+/// write: `ATTEMPTS` over this.
+pub const OUTCOME_WRITES: &str = "webhook_gateway_outcome_writes_total";
 /// Outcomes dropped because a newer claim took the lease over.
 pub const FENCED: &str = "webhook_gateway_outcomes_fenced_total";
 /// Outcomes recorded without their details (status and error kind only) because the
@@ -75,6 +79,11 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
         )?
         .install_recorder()
         .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))
+}
+
+/// Count one outcome write, by why its batch stopped gathering.
+pub fn outcome_write(ended: &'static str) {
+    counter!(OUTCOME_WRITES, "ended" => ended).increment(1);
 }
 
 /// Count one ingest outcome.

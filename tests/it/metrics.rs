@@ -93,6 +93,17 @@ async fn scraped_counters_match_a_scripted_sequence() {
     assert_eq!(get(r#"webhook_gateway_attempts_total{class="2xx",outcome="delivered"}"#), 1.0);
     assert_eq!(get(r#"webhook_gateway_attempts_total{class="4xx",outcome="dead"}"#), 1.0);
     assert_eq!(get("webhook_gateway_attempt_duration_seconds_count"), 2.0);
+    // The two outcomes took one write or two, each counted once with why its batch ended.
+    let writes: Vec<(&String, &f64)> =
+        scraped.iter().filter(|(k, _)| k.starts_with("webhook_gateway_outcome_writes_total{")).collect();
+    let total: f64 = writes.iter().map(|(_, v)| **v).sum();
+    assert!((1.0..=2.0).contains(&total), "outcome writes: {writes:?}");
+    for (series, _) in &writes {
+        let known = ["full", "urgent", "waiting", "linger", "closed"]
+            .iter()
+            .any(|e| **series == format!(r#"webhook_gateway_outcome_writes_total{{ended="{e}"}}"#));
+        assert!(known, "an unknown reason: {series}");
+    }
     assert_eq!(get(r#"webhook_gateway_queue_deliveries{state="dead"}"#), 1.0);
     assert_eq!(get(r#"webhook_gateway_queue_deliveries{state="pending"}"#), 0.0);
     assert!(scraped.keys().any(|k| k.starts_with("webhook_gateway_circuit_state{")));

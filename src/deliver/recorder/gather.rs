@@ -57,14 +57,14 @@ impl Waiting {
 /// Gather one batch into `batch`: `first`, whatever is already queued, and, while the
 /// batch is smaller than [`SMALL_BATCH`], nothing in it is `urgent` and the dispatcher
 /// is not `waiting`, whatever arrives within [`LINGER`] of `first`. Ends at once when the
-/// channel closes (shutdown) or the dispatcher begins to wait.
+/// channel closes (shutdown) or the dispatcher begins to wait. Says why it ended.
 pub(super) async fn gather<T>(
     rx: &mut mpsc::Receiver<T>,
     first: T,
     batch: &mut Vec<T>,
     urgent: impl Fn(&T) -> bool,
     waiting: &Waiting,
-) {
+) -> Ended {
     let deadline = tokio::time::Instant::now() + LINGER;
     let mut hurry = urgent(&first);
     batch.push(first);
@@ -78,8 +78,14 @@ pub(super) async fn gather<T>(
                 Err(_) => break,
             }
         }
-        if hurry || batch.len() >= SMALL_BATCH || waiting.now() {
-            return;
+        if batch.len() >= SMALL_BATCH {
+            return Ended::Full;
+        }
+        if hurry {
+            return Ended::Urgent;
+        }
+        if waiting.now() {
+            return Ended::Waiting;
         }
         tokio::select! {
             next = tokio::time::timeout_at(deadline, rx.recv()) => match next {
@@ -87,9 +93,41 @@ pub(super) async fn gather<T>(
                     hurry |= urgent(&next);
                     batch.push(next);
                 }
-                Ok(None) | Err(_) => return,
+                Ok(None) => return Ended::Closed,
+                Err(_) => return Ended::Linger,
             },
-            () = waiting.begun() => return,
+            () = waiting.begun() => return Ended::Waiting,
+        }
+    }
+}
+
+/// Why a batch stopped gathering, counted per write
+/// (`webhook_gateway_outcome_writes_total{ended}`): with the outcomes counted by
+/// `webhook_gateway_attempts_total`, how full writes are, and how often the linger ran
+/// out against how often something cut it short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// [`SMALL_BATCH`] or more outcomes were there: no linger.
+    Full,
+    /// An outcome someone waits for (an ordered delivery's, a claim that sent nothing).
+    Urgent,
+    /// The dispatcher waited for a slot or room ([`Waiting`]).
+    Waiting,
+    /// The linger ran out.
+    Linger,
+    /// The channel closed (shutdown).
+    Closed,
+}
+
+impl Ended {
+    /// The metric's label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ended::Full => "full",
+            Ended::Urgent => "urgent",
+            Ended::Waiting => "waiting",
+            Ended::Linger => "linger",
+            Ended::Closed => "closed",
         }
     }
 }
@@ -100,20 +138,31 @@ mod tests {
 
     /// Gather from a channel on paused time: the batch, and how long gathering took.
     async fn gathered(rx: &mut mpsc::Receiver<u32>, urgent: fn(&u32) -> bool) -> (Vec<u32>, Duration) {
-        gathered_beside(rx, urgent, &Waiting::default()).await
+        let (batch, waited, _) = gathered_why(rx, urgent, &Waiting::default()).await;
+        (batch, waited)
     }
 
-    /// The same, beside a dispatcher whose waiting is `waiting`.
+    /// [`gathered_why`] without the reason.
     async fn gathered_beside(
         rx: &mut mpsc::Receiver<u32>,
         urgent: fn(&u32) -> bool,
         waiting: &Waiting,
     ) -> (Vec<u32>, Duration) {
+        let (batch, waited, _) = gathered_why(rx, urgent, waiting).await;
+        (batch, waited)
+    }
+
+    /// The same, beside a dispatcher whose waiting is `waiting`, and why it ended.
+    async fn gathered_why(
+        rx: &mut mpsc::Receiver<u32>,
+        urgent: fn(&u32) -> bool,
+        waiting: &Waiting,
+    ) -> (Vec<u32>, Duration, Ended) {
         let first = rx.recv().await.expect("a first outcome");
         let started = tokio::time::Instant::now();
         let mut batch = Vec::new();
-        gather(rx, first, &mut batch, urgent, waiting).await;
-        (batch, started.elapsed())
+        let ended = gather(rx, first, &mut batch, urgent, waiting).await;
+        (batch, started.elapsed(), ended)
     }
 
     fn never(_: &u32) -> bool {
@@ -229,5 +278,29 @@ mod tests {
         assert!(waiting.now());
         waiting.set(false);
         assert!(!waiting.now());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_batch_says_why_it_stopped_gathering() {
+        let idle = Waiting::default();
+        let (tx, mut rx) = mpsc::channel(MAX_BATCH);
+        tx.send(1).await.unwrap();
+        assert_eq!(gathered_why(&mut rx, never, &idle).await.2, Ended::Linger);
+        for i in 0..SMALL_BATCH as u32 {
+            tx.send(i).await.unwrap();
+        }
+        assert_eq!(gathered_why(&mut rx, |n| *n == 0, &idle).await.2, Ended::Full, "full before urgent");
+        tx.send(7).await.unwrap();
+        assert_eq!(gathered_why(&mut rx, |n| *n == 7, &idle).await.2, Ended::Urgent);
+        let waiting = Waiting::default();
+        waiting.set(true);
+        tx.send(1).await.unwrap();
+        assert_eq!(gathered_why(&mut rx, never, &waiting).await.2, Ended::Waiting);
+        tx.send(1).await.unwrap();
+        drop(tx);
+        assert_eq!(gathered_why(&mut rx, never, &idle).await.2, Ended::Closed);
+        let labels: Vec<&str> =
+            [Ended::Full, Ended::Urgent, Ended::Waiting, Ended::Linger, Ended::Closed].map(Ended::as_str).to_vec();
+        assert_eq!(labels, ["full", "urgent", "waiting", "linger", "closed"]);
     }
 }

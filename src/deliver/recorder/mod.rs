@@ -44,7 +44,7 @@ use crate::sanitize;
 mod gather;
 
 use gather::gather;
-pub use gather::{LINGER, MAX_BATCH, SMALL_BATCH, Waiting};
+pub use gather::{Ended, LINGER, MAX_BATCH, SMALL_BATCH, Waiting};
 
 /// Longest pause between tries of a write while the database is unreachable.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
@@ -156,7 +156,8 @@ pub async fn run(
 ) {
     let mut arrived = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.recv().await {
-        gather(&mut rx, first, &mut arrived, |(done, _)| done.urgent(), &waiting).await;
+        let ended = gather(&mut rx, first, &mut arrived, |(done, _)| done.urgent(), &waiting).await;
+        crate::metrics::outcome_write(ended.as_str());
         // The slots are released only after the write (see above).
         let (done, _slots): (Vec<Done>, Vec<OwnedSemaphorePermit>) = arrived.drain(..).unzip();
         let (mut batch, mut unsent) = (Vec::with_capacity(done.len()), Vec::new());

@@ -138,22 +138,12 @@ mod tests {
 
     /// Gather from a channel on paused time: the batch, and how long gathering took.
     async fn gathered(rx: &mut mpsc::Receiver<u32>, urgent: fn(&u32) -> bool) -> (Vec<u32>, Duration) {
-        let (batch, waited, _) = gathered_why(rx, urgent, &Waiting::default()).await;
-        (batch, waited)
-    }
-
-    /// [`gathered_why`] without the reason.
-    async fn gathered_beside(
-        rx: &mut mpsc::Receiver<u32>,
-        urgent: fn(&u32) -> bool,
-        waiting: &Waiting,
-    ) -> (Vec<u32>, Duration) {
-        let (batch, waited, _) = gathered_why(rx, urgent, waiting).await;
+        let (batch, waited, _) = gathered_beside(rx, urgent, &Waiting::default()).await;
         (batch, waited)
     }
 
     /// The same, beside a dispatcher whose waiting is `waiting`, and why it ended.
-    async fn gathered_why(
+    async fn gathered_beside(
         rx: &mut mpsc::Receiver<u32>,
         urgent: fn(&u32) -> bool,
         waiting: &Waiting,
@@ -250,14 +240,14 @@ mod tests {
         waiting.set(true);
         tx.send(1).await.unwrap();
         tx.send(2).await.unwrap();
-        let (batch, waited) = gathered_beside(&mut rx, never, &waiting).await;
+        let (batch, waited, _) = gathered_beside(&mut rx, never, &waiting).await;
         assert_eq!((batch, waited), (vec![1, 2], Duration::ZERO), "waiting already: what is queued goes at once");
 
         // The dispatcher stops waiting; a wake-up left over from its wait does not end
         // the next linger, and a wait that begins halfway through it does.
         waiting.set(false);
         tx.send(3).await.unwrap();
-        let (batch, waited) = gathered_beside(&mut rx, never, &waiting).await;
+        let (batch, waited, _) = gathered_beside(&mut rx, never, &waiting).await;
         assert_eq!((batch, waited), (vec![3], LINGER), "no wait, no hurry");
         tx.send(4).await.unwrap();
         let dispatcher = waiting.clone();
@@ -265,7 +255,7 @@ mod tests {
             tokio::time::sleep(LINGER / 5).await;
             dispatcher.set(true);
         });
-        let (batch, waited) = gathered_beside(&mut rx, never, &waiting).await;
+        let (batch, waited, _) = gathered_beside(&mut rx, never, &waiting).await;
         assert_eq!((batch, waited), (vec![4], LINGER / 5), "the wait began");
     }
 
@@ -285,20 +275,20 @@ mod tests {
         let idle = Waiting::default();
         let (tx, mut rx) = mpsc::channel(MAX_BATCH);
         tx.send(1).await.unwrap();
-        assert_eq!(gathered_why(&mut rx, never, &idle).await.2, Ended::Linger);
+        assert_eq!(gathered_beside(&mut rx, never, &idle).await.2, Ended::Linger);
         for i in 0..SMALL_BATCH as u32 {
             tx.send(i).await.unwrap();
         }
-        assert_eq!(gathered_why(&mut rx, |n| *n == 0, &idle).await.2, Ended::Full, "full before urgent");
+        assert_eq!(gathered_beside(&mut rx, |n| *n == 0, &idle).await.2, Ended::Full, "full before urgent");
         tx.send(7).await.unwrap();
-        assert_eq!(gathered_why(&mut rx, |n| *n == 7, &idle).await.2, Ended::Urgent);
+        assert_eq!(gathered_beside(&mut rx, |n| *n == 7, &idle).await.2, Ended::Urgent);
         let waiting = Waiting::default();
         waiting.set(true);
         tx.send(1).await.unwrap();
-        assert_eq!(gathered_why(&mut rx, never, &waiting).await.2, Ended::Waiting);
+        assert_eq!(gathered_beside(&mut rx, never, &waiting).await.2, Ended::Waiting);
         tx.send(1).await.unwrap();
         drop(tx);
-        assert_eq!(gathered_why(&mut rx, never, &idle).await.2, Ended::Closed);
+        assert_eq!(gathered_beside(&mut rx, never, &idle).await.2, Ended::Closed);
         let labels: Vec<&str> =
             [Ended::Full, Ended::Urgent, Ended::Waiting, Ended::Linger, Ended::Closed].map(Ended::as_str).to_vec();
         assert_eq!(labels, ["full", "urgent", "waiting", "linger", "closed"]);

@@ -176,7 +176,7 @@ async fn run(
         let claimed = tokio::select! {
             claimed = async {
                 match by_key {
-                    Some(fresh) if fresh.is_empty() => Ok((Vec::new(), false)),
+                    Some(fresh) if fresh.is_empty() => Ok(Claim::default()),
                     Some(fresh) => {
                         let fresh = queue::claim_fresh(
                             &pool,
@@ -186,7 +186,9 @@ async fn run(
                             settings.endpoint_max_in_flight,
                         )
                         .await?;
-                        Ok((fresh.claimed, !fresh.took_all))
+                        // It does not say why it left work: maybe room, which the
+                        // general claim that follows finds out.
+                        Ok(Claim { left_behind: !fresh.took_all, held_by_room: true, claimed: fresh.claimed })
                     }
                     None => claim(&pool, want, &settings, &mut last_probe_check, &housekeeping).await,
                 }
@@ -194,13 +196,14 @@ async fn run(
             _ = stop.wait_for(|s| *s) => break,
         };
         let claimed = match claimed {
-            Ok((claimed, left_behind)) => {
+            Ok(Claim { claimed, left_behind, held_by_room }) => {
                 claim_failures = 0;
                 // A full claim may have left more: look again the general way.
                 owed_general = left_behind || claimed.len() >= want;
-                // Short with due work left behind: an endpoint at its limit (or out of
-                // rate tokens) waits for leases to end, which the recorder's writes do.
-                waiting.set(left_behind && claimed.len() < want);
+                // Short with due work left behind by an endpoint at its limit: it waits
+                // for leases to end, which the recorder's writes do. (Left behind for
+                // want of rate tokens, it waits for time: the recorder may linger.)
+                waiting.set(left_behind && held_by_room && claimed.len() < want);
                 wakes.prelease.set_owed_general(owed_general);
                 claimed
             }
@@ -342,6 +345,18 @@ const IDLE_POLL_FACTOR: u32 = 4;
 /// housekeeping leader, looks for half-open endpoints to probe.
 const PROBE_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
+/// What one turn of the claim loop took, and what it left.
+#[derive(Default)]
+struct Claim {
+    /// The deliveries now leased to this process.
+    claimed: Vec<Claimed>,
+    /// Whether due rows were left behind.
+    left_behind: bool,
+    /// Whether what was left may be claimable once leases end (see
+    /// [`queue::ClaimBatch::held_by_room`]); false when only rate tokens held it back.
+    held_by_room: bool,
+}
+
 /// Half-open probes (at most every [`PROBE_CHECK_INTERVAL`], on the housekeeping leader
 /// only), then due deliveries, `want` in all; and whether due rows were left behind.
 async fn claim(
@@ -350,7 +365,7 @@ async fn claim(
     settings: &DeliverySettings,
     last_probe_check: &mut tokio::time::Instant,
     housekeeping: &Housekeeping,
-) -> Result<(Vec<Claimed>, bool), sqlx::Error> {
+) -> Result<Claim, sqlx::Error> {
     let mut claimed = Vec::new();
     let tick = last_probe_check.elapsed() >= PROBE_CHECK_INTERVAL;
     if tick {
@@ -364,11 +379,13 @@ async fn claim(
     }
     let rest = want - claimed.len();
     let mut took_all_due = false;
+    let mut held_by_room = false;
     if rest > 0 {
         // The tick sweeps every endpoint with due work.
         let fairness = queue::Fairness { default_max_in_flight: settings.endpoint_max_in_flight, sweep: tick };
         let batch = queue::claim_batch(pool, rest as i64, settings.lease, fairness).await?;
         took_all_due = batch.took_all_due();
+        held_by_room = batch.held_by_room;
         claimed.extend(batch.claimed);
     }
     let rest = want - claimed.len();
@@ -381,9 +398,11 @@ async fn claim(
         let fairness = queue::Fairness { default_max_in_flight: settings.endpoint_max_in_flight, sweep: true };
         let batch = queue::claim_batch(pool, rest as i64, settings.lease, fairness).await?;
         took_all_due = batch.took_all_due();
+        // What the first claim left at its endpoints' limits is still there.
+        held_by_room |= batch.held_by_room;
         claimed.extend(batch.claimed);
     }
-    Ok((claimed, !took_all_due))
+    Ok(Claim { claimed, left_behind: !took_all_due, held_by_room })
 }
 
 /// The pause after `failures` consecutive failed claims: doubling from 200 ms, at most

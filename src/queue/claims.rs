@@ -160,6 +160,13 @@ pub struct ClaimBatch {
     pub head_rows: i64,
     /// How many due rows the head window could hold.
     pub head_window: i64,
+    /// Whether some endpoint it served took all that its room (its `max_in_flight` less
+    /// its live leases) or its share of the claim allowed, and not because its rate tokens
+    /// ran out: due rows it left may be claimed once leases end, or by the next claim.
+    /// False when every endpoint either took all it had due or was short of rate tokens:
+    /// then what is left waits for time to refill the tokens, and ending leases sooner
+    /// (the outcome recorder writing without its linger) would buy nothing.
+    pub held_by_room: bool,
 }
 
 impl ClaimBatch {
@@ -171,7 +178,8 @@ impl ClaimBatch {
     }
 }
 
-/// [`claim_fair`], also telling what the claim saw ([`ClaimBatch::took_all_due`]).
+/// [`claim_fair`], also telling what the claim saw ([`ClaimBatch::took_all_due`]) and why
+/// it left what it left ([`ClaimBatch::held_by_room`]).
 pub async fn claim_batch(
     pool: &crate::db::Pool,
     limit: i64,
@@ -184,22 +192,39 @@ pub async fn claim_batch(
         crate::db::query_as(CLAIM_LOCK_SQL).bind(window).bind(fairness.sweep).fetch_one(&mut *tx).await?;
     if endpoints.is_empty() {
         tx.commit().await?;
-        return Ok(ClaimBatch { claimed: Vec::new(), head_rows, head_window: window });
+        return Ok(ClaimBatch { claimed: Vec::new(), head_rows, head_window: window, held_by_room: false });
     }
     // Planned for its parameters (the lock above keeps its cached plan: it reads only the
     // head of one index).
     crate::db::plan_each_time(&mut tx).await?;
-    let claimed = crate::db::query_as(claim_sql())
+    let rows = crate::db::query(claim_sql())
         .bind(limit)
         .bind(lease.as_secs_f64())
         .bind(fairness.default_max_in_flight)
         .bind(&endpoints)
         .fetch_all(&mut *tx)
         .await?;
+    let (claimed, held_by_room) = general_claim_of(&rows)?;
     // Refused (rolled back) rather than sent twice at once.
     claimed_once(&claimed)?;
     tx.commit().await?;
-    Ok(ClaimBatch { claimed, head_rows, head_window: window })
+    Ok(ClaimBatch { claimed, head_rows, head_window: window, held_by_room })
+}
+
+/// The claimed deliveries in [`claim_sql`]'s rows, and its `by_room` (true when it is
+/// null: no endpoint was looked at, so none is known to be short of only rate tokens).
+fn general_claim_of(rows: &[sqlx::postgres::PgRow]) -> Result<(Vec<Claimed>, bool), sqlx::Error> {
+    use sqlx::{FromRow as _, Row as _};
+    let mut held_by_room = true;
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in rows {
+        held_by_room = row.try_get::<Option<bool>, _>("by_room")?.unwrap_or(true);
+        // One row with null claim columns when nothing was claimed.
+        if row.try_get::<Option<DeliveryId>, _>("id")?.is_some() {
+            claimed.push(Claimed::from_row(row)?);
+        }
+    }
+    Ok((claimed, held_by_room))
 }
 
 /// [`crate::invariants::CLAIMED_ONCE`] for the rows of one claim.
@@ -302,10 +327,23 @@ fn claim_sql_text() -> String {
              FROM room JOIN (SELECT endpoint_id, count(*) AS n FROM claimed GROUP BY endpoint_id) spent
                   ON spent.endpoint_id = room.id
              WHERE ep.id = room.id AND room.rate_limit_per_sec IS NOT NULL
+         ), bound AS (
+             -- Whether an endpoint took all its room or its share allowed, and not because
+             -- its rate tokens ran out: what it left due may be claimed once leases end
+             -- (or by the next claim). Out of tokens, only time helps.
+             SELECT bool_or(COALESCE(took.n, 0) >= LEAST(room.n, room.share)
+                            AND NOT (room.rate_limit_per_sec IS NOT NULL
+                                     AND COALESCE(took.n, 0) >= floor(room.tokens))) AS by_room
+             FROM room LEFT JOIN (SELECT endpoint_id, count(*) AS n FROM claimed GROUP BY endpoint_id) took
+                  ON took.endpoint_id = room.id
          )
-         SELECT {CLAIMED_COLUMNS}, NULL::int8 AS probe_token
-         FROM claimed d JOIN events e ON e.id = d.event_id JOIN endpoints ep ON ep.id = d.endpoint_id
-              JOIN sources s ON s.id = e.source_id"
+         -- One row at least: with nothing claimed, one whose claim columns are null.
+         SELECT c.*, bound.by_room
+         FROM bound LEFT JOIN (
+             SELECT {CLAIMED_COLUMNS}, NULL::int8 AS probe_token
+             FROM claimed d JOIN events e ON e.id = d.event_id JOIN endpoints ep ON ep.id = d.endpoint_id
+                  JOIN sources s ON s.id = e.source_id
+         ) c ON true"
     )
 }
 

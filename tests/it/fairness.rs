@@ -148,6 +148,32 @@ async fn one_at_a_time_without_the_linger(app: &TestApp, sink: &Sink, ep: &str, 
     );
 }
 
+/// A backlog that only its endpoint's rate limit holds back (20/s, burst 1) leaves the
+/// recorder's linger on: each outcome waits up to the linger for company, as at low load,
+/// because writing it sooner would free nothing that the claim waits for. (Before the
+/// claim told rate tokens from room, every write here ended at once as `waiting`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rate_limited_backlog_leaves_the_recorders_linger_on() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::ok().await;
+    let ep = app.endpoint_for(&sink.url("/"), None).await;
+    set_limits(&app, &ep, None, Some((20.0, 1))).await;
+    seed_deliveries(&app.db.pool, &ep, 30).await;
+    let worker = worker(&app);
+    eventually(WAIT, "all delivered", || async { (count_status(&app.db.pool, "delivered").await == 30).then_some(()) })
+        .await;
+    let metrics = format!("http://{}/metrics", worker.addr);
+    let text = reqwest::get(&metrics).await.unwrap().text().await.unwrap();
+    let writes = |ended: &str| -> f64 {
+        let series = format!(r#"webhook_gateway_outcome_writes_total{{ended="{ended}"}} "#);
+        text.lines().find_map(|l| l.strip_prefix(series.as_str())).map_or(0.0, |v| v.parse().unwrap())
+    };
+    let (linger, waiting) = (writes("linger"), writes("waiting"));
+    eprintln!("a rate-limited backlog: {linger} writes ended by the linger, {waiting} by a waiting dispatcher");
+    assert!(linger + waiting >= 15.0, "one outcome a write, about: {linger} + {waiting}");
+    assert!(waiting * 4.0 <= linger, "the linger was switched off: {waiting} writes ended at once, {linger} lingered");
+}
+
 /// A replica dies holding an endpoint's every slot: the endpoint is throttled only until
 /// those leases run out, then the surviving replica delivers everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -260,6 +286,71 @@ async fn a_claim_tells_whether_it_took_everything_that_was_due() {
     let capped = queue::claim_batch(pool, 16, lease, limit(2)).await.unwrap();
     assert_eq!((capped.claimed.len(), capped.head_rows), (2, 5));
     assert!(!capped.took_all_due(), "three rows of the capped endpoint are still due");
+}
+
+/// A claim tells an endpoint that took all its room allowed (its due rows wait for
+/// leases to end, which the recorder's writes do) from one short only of rate tokens (its
+/// rows wait for time): the dispatcher ends the recorder's linger for the first, not for
+/// the second.
+#[tokio::test]
+async fn a_claim_tells_an_endpoint_at_its_limit_from_one_out_of_rate_tokens() {
+    use webhook_gateway::queue;
+    let db = crate::support::TestDb::new().await;
+    let pool = &db.pool;
+    let lease = Duration::from_secs(60);
+    let claim = || queue::claim_batch(pool, 16, lease, queue::Fairness { default_max_in_flight: 100, sweep: false });
+    let limits = |endpoint: String, sql: &'static str| async move {
+        sqlx::query(&format!("UPDATE endpoints SET {sql} WHERE id = $1::uuid"))
+            .bind(endpoint)
+            .execute(pool)
+            .await
+            .unwrap();
+    };
+
+    // A burst of 3 tokens that refill once in 1,000 s: three of five, two left for time.
+    let r = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/r").await;
+    limits(r.clone(), "rate_limit_per_sec = 0.001, rate_limit_burst = 3").await;
+    seed_deliveries(pool, &r, 5).await;
+    let rated = claim().await.unwrap();
+    assert_eq!((rated.claimed.len(), rated.head_rows), (3, 5));
+    assert!(!rated.took_all_due(), "two rows are still due");
+    assert!(!rated.held_by_room, "only the rate tokens held them back");
+    let spent = claim().await.unwrap();
+    assert_eq!((spent.claimed.len(), spent.head_rows), (0, 2));
+    assert!(!spent.held_by_room, "still only the rate tokens");
+
+    // A rate-limited endpoint that took everything it had due, beside the one out of tokens.
+    let s = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/s").await;
+    limits(s.clone(), "rate_limit_per_sec = 0.001, rate_limit_burst = 10").await;
+    seed_deliveries(pool, &s, 2).await;
+    let all = claim().await.unwrap();
+    assert_eq!(all.claimed.len(), 2);
+    assert!(!all.held_by_room, "one took all it had, the other is out of tokens");
+
+    // Tokens to spare, but one request in flight at a time: one of three, two left for
+    // its lease to end.
+    let m = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/m").await;
+    limits(m.clone(), "max_in_flight = 1, rate_limit_per_sec = 1000, rate_limit_burst = 100").await;
+    seed_deliveries(pool, &m, 3).await;
+    let capped = claim().await.unwrap();
+    assert_eq!(capped.claimed.len(), 1);
+    assert!(capped.held_by_room, "its in-flight limit held two rows back");
+    let full = claim().await.unwrap();
+    assert_eq!(full.claimed.len(), 0);
+    assert!(full.held_by_room, "the lease still holds its limit");
+
+    // A claim that fills its share of the batch leaves rows the next claim can take.
+    let b = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/b").await;
+    seed_deliveries(pool, &b, 20).await;
+    let mut shared = claim().await.unwrap();
+    assert_eq!(shared.claimed.len(), 16);
+    shared.claimed.clear();
+    assert!(shared.held_by_room, "the batch was full");
+
+    // Nothing due anywhere: nothing held back.
+    sqlx::query("UPDATE deliveries SET status = 'delivered', leased_until = NULL").execute(pool).await.unwrap();
+    let none = claim().await.unwrap();
+    assert_eq!((none.claimed.len(), none.head_rows, none.held_by_room), (0, 0, false));
 }
 
 /// The claim of deliveries this process just stored (`queue::claim_fresh`, ingest's

@@ -165,6 +165,7 @@ async fn run(
         // shutdown until the connection gives up. A claim that committed unseen is a
         // crashed claim: its lease brings the rows back.
         let claim_started = std::time::SystemTime::now();
+        let claim_began = tokio::time::Instant::now();
         let tick = last_probe_check.elapsed() >= PROBE_CHECK_INTERVAL;
         // The deliveries to claim by key, or `None` for the general claim.
         let by_key = if owed_general || tick {
@@ -188,15 +189,21 @@ async fn run(
                         .await?;
                         // It does not say why it left work: maybe room, which the
                         // general claim that follows finds out.
-                        Ok(Claim { left_behind: !fresh.took_all, held_by_room: true, claimed: fresh.claimed })
+                        Ok(Claim {
+                            left_behind: !fresh.took_all,
+                            held_by_room: true,
+                            next_token_in: None,
+                            claimed: fresh.claimed,
+                        })
                     }
                     None => claim(&pool, want, &settings, &mut last_probe_check, &housekeeping).await,
                 }
             } => claimed,
             _ = stop.wait_for(|s| *s) => break,
         };
-        let claimed = match claimed {
-            Ok(Claim { claimed, left_behind, held_by_room }) => {
+        // With it, when the claim left work for want of rate tokens: how long until the next.
+        let (claimed, next_token_in) = match claimed {
+            Ok(Claim { claimed, left_behind, held_by_room, next_token_in }) => {
                 claim_failures = 0;
                 // A full claim may have left more: look again the general way.
                 owed_general = left_behind || claimed.len() >= want;
@@ -205,7 +212,7 @@ async fn run(
                 // want of rate tokens, it waits for time: the recorder may linger.)
                 waiting.set(left_behind && held_by_room && claimed.len() < want);
                 wakes.prelease.set_owed_general(owed_general);
-                claimed
+                (claimed, next_token_in)
             }
             Err(e) => {
                 // A read-only or departing node: the pool drops its older connections.
@@ -253,12 +260,18 @@ async fn run(
             // cost PostgreSQL eighty claims a second.
             let idle = found == 0 && in_flight.is_empty();
             let pause = if idle { idle_poll } else { settings.poll_interval };
+            let mut until = tokio::time::Instant::now() + pause;
             idle_poll = if idle {
                 (idle_poll * 2).min(settings.poll_interval * IDLE_POLL_FACTOR)
             } else {
                 settings.poll_interval
             };
-            let until = tokio::time::Instant::now() + pause;
+            if let Some(full_in) = next_token_in {
+                // A rate-limited endpoint whose tokens this claim spent: claim again before
+                // its bucket (only `burst` tokens) overflows, not at the next poll or
+                // wake-up. Counted from the claim's start, when it read the bucket.
+                until = until.min(claim_began + full_in.max(MIN_TOKEN_WAIT));
+            }
             loop {
                 match sleep(&mut wakes, &mut owed_general, until, &mut stop).await {
                     Slept::Woken => break,
@@ -355,6 +368,8 @@ struct Claim {
     /// Whether what was left may be claimable once leases end (see
     /// [`queue::ClaimBatch::held_by_room`]); false when only rate tokens held it back.
     held_by_room: bool,
+    /// How long until the bucket of an endpoint whose last tokens it spent is full again.
+    next_token_in: Option<Duration>,
 }
 
 /// Half-open probes (at most every [`PROBE_CHECK_INTERVAL`], on the housekeeping leader
@@ -380,12 +395,14 @@ async fn claim(
     let rest = want - claimed.len();
     let mut took_all_due = false;
     let mut held_by_room = false;
+    let mut next_token_in = None;
     if rest > 0 {
         // The tick sweeps every endpoint with due work.
         let fairness = queue::Fairness { default_max_in_flight: settings.endpoint_max_in_flight, sweep: tick };
         let batch = queue::claim_batch(pool, rest as i64, settings.lease, fairness).await?;
         took_all_due = batch.took_all_due();
         held_by_room = batch.held_by_room;
+        next_token_in = batch.next_token_in;
         claimed.extend(batch.claimed);
     }
     let rest = want - claimed.len();
@@ -400,10 +417,24 @@ async fn claim(
         took_all_due = batch.took_all_due();
         // What the first claim left at its endpoints' limits is still there.
         held_by_room |= batch.held_by_room;
+        next_token_in = earliest(next_token_in, batch.next_token_in);
         claimed.extend(batch.claimed);
     }
-    Ok(Claim { claimed, left_behind: !took_all_due, held_by_room })
+    Ok(Claim { claimed, left_behind: !took_all_due, held_by_room, next_token_in })
 }
+
+/// The sooner of two optional waits.
+fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The shortest sleep until a rate-limited endpoint's bucket is full: an endpoint allowed
+/// thousands of requests a second with a `burst` of one cannot have a claim (a
+/// transaction) for each.
+const MIN_TOKEN_WAIT: Duration = Duration::from_millis(1);
 
 /// The pause after `failures` consecutive failed claims: doubling from 200 ms, at most
 /// 6.4 s, so a database outage is probed a few times a minute, not hammered.

@@ -167,6 +167,11 @@ pub struct ClaimBatch {
     /// then what is left waits for time to refill the tokens, and ending leases sooner
     /// (the outcome recorder writing without its linger) would buy nothing.
     pub held_by_room: bool,
+    /// When this claim spent the last whole rate token of an endpoint: how long until the
+    /// first such endpoint's bucket is full again. The dispatcher claims by then rather
+    /// than at its next poll, so a `burst` smaller than a poll's worth of tokens still
+    /// gets the whole rate (what would overflow the bucket is lost).
+    pub next_token_in: Option<Duration>,
 }
 
 impl ClaimBatch {
@@ -192,7 +197,7 @@ pub async fn claim_batch(
         crate::db::query_as(CLAIM_LOCK_SQL).bind(window).bind(fairness.sweep).fetch_one(&mut *tx).await?;
     if endpoints.is_empty() {
         tx.commit().await?;
-        return Ok(ClaimBatch { claimed: Vec::new(), head_rows, head_window: window, held_by_room: false });
+        return Ok(ClaimBatch { head_rows, head_window: window, ..Default::default() });
     }
     // Planned for its parameters (the lock above keeps its cached plan: it reads only the
     // head of one index).
@@ -204,27 +209,32 @@ pub async fn claim_batch(
         .bind(&endpoints)
         .fetch_all(&mut *tx)
         .await?;
-    let (claimed, held_by_room) = general_claim_of(&rows)?;
+    let mut batch = general_claim_of(&rows)?;
     // Refused (rolled back) rather than sent twice at once.
-    claimed_once(&claimed)?;
+    claimed_once(&batch.claimed)?;
     tx.commit().await?;
-    Ok(ClaimBatch { claimed, head_rows, head_window: window, held_by_room })
+    batch.head_rows = head_rows;
+    batch.head_window = window;
+    Ok(batch)
 }
 
-/// The claimed deliveries in [`claim_sql`]'s rows, and its `by_room` (true when it is
-/// null: no endpoint was looked at, so none is known to be short of only rate tokens).
-fn general_claim_of(rows: &[sqlx::postgres::PgRow]) -> Result<(Vec<Claimed>, bool), sqlx::Error> {
+/// The claimed deliveries in [`claim_sql`]'s rows, its `by_room` (true when it is null:
+/// no endpoint was looked at, so none is known to be short of only rate tokens) and its
+/// `next_token_secs`.
+fn general_claim_of(rows: &[sqlx::postgres::PgRow]) -> Result<ClaimBatch, sqlx::Error> {
     use sqlx::{FromRow as _, Row as _};
-    let mut held_by_room = true;
-    let mut claimed = Vec::with_capacity(rows.len());
+    let mut batch = ClaimBatch { claimed: Vec::with_capacity(rows.len()), held_by_room: true, ..Default::default() };
     for row in rows {
-        held_by_room = row.try_get::<Option<bool>, _>("by_room")?.unwrap_or(true);
+        batch.held_by_room = row.try_get::<Option<bool>, _>("by_room")?.unwrap_or(true);
+        batch.next_token_in = row
+            .try_get::<Option<f64>, _>("next_token_secs")?
+            .map(|secs| Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO));
         // One row with null claim columns when nothing was claimed.
         if row.try_get::<Option<DeliveryId>, _>("id")?.is_some() {
-            claimed.push(Claimed::from_row(row)?);
+            batch.claimed.push(Claimed::from_row(row)?);
         }
     }
-    Ok((claimed, held_by_room))
+    Ok(batch)
 }
 
 /// [`crate::invariants::CLAIMED_ONCE`] for the rows of one claim.
@@ -327,18 +337,28 @@ fn claim_sql_text() -> String {
              FROM room JOIN (SELECT endpoint_id, count(*) AS n FROM claimed GROUP BY endpoint_id) spent
                   ON spent.endpoint_id = room.id
              WHERE ep.id = room.id AND room.rate_limit_per_sec IS NOT NULL
+         ), spent AS (
+             SELECT room.*, ep.rate_limit_burst, COALESCE(per_endpoint.n, 0) AS took,
+                    COALESCE(per_endpoint.n, 0) >= LEAST(room.n, room.share) AS took_its_fill,
+                    room.rate_limit_per_sec IS NOT NULL
+                        AND COALESCE(per_endpoint.n, 0) >= floor(room.tokens) AS out_of_tokens
+             FROM room JOIN endpoints ep ON ep.id = room.id
+                  LEFT JOIN (SELECT endpoint_id, count(*) AS n FROM claimed GROUP BY endpoint_id) per_endpoint
+                  ON per_endpoint.endpoint_id = room.id
          ), bound AS (
              -- Whether an endpoint took all its room or its share allowed, and not because
              -- its rate tokens ran out: what it left due may be claimed once leases end
-             -- (or by the next claim). Out of tokens, only time helps.
-             SELECT bool_or(COALESCE(took.n, 0) >= LEAST(room.n, room.share)
-                            AND NOT (room.rate_limit_per_sec IS NOT NULL
-                                     AND COALESCE(took.n, 0) >= floor(room.tokens))) AS by_room
-             FROM room LEFT JOIN (SELECT endpoint_id, count(*) AS n FROM claimed GROUP BY endpoint_id) took
-                  ON took.endpoint_id = room.id
+             -- (or by the next claim). Out of tokens, only time helps: in how many seconds
+             -- the bucket of one that this claim emptied is full again (its tokens are
+             -- lost from then on). Only the claimer that took the tokens is told, so a
+             -- fleet does not claim once per replica for each bucket.
+             SELECT bool_or(took_its_fill AND NOT out_of_tokens) AS by_room,
+                    min((rate_limit_burst - (tokens - took)) / rate_limit_per_sec)
+                        FILTER (WHERE out_of_tokens AND took > 0) AS next_token_secs
+             FROM spent
          )
          -- One row at least: with nothing claimed, one whose claim columns are null.
-         SELECT c.*, bound.by_room
+         SELECT c.*, bound.by_room, bound.next_token_secs
          FROM bound LEFT JOIN (
              SELECT {CLAIMED_COLUMNS}, NULL::int8 AS probe_token
              FROM claimed d JOIN events e ON e.id = d.event_id JOIN endpoints ep ON ep.id = d.endpoint_id

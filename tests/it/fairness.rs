@@ -174,6 +174,32 @@ async fn a_rate_limited_backlog_leaves_the_recorders_linger_on() {
     assert!(waiting * 4.0 <= linger, "the linger was switched off: {waiting} writes ended at once, {linger} lingered");
 }
 
+/// An endpoint limited to 200 requests a second with a burst of one gets about its rate,
+/// not one request per recorder write: the claim that spent its token is told when the
+/// bucket is full again, and the dispatcher claims then rather than at its next poll or
+/// wake-up (with only those, about 35 a second: one per 25 ms linger and delivery).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rate_limit_with_a_burst_of_one_gets_its_rate() {
+    let app = TestApp::ingest_only().await;
+    let sink = Sink::ok().await;
+    let ep = app.endpoint_for(&sink.url("/"), None).await;
+    set_limits(&app, &ep, None, Some((200.0, 1))).await;
+    seed_deliveries(&app.db.pool, &ep, 300).await;
+    let _worker = worker(&app);
+    eventually(WAIT, "all delivered", || async {
+        (count_status(&app.db.pool, "delivered").await == 300).then_some(())
+    })
+    .await;
+    let received = sink.received();
+    assert_eq!(received.len(), 300);
+    let took = received[299].at.duration_since(received[0].at);
+    let rate = 299.0 / took.as_secs_f64();
+    eprintln!("rate limit 200/s, burst 1: 300 requests in {took:?} ({rate:.0}/s)");
+    // 299 requests after the first need 299 tokens: at 200/s, 1.495 s at the least.
+    assert!(took >= Duration::from_millis(1490), "the limit was passed: {rate:.0}/s");
+    assert!(rate >= 70.0, "{rate:.0}/s: claims came only with the recorder's writes or the poll");
+}
+
 /// A replica dies holding an endpoint's every slot: the endpoint is throttled only until
 /// those leases run out, then the surviving replica delivers everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -315,9 +341,12 @@ async fn a_claim_tells_an_endpoint_at_its_limit_from_one_out_of_rate_tokens() {
     assert_eq!((rated.claimed.len(), rated.head_rows), (3, 5));
     assert!(!rated.took_all_due(), "two rows are still due");
     assert!(!rated.held_by_room, "only the rate tokens held them back");
+    let full_in = rated.next_token_in.expect("it spent the last tokens: it is told when the bucket is full");
+    assert!((2990.0..=3000.0).contains(&full_in.as_secs_f64()), "3 tokens at 0.001/s: {full_in:?}");
     let spent = claim().await.unwrap();
     assert_eq!((spent.claimed.len(), spent.head_rows), (0, 2));
     assert!(!spent.held_by_room, "still only the rate tokens");
+    assert_eq!(spent.next_token_in, None, "it spent no token: the claimer that did is told");
 
     // A rate-limited endpoint that took everything it had due, beside the one out of tokens.
     let s = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/s").await;
@@ -326,6 +355,21 @@ async fn a_claim_tells_an_endpoint_at_its_limit_from_one_out_of_rate_tokens() {
     let all = claim().await.unwrap();
     assert_eq!(all.claimed.len(), 2);
     assert!(!all.held_by_room, "one took all it had, the other is out of tokens");
+    assert_eq!(all.next_token_in, None, "eight tokens are left");
+
+    // Ten a second, a burst of two: both taken, the bucket full again in 0.2 s.
+    let t = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/t").await;
+    limits(t.clone(), "rate_limit_per_sec = 10, rate_limit_burst = 2").await;
+    seed_deliveries(pool, &t, 4).await;
+    let burst = claim().await.unwrap();
+    assert_eq!(burst.claimed.len(), 2);
+    let full_in = burst.next_token_in.expect("told when the bucket is full");
+    assert!((0.19..=0.2).contains(&full_in.as_secs_f64()), "two tokens at 10/s: {full_in:?}");
+    sqlx::query("UPDATE deliveries SET status = 'delivered' WHERE endpoint_id = $1::uuid")
+        .bind(&t)
+        .execute(pool)
+        .await
+        .unwrap();
 
     // Tokens to spare, but one request in flight at a time: one of three, two left for
     // its lease to end.

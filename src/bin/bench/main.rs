@@ -53,7 +53,8 @@ enum Scenario {
     Scaling,
     /// 7: half the endpoints answer 503.
     Failing,
-    /// 9: fairness: 1,000 endpoints sharing a backlog; a slow endpoint next to healthy ones.
+    /// 9: fairness: 1,000 endpoints sharing a backlog; a slow endpoint next to healthy ones;
+    /// a backlog held back by its endpoint's rate limit.
     Fairness,
     /// 10: ordered delivery: the drain in 100 and in 10,000 keys next to the unordered one.
     Ordered,

@@ -1,6 +1,6 @@
 //! Scenarios 9 and 10: how deliveries share the workers. 9: fairness (1,000 endpoints
 //! sharing a backlog; a slow endpoint's backlog next to healthy endpoints' fresh
-//! webhooks). 10: ordered delivery per key (the drain with 100 and with 10,000 keys next
+//! webhooks; what a delivery costs while a rate limit holds a backlog back). 10: ordered delivery per key (the drain with 100 and with 10,000 keys next
 //! to the unordered drain of the same backlog, in one run).
 
 use std::time::{Duration, Instant};
@@ -20,11 +20,69 @@ const SLOW_BACKLOG: u64 = 1500;
 const HEALTHY: usize = 4;
 const WAVES: u64 = 5;
 const PER_WAVE: u64 = 50;
+/// The rate-limited endpoint's limit in 9c (its burst the default, one second's worth),
+/// its backlog (longer than the run), and the measured window.
+const RATE_LIMIT: i32 = 200;
+const RATE_BACKLOG: u64 = 10_000;
+const RATE_WINDOW: Duration = Duration::from_secs(15);
+
+/// 9c: one endpoint limited to [`RATE_LIMIT`] requests a second with a backlog longer
+/// than the run: the rate it gets, and what each delivery costs while every claim finds a
+/// few tokens and leaves the rest of the backlog due.
+async fn rate_limited(ctx: &Ctx) -> anyhow::Result<()> {
+    let setting = format!("{} pending to one endpoint limited to {RATE_LIMIT}/s", thousands(RATE_BACKLOG));
+    let urls = [ctx.sink.ok_url(0)];
+    let (setup, (_, endpoints)) = prepare_urls(ctx, "bench_fair_rate", &urls, RATE_BACKLOG).await?;
+    sqlx::query("UPDATE endpoints SET rate_limit_per_sec = $1::float8, rate_limit_burst = $1 WHERE id = $2")
+        .bind(RATE_LIMIT)
+        .bind(endpoints[0])
+        .execute(&setup.pool)
+        .await?;
+    ctx.sink.reset(false);
+    let log = ctx.work_dir.join("gateway-bench_fair_rate-worker.log");
+    let url = ctx.server.worker_url(&setup.db);
+    let mut gw = Gateway::start(&ctx.gateway_bin, &url, Role::Worker, &ctx.gateway_args(), &log).await?;
+    // Past the first second's burst.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (sent_before, tx_before) = (ctx.sink.counts().ok, pg::transactions(&setup.pool).await?);
+    let mark = CpuMark::now(Some(gw.pid), ctx.server.postmaster());
+    tokio::time::sleep(RATE_WINDOW).await;
+    let cpu = mark.share(&CpuMark::now(Some(gw.pid), ctx.server.postmaster()), None);
+    let (sent_after, tx_after) = (ctx.sink.counts().ok, pg::transactions(&setup.pool).await?);
+    let alive = gw.alive();
+    gw.stop(Duration::from_secs(10)).await;
+    setup.pool.close().await;
+    ctx.server.drop_db(&setup.db).await;
+    let delivered = sent_after.saturating_sub(sent_before);
+    if !alive || delivered == 0 {
+        ctx.row(not_available("9", "Rate-limited backlog", &setting, "the worker stopped or delivered nothing"));
+        return Ok(());
+    }
+    let rate = delivered as f64 / RATE_WINDOW.as_secs_f64();
+    let limit = f64::from(RATE_LIMIT);
+    ctx.row(Row {
+        id: "9".into(),
+        scenario: "Rate-limited backlog: the rate it gets, what a delivery costs".into(),
+        setting,
+        result: format!("{} deliveries", fmt_rate(rate)),
+        target: verdict((0.95 * limit..=1.05 * limit).contains(&rate), "the limit, ± 5 %"),
+        cpu: cpu.cell(),
+        note: format!(
+            "{}; {:.2} transactions per delivery, over {:.0} s after the first second's burst",
+            cpu.per_item("delivery", rate),
+            (tx_after - tx_before) / delivered as f64,
+            RATE_WINDOW.as_secs_f64()
+        ),
+        ..Row::default()
+    });
+    Ok(())
+}
 
 /// Scenario 9: fairness.
 pub async fn fairness(ctx: &Ctx) -> anyhow::Result<()> {
     shared_backlog(ctx).await?;
-    slow_neighbour(ctx).await
+    slow_neighbour(ctx).await?;
+    rate_limited(ctx).await
 }
 
 /// 9a: the drain with the backlog spread over 1,000 endpoints (every claim serves many

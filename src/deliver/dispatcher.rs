@@ -125,6 +125,11 @@ async fn run(
     let mut claim_failures = 0u32;
     let mut idle_poll = settings.poll_interval;
     let mut last_probe_check = tokio::time::Instant::now() - PROBE_CHECK_INTERVAL;
+    // Whether the last general claim was short with due work left behind it.
+    let mut clogged = false;
+    // When the bucket of a rate-limited endpoint whose last tokens this dispatcher spent
+    // is full again.
+    let mut bucket_full_at: Option<tokio::time::Instant> = None;
     // Whether the next claim must look at all due work (the general claim): at start, after
     // a claim that left due rows behind or came back full, and after any wake but the
     // hand-off's. Otherwise the deliveries handed over (by ingest, by the recorder) are
@@ -196,13 +201,14 @@ async fn run(
                             claimed: fresh.claimed,
                         })
                     }
-                    None => claim(&pool, want, &settings, &mut last_probe_check, &housekeeping).await,
+                    None => {
+                        claim(&pool, want, &settings, &mut last_probe_check, &mut clogged, &housekeeping).await
+                    }
                 }
             } => claimed,
             _ = stop.wait_for(|s| *s) => break,
         };
-        // With it, when the claim left work for want of rate tokens: how long until the next.
-        let (claimed, next_token_in) = match claimed {
+        let claimed = match claimed {
             Ok(Claim { claimed, left_behind, held_by_room, next_token_in }) => {
                 claim_failures = 0;
                 // A full claim may have left more: look again the general way.
@@ -212,7 +218,16 @@ async fn run(
                 // want of rate tokens, it waits for time: the recorder may linger.)
                 waiting.set(left_behind && held_by_room && claimed.len() < want);
                 wakes.prelease.set_owed_general(owed_general);
-                (claimed, next_token_in)
+                // A rate-limited endpoint whose tokens this claim spent: claim again before
+                // its bucket (only `burst` tokens) overflows, not at the next poll or
+                // wake-up. Counted from now, after the claim (never early). A claim that
+                // began before that time (woken by a recorder's write) and spent none
+                // keeps it; one that began after it found the tokens taken by another.
+                bucket_full_at = match next_token_in {
+                    Some(full_in) => Some(tokio::time::Instant::now() + full_in.max(MIN_TOKEN_WAIT)),
+                    None => bucket_full_at.filter(|at| *at > claim_began),
+                };
+                claimed
             }
             Err(e) => {
                 // A read-only or departing node: the pool drops its older connections.
@@ -266,11 +281,8 @@ async fn run(
             } else {
                 settings.poll_interval
             };
-            if let Some(full_in) = next_token_in {
-                // A rate-limited endpoint whose tokens this claim spent: claim again before
-                // its bucket (only `burst` tokens) overflows, not at the next poll or
-                // wake-up. Counted from the claim's start, when it read the bucket.
-                until = until.min(claim_began + full_in.max(MIN_TOKEN_WAIT));
+            if let Some(at) = bucket_full_at {
+                until = until.min(at);
             }
             loop {
                 match sleep(&mut wakes, &mut owed_general, until, &mut stop).await {
@@ -374,11 +386,14 @@ struct Claim {
 
 /// Half-open probes (at most every [`PROBE_CHECK_INTERVAL`], on the housekeeping leader
 /// only), then due deliveries, `want` in all; and whether due rows were left behind.
+/// `clogged`: whether the last claim came back short with due rows left behind it (the
+/// head of the due index held by endpoints at their limits); this one then sweeps at once.
 async fn claim(
     pool: &Pool,
     want: usize,
     settings: &DeliverySettings,
     last_probe_check: &mut tokio::time::Instant,
+    clogged: &mut bool,
     housekeeping: &Housekeeping,
 ) -> Result<Claim, sqlx::Error> {
     let mut claimed = Vec::new();
@@ -396,9 +411,12 @@ async fn claim(
     let mut took_all_due = false;
     let mut held_by_room = false;
     let mut next_token_in = None;
+    // The tick sweeps every endpoint with due work; so does a claim behind a clogged head,
+    // which would otherwise come back short again and sweep second (two transactions for
+    // each claim while an endpoint at its limit, or out of rate tokens, holds a backlog).
+    let sweep = tick || *clogged;
     if rest > 0 {
-        // The tick sweeps every endpoint with due work.
-        let fairness = queue::Fairness { default_max_in_flight: settings.endpoint_max_in_flight, sweep: tick };
+        let fairness = queue::Fairness { default_max_in_flight: settings.endpoint_max_in_flight, sweep };
         let batch = queue::claim_batch(pool, rest as i64, settings.lease, fairness).await?;
         took_all_due = batch.took_all_due();
         held_by_room = batch.held_by_room;
@@ -406,7 +424,7 @@ async fn claim(
         claimed.extend(batch.claimed);
     }
     let rest = want - claimed.len();
-    if rest > 0 && !tick && !took_all_due {
+    if rest > 0 && !took_all_due && !sweep {
         // Short without a sweep: the oldest due rows may all belong to endpoints at their
         // limits, hiding other endpoints' due rows behind them. Look past them before
         // sleeping, so those wait for no tick (one more claim only when short and the
@@ -420,6 +438,7 @@ async fn claim(
         next_token_in = earliest(next_token_in, batch.next_token_in);
         claimed.extend(batch.claimed);
     }
+    *clogged = claimed.len() < want && !took_all_due;
     Ok(Claim { claimed, left_behind: !took_all_due, held_by_room, next_token_in })
 }
 

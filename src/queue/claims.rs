@@ -167,8 +167,9 @@ pub struct ClaimBatch {
     /// then what is left waits for time to refill the tokens, and ending leases sooner
     /// (the outcome recorder writing without its linger) would buy nothing.
     pub held_by_room: bool,
-    /// When this claim spent the last whole rate token of an endpoint: how long until the
-    /// first such endpoint's bucket is full again. The dispatcher claims by then rather
+    /// When this claim spent the last whole rate token of an endpoint: how long, from the
+    /// end of its statement, until the first such endpoint's bucket is full again (zero
+    /// when it already is). The dispatcher claims by then rather
     /// than at its next poll, so a `burst` smaller than a poll's worth of tokens still
     /// gets the whole rate (what would overflow the bucket is lost).
     pub next_token_in: Option<Duration>,
@@ -350,11 +351,15 @@ fn claim_sql_text() -> String {
              -- its rate tokens ran out: what it left due may be claimed once leases end
              -- (or by the next claim). Out of tokens, only time helps: in how many seconds
              -- the bucket of one that this claim emptied is full again (its tokens are
-             -- lost from then on). Only the claimer that took the tokens is told, so a
-             -- fleet does not claim once per replica for each bucket.
+             -- lost from then on), counted from now, the statement's end, not from its
+             -- transaction's start that the tokens are counted at, so a claim made
+             -- then never comes a moment early and finds the bucket not yet full. Only
+             -- the claimer that took the tokens is told, so a fleet does not claim once
+             -- per replica for each bucket.
              SELECT bool_or(took_its_fill AND NOT out_of_tokens) AS by_room,
                     min((rate_limit_burst - (tokens - took)) / rate_limit_per_sec)
-                        FILTER (WHERE out_of_tokens AND took > 0) AS next_token_secs
+                        FILTER (WHERE out_of_tokens AND took > 0)
+                        - extract(epoch FROM clock_timestamp() - now())::float8 AS next_token_secs
              FROM spent
          )
          -- One row at least: with nothing claimed, one whose claim columns are null.

@@ -218,15 +218,8 @@ async fn run(
                 // want of rate tokens, it waits for time: the recorder may linger.)
                 waiting.set(left_behind && held_by_room && claimed.len() < want);
                 wakes.prelease.set_owed_general(owed_general);
-                // A rate-limited endpoint whose tokens this claim spent: claim again before
-                // its bucket (only `burst` tokens) overflows, not at the next poll or
-                // wake-up. Counted from now, after the claim (never early). A claim that
-                // began before that time (woken by a recorder's write) and spent none
-                // keeps it; one that began after it found the tokens taken by another.
-                bucket_full_at = match next_token_in {
-                    Some(full_in) => Some(tokio::time::Instant::now() + full_in.max(MIN_TOKEN_WAIT)),
-                    None => bucket_full_at.filter(|at| *at > claim_began),
-                };
+                bucket_full_at =
+                    bucket_deadline(bucket_full_at, next_token_in, claim_began, tokio::time::Instant::now());
                 claimed
             }
             Err(e) => {
@@ -450,6 +443,25 @@ fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     }
 }
 
+/// When to claim next for a rate-limited endpoint's tokens, after a claim that began at
+/// `began` and ended at `now`: before the bucket (only `burst` tokens) of an endpoint whose
+/// tokens it spent overflows (`full_in`, counted from the statement's end, so from `now`:
+/// never early). A claim that spent none keeps the `previous` time if it began before it
+/// (woken sooner, by a recorder's write, it read the bucket not yet full, even if the time
+/// has passed since); one that began after it found the tokens taken by another claimer,
+/// who is told instead.
+fn bucket_deadline(
+    previous: Option<tokio::time::Instant>,
+    full_in: Option<Duration>,
+    began: tokio::time::Instant,
+    now: tokio::time::Instant,
+) -> Option<tokio::time::Instant> {
+    match full_in {
+        Some(full_in) => Some(now + full_in.max(MIN_TOKEN_WAIT)),
+        None => previous.filter(|at| *at > began),
+    }
+}
+
 /// The shortest sleep until a rate-limited endpoint's bucket is full: an endpoint allowed
 /// thousands of requests a second with a `burst` of one cannot have a claim (a
 /// transaction) for each.
@@ -464,6 +476,24 @@ fn claim_retry_pause(failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bucket_s_time_is_kept_by_a_claim_that_began_before_it_and_spent_nothing() {
+        let t0 = tokio::time::Instant::now();
+        let ms = |n: u64| Duration::from_millis(n);
+        // Spent the last token: claim again when the bucket is full, from the claim's end.
+        assert_eq!(bucket_deadline(None, Some(ms(5)), t0, t0 + ms(2)), Some(t0 + ms(7)));
+        // Never sooner than the floor, however full the bucket already is.
+        assert_eq!(bucket_deadline(None, Some(Duration::ZERO), t0, t0), Some(t0 + MIN_TOKEN_WAIT));
+        // Woken at 4 ms, before the bucket was full at 7: spent nothing, ended at 9; the
+        // time has passed, but the claim read the bucket before it: kept (claim at once).
+        let full = Some(t0 + ms(7));
+        assert_eq!(bucket_deadline(full, None, t0 + ms(4), t0 + ms(9)), full);
+        // Began at 8, after the time, and spent nothing: another claimer took the token.
+        assert_eq!(bucket_deadline(full, None, t0 + ms(8), t0 + ms(10)), None);
+        // A claim that spent tokens replaces the time.
+        assert_eq!(bucket_deadline(full, Some(ms(5)), t0 + ms(7), t0 + ms(9)), Some(t0 + ms(14)));
+    }
 
     #[test]
     fn claim_retries_back_off_doubling_to_a_cap() {

@@ -169,9 +169,9 @@ pub struct ClaimBatch {
     pub held_by_room: bool,
     /// When this claim spent the last whole rate token of an endpoint: how long, from the
     /// end of its statement, until the first such endpoint's bucket is full again (zero
-    /// when it already is). The dispatcher claims by then rather
-    /// than at its next poll, so a `burst` smaller than a poll's worth of tokens still
-    /// gets the whole rate (what would overflow the bucket is lost).
+    /// when it already is). The dispatcher claims by then rather than at its next poll, so
+    /// a `burst` smaller than a poll's worth of tokens still gets the whole rate (what
+    /// would overflow the bucket is lost).
     pub next_token_in: Option<Duration>,
 }
 
@@ -338,7 +338,7 @@ fn claim_sql_text() -> String {
              FROM room JOIN (SELECT endpoint_id, count(*) AS n FROM claimed GROUP BY endpoint_id) spent
                   ON spent.endpoint_id = room.id
              WHERE ep.id = room.id AND room.rate_limit_per_sec IS NOT NULL
-         ), spent AS (
+         ), served AS (
              SELECT room.*, ep.rate_limit_burst, COALESCE(per_endpoint.n, 0) AS took,
                     COALESCE(per_endpoint.n, 0) >= LEAST(room.n, room.share) AS took_its_fill,
                     room.rate_limit_per_sec IS NOT NULL
@@ -351,16 +351,16 @@ fn claim_sql_text() -> String {
              -- its rate tokens ran out: what it left due may be claimed once leases end
              -- (or by the next claim). Out of tokens, only time helps: in how many seconds
              -- the bucket of one that this claim emptied is full again (its tokens are
-             -- lost from then on), counted from now, the statement's end, not from its
-             -- transaction's start that the tokens are counted at, so a claim made
-             -- then never comes a moment early and finds the bucket not yet full. Only
-             -- the claimer that took the tokens is told, so a fleet does not claim once
-             -- per replica for each bucket.
+             -- lost from then on), counted from the statement's end (clock_timestamp()),
+             -- not from the transaction's start (now(), when the tokens were counted), so
+             -- a claim made then never comes a moment early to a bucket not yet full.
+             -- Only the claimer that took the tokens is told, so a fleet does not claim
+             -- once per replica for each bucket.
              SELECT bool_or(took_its_fill AND NOT out_of_tokens) AS by_room,
                     min((rate_limit_burst - (tokens - took)) / rate_limit_per_sec)
                         FILTER (WHERE out_of_tokens AND took > 0)
                         - extract(epoch FROM clock_timestamp() - now())::float8 AS next_token_secs
-             FROM spent
+             FROM served
          )
          -- One row at least: with nothing claimed, one whose claim columns are null.
          SELECT c.*, bound.by_room, bound.next_token_secs

@@ -223,19 +223,36 @@ pub async fn claim_batch(
 /// no endpoint was looked at, so none is known to be short of only rate tokens) and its
 /// `next_token_secs`.
 fn general_claim_of(rows: &[sqlx::postgres::PgRow]) -> Result<ClaimBatch, sqlx::Error> {
+    Ok(ClaimBatch {
+        claimed: claimed_in(rows)?,
+        held_by_room: summary::<bool>(rows, "by_room")?.unwrap_or(true),
+        next_token_in: summary::<f64>(rows, "next_token_secs")?
+            .map(|secs| Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO)),
+        ..Default::default()
+    })
+}
+
+/// The claimed deliveries among a claim's `rows`. A claim that took nothing still answers
+/// one row, whose claim columns are null, to carry its summary columns ([`summary`]).
+fn claimed_in(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<Claimed>, sqlx::Error> {
     use sqlx::{FromRow as _, Row as _};
-    let mut batch = ClaimBatch { claimed: Vec::with_capacity(rows.len()), held_by_room: true, ..Default::default() };
+    let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
-        batch.held_by_room = row.try_get::<Option<bool>, _>("by_room")?.unwrap_or(true);
-        batch.next_token_in = row
-            .try_get::<Option<f64>, _>("next_token_secs")?
-            .map(|secs| Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO));
-        // One row with null claim columns when nothing was claimed.
         if row.try_get::<Option<DeliveryId>, _>("id")?.is_some() {
-            batch.claimed.push(Claimed::from_row(row)?);
+            claimed.push(Claimed::from_row(row)?);
         }
     }
-    Ok(batch)
+    Ok(claimed)
+}
+
+/// A summary column of a claim's `rows` (every row carries the same value); `None` when it
+/// is null or there are no rows.
+fn summary<'r, T>(rows: &'r [sqlx::postgres::PgRow], column: &str) -> Result<Option<T>, sqlx::Error>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    use sqlx::Row as _;
+    Ok(rows.last().map(|row| row.try_get::<Option<T>, _>(column)).transpose()?.flatten())
 }
 
 /// [`crate::invariants::CLAIMED_ONCE`] for the rows of one claim.
@@ -423,17 +440,9 @@ pub async fn claim_fresh(
 /// columns beside others: the ingest statement that claims, `crate::store::events`).
 /// Refused when it broke [`crate::invariants::CLAIMED_ONCE`].
 pub(crate) fn fresh_claim_of(rows: &[sqlx::postgres::PgRow]) -> Result<FreshClaim, sqlx::Error> {
-    use sqlx::{FromRow as _, Row as _};
-    let mut candidates = 0i64;
-    let mut claimed = Vec::with_capacity(rows.len());
-    for row in rows {
-        // Null where the function was not called (nothing to claim).
-        candidates = row.try_get::<Option<i64>, _>("candidates")?.unwrap_or(0);
-        // One row with only `candidates` when nothing was claimed.
-        if row.try_get::<Option<DeliveryId>, _>("id")?.is_some() {
-            claimed.push(Claimed::from_row(row)?);
-        }
-    }
+    // Null where the function was not called (nothing to claim).
+    let candidates = summary::<i64>(rows, "candidates")?.unwrap_or(0);
+    let claimed = claimed_in(rows)?;
     claimed_once(&claimed)?;
     Ok(FreshClaim { took_all: claimed.len() as i64 >= candidates, claimed })
 }

@@ -10,7 +10,7 @@ use crate::support::sink::{Reply, Sink};
 use crate::support::{ADMIN_TOKEN, GatewayProcess, TestDb, count_status, eventually};
 
 /// `name{labels} value` lines, keyed by name plus sorted labels.
-fn parse(text: &str) -> BTreeMap<String, f64> {
+pub(crate) fn parse(text: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
         let Some((series, value)) = line.rsplit_once(' ') else { continue };

@@ -1,7 +1,8 @@
 //! Scenarios 9 and 10: how deliveries share the workers. 9: fairness (1,000 endpoints
 //! sharing a backlog; a slow endpoint's backlog next to healthy endpoints' fresh
-//! webhooks; what a delivery costs while a rate limit holds a backlog back). 10: ordered delivery per key (the drain with 100 and with 10,000 keys next
-//! to the unordered drain of the same backlog, in one run).
+//! webhooks; what a delivery costs while a rate limit holds a backlog back). 10: ordered
+//! delivery per key (the drain with 100 and with 10,000 keys next to the unordered drain
+//! of the same backlog, in one run).
 
 use std::time::{Duration, Instant};
 

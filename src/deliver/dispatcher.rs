@@ -457,7 +457,8 @@ fn bucket_deadline(
     now: tokio::time::Instant,
 ) -> Option<tokio::time::Instant> {
     match full_in {
-        Some(full_in) => Some(now + full_in.max(MIN_TOKEN_WAIT)),
+        // Beyond what an instant can hold: no time (the poll comes first anyway).
+        Some(full_in) => now.checked_add(full_in.max(MIN_TOKEN_WAIT)),
         None => previous.filter(|at| *at > began),
     }
 }
@@ -493,6 +494,8 @@ mod tests {
         assert_eq!(bucket_deadline(full, None, t0 + ms(8), t0 + ms(10)), None);
         // A claim that spent tokens replaces the time.
         assert_eq!(bucket_deadline(full, Some(ms(5)), t0 + ms(7), t0 + ms(9)), Some(t0 + ms(14)));
+        // A bucket full again only beyond any instant: no time, and no overflow.
+        assert_eq!(bucket_deadline(full, Some(Duration::MAX), t0, t0), None);
     }
 
     #[test]

@@ -226,8 +226,9 @@ fn general_claim_of(rows: &[sqlx::postgres::PgRow]) -> Result<ClaimBatch, sqlx::
     Ok(ClaimBatch {
         claimed: claimed_in(rows)?,
         held_by_room: summary::<bool>(rows, "by_room")?.unwrap_or(true),
+        // Past already (the statement outlasted it): now. Beyond a `Duration`: the longest.
         next_token_in: summary::<f64>(rows, "next_token_secs")?
-            .map(|secs| Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO)),
+            .map(|secs| Duration::try_from_secs_f64(secs.max(0.0)).unwrap_or(Duration::MAX)),
         ..Default::default()
     })
 }
@@ -372,9 +373,11 @@ fn claim_sql_text() -> String {
              -- not from the transaction's start (now(), when the tokens were counted), so
              -- a claim made then never comes a moment early to a bucket not yet full.
              -- Only the claimer that took the tokens is told, so a fleet does not claim
-             -- once per replica for each bucket.
+             -- once per replica for each bucket. The rate is taken as at least one token
+             -- in 10^6 s: a smaller one (the API accepts any above 0) made the division
+             -- overflow and fail the claim, and any wait past the poll is the same wait.
              SELECT bool_or(took_its_fill AND NOT out_of_tokens) AS by_room,
-                    min((rate_limit_burst - (tokens - took)) / rate_limit_per_sec)
+                    min((rate_limit_burst - (tokens - took)) / GREATEST(rate_limit_per_sec, 1e-6))
                         FILTER (WHERE out_of_tokens AND took > 0)
                         - extract(epoch FROM clock_timestamp() - now())::float8 AS next_token_secs
              FROM served

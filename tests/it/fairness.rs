@@ -395,6 +395,30 @@ async fn a_claim_tells_an_endpoint_at_its_limit_from_one_out_of_rate_tokens() {
     assert_eq!((none.claimed.len(), none.head_rows, none.held_by_room), (0, 0, false));
 }
 
+/// A rate the API accepts but so small that the bucket's refill time passes what a float
+/// can hold (100 tokens at 1e-307 a second): the claim still succeeds, takes the burst,
+/// and says the bucket is full again only in the far future. (Before the time was
+/// bounded, the division overflowed and every claim that served the endpoint failed,
+/// holding up every endpoint those claims served.)
+#[tokio::test]
+async fn a_rate_too_small_to_refill_in_any_time_a_float_holds_does_not_fail_the_claim() {
+    use webhook_gateway::queue;
+    let db = crate::support::TestDb::new().await;
+    let pool = &db.pool;
+    let e = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/e").await;
+    sqlx::query("UPDATE endpoints SET rate_limit_per_sec = 1e-307, rate_limit_burst = 100 WHERE id = $1::uuid")
+        .bind(&e)
+        .execute(pool)
+        .await
+        .unwrap();
+    seed_deliveries(pool, &e, 101).await;
+    let fairness = queue::Fairness { default_max_in_flight: 1000, sweep: false };
+    let claim = queue::claim_batch(pool, 128, Duration::from_secs(60), fairness).await.expect("the claim succeeds");
+    assert_eq!(claim.claimed.len(), 100, "the burst");
+    let full_in = claim.next_token_in.expect("it spent the last tokens");
+    assert!(full_in > Duration::from_secs(86_400 * 365), "full again only in the far future: {full_in:?}");
+}
+
 /// The claim of deliveries this process just stored (`queue::claim_fresh`, ingest's
 /// hand-off to its own workers) keeps every rule of the general claim: an endpoint's
 /// in-flight limit and rate tokens, a paused endpoint, a line's waiting delivery, a row

@@ -27,7 +27,12 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 
+use tower_http::classify::ServerErrorsFailureClass;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+
 use crate::error::ApiError;
+use crate::log_throttle::Throttle;
 use crate::role::Role;
 
 pub use crate::actions::generate_secret;
@@ -57,15 +62,49 @@ pub fn router(state: AppState, role: Role, console: Option<Router<AppState>>) ->
             .route_layer(middleware::from_fn_with_state(state.clone(), crate::console::session::audit));
         app = app.nest("/console", pages);
     }
-    let app = app
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(state.max_body_bytes))
-        .layer(middleware::from_fn(refuse_nul_in_url))
-        .layer(middleware::from_fn_with_state(state.clone(), request_deadline))
+    // Every request gets an `x-request-id` (the caller's, or a fresh UUID), echoed on the
+    // response and carried by a span, so every log line a request causes names it.
+    // Requests are logged at debug (a busy gateway would otherwise log every webhook);
+    // server errors at warn, 503s (an outage answers every request so) at most one per 5 s.
+    let request_trace = TraceLayer::new_for_http()
+        .make_span_with(|req: &axum::http::Request<axum::body::Body>| {
+            let id = req.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or_default();
+            tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
+        })
+        .on_request(())
+        .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
+        .on_failure(|failure: ServerErrorsFailureClass, latency: Duration, _span: &tracing::Span| {
+            // A 503 is the gateway saying "retry" (the database is unavailable): thinned
+            // out, as an outage answers every request so. Any other 5xx is always logged.
+            static UNAVAILABLE: Throttle = Throttle::new(crate::log_throttle::INTERVAL);
+            match failure {
+                ServerErrorsFailureClass::StatusCode(code) if code == axum::http::StatusCode::SERVICE_UNAVAILABLE => {
+                    if let Some(left_out) = UNAVAILABLE.admit() {
+                        tracing::warn!(
+                            ?latency,
+                            left_out,
+                            "answered 503: the database is unavailable (left_out: 503s since the last such line)"
+                        );
+                    }
+                }
+                failure => tracing::warn!(classification = %failure, ?latency, "response failed"),
+            }
+        });
+    let app = app.fallback(not_found).method_not_allowed_fallback(method_not_allowed).with_state(state.clone());
+    // The layers every request passes go around the router as one service, outermost
+    // first, rather than onto each route with `Router::layer`: there each layer boxed the
+    // route again, and a request cloned every box of its route once per layer (45 boxed
+    // clones per webhook, about a fourteenth of ingest's instructions; bench/PROFILE.md).
+    let layered = tower::ServiceBuilder::new()
+        .layer(SetRequestIdLayer::new(REQUEST_ID.clone(), MakeRequestUuid))
+        .layer(request_trace)
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID.clone()))
         .layer(middleware::from_fn_with_state(state.clone(), close_when_draining))
-        .with_state(state);
-    with_request_ids(app)
+        .layer(middleware::from_fn_with_state(state.clone(), request_deadline))
+        .layer(middleware::from_fn(refuse_nul_in_url))
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .service(app);
+    Router::new().fallback_service(layered)
 }
 
 /// Middleware on the ingest route: reserve room in the memory budget for the body before
@@ -99,45 +138,8 @@ async fn close_when_draining(State(state): State<AppState>, request: Request, ne
     response
 }
 
-/// Every request gets an `x-request-id` (the caller's, or a fresh UUID), echoed on the
-/// response and carried by a span, so every log line a request causes names it.
-/// Requests are logged at debug (a busy gateway would otherwise log every webhook);
-/// server errors at warn, 503s (an outage answers every request so) at most one per 5 s.
-fn with_request_ids(app: Router) -> Router {
-    use tower_http::classify::ServerErrorsFailureClass;
-    use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-    use tower_http::trace::{DefaultOnResponse, TraceLayer};
-
-    use crate::log_throttle::Throttle;
-    let header = axum::http::HeaderName::from_static("x-request-id");
-    let trace = TraceLayer::new_for_http()
-        .make_span_with(|req: &axum::http::Request<axum::body::Body>| {
-            let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
-            tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
-        })
-        .on_request(())
-        .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
-        .on_failure(|failure: ServerErrorsFailureClass, latency: std::time::Duration, _span: &tracing::Span| {
-            // A 503 is the gateway saying "retry" (the database is unavailable): thinned
-            // out, as an outage answers every request so. Any other 5xx is always logged.
-            static UNAVAILABLE: Throttle = Throttle::new(crate::log_throttle::INTERVAL);
-            match failure {
-                ServerErrorsFailureClass::StatusCode(code) if code == axum::http::StatusCode::SERVICE_UNAVAILABLE => {
-                    if let Some(left_out) = UNAVAILABLE.admit() {
-                        tracing::warn!(
-                            ?latency,
-                            left_out,
-                            "answered 503: the database is unavailable (left_out: 503s since the last such line)"
-                        );
-                    }
-                }
-                failure => tracing::warn!(classification = %failure, ?latency, "response failed"),
-            }
-        });
-    app.layer(PropagateRequestIdLayer::new(header.clone()))
-        .layer(trace)
-        .layer(SetRequestIdLayer::new(header, MakeRequestUuid))
-}
+/// The header naming a request: the caller's, or a fresh UUID.
+const REQUEST_ID: axum::http::HeaderName = axum::http::HeaderName::from_static("x-request-id");
 
 /// Middleware: a request's body must arrive, and the request be answered, within
 /// `--http-request-timeout-secs`, else 408 with the reason: a client trickling its body

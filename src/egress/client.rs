@@ -51,6 +51,10 @@ impl EgressClient {
             // A redirect or an environment proxy would send the request to a
             // destination our resolver never validated.
             .redirect(reqwest::redirect::Policy::none())
+            // One request per attempt: the attempt number on it is the truth. (reqwest's
+            // default retries HTTP/2 refusals, which this HTTP/1 client never gets, and
+            // copied every request's headers twice in case it would.)
+            .retry(reqwest::retry::never().max_retries_per_request(0))
             .no_proxy()
             .https_only(cfg.https_only)
             .connect_timeout(cfg.connect_timeout)

@@ -2,7 +2,6 @@
 
 use http::HeaderMap;
 use serde_json::Value;
-use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use super::{Locator, VerifyError};
@@ -18,24 +17,31 @@ pub fn body_sha256_hex(body: &[u8]) -> String {
 /// request is refused: a present key is never silently replaced by a fallback).
 pub(crate) type Found = Result<Option<String>, VerifyError>;
 
-/// The body as JSON, checked at most once per request; values are read out of it by
-/// pointer without building a document tree (see [`pointer`](super::pointer)).
+/// The body as JSON; values are read out of it by pointer without building a document
+/// tree (see [`pointer`](super::pointer)). A body found not to be JSON is not read again.
 pub(crate) struct LazyJson<'a> {
     body: &'a [u8],
-    root: Option<Option<&'a RawValue>>,
+    /// The body's text once read: `None` when it is not JSON.
+    text: Option<Option<&'a str>>,
 }
 
 impl<'a> LazyJson<'a> {
     pub(crate) fn new(body: &'a [u8]) -> Self {
-        Self { body, root: None }
+        Self { body, text: None }
     }
 
     /// The value at an RFC 6901 pointer, parsed; `None` when the body is not JSON or the
     /// pointer finds nothing.
     pub(crate) fn value_at(&mut self, pointer: &str) -> Option<Value> {
         let body = self.body;
-        let root = (*self.root.get_or_insert_with(|| super::pointer::root(body)))?;
-        let raw = super::pointer::lookup(root, pointer)?;
+        let text = (*self.text.get_or_insert_with(|| super::pointer::text(body).ok()))?;
+        let raw = match super::pointer::find(text, pointer) {
+            Ok(raw) => raw?,
+            Err(super::pointer::NotJson) => {
+                self.text = Some(None);
+                return None;
+            }
+        };
         // Only the (small) value found is parsed. A value serde_json cannot hold (nested
         // past its recursion limit, a number out of range) is absent, as it was when
         // the whole body had to parse.

@@ -3,9 +3,10 @@
 //! Ingest reads one to three values (dedupe key, event type, ordering key) out of bodies
 //! it otherwise stores as bytes. Parsing the whole body into a `serde_json::Value` to do
 //! that was the largest single cost of ingest in the CPU profile (bench/PROFILE.md): a
-//! tree of allocations per request, thrown away at once. Here the body is checked once
-//! as JSON (serde_json's skipping parser, no allocation), then each pointer walks down
-//! through borrowed [`RawValue`] slices, skipping every sibling it does not follow.
+//! tree of allocations per request, thrown away at once. Here each pointer is one pass of
+//! serde_json's skipping parser over the body: it follows the pointer's path, skips every
+//! sibling unparsed, and checks the whole body is JSON on the way (no allocation). A
+//! check of the whole body first, then a walk, read the body twice per pointer.
 //!
 //! The answers are those of `serde_json::Value::pointer` on the parsed body (a property
 //! test holds them to it): the last of repeated object keys wins, array indexes are
@@ -14,103 +15,98 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 /// serde_json's recursion limit for a `Value`.
 const MAX_DEPTH: usize = 128;
 
-/// The body as one JSON value, or `None` when it is not JSON.
-pub(crate) fn root(body: &[u8]) -> Option<&RawValue> {
-    serde_json::from_slice(body).ok()
+/// The body is not JSON: not UTF-8, a syntax error, or nested past serde_json's limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NotJson;
+
+/// The body as text when it is UTF-8 (JSON text always is).
+pub(crate) fn text(body: &[u8]) -> Result<&str, NotJson> {
+    std::str::from_utf8(body).map_err(|_| NotJson)
 }
 
-/// The value `pointer` names under `root`, if any.
-pub(crate) fn lookup<'a>(root: &'a RawValue, pointer: &str) -> Option<&'a RawValue> {
-    if pointer.is_empty() {
-        return Some(root);
-    }
-    let rest = pointer.strip_prefix('/')?;
-    // Deeper than serde_json's recursion limit, a `Value` could not hold the document
-    // either; and each step re-reads its subtree, so the depth bounds the work.
-    if rest.split('/').count() > MAX_DEPTH {
-        return None;
-    }
-    let mut at = root;
-    for token in rest.split('/') {
-        let token = if token.contains('~') {
-            Cow::Owned(token.replace("~1", "/").replace("~0", "~"))
-        } else {
-            Cow::Borrowed(token)
-        };
-        at = child(at, &token)?;
-    }
-    Some(at)
-}
-
-/// The member or element of `parent` that one unescaped token names.
-fn child<'a>(parent: &'a RawValue, token: &str) -> Option<&'a RawValue> {
-    let text = parent.get();
+/// The value `pointer` names in `text`, if any, found in one pass that also checks that
+/// the whole text is JSON (the members and elements off the path are skipped unparsed).
+/// A pointer that cannot name anything (no leading `/`, deeper than serde_json's
+/// recursion limit) finds nothing without reading the text.
+pub(crate) fn find<'a>(text: &'a str, pointer: &str) -> Result<Option<&'a RawValue>, NotJson> {
+    let path: Vec<Cow<str>> = if pointer.is_empty() {
+        Vec::new()
+    } else {
+        let Some(rest) = pointer.strip_prefix('/') else { return Ok(None) };
+        // Deeper than serde_json's recursion limit, a `Value` could not hold the
+        // document either.
+        if rest.split('/').count() > MAX_DEPTH {
+            return Ok(None);
+        }
+        rest.split('/')
+            .map(|token| {
+                if token.contains('~') {
+                    Cow::Owned(token.replace("~1", "/").replace("~0", "~"))
+                } else {
+                    Cow::Borrowed(token)
+                }
+            })
+            .collect()
+    };
     let mut de = serde_json::Deserializer::from_str(text);
-    match text.as_bytes().first()? {
-        b'{' => de.deserialize_map(Member { name: token }).ok().flatten(),
-        b'[' => de.deserialize_seq(Element { index: array_index(token)? }).ok().flatten(),
-        _ => None,
+    let found = Follow { path: &path }.deserialize(&mut de).map_err(|_| NotJson)?;
+    de.end().map_err(|_| NotJson)?;
+    Ok(found)
+}
+
+/// Reads one value, keeping the part of it that `path` names (the whole value when the
+/// path is empty) and skipping the rest.
+struct Follow<'p> {
+    path: &'p [Cow<'p, str>],
+}
+
+impl<'de> DeserializeSeed<'de> for Follow<'_> {
+    type Value = Option<&'de RawValue>;
+
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        if self.path.is_empty() { <&'de RawValue>::deserialize(de).map(Some) } else { de.deserialize_any(self) }
     }
 }
 
-/// An array index as RFC 6901 spells it: `0`, or digits without a leading zero.
-fn array_index(token: &str) -> Option<usize> {
-    if token.starts_with('+') || (token.starts_with('0') && token.len() != 1) {
-        return None;
-    }
-    token.parse().ok()
-}
-
-/// Finds the (last) member called `name`, skipping the others' values unparsed.
-struct Member<'t> {
-    name: &'t str,
-}
-
-impl<'de> Visitor<'de> for Member<'_> {
+impl<'de> Visitor<'de> for Follow<'_> {
     type Value = Option<&'de RawValue>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON object")
+        f.write_str("a JSON value")
     }
 
+    /// The (last) member the path's next token names, as in a parsed object where a
+    /// repeated key's last value wins.
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (name, rest) = self.path.split_first().map_or(("", self.path), |(name, rest)| (name.as_ref(), rest));
         let mut found = None;
         while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
-            if key == self.name {
-                found = Some(map.next_value::<&'de RawValue>()?);
+            if key == name {
+                found = map.next_value_seed(Follow { path: rest })?;
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
         }
         Ok(found)
     }
-}
-
-/// Finds element `index`, skipping the others unparsed.
-struct Element {
-    index: usize,
-}
-
-impl<'de> Visitor<'de> for Element {
-    type Value = Option<&'de RawValue>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON array")
-    }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let (index, rest) = match self.path.split_first() {
+            Some((token, rest)) => (array_index(token), rest),
+            None => (None, self.path),
+        };
         let mut found = None;
         let mut i = 0usize;
         loop {
-            if i == self.index {
-                match seq.next_element::<&'de RawValue>()? {
-                    Some(value) => found = Some(value),
+            if Some(i) == index {
+                match seq.next_element_seed(Follow { path: rest })? {
+                    Some(value) => found = value,
                     None => break,
                 }
             } else if seq.next_element::<IgnoredAny>()?.is_none() {
@@ -120,6 +116,34 @@ impl<'de> Visitor<'de> for Element {
         }
         Ok(found)
     }
+
+    // A scalar has no members: the path goes no further.
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+}
+
+/// An array index as RFC 6901 spells it: `0`, or digits without a leading zero.
+fn array_index(token: &str) -> Option<usize> {
+    if token.starts_with('+') || (token.starts_with('0') && token.len() != 1) {
+        return None;
+    }
+    token.parse().ok()
 }
 
 /// An object key: borrowed from the body unless it holds escapes.
@@ -155,8 +179,8 @@ mod tests {
     use serde_json::{Value, json};
 
     fn at(body: &str, pointer: &str) -> Option<Value> {
-        let root = root(body.as_bytes())?;
-        lookup(root, pointer).map(|raw| serde_json::from_str(raw.get()).expect("a raw value is JSON"))
+        let raw = find(text(body.as_bytes()).ok()?, pointer).ok()??;
+        Some(serde_json::from_str(raw.get()).expect("a raw value is JSON"))
     }
 
     #[test]
@@ -187,9 +211,11 @@ mod tests {
 
     #[test]
     fn not_json_has_no_values() {
-        for body in ["", "  ", "{", "{\"a\":1} x", "{\"a\":\"\u{0}\"}", "nul"] {
-            assert!(root(body.as_bytes()).is_none(), "{body:?}");
+        for body in ["", "  ", "{", "{\"a\":1} x", "{\"a\":\"\u{0}\"}", "nul", "{\"a\":1,\"b\":[1,}"] {
+            for pointer in ["", "/a", "/b"] {
+                assert!(matches!(find(body, pointer), Err(NotJson)), "{body:?} {pointer:?}");
+            }
         }
-        assert!(root(b"{\"a\":\"\xff\"}").is_none(), "invalid UTF-8 in a string");
+        assert_eq!(text(b"{\"a\":\"\xff\"}"), Err(NotJson), "invalid UTF-8 in a string");
     }
 }

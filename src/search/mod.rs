@@ -339,6 +339,13 @@ mod tests {
             let doc: Value = serde_json::from_str(text).expect("valid");
             assert_eq!(streamed(text, MAX_PAYLOAD_TERMS), Some(walked(&doc, MAX_PAYLOAD_TERMS)), "{text}");
         }
+        // Scalars on both sides of the length past which a scalar is hashed where it lies.
+        for len in [payload::COPIED_SCALAR_BYTES, payload::COPIED_SCALAR_BYTES + 1, 5_000] {
+            let doc = json!({"short": "s", "long": "é".repeat(len / 2) + &"x".repeat(len % 2)});
+            let text = doc.to_string();
+            assert_eq!(streamed(&text, MAX_PAYLOAD_TERMS), Some(walked(&doc, MAX_PAYLOAD_TERMS)), "{len}");
+        }
+        assert_eq!(streamed("[\"\u{ff}\"]", MAX_PAYLOAD_TERMS).map(|t| t.len()), Some(1));
     }
 
     #[test]
@@ -347,6 +354,11 @@ mod tests {
             assert_eq!(streamed(text, MAX_PAYLOAD_TERMS), None, "{text}");
             assert_eq!(terms("k", &json!({}), text.as_bytes()).len(), 1, "only the key: {text}");
         }
+        assert_eq!(
+            payload::document_terms(b"[\"\xff\"]", &[Kind::Payload as u8], MAX_PAYLOAD_TERMS),
+            None,
+            "not UTF-8"
+        );
     }
 
     #[test]

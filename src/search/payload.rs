@@ -15,7 +15,7 @@
 use std::fmt::{self, Write as _};
 
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 use super::SEPARATOR;
 
@@ -28,13 +28,28 @@ struct Terms {
     out: Vec<i64>,
     /// Reused for writing a number.
     number: String,
+    /// Reused for the path and a scalar, hashed in one call.
+    term: Vec<u8>,
 }
+
+/// A scalar longer than this is hashed where it lies (streamed after its path) rather
+/// than copied after the path and hashed in one call, which is cheaper for short ones.
+pub(super) const COPIED_SCALAR_BYTES: usize = 256;
 
 /// The hashes of the first `budget` scalars of the JSON document `payload`, each under
 /// its path after `prefix`; `None` when `payload` is not one JSON document.
 pub(super) fn document_terms(payload: &[u8], prefix: &[u8], budget: usize) -> Option<Vec<i64>> {
-    let mut terms = Terms { path: prefix.to_vec(), budget, out: Vec::new(), number: String::new() };
-    let mut de = serde_json::Deserializer::from_slice(payload);
+    let mut terms = Terms {
+        path: prefix.to_vec(),
+        budget,
+        out: Vec::with_capacity(budget.min(128)),
+        number: String::new(),
+        term: Vec::new(),
+    };
+    // JSON text is UTF-8: checked once for the whole body, rather than string by string
+    // as a parser of bytes does.
+    let text = std::str::from_utf8(payload).ok()?;
+    let mut de = serde_json::Deserializer::from_str(text);
     Level(&mut terms).deserialize(&mut de).ok()?;
     de.end().ok()?;
     Some(terms.out)
@@ -47,12 +62,21 @@ impl Terms {
             return;
         }
         self.budget -= 1;
-        // Streamed: a long value is hashed where it is, not copied after the path.
-        let mut hasher = Xxh3::new();
-        hasher.update(&self.path);
-        hasher.update(&[SEPARATOR, SEPARATOR]);
-        hasher.update(text.as_bytes());
-        self.out.push(i64::from_ne_bytes(hasher.digest().to_ne_bytes()));
+        // Both ways give the same hash: XXH3 streamed is XXH3 of the whole input.
+        let hash = if text.len() > COPIED_SCALAR_BYTES {
+            let mut hasher = Xxh3::new();
+            hasher.update(&self.path);
+            hasher.update(&[SEPARATOR, SEPARATOR]);
+            hasher.update(text.as_bytes());
+            hasher.digest()
+        } else {
+            self.term.clear();
+            self.term.extend_from_slice(&self.path);
+            self.term.extend_from_slice(&[SEPARATOR, SEPARATOR]);
+            self.term.extend_from_slice(text.as_bytes());
+            xxh3_64(&self.term)
+        };
+        self.out.push(i64::from_ne_bytes(hash.to_ne_bytes()));
     }
 
     /// Hash a number, written as `serde_json` writes it.

@@ -6,79 +6,8 @@ use std::time::Duration;
 use sqlx::PgExecutor;
 
 use super::NEXT_CLAIM_TOKEN;
-use crate::ids::{DeliveryId, EndpointId, EventId};
-
-/// A claimed delivery: everything needed to send it.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Claimed {
-    /// Delivery id (its `webhook-id` derives from it).
-    pub id: DeliveryId,
-    /// The event whose body is sent.
-    pub event_id: EventId,
-    /// Where it goes (and whose circuit the attempt informs).
-    pub endpoint_id: EndpointId,
-    /// This attempt's number (1-based), already counted.
-    pub attempt: i32,
-    /// Attempts spent before the last manual redelivery (the budget counts from here).
-    pub attempts_base: i32,
-    /// Fencing token of this claim.
-    pub claim_token: i64,
-    /// The endpoint's URL as stored (checked again by egress before sending).
-    pub url: String,
-    /// The endpoint's current signing secret, as stored (sealed when a secrets key is set).
-    pub secret: crate::secrets::Sealed,
-    /// The secrets it replaced whose rotation grace periods still last (newest first).
-    pub previous_secrets: Vec<crate::secrets::Sealed>,
-    /// Sent as `webhook-event-type`.
-    pub event_type: String,
-    /// Sent as `webhook-source`.
-    pub source_name: String,
-    /// The producer's content type, replayed (`application/json` when absent).
-    pub content_type: Option<String>,
-    /// The body exactly as it was received; empty when it is over
-    /// [`crate::deliver::bodies::INLINE_BODY_BYTES`]: its worker reads it once it has room
-    /// for it in the delivery memory budget.
-    // Shared, not copied, by each attempt's request body (and its memory bound).
-    #[sqlx(try_from = "Vec<u8>")]
-    pub payload: bytes::Bytes,
-    /// The body's size in bytes (whether it came with the claim or not).
-    pub payload_bytes: i32,
-    /// Whether the delivery is in an ordering line (its outcome may move the line on).
-    pub ordered: bool,
-    /// Set when this attempt is its endpoint's half-open probe: the probe's fencing token.
-    pub probe_token: Option<i64>,
-    /// The event's stored W3C `traceparent` (the producer's or the ingest span's), which
-    /// the attempt's span links to.
-    pub traceparent: Option<String>,
-    /// The `tracestate` stored with it.
-    pub tracestate: Option<String>,
-    /// The transformation to run on the event before sending (`crate::transforms`), when
-    /// the subscription that made this delivery has one.
-    pub transform: Option<String>,
-    /// The event's stored headers as JSON text, claimed only with a transformation (its
-    /// input; as text, so they go into the handler's input without a parse and a print).
-    pub event_headers: Option<String>,
-}
-
-/// The claim's columns, for a test that holds them to `deliver::bodies`.
-#[cfg(test)]
-pub(crate) fn claimed_columns() -> &'static str {
-    CLAIMED_COLUMNS
-}
-
-/// Columns a worker needs, from the claimed delivery `d`, its event `e`, endpoint `ep`
-/// and source `s`.
-const CLAIMED_COLUMNS: &str = "d.id, d.event_id, d.endpoint_id, d.attempt_count AS attempt, d.attempts_base, \
-     d.claim_token, ep.url, ep.secret, \
-     CASE WHEN cardinality(ep.previous_secrets) = 0 THEN ARRAY[]::text[] \
-          ELSE ARRAY(SELECT p.s FROM unnest(ep.previous_secrets, ep.previous_secrets_until) AS p(s, u) \
-                     WHERE p.u > now() ORDER BY p.u DESC) END AS previous_secrets, \
-     e.event_type, s.name AS source_name, e.content_type, \
-     COALESCE(CASE WHEN octet_length(e.payload) <= 65536 THEN e.payload END, ''::bytea) AS payload, \
-     octet_length(e.payload) AS payload_bytes, d.ordering_key IS NOT NULL AS ordered, \
-     e.traceparent, e.tracestate, \
-     (SELECT tr.transform FROM subscriptions tr WHERE tr.id = d.transform_by) AS transform, \
-     CASE WHEN d.transform_by IS NOT NULL THEN e.headers::text END AS event_headers";
+use super::claimed::{CLAIMED_COLUMNS, Claimed, claimed_in};
+use crate::ids::{DeliveryId, EndpointId};
 
 /// How a claim shares the workers among endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,19 +160,6 @@ fn general_claim_of(rows: &[sqlx::postgres::PgRow]) -> Result<ClaimBatch, sqlx::
             .map(|secs| Duration::try_from_secs_f64(secs.max(0.0)).unwrap_or(Duration::MAX)),
         ..Default::default()
     })
-}
-
-/// The claimed deliveries among a claim's `rows`. A claim that took nothing still answers
-/// one row, whose claim columns are null, to carry its summary columns ([`summary`]).
-fn claimed_in(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<Claimed>, sqlx::Error> {
-    use sqlx::{FromRow as _, Row as _};
-    let mut claimed = Vec::with_capacity(rows.len());
-    for row in rows {
-        if row.try_get::<Option<DeliveryId>, _>("id")?.is_some() {
-            claimed.push(Claimed::from_row(row)?);
-        }
-    }
-    Ok(claimed)
 }
 
 /// A summary column of a claim's `rows` (every row carries the same value); `None` when it
@@ -465,7 +381,7 @@ pub const CLAIM_FRESH_SQL: &str = "SELECT * FROM wg_claim_fresh_v2($1, $2, $3, $
 /// Row locks with `SKIP LOCKED` on the endpoint make this exactly one probe per window
 /// across every worker and replica.
 pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) -> Result<Vec<Claimed>, sqlx::Error> {
-    let probes: Vec<Claimed> = crate::db::query_as(&format!(
+    let rows = crate::db::query(&format!(
         "WITH ready AS (
              SELECT id FROM endpoints
              WHERE circuit_state = 'open' AND NOT paused AND reopen_at <= now()
@@ -508,6 +424,7 @@ pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) 
     .bind(lease.as_secs_f64())
     .fetch_all(db)
     .await?;
+    let probes = claimed_in(&rows)?;
     // Already committed (one statement): refused, the probes wait for their leases.
     claimed_once(&probes)?;
     Ok(probes)
@@ -516,6 +433,7 @@ pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::EventId;
 
     fn claimed(n: u128) -> Claimed {
         Claimed {

@@ -16,12 +16,14 @@
 //! plus one, so the claim that replaces a lost one does not hand its token out again, and
 //! the lost claim's worker stays fenced.
 
+mod claimed;
 mod claims;
 pub mod fanout;
 pub mod lines;
 mod outcomes;
 pub mod read;
 
+pub use claimed::*;
 pub use claims::*;
 pub use outcomes::*;
 

@@ -30,6 +30,7 @@ pub mod hosts;
 mod pool;
 pub mod tcp;
 mod text_enum;
+mod wire;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -44,6 +45,7 @@ pub use failure::{
 };
 pub use pool::{Pool, Pooler, built_as, built_scalar, query, query_as, query_scalar};
 pub(crate) use text_enum::text_enum;
+pub use wire::Int8Array;
 
 /// Default `--data-dir`: the embedded cluster lives in its `pg`, the generated admin
 /// token in its `admin-token` (relative to the working directory, like a project's

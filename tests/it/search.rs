@@ -314,3 +314,27 @@ async fn the_search_index_pending_list_is_merged_in_the_background_by_its_owner(
     sqlx::query(&format!("DROP OWNED BY {role}")).execute(&app.db.pool).await.expect("drop owned");
     let _ = sqlx::query(&format!("DROP ROLE {role}")).execute(&app.db.pool).await;
 }
+
+/// The search terms' `bigint[]`, written straight into the wire format
+/// (`db::Int8Array`), reads back as what was bound, at the extremes and empty.
+#[tokio::test]
+async fn a_bigint_array_written_in_the_wire_format_reads_back_as_bound() {
+    let db = TestDb::new().await;
+    for values in
+        [vec![], vec![0], vec![i64::MIN, -1, 0, 1, i64::MAX], (0..1000).map(|i| i * 7_919 - 3_000_000).collect()]
+    {
+        let (back, dims, n): (Vec<i64>, Option<String>, Option<i32>) =
+            sqlx::query_as("SELECT $1::int8[], array_dims($1::int8[]), cardinality($1::int8[])")
+                .bind(webhook_gateway::db::Int8Array(&values))
+                .fetch_one(&db.pool)
+                .await
+                .expect("bind");
+        assert_eq!(back, values);
+        let expected_dims = (!values.is_empty()).then(|| format!("[1:{}]", values.len()));
+        assert_eq!(dims, expected_dims, "one dimension from 1");
+        assert_eq!(n, Some(values.len() as i32));
+        let plain: Vec<i64> =
+            sqlx::query_scalar("SELECT $1::int8[]").bind(&values).fetch_one(&db.pool).await.expect("bind plain");
+        assert_eq!(plain, back, "as sqlx binds a slice");
+    }
+}

@@ -402,7 +402,7 @@ pub async fn insert_batch_with_fanout(
         .bind(&arrivals)
         .bind(&traceparents)
         .bind(&tracestates)
-        .bind(&terms)
+        .bind(crate::db::Int8Array(&terms))
         .bind(&term_ends)
         .fetch_all(pool)
         .await?;

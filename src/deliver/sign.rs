@@ -12,23 +12,28 @@ use crate::verify::decode_standard_secret;
 /// secret rotation the request is signed with both, as the spec allows). Secrets that do
 /// not decode are skipped; `None` if none does.
 pub fn signature_header(secrets: &[&str], webhook_id: &str, timestamp: i64, body: &[u8]) -> Option<String> {
-    let entries: Vec<String> = secrets
-        .iter()
-        .filter_map(|secret| decode_standard_secret(secret))
-        .map(|key| format!("v1,{}", sign(&key, webhook_id, timestamp, body)))
-        .collect();
-    (!entries.is_empty()).then(|| entries.join(" "))
+    let timestamp = timestamp.to_string();
+    let mut header = String::new();
+    for key in secrets.iter().filter_map(|secret| decode_standard_secret(secret)) {
+        if !header.is_empty() {
+            header.push(' ');
+        }
+        header.push_str("v1,");
+        base64::engine::general_purpose::STANDARD.encode_string(sign(&key, webhook_id, &timestamp, body), &mut header);
+    }
+    (!header.is_empty()).then_some(header)
 }
 
-fn sign(key: &[u8], webhook_id: &str, timestamp: i64, body: &[u8]) -> String {
+/// HMAC-SHA256 of `{webhook_id}.{timestamp}.{body}`.
+fn sign(key: &[u8], webhook_id: &str, timestamp: &str, body: &[u8]) -> impl AsRef<[u8]> {
     #[allow(clippy::expect_used)]
     let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC accepts keys of any length");
     mac.update(webhook_id.as_bytes());
     mac.update(b".");
-    mac.update(timestamp.to_string().as_bytes());
+    mac.update(timestamp.as_bytes());
     mac.update(b".");
     mac.update(body);
-    base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    mac.finalize().into_bytes()
 }
 
 #[cfg(test)]

@@ -90,7 +90,12 @@ impl EgressClient {
         // reqwest skips the resolver for IP-literal hosts: this is their only check.
         self.check_url(url).map_err(SendError::Refused)?;
         headers.remove(http::header::HOST);
-        self.inner.http.post(url.clone()).headers(headers).body(body).send().await.map_err(SendError::from_reqwest)
+        // The request is built whole: a builder's `headers` copies them one by one into
+        // the request's own map.
+        let mut request = reqwest::Request::new(reqwest::Method::POST, url.clone());
+        *request.headers_mut() = headers;
+        *request.body_mut() = Some(body.into());
+        self.inner.http.execute(request).await.map_err(SendError::from_reqwest)
     }
 }
 

@@ -44,13 +44,20 @@ pub fn redacted_headers(headers: &HeaderMap, signature_header: Option<&str>) -> 
         let value = if is_sensitive(key) || signature_header.is_some_and(|h| h.trim().eq_ignore_ascii_case(key)) {
             REDACTED.to_owned()
         } else {
-            let joined = headers
-                .get_all(name)
-                .iter()
-                .map(|v| String::from_utf8_lossy(v.as_bytes()))
-                .collect::<Vec<_>>()
-                .join(", ");
-            sanitize::bounded(&joined, sanitize::MAX_HEADER_VALUE_BYTES)
+            let mut values = headers.get_all(name).iter().map(|v| String::from_utf8_lossy(v.as_bytes()));
+            let first = values.next().unwrap_or_default();
+            match values.next() {
+                // The common case: one value, copied once.
+                None => sanitize::bounded(&first, sanitize::MAX_HEADER_VALUE_BYTES),
+                Some(second) => {
+                    let mut joined = first.into_owned();
+                    for value in std::iter::once(second).chain(values) {
+                        joined.push_str(", ");
+                        joined.push_str(&value);
+                    }
+                    sanitize::bounded(&joined, sanitize::MAX_HEADER_VALUE_BYTES)
+                }
+            }
         };
         out.insert(key.to_owned(), Value::String(value));
     }

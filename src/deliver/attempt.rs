@@ -53,6 +53,12 @@ pub async fn run(ctx: Context, job: Claimed, slot: OwnedSemaphorePermit, claim: 
     attempt(ctx, job, slot, span.clone()).instrument(span).await
 }
 
+/// An attempt's future on the heap, for `spawn`: the future holds the whole request in
+/// flight (several KiB), and a task moved it by value into its cell more than once.
+pub fn boxed(attempt: impl Future<Output = ()> + Send + 'static) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(attempt)
+}
+
 async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, span: tracing::Span) {
     let settings = &ctx.settings;
     // The budget counts attempts since the last manual redelivery.

@@ -256,7 +256,7 @@ async fn run(
                 tracing::error!(delivery_id = %job.id, "no free slot for a claimed delivery; its lease will bring it back");
                 continue;
             };
-            in_flight.spawn(attempt::run(ctx.clone(), job, permit, claim_span.clone()));
+            in_flight.spawn(attempt::boxed(attempt::run(ctx.clone(), job, permit, claim_span.clone())));
         }
         drop(permits);
         if drained {
@@ -318,7 +318,7 @@ async fn run(
 
 /// Start the attempt of a delivery that ingest leased.
 fn start(in_flight: &mut JoinSet<()>, ctx: &Context, leased: Preleased) {
-    in_flight.spawn(attempt::run(ctx.clone(), leased.job, leased.slot, leased.claim));
+    in_flight.spawn(attempt::boxed(attempt::run(ctx.clone(), leased.job, leased.slot, leased.claim)));
 }
 
 /// How a dispatcher's sleep ended.

@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
 use url::Url;
 
-use super::test_support::{Reply, SequenceResolver, StaticResolver, loopback_listener, spawn_http};
+use super::test_support::{Reply, Seen, SequenceResolver, StaticResolver, loopback_listener, spawn_http};
 use super::{AddressClass, EgressClient, EgressConfig, Refusal, SendError};
 
 fn allow_loopback_one() -> EgressConfig {
@@ -160,6 +160,31 @@ async fn redirects_are_returned_not_followed() {
     assert_eq!(resp.headers().get("location").unwrap(), location);
     assert_eq!(server.seen().len(), 1);
     assert_eq!(target.connection_count(), 0, "redirect target never contacted");
+}
+
+/// An endpoint stored with credentials in its URL (refused for new ones since) is sent as
+/// it always was: the credentials as Basic auth, neither in the Host header nor in the
+/// request line; one without sends no `Authorization`.
+#[tokio::test]
+async fn credentials_in_a_stored_url_go_as_basic_auth_and_nowhere_else() {
+    let server = spawn_http(loopback_listener().await, Reply::Ok);
+    let resolver = StaticResolver::one("hooks.internal.test", "127.0.0.1");
+    let client = EgressClient::with_resolver(allow_loopback_one(), resolver).unwrap();
+    let mut with = hook_url("hooks.internal.test", server.port());
+    with.set_username("user").unwrap();
+    with.set_password(Some("p@ss")).unwrap();
+    assert_eq!(post(&client, &with).await.unwrap().status(), 200);
+    assert_eq!(post(&client, &hook_url("hooks.internal.test", server.port())).await.unwrap().status(), 200);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    let authorization = |s: &Seen| s.headers.iter().find(|(k, _)| k == "authorization").map(|(_, v)| v.clone());
+    // base64("user:p@ss")
+    assert_eq!(authorization(&seen[0]).as_deref(), Some("Basic dXNlcjpwQHNz"));
+    assert_eq!(authorization(&seen[1]), None);
+    for s in &seen {
+        assert_eq!(s.host.as_deref(), Some(format!("hooks.internal.test:{}", server.port()).as_str()));
+        assert!(!s.request_line.contains("user") && !s.request_line.contains("ss@"), "{}", s.request_line);
+    }
 }
 
 #[tokio::test]

@@ -70,25 +70,33 @@ impl<'de> DeserializeSeed<'de> for Follow<'_> {
     type Value = Option<&'de RawValue>;
 
     fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
-        if self.path.is_empty() { <&'de RawValue>::deserialize(de).map(Some) } else { de.deserialize_any(self) }
+        match self.path.split_first() {
+            None => <&'de RawValue>::deserialize(de).map(Some),
+            Some((token, rest)) => de.deserialize_any(Step { token, rest }),
+        }
     }
 }
 
-impl<'de> Visitor<'de> for Follow<'_> {
+/// One step of a path: the member or element `token` names, followed by `rest`.
+struct Step<'p> {
+    token: &'p str,
+    rest: &'p [Cow<'p, str>],
+}
+
+impl<'de> Visitor<'de> for Step<'_> {
     type Value = Option<&'de RawValue>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a JSON value")
     }
 
-    /// The (last) member the path's next token names, as in a parsed object where a
-    /// repeated key's last value wins.
+    /// The (last) member the token names, as in a parsed object where a repeated key's
+    /// last value wins.
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let (name, rest) = self.path.split_first().map_or(("", self.path), |(name, rest)| (name.as_ref(), rest));
         let mut found = None;
         while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
-            if key == name {
-                found = map.next_value_seed(Follow { path: rest })?;
+            if key == self.token {
+                found = map.next_value_seed(Follow { path: self.rest })?;
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
@@ -97,15 +105,12 @@ impl<'de> Visitor<'de> for Follow<'_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let (index, rest) = match self.path.split_first() {
-            Some((token, rest)) => (array_index(token), rest),
-            None => (None, self.path),
-        };
+        let index = array_index(self.token);
         let mut found = None;
         let mut i = 0usize;
         loop {
             if Some(i) == index {
-                match seq.next_element_seed(Follow { path: rest })? {
+                match seq.next_element_seed(Follow { path: self.rest })? {
                     Some(value) => found = value,
                     None => break,
                 }

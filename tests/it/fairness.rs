@@ -324,17 +324,10 @@ async fn a_claim_tells_an_endpoint_at_its_limit_from_one_out_of_rate_tokens() {
     let pool = &db.pool;
     let lease = Duration::from_secs(60);
     let claim = || queue::claim_batch(pool, 16, lease, queue::Fairness { default_max_in_flight: 100, sweep: false });
-    let limits = |endpoint: String, sql: &'static str| async move {
-        sqlx::query(&format!("UPDATE endpoints SET {sql} WHERE id = $1::uuid"))
-            .bind(endpoint)
-            .execute(pool)
-            .await
-            .unwrap();
-    };
 
     // A burst of 3 tokens that refill once in 1,000 s: three of five, two left for time.
     let r = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/r").await;
-    limits(r.clone(), "rate_limit_per_sec = 0.001, rate_limit_burst = 3").await;
+    crate::support::set_endpoint(pool, &r, "rate_limit_per_sec = 0.001, rate_limit_burst = 3").await;
     seed_deliveries(pool, &r, 5).await;
     let rated = claim().await.unwrap();
     assert_eq!((rated.claimed.len(), rated.head_rows), (3, 5));
@@ -349,7 +342,7 @@ async fn a_claim_tells_an_endpoint_at_its_limit_from_one_out_of_rate_tokens() {
 
     // A rate-limited endpoint that took everything it had due, beside the one out of tokens.
     let s = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/s").await;
-    limits(s.clone(), "rate_limit_per_sec = 0.001, rate_limit_burst = 10").await;
+    crate::support::set_endpoint(pool, &s, "rate_limit_per_sec = 0.001, rate_limit_burst = 10").await;
     seed_deliveries(pool, &s, 2).await;
     let all = claim().await.unwrap();
     assert_eq!(all.claimed.len(), 2);
@@ -360,7 +353,7 @@ async fn a_claim_tells_an_endpoint_at_its_limit_from_one_out_of_rate_tokens() {
     // claim's transaction began, so told from its statement's end: 0.2 s less at most the
     // whole call (on a loaded machine the statement alone took 13 ms).
     let t = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/t").await;
-    limits(t.clone(), "rate_limit_per_sec = 10, rate_limit_burst = 2").await;
+    crate::support::set_endpoint(pool, &t, "rate_limit_per_sec = 10, rate_limit_burst = 2").await;
     seed_deliveries(pool, &t, 4).await;
     let called = std::time::Instant::now();
     let burst = claim().await.unwrap();
@@ -381,7 +374,8 @@ async fn a_claim_tells_an_endpoint_at_its_limit_from_one_out_of_rate_tokens() {
     // Tokens to spare, but one request in flight at a time: one of three, two left for
     // its lease to end.
     let m = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/m").await;
-    limits(m.clone(), "max_in_flight = 1, rate_limit_per_sec = 1000, rate_limit_burst = 100").await;
+    crate::support::set_endpoint(pool, &m, "max_in_flight = 1, rate_limit_per_sec = 1000, rate_limit_burst = 100")
+        .await;
     seed_deliveries(pool, &m, 3).await;
     let capped = claim().await.unwrap();
     assert_eq!(capped.claimed.len(), 1);
@@ -414,11 +408,7 @@ async fn a_rate_too_small_to_refill_in_any_time_a_float_holds_does_not_fail_the_
     let db = crate::support::TestDb::new().await;
     let pool = &db.pool;
     let e = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/e").await;
-    sqlx::query("UPDATE endpoints SET rate_limit_per_sec = 1e-307, rate_limit_burst = 100 WHERE id = $1::uuid")
-        .bind(&e)
-        .execute(pool)
-        .await
-        .unwrap();
+    crate::support::set_endpoint(pool, &e, "rate_limit_per_sec = 1e-307, rate_limit_burst = 100").await;
     seed_deliveries(pool, &e, 101).await;
     let fairness = queue::Fairness { default_max_in_flight: 1000, sweep: false };
     let claim = queue::claim_batch(pool, 128, Duration::from_secs(60), fairness).await.expect("the claim succeeds");
@@ -467,11 +457,7 @@ async fn a_fresh_claim_keeps_every_limit_and_says_what_it_left() {
 
     // Rate-limited to a burst of 3: three now, and the tokens are spent.
     let r = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/r").await;
-    sqlx::query("UPDATE endpoints SET rate_limit_per_sec = 0.001, rate_limit_burst = 3 WHERE id = $1::uuid")
-        .bind(&r)
-        .execute(pool)
-        .await
-        .unwrap();
+    crate::support::set_endpoint(pool, &r, "rate_limit_per_sec = 0.001, rate_limit_burst = 3").await;
     seed_deliveries(pool, &r, 5).await;
     let rated = fresh(crate::support::delivery_ids(pool, &r).await, 100).await;
     assert_eq!(rated.claimed.len(), 3);
@@ -484,7 +470,7 @@ async fn a_fresh_claim_keeps_every_limit_and_says_what_it_left() {
 
     // Paused: nothing, and the rows are left for the general claim to account for.
     let p = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/p").await;
-    sqlx::query("UPDATE endpoints SET paused = true WHERE id = $1::uuid").bind(&p).execute(pool).await.unwrap();
+    crate::support::set_endpoint(pool, &p, "paused = true").await;
     seed_deliveries(pool, &p, 2).await;
     let paused = fresh(crate::support::delivery_ids(pool, &p).await, 100).await;
     assert_eq!(paused.claimed.len(), 0);

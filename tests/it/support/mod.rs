@@ -607,3 +607,13 @@ pub async fn insert_endpoint(pool: &Pool, url: &str) -> String {
         .await
         .expect("insert endpoint")
 }
+
+/// Set columns of an endpoint's row straight in the table (`assignments`, e.g.
+/// `"rate_limit_per_sec = 10, rate_limit_burst = 2"`), including values the API refuses.
+pub async fn set_endpoint(pool: &Pool, endpoint: &str, assignments: &str) {
+    sqlx::query(&format!("UPDATE endpoints SET {assignments} WHERE id = $1::uuid"))
+        .bind(endpoint)
+        .execute(pool)
+        .await
+        .expect("update endpoint");
+}

@@ -89,8 +89,8 @@ pub(super) fn claimed_in(rows: &[PgRow]) -> Result<Vec<Claimed>, sqlx::Error> {
     let at = Positions::of(first)?;
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
-        if row.try_get::<Option<DeliveryId>, _>(at.id)?.is_some() {
-            claimed.push(at.read(row)?);
+        if let Some(id) = row.try_get::<Option<DeliveryId>, _>(at.id)? {
+            claimed.push(at.read(id, row)?);
         }
     }
     Ok(claimed)
@@ -150,10 +150,10 @@ impl Positions {
         })
     }
 
-    /// One claimed delivery out of `row`.
-    fn read(&self, row: &PgRow) -> Result<Claimed, sqlx::Error> {
+    /// The claimed delivery `id` out of its `row`.
+    fn read(&self, id: DeliveryId, row: &PgRow) -> Result<Claimed, sqlx::Error> {
         Ok(Claimed {
-            id: row.try_get(self.id)?,
+            id,
             event_id: row.try_get(self.event_id)?,
             endpoint_id: row.try_get(self.endpoint_id)?,
             attempt: row.try_get(self.attempt)?,

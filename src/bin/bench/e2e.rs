@@ -15,7 +15,7 @@ use crate::gateway::{Gateway, Role};
 use crate::loadgen::{self, Ticket};
 use crate::pg;
 use crate::report::{Row, verdict};
-use crate::stats::{CpuMark, CpuShare, Latency, fmt_dur, fmt_rate, thousands};
+use crate::stats::{self, CpuMark, CpuShare, Latency, fmt_dur, fmt_rate, thousands};
 
 const DB: &str = "bench_e2e";
 const SUSTAINED_DB: &str = "bench_sustained";
@@ -48,6 +48,13 @@ struct Step {
     transactions: Option<f64>,
     /// WAL written over the load's window, per accepted webhook.
     wal: Option<pg::Wal>,
+    /// Where the load's window begins and ends in the WAL, and the webhooks accepted over
+    /// it, for [`pg::wal::by_relation`] (read after `pg_stat_statements`, which would
+    /// count its reading otherwise).
+    wal_window: Option<(pg::wal::Lsn, pg::wal::Lsn, f64)>,
+    /// Context switches over the load's window per accepted webhook: the gateway's
+    /// threads, and PostgreSQL's live processes (local cluster only).
+    switches: (Option<f64>, Option<f64>),
 }
 
 impl Step {
@@ -90,8 +97,13 @@ impl Step {
                 )
             })
             .unwrap_or_default();
+        let switches = match self.switches {
+            (Some(gw), Some(pg)) => format!("; context switches per webhook: gateway {gw:.1}, PostgreSQL {pg:.1}"),
+            (Some(gw), None) => format!("; context switches per webhook: gateway {gw:.1}"),
+            _ => String::new(),
+        };
         Some(format!(
-            "server CPU per webhook, ingest and delivery: gateway {:.0} µs + PostgreSQL {:.0} µs{transactions}{wal}",
+            "server CPU per webhook, ingest and delivery: gateway {:.0} µs + PostgreSQL {:.0} µs{transactions}{wal}{switches}",
             us(self.cpu.gateway?),
             us(self.cpu.postgres?)
         ))
@@ -136,10 +148,18 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         if statements {
             pg::reset_statements(&pool).await;
         }
-        let step = offer(ctx, &gw, &pool, rate, ctx.args.e2e_conns).await?;
+        let step = offer(ctx, &gw, &pool, rate, ctx.args.e2e_conns, WalByRelation::Read).await?;
         if statements {
             let table = crate::ingest::statements_table(&pool).await;
             ctx.appendix(format!("pg_stat_statements: end to end, {}/s offered", thousands(rate)), table);
+        }
+        if let Some((from, to, accepted)) = &step.wal_window
+            && let Ok(rows) = pg::wal::by_relation(&pool, from, to, *accepted).await
+        {
+            ctx.appendix(
+                format!("WAL per webhook by relation (pg_walinspect): end to end, {}/s offered", thousands(rate)),
+                pg::wal::table(&rows),
+            );
         }
         let setting = format!("{}/s offered", thousands(rate));
         if step.delivered == 0 {
@@ -259,7 +279,7 @@ async fn sustained_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         if statements {
             pg::reset_statements(&pool).await;
         }
-        let step = offer(ctx, &gw, &pool, rate, ctx.args.sustained_conns).await?;
+        let step = offer(ctx, &gw, &pool, rate, ctx.args.sustained_conns, WalByRelation::Skip).await?;
         if statements {
             let table = crate::ingest::statements_table(&pool).await;
             ctx.appendix(format!("pg_stat_statements: sustained end to end, {}/s offered", thousands(rate)), table);
@@ -325,7 +345,27 @@ fn step_row(step: &Step, verdict_cell: &str) -> Row {
 
 /// Offer `rate` webhooks/s for the warm-up and the measured window, wait for the
 /// measured ones to arrive (30 s at most), and leave the queue empty for the next step.
-async fn offer(ctx: &Ctx, gw: &Gateway, pool: &PgPool, rate: u64, conns: usize) -> anyhow::Result<Step> {
+/// A counter's growth between two readings, per one of `per`.
+fn per_webhook(before: Option<u64>, after: Option<u64>, per: f64) -> Option<f64> {
+    Some(after?.saturating_sub(before?) as f64 / per.max(1.0))
+}
+
+/// Whether [`offer`] reads the window's WAL record by record (seconds at high rates, so
+/// row 5 does and row 11's steps do not).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WalByRelation {
+    Read,
+    Skip,
+}
+
+async fn offer(
+    ctx: &Ctx,
+    gw: &Gateway,
+    pool: &PgPool,
+    rate: u64,
+    conns: usize,
+    wal_by_relation: WalByRelation,
+) -> anyhow::Result<Step> {
     let (warmup, measure) = (ctx.warmup(), ctx.measure());
     crate::ingest::checkpoint(pool).await;
     ctx.sink.reset(true);
@@ -344,14 +384,18 @@ async fn offer(ctx: &Ctx, gw: &Gateway, pool: &PgPool, rate: u64, conns: usize) 
     let plan = loadgen::OpenLoop { addr: gw.addr, conns, rate: rate as f64, warmup, measure, first_seq: base };
     // The CPU window is the load's: ingest and the delivery that keeps pace with it.
     let mark = CpuMark::now(Some(gw.pid), postmaster);
+    let switches_before = (stats::context_switches(gw.pid), postmaster.and_then(stats::children_context_switches));
     // Backends report their counts at most once a second: over a window of 10 s or more
     // the edges roughly cancel.
     let transactions_before = pg::transactions(pool).await.ok();
     let wal_before = pg::wal(pool).await.ok();
+    let lsn_before = if wal_by_relation == WalByRelation::Read { pg::wal::lsn(pool).await } else { None };
     let mut out = loadgen::open_loop(plan, make, on_due).await;
     let cpu = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
+    let switches_after = (stats::context_switches(gw.pid), postmaster.and_then(stats::children_context_switches));
     let transactions_after = pg::transactions(pool).await.ok();
     let wal_after = pg::wal(pool).await.ok();
+    let lsn_after = if lsn_before.is_some() { pg::wal::lsn(pool).await } else { None };
     let measured: Vec<(u64, Instant)> = due
         .lock()
         .expect("due lock")
@@ -383,6 +427,11 @@ async fn offer(ctx: &Ctx, gw: &Gateway, pool: &PgPool, rate: u64, conns: usize) 
         late: Latency::from_micros(&mut out.lateness),
         transactions: transactions_before.zip(transactions_after).map(|(before, after)| (after - before) / accepted),
         wal: wal_before.zip(wal_after).map(|(before, after)| before.per(&after, accepted)),
+        wal_window: lsn_before.zip(lsn_after).map(|(from, to)| (from, to, accepted)),
+        switches: (
+            per_webhook(switches_before.0, switches_after.0, accepted),
+            per_webhook(switches_before.1, switches_after.1, accepted),
+        ),
         failures: out.failure_note(),
         cpu,
     };

@@ -165,6 +165,36 @@ pub fn peak_rss(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Context switches of every live thread of a process (voluntary and not), summed: each
+/// is a thread going to sleep or being put off the CPU, and at low load most of a
+/// process's CPU is spent on them, which instruction counts do not see. A thread that has
+/// exited is no longer counted, so read it over a window in which the threads stay.
+pub fn context_switches(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        let Ok(text) = std::fs::read_to_string(task.path().join("status")) else { continue };
+        total += text
+            .lines()
+            .filter(|l| l.starts_with("voluntary_ctxt_switches:") || l.starts_with("nonvoluntary_ctxt_switches:"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Some(total)
+}
+
+/// [`context_switches`] of every live child of `parent` (a PostgreSQL cluster's
+/// backends and workers: pooled connections live through a window).
+pub fn children_context_switches(parent: u32) -> Option<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        if stat_fields(pid).is_some_and(|f| f[1] == u64::from(parent)) {
+            total += context_switches(pid).unwrap_or(0);
+        }
+    }
+    Some(total)
+}
+
 /// Who used the CPU during a measured window: cores (CPU seconds per wall second).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuShare {
@@ -294,6 +324,22 @@ mod tests {
             last = now;
         }
         spawner.join().expect("spawner");
+    }
+
+    #[test]
+    fn a_thread_that_sleeps_switches_context() {
+        let me = std::process::id();
+        let before = context_switches(me).expect("this process is visible");
+        std::thread::spawn(|| {
+            for _ in 0..20 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Still alive when counted: a thread that has exited is not.
+            context_switches(std::process::id()).expect("this process is visible")
+        })
+        .join()
+        .map(|after| assert!(after >= before + 20, "{before} -> {after}"))
+        .expect("sleeper");
     }
 
     #[test]

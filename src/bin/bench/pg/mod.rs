@@ -12,6 +12,7 @@ use webhook_gateway::db::embedded;
 
 mod pgbench;
 mod seed;
+pub mod wal;
 pub use pgbench::*;
 pub use seed::*;
 

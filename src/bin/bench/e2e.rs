@@ -202,6 +202,9 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         });
     }
     gw.stop(Duration::from_secs(40)).await;
+    if ctx.args.no_floor {
+        return Ok(());
+    }
     let vars = crate::ingest::pgbench_vars(&pool).await?;
     let script = ctx.work_dir.join("e2e-floor.pgbench");
     std::fs::write(&script, pg::pgbench_script(vars.fresh_terms)?)?;

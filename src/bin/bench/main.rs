@@ -140,6 +140,10 @@ pub struct Args {
     /// Print only; write no results file.
     #[arg(long)]
     no_write: bool,
+    /// Leave out row 5's physical floor (pgbench after the gateway), so that what the
+    /// server did over a run is the gateway's alone (`./bench/pg-instructions`).
+    #[arg(long)]
+    no_floor: bool,
 }
 
 /// What every scenario shares.

@@ -25,7 +25,8 @@
 //! this index existed (migration 0018) are found by the other filters only.
 //!
 //! The index's pending list is merged in the background ([`pending`]), not by the insert
-//! that happens to fill it.
+//! that happens to fill it. The column is stored without compression (migration 0025):
+//! hashes do not compress, and PostgreSQL tried on every row past its TOAST threshold.
 
 mod payload;
 pub mod pending;

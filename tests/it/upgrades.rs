@@ -158,6 +158,32 @@ async fn the_previous_release_runs_beside_this_one_on_the_migrated_schema() {
     }
 }
 
+/// Run the pending migrations while a transaction of the running release holds `events`
+/// (a read: enough against an ACCESS EXCLUSIVE lock). They must neither wait on it
+/// unbounded nor fail; returns how long they took.
+async fn migrate_while_a_release_reads_events(db: &TestDb) -> Duration {
+    use sqlx::Connection as _;
+    let mut running = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut running).await.unwrap();
+    sqlx::query("SELECT count(*) FROM events").execute(&mut running).await.unwrap();
+    let started = std::time::Instant::now();
+    let migrated = tokio::time::timeout(Duration::from_secs(20), db::migrate(&db.pool)).await;
+    let waited = started.elapsed();
+    sqlx::query("ROLLBACK").execute(&mut running).await.unwrap();
+    migrated.expect("the migration step does not wait on the lock").expect("the migration step succeeds");
+    waited
+}
+
+/// Whether migration `version` is recorded as applied.
+async fn recorded(db: &TestDb, version: i64) -> bool {
+    sqlx::query_scalar("SELECT success FROM _sqlx_migrations WHERE version = $1")
+        .bind(version)
+        .fetch_optional(&db.pool)
+        .await
+        .unwrap()
+        .unwrap_or(false)
+}
+
 /// Migration 0023 (event bodies compressed with lz4) needs an ACCESS EXCLUSIVE lock on
 /// `events`, and every ingest would queue behind a request for it: when the lock is not
 /// granted within 2 s (here a transaction of the running release holds `events`), the
@@ -165,7 +191,6 @@ async fn the_previous_release_runs_beside_this_one_on_the_migrated_schema() {
 /// the step succeeds, the migration is recorded, the columns keep their compression.
 #[tokio::test]
 async fn the_compression_migration_waits_for_its_lock_at_most_two_seconds_and_never_fails_the_upgrade() {
-    use sqlx::Connection as _;
     let db = TestDb::new().await;
     // The schema as the release before 0023 left it.
     sqlx::raw_sql(
@@ -179,25 +204,81 @@ async fn the_compression_migration_waits_for_its_lock_at_most_two_seconds_and_ne
     let default = compression().await;
     assert_ne!(default, "headers=l,payload=l");
 
-    let mut running = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    sqlx::query("BEGIN").execute(&mut running).await.unwrap();
-    sqlx::query("SELECT count(*) FROM events").execute(&mut running).await.unwrap();
-    let started = std::time::Instant::now();
-    let migrated = tokio::time::timeout(Duration::from_secs(20), db::migrate(&db.pool)).await;
-    let waited = started.elapsed();
-    sqlx::query("ROLLBACK").execute(&mut running).await.unwrap();
-    migrated.expect("the migration step does not wait on the lock").expect("the migration step succeeds");
+    let waited = migrate_while_a_release_reads_events(&db).await;
     assert!(waited >= Duration::from_secs(2), "it waited for the lock, {waited:?}");
     assert_eq!(compression().await, default, "the columns keep their compression");
-    let recorded: bool = sqlx::query_scalar("SELECT success FROM _sqlx_migrations WHERE version = 23")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert!(recorded, "the migration is recorded");
+    assert!(recorded(&db, 23).await, "the migration is recorded");
 
     // Without the lock held it takes effect (on a database where it was given up, by hand:
     // docs/operating.md).
     sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 23").execute(&db.pool).await.unwrap();
     db::migrate(&db.pool).await.unwrap();
     assert_eq!(compression().await, "headers=l,payload=l");
+}
+
+/// Migration 0025 (search terms stored without compression) takes the same lock as 0023
+/// and gives up the same way: a cost, never a failed upgrade. Once applied, an event
+/// whose row passes the TOAST threshold keeps its terms uncompressed and is found by them.
+#[tokio::test]
+async fn the_search_storage_migration_waits_for_its_lock_at_most_two_seconds_and_never_fails_the_upgrade() {
+    let db = TestDb::new().await;
+    let storage = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT attstorage::text FROM pg_attribute WHERE attrelid = 'events'::regclass AND attname = 'search'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(storage().await, "e", "a new database has it");
+    // The schema as the release before 0025 left it.
+    sqlx::raw_sql(
+        "ALTER TABLE events ALTER COLUMN search SET STORAGE EXTENDED;
+         DELETE FROM _sqlx_migrations WHERE version = 25;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+
+    let waited = migrate_while_a_release_reads_events(&db).await;
+    assert!(waited >= Duration::from_secs(2), "it waited for the lock, {waited:?}");
+    assert_eq!(storage().await, "x", "the column keeps its storage");
+    assert!(recorded(&db, 25).await, "the migration is recorded");
+
+    // The control: under the old storage, terms that compress are compressed with pglz
+    // to make the row fit.
+    assert_eq!(insert_compressible_terms(&db, "before").await, (Some("pglz".into()), 1));
+
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 25").execute(&db.pool).await.unwrap();
+    db::migrate(&db.pool).await.unwrap();
+    assert_eq!(storage().await, "e");
+    // Never compressed now (no attempt either), and still found by a term.
+    assert_eq!(insert_compressible_terms(&db, "after").await, (None, 1));
+}
+
+/// Store an event under `key` whose search terms compress (small numbers: mostly zero
+/// bytes) beside a body that does not, in a row past the TOAST threshold; then its terms'
+/// compression method (none: `None`) and whether a search for one of them finds it.
+async fn insert_compressible_terms(db: &TestDb, key: &str) -> (Option<String>, i64) {
+    let terms: Vec<i64> = (1..=120).collect();
+    let body: Vec<u8> = (0..1800u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    sqlx::query(
+        "INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload, search)
+         SELECT id, $1, 't', 'application/octet-stream', '{}'::jsonb, $2, $3 FROM sources WHERE name = '_test'",
+    )
+    .bind(key)
+    .bind(&body)
+    .bind(&terms)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query_as(
+        "SELECT pg_column_compression(search),
+                (SELECT count(*) FROM events WHERE search @> ARRAY[77::int8] AND dedupe_key = $1)
+         FROM events WHERE dedupe_key = $1",
+    )
+    .bind(key)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
 }

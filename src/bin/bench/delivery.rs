@@ -109,6 +109,9 @@ pub(crate) struct Drained {
     pub statements: Option<String>,
     /// The claim's plan before the drain.
     pub plan: String,
+    /// Where the drain began and ended in the WAL, for [`pg::wal::by_relation`] (read by
+    /// the scenarios that want it: seconds for a large drain).
+    pub wal_window: Option<(pg::wal::Lsn, pg::wal::Lsn)>,
 }
 
 impl Drained {
@@ -186,6 +189,7 @@ pub(crate) async fn drain_with_worker(
         Err(e) => return Ok(Err(format!("the gateway does not start with --role worker: {e:#}"))),
     };
     let mark = CpuMark::now(Some(gw.pid), postmaster);
+    let wal_before = pg::wal::lsn(&setup.pool).await;
     let progress_timeout = Duration::from_secs(ctx.args.progress_timeout_secs);
     let timeout = Duration::from_secs(ctx.args.drain_timeout_secs);
     let mut out = Drained { plan, ..Drained::default() };
@@ -224,6 +228,9 @@ pub(crate) async fn drain_with_worker(
     }
     out.elapsed = started.elapsed();
     out.cpu = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
+    if let Some(before) = wal_before {
+        out.wal_window = pg::wal::lsn(&setup.pool).await.map(|after| (before, after));
+    }
     let c = ctx.sink.counts();
     out.delivered = if c.without_id > 0 { c.ok } else { c.unique };
     out.redelivered = c.redelivered;

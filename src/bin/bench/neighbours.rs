@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use crate::Ctx;
-use crate::delivery::{Until, drain_with_worker, not_available, prepare, prepare_urls};
+use crate::delivery::{Drained, Until, drain_with_worker, not_available, prepare, prepare_urls};
 use crate::gateway::{Gateway, Role};
 use crate::pg;
 use crate::report::{Row, verdict};
@@ -221,8 +221,22 @@ pub async fn ordered(ctx: &Ctx) -> anyhow::Result<()> {
             pg::make_ordered(&setup.pool, k).await?;
         }
         let result = drain_with_worker(ctx, &setup, Until::NothingPending(total)).await;
+        // What a line step writes, beside the unordered drain's (read before the database
+        // goes).
+        let wal = match &result {
+            Ok(Ok(Drained { wal_window: Some((from, to)), delivered, .. })) => {
+                pg::wal::by_relation(&setup.pool, from, to, *delivered as f64).await.ok()
+            }
+            _ => None,
+        };
         setup.pool.close().await;
         ctx.server.drop_db(&setup.db).await;
+        if let Some(rows) = wal {
+            ctx.appendix(
+                format!("WAL per delivery by relation (pg_walinspect): ordered drain, {setting}"),
+                pg::wal::table(&rows),
+            );
+        }
         let d = match result? {
             Ok(d) => d,
             Err(why) => {

@@ -92,7 +92,7 @@ pub async fn by_relation(pool: &PgPool, from: &Lsn, to: &Lsn, per: f64) -> anyho
 pub fn table(rows: &[RelationWal]) -> String {
     let total: f64 = rows.iter().map(|r| r.bytes).sum::<f64>().max(1e-9);
     let mut out = format!(
-        "{:.0} bytes of WAL per webhook in all.\n\n| relation | table | records per webhook | bytes per webhook | of which full-page images | share |\n|---|---|---|---|---|---|\n",
+        "{:.0} bytes of WAL per unit (webhook or delivery) in all.\n\n| relation | table | records per unit | bytes per unit | of which full-page images | share |\n|---|---|---|---|---|---|\n",
         total
     );
     for r in rows.iter().filter(|r| r.bytes / total >= 0.002) {
@@ -146,7 +146,7 @@ mod tests {
             rel("sources", "sources", 1.0),
         ];
         let t = table(&rows);
-        assert!(t.starts_with("5051 bytes of WAL per webhook"), "{t}");
+        assert!(t.starts_with("5051 bytes of WAL per unit"), "{t}");
         assert!(t.contains("| events_search | events | 1.00 | 3000 | 0 | 59.4 % |"), "{t}");
         assert!(t.contains("| Transaction |  | 1.00 | 50 | 0 | 1.0 % |"), "{t}");
         // Under 0.2 % of the whole: not a row of its own.

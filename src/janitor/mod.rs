@@ -511,13 +511,16 @@ pub const EVENTS_BATCH: &str = "
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     ), dl AS MATERIALIZED (
-        SELECT id, event_id, status FROM deliveries WHERE event_id = ANY(ARRAY(SELECT id FROM ev))
+        SELECT id, event_id, status, endpoint_id, ordering_key FROM deliveries WHERE event_id = ANY(ARRAY(SELECT id FROM ev))
         FOR UPDATE
     ), doomed AS MATERIALIZED (
         SELECT ev.id FROM ev
         WHERE NOT EXISTS (SELECT 1 FROM dl WHERE dl.event_id = ev.id AND dl.status = 'pending')
           -- A dead delivery blocking its ordering line stays until an operator acts.
-          AND NOT EXISTS (SELECT 1 FROM dl JOIN order_lines l ON l.head_id = dl.id WHERE dl.event_id = ev.id)
+          AND NOT EXISTS (SELECT 1 FROM dl JOIN order_lines l
+                              ON l.endpoint_id = dl.endpoint_id AND l.ordering_key = dl.ordering_key
+                                 AND l.head_id = dl.id
+                          WHERE dl.event_id = ev.id)
     ), gone_attempts AS (
         DELETE FROM attempts
         WHERE delivery_id = ANY(ARRAY(SELECT dl.id FROM dl JOIN doomed ON doomed.id = dl.event_id))

@@ -60,8 +60,13 @@ pub async fn release_heads(conn: &mut PgConnection, finished: &[DeliveryId]) -> 
 /// [`release_heads`]' statement (`$1` the finished deliveries), public so that tests can
 /// read its plan.
 ///
-/// - `head_id = ANY(ARRAY(...))`: index lookups on `order_lines_head`; a join from
-///   `deliveries` got a plan that scanned every line (10 ms per batch at 10,000 lines).
+/// - Each finished delivery is read by primary key, and its line found by the line's own
+///   key `(endpoint_id, ordering_key)`, which the delivery carries: one primary-key lookup
+///   of `order_lines` per delivery (`LATERAL ... LIMIT 1`, so no plan can turn it into a
+///   join that scans every line, as a join on `head_id` once did: 10 ms per batch at
+///   10,000 lines). Not through `order_lines_head`: no lookup by head needs that index
+///   any more, so a later release can drop it and a line's head can move in a HOT update
+///   (bench/PROFILE.md, "Where a webhook's WAL and PostgreSQL's instructions go").
 /// - The status test is a `CASE`, which no partial index of `deliveries` matches, so the
 ///   finished deliveries are read by primary key. Written as `status = 'delivered' OR
 ///   ...`, it matched `deliveries_delivered_finished`, and with statistics from before
@@ -69,13 +74,17 @@ pub async fn release_heads(conn: &mut PgConnection, finished: &[DeliveryId]) -> 
 ///   delivered row for each batch: 8-9 ms per batch and growing in the bench's ordered
 ///   drain (auto_explain: 13,040 rows read and dropped for 48).
 pub const RELEASE_HEADS_SQL: &str = concat!(
-    "SELECT l.endpoint_id, l.ordering_key FROM order_lines l
-     WHERE l.head_id = ANY(ARRAY(
-         SELECT d.id FROM deliveries d
-         WHERE d.id = ANY($1) AND ",
+    "SELECT l.endpoint_id, l.ordering_key
+     FROM deliveries d
+     CROSS JOIN LATERAL (
+         SELECT l.endpoint_id, l.ordering_key FROM order_lines l
+         WHERE l.endpoint_id = d.endpoint_id AND l.ordering_key = d.ordering_key AND l.head_id = d.id
+         LIMIT 1
+         FOR NO KEY UPDATE
+     ) l
+     WHERE d.id = ANY($1) AND d.ordering_key IS NOT NULL AND ",
     done_with_line!("d"),
-    "))
-     FOR NO KEY UPDATE OF l"
+    "\n"
 );
 
 /// Make the next waiting delivery of each idle line among `lines` (no head, or a head done
@@ -202,7 +211,8 @@ pub async fn unblock(conn: &mut PgConnection, id: DeliveryId) -> Result<bool, sq
     let released: Vec<Line> = crate::db::query_as(
         "UPDATE order_lines l SET head_id = NULL
          FROM deliveries d
-         WHERE d.id = $1 AND l.head_id = d.id AND d.status = 'dead'
+         WHERE d.id = $1 AND d.status = 'dead'
+           AND l.endpoint_id = d.endpoint_id AND l.ordering_key = d.ordering_key AND l.head_id = d.id
          RETURNING l.endpoint_id, l.ordering_key",
     )
     .bind(id)

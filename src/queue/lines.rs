@@ -83,8 +83,7 @@ pub const RELEASE_HEADS_SQL: &str = concat!(
          FOR NO KEY UPDATE
      ) l
      WHERE d.id = ANY($1) AND d.ordering_key IS NOT NULL AND ",
-    done_with_line!("d"),
-    "\n"
+    done_with_line!("d")
 );
 
 /// Make the next waiting delivery of each idle line among `lines` (no head, or a head done

@@ -346,8 +346,6 @@ fn step_row(step: &Step, verdict_cell: &str) -> Row {
     }
 }
 
-/// Offer `rate` webhooks/s for the warm-up and the measured window, wait for the
-/// measured ones to arrive (30 s at most), and leave the queue empty for the next step.
 /// A counter's growth between two readings, per one of `per`.
 fn per_webhook(before: Option<u64>, after: Option<u64>, per: f64) -> Option<f64> {
     Some(after?.saturating_sub(before?) as f64 / per.max(1.0))
@@ -361,6 +359,8 @@ enum WalByRelation {
     Skip,
 }
 
+/// Offer `rate` webhooks/s for the warm-up and the measured window, wait for the
+/// measured ones to arrive (30 s at most), and leave the queue empty for the next step.
 async fn offer(
     ctx: &Ctx,
     gw: &Gateway,
@@ -387,7 +387,7 @@ async fn offer(
     let plan = loadgen::OpenLoop { addr: gw.addr, conns, rate: rate as f64, warmup, measure, first_seq: base };
     // The CPU window is the load's: ingest and the delivery that keeps pace with it.
     let mark = CpuMark::now(Some(gw.pid), postmaster);
-    let switches_before = (stats::context_switches(gw.pid), postmaster.and_then(stats::children_context_switches));
+    let switches_before = (stats::context_switches(gw.pid), postmaster.map(stats::children_context_switches));
     // Backends report their counts at most once a second: over a window of 10 s or more
     // the edges roughly cancel.
     let transactions_before = pg::transactions(pool).await.ok();
@@ -395,7 +395,7 @@ async fn offer(
     let lsn_before = if wal_by_relation == WalByRelation::Read { pg::wal::lsn(pool).await } else { None };
     let mut out = loadgen::open_loop(plan, make, on_due).await;
     let cpu = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
-    let switches_after = (stats::context_switches(gw.pid), postmaster.and_then(stats::children_context_switches));
+    let switches_after = (stats::context_switches(gw.pid), postmaster.map(stats::children_context_switches));
     let transactions_after = pg::transactions(pool).await.ok();
     let wal_after = pg::wal(pool).await.ok();
     let lsn_after = if lsn_before.is_some() { pg::wal::lsn(pool).await } else { None };

@@ -141,7 +141,8 @@ pub struct Args {
     #[arg(long)]
     no_write: bool,
     /// Leave out row 5's physical floor (pgbench after the gateway), so that what the
-    /// server did over a run is the gateway's alone (`./bench/pg-instructions`).
+    /// server did over a run is the gateway's alone (PostgreSQL counted under callgrind:
+    /// PROFILE.md, "Where a webhook's WAL and PostgreSQL's instructions go").
     #[arg(long)]
     no_floor: bool,
 }

@@ -126,19 +126,20 @@ pub fn cluster_cpu(postmaster: u32) -> Option<f64> {
     Some(reading as f64 / clock_ticks())
 }
 
+/// The `/proc/PID/stat` fields of every live child of `parent`.
+fn live_children(parent: u32) -> Vec<(u32, Vec<u64>)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, stat_fields(pid)?)))
+        .filter(|(_, f)| f[1] == u64::from(parent))
+        .collect()
+}
+
 /// User + system ticks of the live children of `parent`.
 fn live_children_ticks(parent: u32) -> u64 {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
-    let mut ticks = 0;
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        if let Some(f) = stat_fields(pid)
-            && f[1] == u64::from(parent)
-        {
-            ticks += f[11] + f[12];
-        }
-    }
-    ticks
+    live_children(parent).iter().map(|(_, f)| f[11] + f[12]).sum()
 }
 
 /// The postmaster's pid from `postmaster.pid` in a data directory.
@@ -184,15 +185,8 @@ pub fn context_switches(pid: u32) -> Option<u64> {
 
 /// [`context_switches`] of every live child of `parent` (a PostgreSQL cluster's
 /// backends and workers: pooled connections live through a window).
-pub fn children_context_switches(parent: u32) -> Option<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        if stat_fields(pid).is_some_and(|f| f[1] == u64::from(parent)) {
-            total += context_switches(pid).unwrap_or(0);
-        }
-    }
-    Some(total)
+pub fn children_context_switches(parent: u32) -> u64 {
+    live_children(parent).iter().filter_map(|(pid, _)| context_switches(*pid)).sum()
 }
 
 /// Who used the CPU during a measured window: cores (CPU seconds per wall second).

@@ -37,7 +37,8 @@ pub struct RelationWal {
 }
 
 /// The records between `from` and `to`, summed by the relation of their first block, per
-/// one of `per` (webhooks). Relations of other databases count as `other database`.
+/// one of `per` (webhooks, deliveries). Relations of other databases, and catalogs mapped
+/// by file rather than by `pg_class`, count as `other database or catalog`.
 pub async fn by_relation(pool: &PgPool, from: &Lsn, to: &Lsn, per: f64) -> anyhow::Result<Vec<RelationWal>> {
     let rows: Vec<(String, String, i64, f64, f64)> = sqlx::query_as(
         "WITH w AS (
@@ -64,7 +65,8 @@ pub async fn by_relation(pool: &PgPool, from: &Lsn, to: &Lsn, per: f64) -> anyho
                      WHEN nspname = 'pg_toast' AND relkind = 'i' THEN table_name || ' (TOAST index)'
                      WHEN nspname = 'pg_toast' THEN table_name || ' (TOAST)'
                      ELSE relname END AS relation,
-                COALESCE(CASE WHEN node IS NULL THEN '' WHEN rel IS NULL THEN '' ELSE table_name END, '') AS table_name,
+                -- `rel` is null wherever `node` is: a record without a relation.
+                COALESCE(CASE WHEN rel IS NOT NULL THEN table_name END, '') AS table_name,
                 count(*)::int8, sum(record_length)::float8, sum(fpi_length)::float8
          FROM owned
          GROUP BY 1, 2
@@ -87,8 +89,8 @@ pub async fn by_relation(pool: &PgPool, from: &Lsn, to: &Lsn, per: f64) -> anyho
         .collect())
 }
 
-/// A Markdown table of [`by_relation`]'s rows: each relation's records and bytes per
-/// webhook and its share, then each table with its indexes and TOAST together.
+/// A Markdown table of [`by_relation`]'s rows: each relation's records and bytes per unit
+/// and its share, then each table with its indexes and TOAST together.
 pub fn table(rows: &[RelationWal]) -> String {
     let total: f64 = rows.iter().map(|r| r.bytes).sum::<f64>().max(1e-9);
     let mut out = format!(

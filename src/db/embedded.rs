@@ -298,6 +298,37 @@ fn wait_for_previous_postmaster(data_dir: &Path) -> anyhow::Result<()> {
     }
 }
 
+/// A stand-alone backend (`postgres --single -j`) on the data directory of a **stopped**
+/// cluster, for `database`, run as the user the cluster runs as: it reads commands from
+/// stdin (each ended by a semicolon and an empty line) and opens no socket. `wrapper` is
+/// put before the binary (a profiler such as valgrind); `writable` is created for that
+/// user (where a profiler writes). The benchmark counts PostgreSQL's instructions per
+/// statement with it.
+pub fn standalone(
+    data_dir: &Path,
+    database: &str,
+    wrapper: &[String],
+    writable: Option<&Path>,
+) -> anyhow::Result<Command> {
+    let bin = find_bindir().ok_or_else(|| anyhow!("no PostgreSQL server binaries found"))?;
+    let run_as = run_as_user()?;
+    if let Some(dir) = writable {
+        prepare_dir(dir, run_as.as_ref())?;
+    }
+    let postgres = bin.join("postgres");
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(args).arg(&postgres);
+            cmd
+        }
+        None => Command::new(&postgres),
+    };
+    cmd.args(["--single", "-j", "-D"]).arg(absolute(data_dir)?).arg(database);
+    run_as_cmd(&mut cmd, run_as.as_ref(), data_dir);
+    Ok(cmd)
+}
+
 /// Locate the directory holding `initdb` and `postgres`.
 pub fn find_bindir() -> Option<PathBuf> {
     let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();

@@ -26,6 +26,7 @@ mod pooler;
 mod report;
 mod search;
 mod sink;
+mod statements;
 mod stats;
 
 use std::path::PathBuf;
@@ -72,6 +73,8 @@ enum Scenario {
     Search,
     /// 17: memory under big bodies: 1 MB webhooks from 512 connections, peak RSS.
     Memory,
+    /// 18: PostgreSQL's instructions per statement (the ingest of a lone webhook, a batch, a claim by key, outcomes), counted under callgrind in a stand-alone backend (needs valgrind)
+    Statements,
 }
 
 /// The webhook-gateway benchmark harness.
@@ -241,6 +244,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Transforms,
             Scenario::Search,
             Scenario::Memory,
+            Scenario::Statements,
         ];
     }
     scenarios.dedup();
@@ -294,6 +298,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Transforms => filters::transform_drain(&ctx).await,
             Scenario::Search => search::run(&ctx).await,
             Scenario::Memory => memory::run(&ctx).await,
+            Scenario::Statements => statements::run(&ctx).await,
             Scenario::All => Ok(()),
         };
         if let Err(e) = result {

@@ -12,9 +12,11 @@ use webhook_gateway::db::embedded;
 
 mod pgbench;
 mod seed;
+mod standalone;
 pub mod wal;
 pub use pgbench::*;
 pub use seed::*;
+pub use standalone::*;
 
 /// The role worker processes connect as: its statements (and only its) are sampled into
 /// the server log, so claim latencies come with percentiles.

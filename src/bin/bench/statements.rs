@@ -30,6 +30,8 @@ const DB: &str = "bench_statements";
 const FEW: usize = 20;
 /// ... and in the longer one: the count is their difference.
 const MANY: usize = 100;
+/// Delivered webhooks in the database before the count.
+const HISTORY: u64 = 20_000;
 /// Webhooks or deliveries in a batch statement.
 const BATCH: usize = 16;
 /// The lease the claims take: a millisecond, so the claims of one run never fill the
@@ -197,8 +199,8 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A cluster of its own with the schema, the bench's source and one endpoint subscribed
-/// to it, then stopped (a stand-alone backend needs the data directory to itself).
+/// A cluster of its own with the schema, the bench's source, one endpoint subscribed to
+/// it and a history of delivered webhooks, then stopped (a stand-alone backend needs the data directory to itself).
 /// Returns the source's id.
 async fn prepare(data_dir: &Path) -> anyhow::Result<String> {
     let options =
@@ -217,14 +219,30 @@ async fn prepare(data_dir: &Path) -> anyhow::Result<String> {
                 .bind(crate::payload::source_spec())
                 .fetch_one(&pool)
                 .await?;
-        sqlx::query(
+        let endpoint: uuid::Uuid = sqlx::query_scalar(
             "WITH ep AS (INSERT INTO endpoints (url, secret)
                          VALUES ('http://127.0.0.1:9/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw') RETURNING id)
-             INSERT INTO subscriptions (endpoint_id, source_id) SELECT ep.id, $1::uuid FROM ep",
+             INSERT INTO subscriptions (endpoint_id, source_id) SELECT ep.id, $1::uuid FROM ep RETURNING endpoint_id",
         )
         .bind(&source)
+        .fetch_one(&pool)
+        .await?;
+        // A history, delivered, with its attempts, and statistics on it: the plans of a
+        // gateway that has run for a while, not of empty tables (where a scan of a whole
+        // table is the cheapest plan and costs little, and would be counted as such).
+        let source_id: uuid::Uuid = source.parse()?;
+        pg::seed(&pool, source_id, &[endpoint], HISTORY, &crate::payload::template()).await?;
+        sqlx::query(
+            "WITH done AS (
+                 UPDATE deliveries SET status = 'delivered', attempt_count = 1, finished_at = now()
+                 RETURNING id, created_at
+             )
+             INSERT INTO attempts (delivery_id, attempt_number, started_at, duration_ms, status_code, outcome, reason)
+             SELECT id, 1, created_at, 12, 200, 'delivered', 'HTTP 200' FROM done",
+        )
         .execute(&pool)
         .await?;
+        sqlx::query("VACUUM (ANALYZE)").execute(&pool).await?;
         pool.close().await;
         anyhow::Ok(source)
     }

@@ -52,6 +52,11 @@ struct Kind {
     units: usize,
     /// What a unit is.
     unit: &'static str,
+    /// A count (`SELECT count(*) AS n ...`) that each unit the statement handles adds
+    /// one to: a statement that did nothing (a duplicate, a claim that found nothing, a
+    /// fenced outcome) would be counted as cheap, so the count is required to grow by
+    /// every unit.
+    effect: &'static str,
 }
 
 /// Run scenario 18.
@@ -94,6 +99,7 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         sql: webhook_gateway::store::events::insert_sql().to_owned(),
         units: 1,
         unit: "webhook",
+        effect: "SELECT count(*) AS n FROM events",
     };
     let rows = |k: &str| -> Vec<String> { (0..MANY + FEW).map(|_| event(k).single(&source)).collect() };
     counts.push(count(ctx, &pg, &ingest, &rows("ingest"))?);
@@ -108,6 +114,7 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         sql: webhook_gateway::store::events::insert_and_claim_sql().to_owned(),
         units: 1,
         unit: "webhook",
+        effect: "SELECT count(*) AS n FROM deliveries WHERE leased_until IS NOT NULL",
     };
     let args: Vec<String> =
         (0..MANY + FEW).map(|_| format!("{}, {claim_args}", event("lease").single(&source))).collect();
@@ -123,6 +130,7 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         sql: webhook_gateway::store::events::insert_batch_sql().to_owned(),
         units: BATCH,
         unit: "webhook",
+        effect: "SELECT count(*) AS n FROM events",
     };
     let args: Vec<String> =
         (0..MANY + FEW).map(|_| batch_args(&(0..BATCH).map(|_| event("batch")).collect::<Vec<_>>(), &source)).collect();
@@ -140,6 +148,7 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         sql: format!("SELECT * FROM {}($1, $2, $3, $4)", webhook_gateway::queue::CLAIM_FRESH_FUNCTION),
         units: BATCH,
         unit: "delivery",
+        effect: "SELECT count(*) AS n FROM deliveries WHERE leased_until IS NOT NULL",
     };
     let args: Vec<String> = due
         .chunks(BATCH)
@@ -183,6 +192,7 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         sql: webhook_gateway::queue::RECORD_SQL.to_owned(),
         units: BATCH,
         unit: "delivery",
+        effect: "SELECT count(*) AS n FROM attempts WHERE response_excerpt IS NOT NULL",
     };
     let args: Vec<String> =
         claimed.chunks(BATCH).filter(|c| c.len() == BATCH).take(MANY + FEW).map(outcome_args).collect();
@@ -294,6 +304,7 @@ fn count(ctx: &Ctx, pg: &Standalone, kind: &Kind, args: &[String]) -> anyhow::Re
     };
     let (few, many) = args.split_at(FEW);
     let units = ((MANY - FEW) * kind.units) as f64;
+    let before = tally(pg, kind.effect)?;
     // The longer run less the shorter, per unit: start-up and everything done once
     // (planning, the first reads of the catalog) cancel out.
     let measure = |tag: &str, sql: &str, label: &str| -> anyhow::Result<(f64, HashMap<String, f64>)> {
@@ -307,6 +318,16 @@ fn count(ctx: &Ctx, pg: &Standalone, kind: &Kind, args: &[String]) -> anyhow::Re
         Ok(((b.instructions as f64 - a.instructions as f64) / units, functions))
     };
     let (statement, functions) = measure(kind.tag, &kind.sql, kind.tag)?;
+    let done = tally(pg, kind.effect)? - before;
+    anyhow::ensure!(
+        done == ((FEW + MANY) * kind.units) as i64,
+        "{}: its {} statements handled {done} {}s, not {} ({})",
+        kind.name,
+        FEW + MANY,
+        kind.unit,
+        (FEW + MANY) * kind.units,
+        kind.effect
+    );
     // The harness's share: the same arguments, read, parsed and bound, into nothing.
     let (echo, echo_functions) = measure("echo", "SELECT 1", &format!("{}-echo", kind.tag))?;
     let printing =
@@ -327,6 +348,14 @@ fn count(ctx: &Ctx, pg: &Standalone, kind: &Kind, args: &[String]) -> anyhow::Re
         .map(|(_, names)| names.iter().map(|n| functions.get(*n).copied().unwrap_or(0.0)).sum())
         .collect();
     Ok(Count { name: kind.name, unit: kind.unit, net, landmarks })
+}
+
+/// The `n` that `sql` counts.
+fn tally(pg: &Standalone, sql: &str) -> anyhow::Result<i64> {
+    let printed = pg.run(&format!("{sql};\n\n"))?;
+    let n = pg::column(&printed, "n");
+    anyhow::ensure!(n.len() == 1, "{sql} printed {} rows", n.len());
+    Ok(n[0].parse()?)
 }
 
 /// The appendix: where each kind's instructions go.

@@ -63,3 +63,36 @@ async fn a_trusting_cluster_from_an_earlier_version_is_closed_on_start() {
     PgConnection::connect(&upgraded.url("postgres")).await.expect("the new password logs in").close().await.ok();
     tokio::task::spawn_blocking(move || upgraded.stop()).await.unwrap();
 }
+
+/// A stand-alone backend on a stopped cluster (what the benchmark counts statements in)
+/// runs as the cluster's user, reads what the cluster stored, writes what lasts, and
+/// reports an error on stderr rather than going on.
+#[tokio::test]
+async fn a_stand_alone_backend_opens_a_stopped_cluster_s_database() {
+    let options = ClusterOptions { throwaway: false, ..throwaway_options() };
+    let mut cluster = start(options).await;
+    let mut conn = PgConnection::connect(&cluster.url("postgres")).await.unwrap();
+    sqlx::query("CREATE TABLE marks (n int)").execute(&mut conn).await.unwrap();
+    sqlx::query("INSERT INTO marks VALUES (41)").execute(&mut conn).await.unwrap();
+    conn.close().await.ok();
+    let data_dir = cluster.data_dir().to_path_buf();
+    tokio::task::spawn_blocking(move || cluster.stop()).await.unwrap();
+
+    let run = |script: &'static str| {
+        let mut cmd = embedded::standalone(&data_dir, "postgres", &[], None).unwrap();
+        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+        cmd.stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("a stand-alone backend");
+        use std::io::Write as _;
+        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (_, err) = run("INSERT INTO marks VALUES (42);\n\n");
+    assert!(!err.contains("ERROR"), "{err}");
+    let (out, err) = run("SELECT sum(n) AS total FROM marks;\n\n");
+    assert!(out.contains("total = \"83\""), "the insert of the first backend lasted: {out} {err}");
+    let (_, err) = run("SELECT * FROM no_such_table;\n\n");
+    assert!(err.contains("ERROR") && err.contains("no_such_table"), "{err}");
+    let _ = std::fs::remove_dir_all(&data_dir);
+}

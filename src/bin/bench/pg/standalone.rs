@@ -66,7 +66,7 @@ impl Standalone {
         // side would stop both.
         let writer = std::thread::spawn(move || stdin.write_all(script.as_bytes()));
         let out = child.wait_with_output()?;
-        writer.join().map_err(|_| anyhow::anyhow!("the script writer panicked"))??;
+        let written = writer.join().map_err(|_| anyhow::anyhow!("the script writer panicked"))?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr);
         if let Some(line) = stderr.lines().chain(stdout.lines()).find(|l| l.contains("ERROR:") || l.contains("FATAL:"))
@@ -76,6 +76,8 @@ impl Standalone {
         if !out.status.success() {
             bail!("the stand-alone backend exited with {}: {}", out.status, stderr.trim());
         }
+        // After the backend's own report: a backend that stopped early also breaks the pipe.
+        written.context("writing the script to the backend")?;
         Ok(stdout)
     }
 }

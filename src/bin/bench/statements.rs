@@ -32,22 +32,25 @@ const FEW: usize = 20;
 const MANY: usize = 100;
 /// Delivered webhooks in the database before the count.
 const HISTORY: u64 = 20_000;
+/// Ordered lines (one per line step counted).
+const LINES: usize = (FEW + MANY) * BATCH;
 /// Webhooks or deliveries in a batch statement.
 const BATCH: usize = 16;
 /// The lease the claims take: a millisecond, so the claims of one run never fill the
 /// endpoint's room (the harness records no outcome between its claims).
 const LEASE_SECS: f64 = 0.001;
 
-/// One kind of statement.
+/// One kind of statement (or a few, run in one transaction).
 struct Kind {
     /// Its row's label.
     name: &'static str,
-    /// `PREPARE` name.
+    /// Names callgrind's files.
     tag: &'static str,
-    /// Parameter types, in order.
-    types: &'static [&'static str],
-    /// The statement.
-    sql: String,
+    /// The statements of one step, each prepared once.
+    statements: Vec<Prepared>,
+    /// Session settings the gateway runs them under (the recorder's transactions plan
+    /// as `db::Planning::Cached` says: no plan that reads a table whole).
+    settings: String,
     /// Webhooks or deliveries per statement.
     units: usize,
     /// What a unit is.
@@ -57,6 +60,30 @@ struct Kind {
     /// fenced outcome) would be counted as cheap, so the count is required to grow by
     /// every unit.
     effect: &'static str,
+}
+
+/// The settings of the recorder's transactions (`db::begin_sql` with
+/// `Planning::Cached`), for the stand-alone backend's session.
+fn recorder_settings() -> String {
+    use webhook_gateway::db::{Planning, Pooler, begin_sql};
+    let begin = begin_sql(Pooler::None, Planning::Cached);
+    format!("{};\n\n", begin.trim_start_matches("BEGIN; ").replace("SET LOCAL ", "SET "))
+}
+
+/// A statement, prepared once per run.
+struct Prepared {
+    /// `PREPARE` name.
+    name: &'static str,
+    /// Parameter types, in order.
+    types: &'static [&'static str],
+    /// The statement.
+    sql: String,
+}
+
+impl Prepared {
+    fn new(name: &'static str, types: &'static [&'static str], sql: &str) -> Vec<Prepared> {
+        vec![Prepared { name, types, sql: sql.to_owned() }]
+    }
 }
 
 /// Run scenario 18.
@@ -82,7 +109,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
 
 async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
     let data_dir = dir.join("data");
-    let source = prepare(&data_dir).await?;
+    let seeded = prepare(&data_dir).await?;
+    let source = seeded.source.clone();
     let pg = Standalone::new(&data_dir, DB, &dir.join("callgrind"));
     let seq = AtomicU64::new(1);
     let event = |kind: &str| -> Event {
@@ -95,66 +123,83 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
     let ingest = Kind {
         name: "ingest, one webhook (`store::events::insert_sql`)",
         tag: "ingest",
-        types: &["uuid", "text", "text", "text", "jsonb", "bytea", "text", "text", "text", "int8[]"],
-        sql: webhook_gateway::store::events::insert_sql().to_owned(),
+        settings: String::new(),
+        statements: Prepared::new(
+            "ingest",
+            &["uuid", "text", "text", "text", "jsonb", "bytea", "text", "text", "text", "int8[]"],
+            webhook_gateway::store::events::insert_sql(),
+        ),
         units: 1,
         unit: "webhook",
         effect: "SELECT count(*) AS n FROM events",
     };
-    let rows = |k: &str| -> Vec<String> { (0..MANY + FEW).map(|_| event(k).single(&source)).collect() };
+    let rows = |k: &str| -> Vec<Vec<String>> { (0..MANY + FEW).map(|_| vec![event(k).single(&source)]).collect() };
     counts.push(count(ctx, &pg, &ingest, &rows("ingest"))?);
 
     let leased = Kind {
         name: "ingest and lease, one webhook (`insert_and_claim_sql`: a lone webhook's path)",
         tag: "ingest_lease",
-        types: &[
-            "uuid", "text", "text", "text", "jsonb", "bytea", "text", "text", "text", "int8[]", "int8", "float8",
-            "int4",
-        ],
-        sql: webhook_gateway::store::events::insert_and_claim_sql().to_owned(),
+        settings: String::new(),
+        statements: Prepared::new(
+            "ingest_lease",
+            &[
+                "uuid", "text", "text", "text", "jsonb", "bytea", "text", "text", "text", "int8[]", "int8", "float8",
+                "int4",
+            ],
+            webhook_gateway::store::events::insert_and_claim_sql(),
+        ),
         units: 1,
         unit: "webhook",
         effect: "SELECT count(*) AS n FROM deliveries WHERE leased_until IS NOT NULL",
     };
-    let args: Vec<String> =
-        (0..MANY + FEW).map(|_| format!("{}, {claim_args}", event("lease").single(&source))).collect();
+    let args: Vec<Vec<String>> =
+        (0..MANY + FEW).map(|_| vec![format!("{}, {claim_args}", event("lease").single(&source))]).collect();
     counts.push(count(ctx, &pg, &leased, &args)?);
 
     let batch = Kind {
         name: "ingest, a batch of 16 (`insert_batch_sql`: the group commit's path)",
         tag: "ingest_batch",
-        types: &[
-            "uuid[]", "text[]", "text[]", "text[]", "text[]", "bytea[]", "int4[]", "text[]", "int4[]", "text[]",
-            "text[]", "int8[]", "int4[]",
-        ],
-        sql: webhook_gateway::store::events::insert_batch_sql().to_owned(),
+        settings: String::new(),
+        statements: Prepared::new(
+            "ingest_batch",
+            &[
+                "uuid[]", "text[]", "text[]", "text[]", "text[]", "bytea[]", "int4[]", "text[]", "int4[]", "text[]",
+                "text[]", "int8[]", "int4[]",
+            ],
+            webhook_gateway::store::events::insert_batch_sql(),
+        ),
         units: BATCH,
         unit: "webhook",
         effect: "SELECT count(*) AS n FROM events",
     };
-    let args: Vec<String> =
-        (0..MANY + FEW).map(|_| batch_args(&(0..BATCH).map(|_| event("batch")).collect::<Vec<_>>(), &source)).collect();
+    let args: Vec<Vec<String>> = (0..MANY + FEW)
+        .map(|_| vec![batch_args(&(0..BATCH).map(|_| event("batch")).collect::<Vec<_>>(), &source)])
+        .collect();
     counts.push(count(ctx, &pg, &batch, &args)?);
 
     // The claims take the deliveries the ingest kinds left unleased, 16 at a time.
     let due = pg::column(
-        &pg.run("SELECT id FROM deliveries WHERE leased_until IS NULL AND status = 'pending' ORDER BY id;\n\n")?,
+        &pg.run("SELECT id FROM deliveries WHERE leased_until IS NULL AND status = 'pending' AND ordering_key IS NULL ORDER BY id;\n\n")?,
         "id",
     );
     let claim = Kind {
         name: "claim by key, 16 deliveries (`wg_claim_fresh_v2`: the hand-off from ingest)",
         tag: "claim",
-        types: &["uuid[]", "int8", "float8", "int4"],
-        sql: format!("SELECT * FROM {}($1, $2, $3, $4)", webhook_gateway::queue::CLAIM_FRESH_FUNCTION),
+        settings: String::new(),
+        statements: Prepared::new(
+            "claim",
+            &["uuid[]", "int8", "float8", "int4"],
+            &format!("SELECT * FROM {}($1, $2, $3, $4)", webhook_gateway::queue::CLAIM_FRESH_FUNCTION),
+        ),
         units: BATCH,
         unit: "delivery",
         effect: "SELECT count(*) AS n FROM deliveries WHERE leased_until IS NOT NULL",
     };
-    let args: Vec<String> = due
+    let args: Vec<Vec<String>> = due
         .chunks(BATCH)
         .filter(|c| c.len() == BATCH)
         .take(MANY + FEW)
-        .map(|ids| format!("{}, {claim_args}", array(ids.iter().map(|id| lit(id)), "uuid")))
+        .map(|ids| vec![format!("{}, {claim_args}", array(ids.iter().map(|id| lit(id)), "uuid"))])
         .collect();
     anyhow::ensure!(args.len() == MANY + FEW, "only {} deliveries were left to claim", due.len());
     counts.push(count(ctx, &pg, &claim, &args)?);
@@ -173,31 +218,81 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
     let outcome = Kind {
         name: "outcomes, 16 deliveries (`queue::outcomes::RECORD_SQL`: the recorder's batch)",
         tag: "outcome",
-        types: &[
-            "uuid[]",
-            "int8[]",
-            "int4[]",
-            "timestamptz[]",
-            "int4[]",
-            "int4[]",
-            "text[]",
-            "text[]",
-            "text[]",
-            "text[]",
-            "text[]",
-            "timestamptz[]",
-            "text[]",
-            "text[]",
-        ],
-        sql: webhook_gateway::queue::RECORD_SQL.to_owned(),
+        settings: recorder_settings(),
+        statements: Prepared::new(
+            "outcome",
+            &[
+                "uuid[]",
+                "int8[]",
+                "int4[]",
+                "timestamptz[]",
+                "int4[]",
+                "int4[]",
+                "text[]",
+                "text[]",
+                "text[]",
+                "text[]",
+                "text[]",
+                "timestamptz[]",
+                "text[]",
+                "text[]",
+            ],
+            webhook_gateway::queue::RECORD_SQL,
+        ),
         units: BATCH,
         unit: "delivery",
         effect: "SELECT count(*) AS n FROM attempts WHERE response_excerpt IS NOT NULL",
     };
-    let args: Vec<String> =
-        claimed.chunks(BATCH).filter(|c| c.len() == BATCH).take(MANY + FEW).map(outcome_args).collect();
+    let args: Vec<Vec<String>> =
+        claimed.chunks(BATCH).filter(|c| c.len() == BATCH).take(MANY + FEW).map(|c| vec![outcome_args(c)]).collect();
     anyhow::ensure!(args.len() == MANY + FEW, "only {} deliveries were claimed", claimed.len());
     counts.push(count(ctx, &pg, &outcome, &args)?);
+
+    // An ordered line's step: its head finished, the line is released and the delivery
+    // waiting behind it becomes the head, in the recorder's transaction.
+    let printed = pg.run(&format!(
+        "SELECT id, ordering_key FROM deliveries WHERE endpoint_id = '{}' AND status = 'delivered' ORDER BY id;\n\n",
+        seeded.ordered_endpoint
+    ))?;
+    let heads: Vec<(String, String)> =
+        pg::column(&printed, "id").into_iter().zip(pg::column(&printed, "ordering_key")).collect();
+    let line_step = Kind {
+        name: "an ordered line's step, 16 lines (`lines::RELEASE_HEADS_SQL` then `PROMOTE_SQL`: what the recorder adds for finished heads)",
+        tag: "line_step",
+        settings: recorder_settings(),
+        statements: vec![
+            Prepared {
+                name: "release",
+                types: &["uuid[]"],
+                sql: webhook_gateway::queue::lines::RELEASE_HEADS_SQL.to_owned(),
+            },
+            Prepared {
+                name: "promote",
+                types: &["uuid[]", "text[]"],
+                sql: webhook_gateway::queue::lines::PROMOTE_SQL.to_owned(),
+            },
+        ],
+        units: BATCH,
+        unit: "line step",
+        effect: "SELECT count(*) AS n FROM deliveries WHERE ordering_key IS NOT NULL AND status = 'pending' AND NOT waiting",
+    };
+    let endpoint = lit(&seeded.ordered_endpoint);
+    let steps: Vec<Vec<String>> = heads
+        .chunks(BATCH)
+        .filter(|c| c.len() == BATCH)
+        .map(|c| {
+            vec![
+                array(c.iter().map(|(id, _)| lit(id)), "uuid"),
+                format!(
+                    "{}, {}",
+                    array(c.iter().map(|_| endpoint.clone()), "uuid"),
+                    array(c.iter().map(|(_, key)| lit(key)), "text")
+                ),
+            ]
+        })
+        .collect();
+    anyhow::ensure!(steps.len() == MANY + FEW, "only {} line heads were seeded", heads.len());
+    counts.push(count(ctx, &pg, &line_step, &steps)?);
 
     ctx.appendix("PostgreSQL instructions per statement: where they go (row 18)", landmarks_table(&counts));
     ctx.note(
@@ -209,10 +304,67 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What [`prepare`] made.
+struct Seeded {
+    /// The bench's source.
+    source: String,
+    /// The endpoint of the ordered lines.
+    ordered_endpoint: String,
+}
+
+/// Lines of an ordered subscription on a source of their own: `LINES` ordering keys,
+/// each with a head already delivered and one delivery waiting behind it, as the
+/// fan-out makes them (the batch ingest statement). Returns the lines' endpoint.
+async fn seed_lines(pool: &sqlx::PgPool) -> anyhow::Result<String> {
+    let (source, endpoint): (uuid::Uuid, uuid::Uuid) = sqlx::query_as(
+        "WITH so AS (INSERT INTO sources (name, kind, spec) VALUES ('ordered', 'internal', '{}') RETURNING id),
+              ep AS (INSERT INTO endpoints (url, secret)
+                     VALUES ('http://127.0.0.1:9/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw') RETURNING id),
+              sub AS (INSERT INTO subscriptions (endpoint_id, source_id, ordered)
+                      SELECT ep.id, so.id, true FROM ep, so RETURNING endpoint_id, source_id)
+         SELECT source_id, endpoint_id FROM sub",
+    )
+    .fetch_one(pool)
+    .await?;
+    const PER_BATCH: usize = 256;
+    for batch in 0..LINES * 2 / PER_BATCH {
+        // Two webhooks per key in one batch: the first becomes the line's head.
+        let n = PER_BATCH as i32;
+        let keys: Vec<String> = (0..PER_BATCH).map(|i| format!("line-{batch}-{i}")).collect();
+        let lines: Vec<Option<String>> = (0..PER_BATCH).map(|i| Some(format!("key-{batch}-{}", i / 2))).collect();
+        let body = crate::payload::body(0).into_bytes();
+        sqlx::query(webhook_gateway::store::events::insert_batch_sql())
+            .bind(vec![source; PER_BATCH])
+            .bind(&keys)
+            .bind(vec![crate::payload::EVENT_TYPE; PER_BATCH])
+            .bind(vec![Some("application/json"); PER_BATCH])
+            .bind(vec!["{}"; PER_BATCH])
+            .bind(vec![body; PER_BATCH])
+            .bind((0..n).collect::<Vec<i32>>())
+            .bind(&lines)
+            .bind((0..n).collect::<Vec<i32>>())
+            .bind(vec![None::<String>; PER_BATCH])
+            .bind(vec![None::<String>; PER_BATCH])
+            .bind(Vec::<i64>::new())
+            .bind(vec![0i32; PER_BATCH])
+            .execute(pool)
+            .await?;
+    }
+    let done = sqlx::query(
+        "UPDATE deliveries SET status = 'delivered', attempt_count = 1, finished_at = now()
+         WHERE endpoint_id = $1 AND NOT waiting",
+    )
+    .bind(endpoint)
+    .execute(pool)
+    .await?;
+    anyhow::ensure!(done.rows_affected() == LINES as u64, "{} heads for {LINES} lines", done.rows_affected());
+    Ok(endpoint.to_string())
+}
+
 /// A cluster of its own with the schema, the bench's source, one endpoint subscribed to
-/// it and a history of delivered webhooks, then stopped (a stand-alone backend needs the data directory to itself).
+/// it and a history of delivered webhooks, and ordered lines, then stopped (a stand-alone backend needs the data directory to itself).
 /// Returns the source's id.
-async fn prepare(data_dir: &Path) -> anyhow::Result<String> {
+async fn prepare(data_dir: &Path) -> anyhow::Result<Seeded> {
     let options =
         embedded::ClusterOptions { data_dir: data_dir.to_owned(), throwaway: false, port: None, settings: vec![] };
     let mut cluster = tokio::task::spawn_blocking(move || embedded::Cluster::start(&options)).await??;
@@ -252,9 +404,10 @@ async fn prepare(data_dir: &Path) -> anyhow::Result<String> {
         )
         .execute(&pool)
         .await?;
+        let ordered_endpoint = seed_lines(&pool).await?;
         sqlx::query("VACUUM (ANALYZE)").execute(&pool).await?;
         pool.close().await;
-        anyhow::Ok(source)
+        anyhow::Ok(Seeded { source, ordered_endpoint })
     }
     .await;
     tokio::task::spawn_blocking(move || cluster.stop()).await?;
@@ -289,27 +442,41 @@ struct Count {
     landmarks: Vec<f64>,
 }
 
-/// Count `kind` with `args` (one argument list per statement, `FEW + MANY` of them): a
-/// row with its instructions per unit, net of the same arguments through `SELECT 1` and
-/// of printing the rows.
-fn count(ctx: &Ctx, pg: &Standalone, kind: &Kind, args: &[String]) -> anyhow::Result<Count> {
+/// Count `kind` with `steps` (`FEW + MANY` of them, each one argument list per
+/// statement of the kind): a row with its instructions per unit, net of the same
+/// arguments through `SELECT 1` and of printing the rows.
+fn count(ctx: &Ctx, pg: &Standalone, kind: &Kind, steps: &[Vec<String>]) -> anyhow::Result<Count> {
     eprintln!("bench: counting {} ...", kind.name);
-    let types = kind.types.join(", ");
-    let script = |tag: &str, sql: &str, args: &[String]| -> String {
-        let mut s = format!("PREPARE {tag}({types}) AS {};\n\n", sql.trim());
-        for a in args {
-            s.push_str(&format!("EXECUTE {tag}({a});\n\n"));
+    // The kind's statements, or (`echo`) statements of the same parameters that do nothing.
+    let script = |echo: bool, steps: &[Vec<String>]| -> String {
+        let name = |p: &Prepared| if echo { format!("echo_{}", p.name) } else { p.name.to_owned() };
+        let mut s = kind.settings.clone();
+        for p in &kind.statements {
+            let sql = if echo { "SELECT 1" } else { p.sql.trim() };
+            s.push_str(&format!("PREPARE {}({}) AS {sql};\n\n", name(p), p.types.join(", ")));
+        }
+        let several = kind.statements.len() > 1;
+        for step in steps {
+            if several {
+                s.push_str("BEGIN;\n\n");
+            }
+            for (p, args) in kind.statements.iter().zip(step) {
+                s.push_str(&format!("EXECUTE {}({args});\n\n", name(p)));
+            }
+            if several {
+                s.push_str("COMMIT;\n\n");
+            }
         }
         s
     };
-    let (few, many) = args.split_at(FEW);
+    let (few, many) = steps.split_at(FEW);
     let units = ((MANY - FEW) * kind.units) as f64;
     let before = tally(pg, kind.effect)?;
     // The longer run less the shorter, per unit: start-up and everything done once
     // (planning, the first reads of the catalog) cancel out.
-    let measure = |tag: &str, sql: &str, label: &str| -> anyhow::Result<(f64, HashMap<String, f64>)> {
-        let a = pg.count(&script(tag, sql, few), &format!("{label}-few"))?;
-        let b = pg.count(&script(tag, sql, &many[..MANY]), &format!("{label}-many"))?;
+    let measure = |echo: bool, label: &str| -> anyhow::Result<(f64, HashMap<String, f64>)> {
+        let a = pg.count(&script(echo, few), &format!("{label}-few"))?;
+        let b = pg.count(&script(echo, &many[..MANY]), &format!("{label}-many"))?;
         let (fa, fb) = (pg::inclusive(&a.file)?, pg::inclusive(&b.file)?);
         let functions = fb
             .iter()
@@ -317,7 +484,7 @@ fn count(ctx: &Ctx, pg: &Standalone, kind: &Kind, args: &[String]) -> anyhow::Re
             .collect();
         Ok(((b.instructions as f64 - a.instructions as f64) / units, functions))
     };
-    let (statement, functions) = measure(kind.tag, &kind.sql, kind.tag)?;
+    let (statement, functions) = measure(false, kind.tag)?;
     let done = tally(pg, kind.effect)? - before;
     anyhow::ensure!(
         done == ((FEW + MANY) * kind.units) as i64,
@@ -329,7 +496,7 @@ fn count(ctx: &Ctx, pg: &Standalone, kind: &Kind, args: &[String]) -> anyhow::Re
         kind.effect
     );
     // The harness's share: the same arguments, read, parsed and bound, into nothing.
-    let (echo, echo_functions) = measure("echo", "SELECT 1", &format!("{}-echo", kind.tag))?;
+    let (echo, echo_functions) = measure(true, &format!("{}-echo", kind.tag))?;
     let printing =
         functions.get(PRINTING).copied().unwrap_or(0.0) - echo_functions.get(PRINTING).copied().unwrap_or(0.0);
     let net = statement - echo - printing;
@@ -479,6 +646,17 @@ mod tests {
         assert!(first > 0 && both > first);
         assert!(args.ends_with(&format!("ARRAY[{first}, {both}]::int4[]")), "{args}");
         assert_eq!(args.matches("'::bytea,").count() + args.matches("'::bytea]").count(), 2);
+    }
+
+    #[test]
+    fn the_recorder_s_settings_are_the_gateway_s_for_a_session() {
+        let settings = recorder_settings();
+        assert!(
+            settings.starts_with("SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off"),
+            "{settings}"
+        );
+        assert!(settings.contains("SET enable_hashjoin = off") && !settings.contains("LOCAL"), "{settings}");
+        assert!(settings.ends_with(";\n\n") && !settings.contains("BEGIN"), "{settings}");
     }
 
     #[test]

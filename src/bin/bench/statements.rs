@@ -1,17 +1,18 @@
 //! Scenario 18: PostgreSQL's instructions per statement. The gateway's hot statements
 //! (the ingest of a lone webhook, with and without the lease of its deliveries, a batch
-//! ingest, a claim by key, a batch of outcomes) run in a stand-alone backend under
-//! callgrind ([`pg::Standalone`]): each kind is run `FEW` and then `MANY` times, and
-//! the difference, divided by the webhooks or deliveries it handled, is its count, with
-//! start-up and everything run once left out. The same arguments sent to a statement
-//! that does nothing (`SELECT 1`) are counted the same way and taken off: reading the
-//! script and parsing its literals is this harness's cost, not the gateway's, which
-//! binds its parameters in binary.
+//! ingest, a claim by key, a batch of outcomes, an ordered line's step) run in a
+//! stand-alone backend under callgrind ([`pg::Standalone`]): each kind is run `FEW` and
+//! then `MANY` times, and the difference, divided by the webhooks or deliveries it
+//! handled, is its count, with start-up and everything run once left out. The same
+//! arguments sent to statements that do nothing (`SELECT 1`) are counted the same way
+//! and taken off: reading the script and parsing its literals is this harness's cost,
+//! not the gateway's, which binds its parameters in binary.
 //!
 //! What it leaves out: the network, the wire protocol, and work PostgreSQL does in other
 //! processes (the WAL writer, autovacuum, the search index's background merge). What
 //! it keeps: planning is done once per kind (`PREPARE`), as the gateway's cached
-//! statements do; each statement commits on its own, as a lone webhook does.
+//! statements do, under the settings the gateway runs them with; each step commits on
+//! its own, as a lone webhook does.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -362,8 +363,8 @@ async fn seed_lines(pool: &sqlx::PgPool) -> anyhow::Result<String> {
 }
 
 /// A cluster of its own with the schema, the bench's source, one endpoint subscribed to
-/// it and a history of delivered webhooks, and ordered lines, then stopped (a stand-alone backend needs the data directory to itself).
-/// Returns the source's id.
+/// it with a history of delivered webhooks, and ordered lines, then stopped (a
+/// stand-alone backend needs the data directory to itself).
 async fn prepare(data_dir: &Path) -> anyhow::Result<Seeded> {
     let options =
         embedded::ClusterOptions { data_dir: data_dir.to_owned(), throwaway: false, port: None, settings: vec![] };

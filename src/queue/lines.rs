@@ -65,7 +65,7 @@ pub async fn release_heads(conn: &mut PgConnection, finished: &[DeliveryId]) -> 
 ///   of `order_lines` per delivery (`LATERAL ... LIMIT 1`, so no plan can turn it into a
 ///   join that scans every line, as a join on `head_id` once did: 10 ms per batch at
 ///   10,000 lines). Not through `order_lines_head`: no lookup by head needs that index
-///   any more, so a later release can drop it and a line's head can move in a HOT update
+///   any more; migration 0026 drops it, so that a line's head moves in a HOT update
 ///   (bench/PROFILE.md, "Where a webhook's WAL and PostgreSQL's instructions go").
 /// - The status test is a `CASE`, which no partial index of `deliveries` matches, so the
 ///   finished deliveries are read by primary key. Written as `status = 'delivered' OR

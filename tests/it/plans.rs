@@ -588,11 +588,12 @@ async fn the_recorder_s_statements_handle_a_full_batch_in_one_pass() {
     let (record, _) = explain_prepared(&mut tx, queue::RECORD_SQL, RECORD_TYPES, &delivered_outcomes(&heads)).await;
     assert_eq!(record[0]["Plan"]["Actual Rows"], BATCH, "every outcome recorded: {record}");
     let finished: Vec<_> = heads.iter().map(|(id, _)| webhook_gateway::ids::DeliveryId(*id)).collect();
-    // The release finds each line by its own key, not through `order_lines_head`, which no
-    // lookup needs any more (so a later release can drop it).
+    // The release finds each line by its own key (the primary key), which the head
+    // carries: the schema has no index on the head since migration 0026.
     let ids = sql_array(heads.iter().map(|(id, _)| id.to_string()).collect());
     let (release, _) = explain_prepared(&mut tx, lines::RELEASE_HEADS_SQL, "uuid[]", &ids).await;
     assert_eq!(release[0]["Plan"]["Actual Rows"], BATCH, "every line found: {release}");
+    assert!(release.to_string().contains("\"Index Name\":\"order_lines_pkey\""), "by the line's key: {release}");
     assert!(!release.to_string().contains("order_lines_head"), "{release}");
     let release_rows = rows_handled(&release[0]["Plan"]);
     assert!(release_rows <= 30.0 * BATCH as f64, "the release handled {release_rows} rows for {BATCH}: {release}");

@@ -161,11 +161,11 @@ async fn the_previous_release_runs_beside_this_one_on_the_migrated_schema() {
 /// Run the pending migrations while a transaction of the running release holds `events`
 /// (a read: enough against an ACCESS EXCLUSIVE lock). They must neither wait on it
 /// unbounded nor fail; returns how long they took.
-async fn migrate_while_a_release_reads_events(db: &TestDb) -> Duration {
+async fn migrate_while_a_release_reads(db: &TestDb, table: &str) -> Duration {
     use sqlx::Connection as _;
     let mut running = sqlx::PgConnection::connect(&db.url).await.unwrap();
     sqlx::query("BEGIN").execute(&mut running).await.unwrap();
-    sqlx::query("SELECT count(*) FROM events").execute(&mut running).await.unwrap();
+    sqlx::query(&format!("SELECT count(*) FROM {table}")).execute(&mut running).await.unwrap();
     let started = std::time::Instant::now();
     let migrated = tokio::time::timeout(Duration::from_secs(20), db::migrate(&db.pool)).await;
     let waited = started.elapsed();
@@ -204,7 +204,7 @@ async fn the_compression_migration_waits_for_its_lock_at_most_two_seconds_and_ne
     let default = compression().await;
     assert_ne!(default, "headers=l,payload=l");
 
-    let waited = migrate_while_a_release_reads_events(&db).await;
+    let waited = migrate_while_a_release_reads(&db, "events").await;
     assert!(waited >= Duration::from_secs(2), "it waited for the lock, {waited:?}");
     assert_eq!(compression().await, default, "the columns keep their compression");
     assert!(recorded(&db, 23).await, "the migration is recorded");
@@ -240,7 +240,7 @@ async fn the_search_storage_migration_waits_for_its_lock_at_most_two_seconds_and
     .await
     .unwrap();
 
-    let waited = migrate_while_a_release_reads_events(&db).await;
+    let waited = migrate_while_a_release_reads(&db, "events").await;
     assert!(waited >= Duration::from_secs(2), "it waited for the lock, {waited:?}");
     assert_eq!(storage().await, "x", "the column keeps its storage");
     assert!(recorded(&db, 25).await, "the migration is recorded");
@@ -281,4 +281,68 @@ async fn insert_compressible_terms(db: &TestDb, key: &str) -> (Option<String>, i
     .fetch_one(&db.pool)
     .await
     .unwrap()
+}
+
+/// Migration 0026 drops `order_lines_head`, which no statement has used since the release
+/// of migration 0025 (lines are found by their own key). It needs an ACCESS EXCLUSIVE
+/// lock on `order_lines`: when a transaction of the running release holds the table for
+/// more than 2 s, the index stays and the upgrade goes on. Once the index is gone, moving
+/// a line's head is a HOT update; the control: with the index, the same move is not.
+#[tokio::test]
+async fn the_line_head_index_is_dropped_within_two_seconds_or_left_and_never_fails_the_upgrade() {
+    let db = TestDb::new().await;
+    let index = || async {
+        sqlx::query_scalar::<_, bool>("SELECT to_regclass('order_lines_head') IS NOT NULL")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    };
+    assert!(!index().await, "a new database has no index on the head");
+    // The schema as the release before 0026 left it.
+    sqlx::raw_sql(
+        "CREATE INDEX order_lines_head ON order_lines (head_id) WHERE head_id IS NOT NULL;
+         DELETE FROM _sqlx_migrations WHERE version = 26;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(head_moves_hot(&db, "with the index").await, 0, "the control: not HOT with the index");
+
+    let waited = migrate_while_a_release_reads(&db, "order_lines").await;
+    assert!(waited >= Duration::from_secs(2), "it waited for the lock, {waited:?}");
+    assert!(index().await, "the index stays");
+    assert!(recorded(&db, 26).await, "the migration is recorded");
+
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 26").execute(&db.pool).await.unwrap();
+    db::migrate(&db.pool).await.unwrap();
+    assert!(!index().await, "dropped");
+    assert_eq!(head_moves_hot(&db, "without the index").await, 1, "a head's move is a HOT update");
+}
+
+/// Make a line under `key` (to an endpoint of its own) with a head, move the head in one transaction, and return how
+/// many of that transaction's updates of `order_lines` were HOT (counted by the
+/// transaction itself, so nothing else on the server can add to it).
+async fn head_moves_hot(db: &TestDb, key: &str) -> i64 {
+    sqlx::query(
+        "WITH ep AS (INSERT INTO endpoints (url, secret) VALUES ('http://127.0.0.1:9/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw')
+                     RETURNING id)
+         INSERT INTO order_lines (endpoint_id, ordering_key, head_id) SELECT id, $1, gen_random_uuid() FROM ep",
+    )
+    .bind(key)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let moved = sqlx::query("UPDATE order_lines SET head_id = gen_random_uuid() WHERE ordering_key = $1")
+        .bind(key)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(moved.rows_affected(), 1);
+    let hot: i64 = sqlx::query_scalar("SELECT pg_stat_get_xact_tuples_hot_updated('order_lines'::regclass)")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    hot
 }

@@ -346,3 +346,23 @@ async fn head_moves_hot(db: &TestDb, key: &str) -> i64 {
     tx.commit().await.unwrap();
     hot
 }
+
+/// Migration 0027 drops `wg_claim_fresh_v1`: the pinned previous release calls `_v2`
+/// (migration 0024), which stays, and this release calls it too (`queue::CLAIM_FRESH_FUNCTION`).
+#[tokio::test]
+async fn the_claim_function_of_two_releases_ago_is_dropped_and_the_one_in_use_stays() {
+    let db = TestDb::new().await;
+    let exists = |name: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM pg_proc WHERE proname = $1)")
+                .bind(name)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(!exists("wg_claim_fresh_v1").await, "dropped");
+    assert!(exists("wg_claim_fresh_v2").await, "the one the releases call");
+    assert_eq!(webhook_gateway::queue::CLAIM_FRESH_FUNCTION, "wg_claim_fresh_v2");
+}

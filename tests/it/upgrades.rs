@@ -158,7 +158,7 @@ async fn the_previous_release_runs_beside_this_one_on_the_migrated_schema() {
     }
 }
 
-/// Run the pending migrations while a transaction of the running release holds `events`
+/// Run the pending migrations while a transaction of the running release holds `table`
 /// (a read: enough against an ACCESS EXCLUSIVE lock). They must neither wait on it
 /// unbounded nor fail; returns how long they took.
 async fn migrate_while_a_release_reads(db: &TestDb, table: &str) -> Duration {
@@ -319,15 +319,15 @@ async fn the_line_head_index_is_dropped_within_two_seconds_or_left_and_never_fai
     assert_eq!(head_moves_hot(&db, "without the index").await, 1, "a head's move is a HOT update");
 }
 
-/// Make a line under `key` (to an endpoint of its own) with a head, move the head in one transaction, and return how
-/// many of that transaction's updates of `order_lines` were HOT (counted by the
-/// transaction itself, so nothing else on the server can add to it).
+/// Make a line under `key` (to an endpoint of its own) with a head, move the head in one
+/// transaction, and return how many of that transaction's updates of `order_lines` were
+/// HOT (counted by the transaction itself, so nothing else on the server can add to it).
 async fn head_moves_hot(db: &TestDb, key: &str) -> i64 {
+    let endpoint = crate::support::insert_endpoint(&db.pool, "http://127.0.0.1:9/").await;
     sqlx::query(
-        "WITH ep AS (INSERT INTO endpoints (url, secret) VALUES ('http://127.0.0.1:9/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw')
-                     RETURNING id)
-         INSERT INTO order_lines (endpoint_id, ordering_key, head_id) SELECT id, $1, gen_random_uuid() FROM ep",
+        "INSERT INTO order_lines (endpoint_id, ordering_key, head_id) VALUES ($1::uuid, $2, gen_random_uuid())",
     )
+    .bind(&endpoint)
     .bind(key)
     .execute(&db.pool)
     .await

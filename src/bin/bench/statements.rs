@@ -82,7 +82,8 @@ struct Prepared {
 }
 
 impl Prepared {
-    fn new(name: &'static str, types: &'static [&'static str], sql: &str) -> Vec<Prepared> {
+    /// A kind's only statement.
+    fn only(name: &'static str, types: &'static [&'static str], sql: &str) -> Vec<Prepared> {
         vec![Prepared { name, types, sql: sql.to_owned() }]
     }
 }
@@ -125,7 +126,7 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         name: "ingest, one webhook (`store::events::insert_sql`)",
         tag: "ingest",
         settings: String::new(),
-        statements: Prepared::new(
+        statements: Prepared::only(
             "ingest",
             &["uuid", "text", "text", "text", "jsonb", "bytea", "text", "text", "text", "int8[]"],
             webhook_gateway::store::events::insert_sql(),
@@ -134,14 +135,14 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         unit: "webhook",
         effect: "SELECT count(*) AS n FROM events",
     };
-    let rows = |k: &str| -> Vec<Vec<String>> { (0..MANY + FEW).map(|_| vec![event(k).single(&source)]).collect() };
-    counts.push(count(ctx, &pg, &ingest, &rows("ingest"))?);
+    let args: Vec<Vec<String>> = (0..MANY + FEW).map(|_| vec![event("ingest").single(&source)]).collect();
+    counts.push(count(ctx, &pg, &ingest, &args)?);
 
     let leased = Kind {
         name: "ingest and lease, one webhook (`insert_and_claim_sql`: a lone webhook's path)",
         tag: "ingest_lease",
         settings: String::new(),
-        statements: Prepared::new(
+        statements: Prepared::only(
             "ingest_lease",
             &[
                 "uuid", "text", "text", "text", "jsonb", "bytea", "text", "text", "text", "int8[]", "int8", "float8",
@@ -161,7 +162,7 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         name: "ingest, a batch of 16 (`insert_batch_sql`: the group commit's path)",
         tag: "ingest_batch",
         settings: String::new(),
-        statements: Prepared::new(
+        statements: Prepared::only(
             "ingest_batch",
             &[
                 "uuid[]", "text[]", "text[]", "text[]", "text[]", "bytea[]", "int4[]", "text[]", "int4[]", "text[]",
@@ -187,7 +188,7 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         name: "claim by key, 16 deliveries (`wg_claim_fresh_v2`: the hand-off from ingest)",
         tag: "claim",
         settings: String::new(),
-        statements: Prepared::new(
+        statements: Prepared::only(
             "claim",
             &["uuid[]", "int8", "float8", "int4"],
             &format!("SELECT * FROM {}($1, $2, $3, $4)", webhook_gateway::queue::CLAIM_FRESH_FUNCTION),
@@ -220,7 +221,7 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         name: "outcomes, 16 deliveries (`queue::outcomes::RECORD_SQL`: the recorder's batch)",
         tag: "outcome",
         settings: recorder_settings(),
-        statements: Prepared::new(
+        statements: Prepared::only(
             "outcome",
             &[
                 "uuid[]",
@@ -313,20 +314,30 @@ struct Seeded {
     ordered_endpoint: String,
 }
 
+/// A new endpoint (never sent to: the count sends nothing) subscribed to every event of
+/// `source`, in order when `ordered`.
+async fn subscribed_endpoint(pool: &sqlx::PgPool, source: uuid::Uuid, ordered: bool) -> anyhow::Result<uuid::Uuid> {
+    Ok(sqlx::query_scalar(
+        "WITH ep AS (INSERT INTO endpoints (url, secret)
+                     VALUES ('http://127.0.0.1:9/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw') RETURNING id)
+         INSERT INTO subscriptions (endpoint_id, source_id, ordered) SELECT ep.id, $1, $2 FROM ep
+         RETURNING endpoint_id",
+    )
+    .bind(source)
+    .bind(ordered)
+    .fetch_one(pool)
+    .await?)
+}
+
 /// Lines of an ordered subscription on a source of their own: `LINES` ordering keys,
 /// each with a head already delivered and one delivery waiting behind it, as the
 /// fan-out makes them (the batch ingest statement). Returns the lines' endpoint.
 async fn seed_lines(pool: &sqlx::PgPool) -> anyhow::Result<String> {
-    let (source, endpoint): (uuid::Uuid, uuid::Uuid) = sqlx::query_as(
-        "WITH so AS (INSERT INTO sources (name, kind, spec) VALUES ('ordered', 'internal', '{}') RETURNING id),
-              ep AS (INSERT INTO endpoints (url, secret)
-                     VALUES ('http://127.0.0.1:9/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw') RETURNING id),
-              sub AS (INSERT INTO subscriptions (endpoint_id, source_id, ordered)
-                      SELECT ep.id, so.id, true FROM ep, so RETURNING endpoint_id, source_id)
-         SELECT source_id, endpoint_id FROM sub",
-    )
-    .fetch_one(pool)
-    .await?;
+    let source: uuid::Uuid =
+        sqlx::query_scalar("INSERT INTO sources (name, kind, spec) VALUES ('ordered', 'internal', '{}') RETURNING id")
+            .fetch_one(pool)
+            .await?;
+    let endpoint = subscribed_endpoint(pool, source, true).await?;
     const PER_BATCH: usize = 256;
     for batch in 0..LINES * 2 / PER_BATCH {
         // Two webhooks per key in one batch: the first becomes the line's head.
@@ -382,18 +393,11 @@ async fn prepare(data_dir: &Path) -> anyhow::Result<Seeded> {
                 .bind(crate::payload::source_spec())
                 .fetch_one(&pool)
                 .await?;
-        let endpoint: uuid::Uuid = sqlx::query_scalar(
-            "WITH ep AS (INSERT INTO endpoints (url, secret)
-                         VALUES ('http://127.0.0.1:9/', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw') RETURNING id)
-             INSERT INTO subscriptions (endpoint_id, source_id) SELECT ep.id, $1::uuid FROM ep RETURNING endpoint_id",
-        )
-        .bind(&source)
-        .fetch_one(&pool)
-        .await?;
+        let source_id: uuid::Uuid = source.parse()?;
+        let endpoint = subscribed_endpoint(&pool, source_id, false).await?;
         // A history, delivered, with its attempts, and statistics on it: the plans of a
         // gateway that has run for a while, not of empty tables (where a scan of a whole
         // table is the cheapest plan and costs little, and would be counted as such).
-        let source_id: uuid::Uuid = source.parse()?;
         pg::seed(&pool, source_id, &[endpoint], HISTORY, &crate::payload::template()).await?;
         sqlx::query(
             "WITH done AS (

@@ -5,17 +5,18 @@
 //! statement, then the claim by key of the deliveries it created, each its own commit
 //! (bench/PROFILE.md). In a process that both ingests and delivers (role `all`), a
 //! webhook that ingest writes alone (group commit's direct write, `ingest::batcher`) is
-//! stored and its deliveries claimed in one statement
-//! ([`crate::store::events::insert_and_claim`]): the claim is the same function as the
-//! claim by key, with the same endpoint locks, room, rate tokens, lease and fencing token
-//! as any claim. The leased deliveries go to this process's dispatcher with a worker slot
+//! stored and its deliveries leased in one statement
+//! ([`crate::store::events::insert_and_claim`]): each delivery whose endpoint has room is
+//! inserted already leased (one row version), with the endpoint locks, in-flight count,
+//! rate tokens and fencing token of any claim (`wg_lease_room_v1`, migration 0028). The leased deliveries go to this process's dispatcher with a worker slot
 //! each, reserved before the statement, so no lease waits for a slot.
 //!
 //! It is not done (the deliveries are handed over by id, [`crate::wake::Handoff`], as
 //! before) when the dispatcher has no free slot, when it owes a general claim (due work
 //! older than this webhook may be waiting, and that goes first), once it has stopped, or
 //! for an event with an ordering key (its line's row is locked by the fan-out, and the
-//! claim would then lock the endpoint's after it, an order the recorder does not keep).
+//! lease would then lock the endpoint's after it, an order the recorder does not keep;
+//! the statement leases no ordered delivery either way).
 //!
 //! The statement runs in a task of its own, so a request that goes away meanwhile (its
 //! client gone, its deadline passed) does not leave leases committed that no worker

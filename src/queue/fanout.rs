@@ -34,7 +34,13 @@
 /// later statement that had become its head, with a lower number than that head: the line
 /// would then deliver out of its own order (found behind a pooler, whose stalls make that
 /// wait common; `ordering::a_statement_that_waits_for_a_line_takes_its_place_after_the_line_s_head`).
-pub const FANOUT: &str = "
+///
+/// This macro is the fan-out up to `sequenced` (the deliveries to insert, numbered and in
+/// their lines), shared by [`FANOUT`] and [`FANOUT_LEASED`], which differ only in how
+/// they insert them.
+macro_rules! fanout_sequenced {
+    () => {
+        "
         docs AS MATERIALIZED (
             SELECT b.id, wg_event_doc(ev.source_id, ev.event_type, b.headers, b.payload) AS doc
             FROM ev JOIN bodies b ON b.id = ev.id
@@ -71,7 +77,15 @@ pub const FANOUT: &str = "
             FROM numbered n
             LEFT JOIN lines l ON l.endpoint_id = n.endpoint_id AND l.ordering_key = n.ordering_key
             ORDER BY n.ord, n.endpoint_id
-        ), fan AS (
+        )"
+    };
+}
+
+/// The fan-out ([`fanout_sequenced`]) with every delivery inserted pending, its first
+/// attempt due now: the statements that store events without leasing.
+pub const FANOUT: &str = concat!(
+    fanout_sequenced!(),
+    ", fan AS (
             INSERT INTO deliveries (id, event_id, endpoint_id, ordering_key, line_seq, waiting, blocks_on_dead,
                                     transform_by)
             SELECT n.delivery_id, n.event_id, n.endpoint_id, n.ordering_key, n.line_seq,
@@ -80,4 +94,41 @@ pub const FANOUT: &str = "
             FROM sequenced n
             ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING
             RETURNING id, event_id
-        )";
+        )"
+);
+
+/// [`FANOUT`] for the ingest statement that leases what it creates
+/// (`store::events::insert_and_claim_sql`; `$11` most leases, `$12` lease in seconds,
+/// `$13` default max in flight): each unordered delivery whose endpoint
+/// `wg_lease_room_v1` grants room (migration 0028: the endpoint row locked, its in-flight
+/// count read after the lock, its rate token paid) is inserted already leased, as a claim
+/// would leave it: attempt 1, a fresh fencing token, due again when the lease runs out.
+/// One row version, where a claim after the insert wrote a second one with its index
+/// entries and constraint checks again (bench row 18).
+///
+/// `fan` also returns what the claim's answer needs (`leased`, the token, the attempt);
+/// `leases` what the worker needs of each endpoint granted.
+pub const FANOUT_LEASED: &str = concat!(
+    fanout_sequenced!(),
+    ", leases AS MATERIALIZED (
+            SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets,
+                   1 + floor(random() * 4294967296)::int8 AS claim_token
+            FROM wg_lease_room_v1(ARRAY(SELECT n.endpoint_id FROM numbered n
+                                        WHERE n.ordering_key IS NULL ORDER BY n.endpoint_id),
+                                  $11, $13) r
+        ), fan AS (
+            INSERT INTO deliveries (id, event_id, endpoint_id, ordering_key, line_seq, waiting, blocks_on_dead,
+                                    transform_by, attempt_count, claim_token, leased_until, next_attempt_at)
+            SELECT n.delivery_id, n.event_id, n.endpoint_id, n.ordering_key, n.line_seq,
+                   n.ordering_key IS NOT NULL AND n.head_id IS DISTINCT FROM n.delivery_id,
+                   n.ordering_key IS NOT NULL AND n.blocks_on_dead, n.transform_by,
+                   CASE WHEN l.endpoint_id IS NULL THEN 0 ELSE 1 END,
+                   COALESCE(l.claim_token, 0),
+                   CASE WHEN l.endpoint_id IS NOT NULL THEN now() + make_interval(secs => $12) END,
+                   CASE WHEN l.endpoint_id IS NULL THEN now() ELSE now() + make_interval(secs => $12) END
+            FROM sequenced n LEFT JOIN leases l ON l.endpoint_id = n.endpoint_id AND n.ordering_key IS NULL
+            ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING
+            RETURNING id, event_id, endpoint_id, attempt_count, attempts_base, claim_token, transform_by,
+                      leased_until IS NOT NULL AS leased
+        )"
+);

@@ -486,13 +486,25 @@ fn single_args(source: Uuid, _round: usize) -> String {
     )
 }
 
+/// The arguments of the ingest statement that leases ([`webhook_gateway::store::events::insert_and_claim_sql`])
+/// for a new event from `source` (its key ends in `round`): up to 8 leases of 60 s, 4 in
+/// flight by default.
+fn leasing_args(source: Uuid, round: usize) -> String {
+    format!(
+        "'{source}', 'lease-{round}', 't', 'application/json', '{{}}', convert_to('{{}}', 'UTF8'), NULL, NULL, NULL, \
+         ARRAY[1]::int8[], 8, 60, 4"
+    )
+}
+
 /// An ingest statement under test: what it is, its SQL, its parameter types, its
 /// arguments (for a source and a round) and how many answers it gives.
 type IngestStatement = (&'static str, &'static str, &'static str, fn(Uuid, usize) -> String, i64);
 
-/// Both ingest statements are prepared once per connection: under load a batch of
+/// The ingest statements are prepared once per connection: under load a batch of
 /// webhooks in one statement ([`webhook_gateway::store::events::insert_batch_sql`]), at
-/// low load one webhook ([`webhook_gateway::store::events::insert_sql`]). A plan, generic
+/// low load one webhook ([`webhook_gateway::store::events::insert_sql`]), or one webhook
+/// with its delivery leased ([`webhook_gateway::store::events::insert_and_claim_sql`],
+/// whose room function reads the endpoint's leases in flight). A plan, generic
 /// or custom, built when `events` was nearly empty (a gateway's first minute on a new
 /// database, before any `ANALYZE`) must still find a duplicate by key, and touch nothing
 /// else of the table, when 30,000 events are stored. (The batch's duplicate lookup
@@ -503,8 +515,8 @@ type IngestStatement = (&'static str, &'static str, &'static str, fn(Uuid, usize
 #[tokio::test]
 async fn ingest_costs_the_same_at_any_table_size_with_a_plan_built_on_an_empty_database() {
     use sqlx::Connection as _;
-    use webhook_gateway::store::events::{insert_batch_sql, insert_sql};
-    let statements: [IngestStatement; 2] = [
+    use webhook_gateway::store::events::{insert_and_claim_sql, insert_batch_sql, insert_sql};
+    let statements: [IngestStatement; 3] = [
         (
             "batch of 2 new + 1 duplicate",
             insert_batch_sql(),
@@ -517,6 +529,13 @@ async fn ingest_costs_the_same_at_any_table_size_with_a_plan_built_on_an_empty_d
             insert_sql(),
             "uuid, text, text, text, jsonb, bytea, text, text, text, int8[]",
             single_args,
+            1,
+        ),
+        (
+            "one new webhook, its delivery leased",
+            insert_and_claim_sql(),
+            "uuid, text, text, text, jsonb, bytea, text, text, text, int8[], int8, float8, int4",
+            leasing_args,
             1,
         ),
     ];

@@ -251,8 +251,8 @@ async fn a_webhook_with_an_ordering_key_is_claimed_after_its_commit_not_by_its_s
     assert_eq!(sink.count(), 2, "each once");
 }
 
-/// An ingest statement with a lease that the database refuses (here: the claim function
-/// is gone) stores nothing; the webhook is then stored the plain way, answered as new, and
+/// An ingest statement with a lease that the database refuses (here: the function that
+/// grants its room is gone) stores nothing; the webhook is then stored the plain way, answered as new, and
 /// delivered once by the general claim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refused_leasing_statement_falls_back_to_the_plain_write() {
@@ -261,7 +261,7 @@ async fn a_refused_leasing_statement_falls_back_to_the_plain_write() {
     app.source_none("shop").await;
     app.endpoint_for(&sink.url("/"), Some("shop")).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    sqlx::query("DROP FUNCTION wg_claim_fresh_v2").execute(&app.db.pool).await.expect("drop");
+    sqlx::query("DROP FUNCTION wg_lease_room_v1").execute(&app.db.pool).await.expect("drop");
     let (status, body) = app.ingest("shop", "refused-1", "order.created", "{}").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["duplicate"], false, "stored once, by the plain write: {body}");
@@ -345,4 +345,134 @@ async fn leases_that_no_worker_receives_are_given_back() {
     assert!(again.duplicate);
     assert!(again.deliveries.is_empty());
     assert_eq!(app.db.count("deliveries").await, 1);
+}
+
+/// The statement that stores a lone webhook and leases its delivery writes one version of
+/// the delivery's row: inserted leased (attempt 1, a token, the lease's end), never
+/// updated after. A claim after the insert wrote a second version, and PostgreSQL ran its
+/// foreign key checks, CHECK constraints and index entries again (bench row 18). Counted
+/// in the statement's own transaction, which is then rolled back. Control: the same
+/// webhook stored pending, then claimed by key in the same transaction, counts an update.
+#[tokio::test]
+async fn a_delivery_leased_by_its_ingest_statement_is_written_once() {
+    use sqlx::Connection as _;
+    let app = TestApp::ingest_only().await;
+    app.source_none("shop").await;
+    app.endpoint_for("http://127.0.0.1:9/", Some("shop")).await;
+    let db = &app.db;
+    let headers = json!({});
+    let event = shop_event(&db.pool, "once-1", &headers).await;
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    let versions = "SELECT pg_stat_get_xact_tuples_inserted('deliveries'::regclass),
+                           pg_stat_get_xact_tuples_updated('deliveries'::regclass)";
+
+    sqlx::query("BEGIN").execute(&mut conn).await.expect("begin");
+    let rows = sqlx::query(webhook_gateway::store::events::insert_and_claim_sql())
+        .bind(event.source_id)
+        .bind(event.dedupe_key)
+        .bind(event.event_type)
+        .bind(event.content_type)
+        .bind(sqlx::types::Json(event.headers))
+        .bind(event.payload)
+        .bind(event.ordering_key)
+        .bind(None::<&str>)
+        .bind(None::<&str>)
+        .bind(Vec::<i64>::new())
+        .bind(8_i64)
+        .bind(60.0_f64)
+        .bind(4_i32)
+        .fetch_all(&mut conn)
+        .await
+        .expect("ingest and lease");
+    let leased: Vec<(uuid::Uuid, i32, i64)> = rows
+        .iter()
+        .filter_map(|row| {
+            use sqlx::Row as _;
+            let id: Option<uuid::Uuid> = row.try_get("id").expect("id");
+            Some((id?, row.try_get("attempt").expect("attempt"), row.try_get("claim_token").expect("token")))
+        })
+        .collect();
+    assert_eq!(leased.len(), 1, "its one delivery leased");
+    assert_eq!(leased[0].1, 1, "on its first attempt");
+    assert!(leased[0].2 > 0, "with a token");
+    let (inserted, updated): (i64, i64) = sqlx::query_as(versions).fetch_one(&mut conn).await.expect("counts");
+    assert_eq!((inserted, updated), (1, 0), "one row version");
+    sqlx::query("ROLLBACK").execute(&mut conn).await.expect("rollback");
+
+    // Control: stored pending, then claimed by key (on a connection of its own: a
+    // backend's counts of a transaction it rolled back last until it reports them).
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    sqlx::query("BEGIN").execute(&mut conn).await.expect("begin");
+    let stored = webhook_gateway::store::events::insert_in(&mut conn, &event).await.expect("stored").expect("new");
+    let claimed: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(id) FROM {}($1, 8, 60, 4)",
+        webhook_gateway::queue::CLAIM_FRESH_FUNCTION
+    ))
+    .bind(&stored.deliveries)
+    .fetch_one(&mut conn)
+    .await
+    .expect("claim");
+    assert_eq!(claimed, 1);
+    let (inserted, updated): (i64, i64) = sqlx::query_as(versions).fetch_one(&mut conn).await.expect("counts");
+    assert_eq!((inserted, updated), (1, 1), "the control writes a second version");
+    sqlx::query("ROLLBACK").execute(&mut conn).await.expect("rollback");
+}
+
+/// Sixteen lone webhooks stored at once, each by its own leasing statement on its own
+/// connection, fanned out to three endpoints: one limited to three requests in flight,
+/// one whose rate limit has a burst of two tokens, one paused. The statements race for
+/// the endpoint rows, and each reads the leases in flight only after it holds the row:
+/// exactly three deliveries of the first are leased and two of the second (never more,
+/// and each limit filled), none of the paused one's; the rest are stored pending, and
+/// every lease has its own token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_leasing_statements_fill_each_endpoint_s_limit_and_never_pass_it() {
+    let app = TestApp::ingest_only().await;
+    app.source_none("shop").await;
+    let capped = app.endpoint_for("http://127.0.0.1:9/capped", Some("shop")).await;
+    let rated = app.endpoint_for("http://127.0.0.1:9/rated", Some("shop")).await;
+    let paused = app.endpoint_for("http://127.0.0.1:9/paused", Some("shop")).await;
+    let pool = &app.db.pool;
+    for (sql, endpoint) in [
+        ("UPDATE endpoints SET max_in_flight = 3 WHERE id = $1::uuid", &capped),
+        ("UPDATE endpoints SET rate_limit_per_sec = 0.001, rate_limit_burst = 2 WHERE id = $1::uuid", &rated),
+        ("UPDATE endpoints SET paused = true WHERE id = $1::uuid", &paused),
+    ] {
+        sqlx::query(sql).bind(endpoint).execute(pool).await.expect("limit");
+    }
+    const RACERS: usize = 16;
+    let headers = json!({});
+    let keys: Vec<String> = (0..RACERS).map(|i| format!("race-{i}")).collect();
+    let mut events = Vec::new();
+    for key in &keys {
+        events.push(shop_event(pool, key, &headers).await);
+    }
+    let terms = webhook_gateway::store::events::ClaimTerms {
+        limit: 8,
+        lease: Duration::from_secs(300),
+        default_max_in_flight: 100,
+    };
+    let stored = futures_util::future::join_all(
+        events.iter().map(|event| webhook_gateway::store::events::insert_and_claim(pool, event, terms)),
+    )
+    .await;
+    let mut tokens = Vec::new();
+    for result in stored {
+        let (stored, fresh) = result.expect("stored");
+        assert!(!stored.duplicate);
+        assert_eq!(stored.deliveries.len(), 3, "one delivery per endpoint");
+        tokens.extend(fresh.claimed.iter().map(|job| job.claim_token));
+    }
+    let leased = |endpoint: &str| {
+        let endpoint = endpoint.to_owned();
+        async move { lease_of(pool, &endpoint).await.iter().filter(|lease| lease.3).count() }
+    };
+    assert_eq!(leased(&capped).await, 3, "the in-flight limit filled, not passed");
+    assert_eq!(leased(&rated).await, 2, "the burst's tokens spent, no more");
+    assert_eq!(leased(&paused).await, 0, "nothing leased for a paused endpoint");
+    assert_eq!(tokens.len(), 5, "the answers name each lease once");
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 5, "each lease its own token");
+    assert_eq!(app.db.count("deliveries").await, 3 * RACERS as i64);
 }

@@ -422,7 +422,7 @@ async fn prepare(data_dir: &Path) -> anyhow::Result<Seeded> {
 /// Where a statement's instructions go: a function (inclusive, per unit) and what it is.
 const LANDMARKS: &[(&str, &[&str])] = &[
     ("plan set-up and tear-down, each execution (ExecutorStart, ExecutorEnd)", &["ExecutorStart", "ExecutorEnd"]),
-    ("the claim function's body (plpgsql_exec_function)", &["plpgsql_exec_function"]),
+    ("a PL/pgSQL function's body (plpgsql_exec_function: the claim's; the lease's room)", &["plpgsql_exec_function"]),
     ("index entries (ExecInsertIndexTuples)", &["ExecInsertIndexTuples"]),
     ("— of which the search index (gininsert)", &["gininsert"]),
     ("foreign key checks (RI_FKey_check_ins, RI_FKey_check_upd)", &["RI_FKey_check_ins", "RI_FKey_check_upd"]),

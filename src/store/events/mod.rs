@@ -9,7 +9,7 @@ use sqlx::{PgExecutor, Postgres};
 
 use crate::ids::{DeliveryId, EndpointId, EventId, SourceId};
 use crate::invariants::Broken;
-use crate::queue::fanout::FANOUT;
+use crate::queue::fanout::{FANOUT, FANOUT_LEASED};
 
 mod read;
 pub use read::*;
@@ -57,10 +57,11 @@ pub fn insert_sql() -> &'static str {
 }
 
 /// [`insert_sql`]'s text, built once: every lone webhook runs it.
-static INSERT_SQL: LazyLock<String> = LazyLock::new(|| format!("{}\n        {INSERT_ANSWER}", insert_ctes()));
+static INSERT_SQL: LazyLock<String> = LazyLock::new(|| format!("{}\n        {INSERT_ANSWER}", insert_ctes(FANOUT)));
 
-/// The ingest statement's `WITH` list: the event, its bodies and the fan-out.
-fn insert_ctes() -> String {
+/// The ingest statement's `WITH` list: the event, its bodies and the fan-out (`fanout`,
+/// [`FANOUT`] or [`FANOUT_LEASED`]).
+fn insert_ctes(fanout: &str) -> String {
     format!(
         "WITH ev AS (
             INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload, ordering_key,
@@ -70,7 +71,7 @@ fn insert_ctes() -> String {
             RETURNING id, source_id, event_type, ordering_key, 0 AS ord
         ), bodies AS (
             SELECT ev.id, $5::jsonb AS headers, $6::bytea AS payload FROM ev
-        ), {FANOUT}"
+        ), {fanout}"
     )
 }
 
@@ -84,28 +85,39 @@ const INSERT_ANSWER: &str = "SELECT id, false AS duplicate, ARRAY(SELECT id FROM
         SELECT id, true, '{}'::uuid[] FROM events
         WHERE source_id = $1 AND dedupe_key = $2 AND NOT EXISTS (SELECT 1 FROM ev)";
 
-/// The ingest statement that also claims the deliveries it creates ([`insert_and_claim`];
-/// `$11` claim limit, `$12` lease in seconds, `$13` default max in flight): the answer's
-/// columns renamed `stored_*`, then the claim function's
-/// ([`crate::queue::CLAIM_FRESH_FUNCTION`]), one row per delivery claimed (or one with
-/// only `candidates`; null when there was nothing to claim).
+/// The ingest statement that also leases the deliveries it creates ([`insert_and_claim`];
+/// `$11` most leases, `$12` lease in seconds, `$13` default max in flight): the answer's
+/// columns renamed `stored_*`, then the claim's columns (`crate::queue::Claimed`), one
+/// row per delivery leased (or one whose claim columns are null when none was), and
+/// `candidates`: the deliveries it created.
 ///
-/// The function runs after the fan-out's rows are in (its input is their ids) and, being
-/// `VOLATILE`, sees them: PostgreSQL lets a volatile function see the changes of the
-/// statement that calls it (unlike the statement's other parts, which share one
-/// snapshot).
+/// The deliveries are inserted leased ([`FANOUT_LEASED`]: room granted by
+/// `wg_lease_room_v1`, migration 0028, with the endpoint locks, in-flight count, rate
+/// tokens and fencing token of any claim), so the worker's columns come from the
+/// statement's own parameters, the granted endpoint rows and the source.
 pub fn insert_and_claim_sql() -> &'static str {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             "{}, answer AS (
             {INSERT_ANSWER}
         )
-        SELECT a.id AS stored_id, a.duplicate AS stored_duplicate, a.deliveries AS stored_deliveries, c.*
-        FROM answer a LEFT JOIN LATERAL (
-            SELECT * FROM {}(a.deliveries, $11, $12, $13) WHERE cardinality(a.deliveries) > 0
+        SELECT a.id AS stored_id, a.duplicate AS stored_duplicate, a.deliveries AS stored_deliveries, c.*,
+               (SELECT count(*) FROM fan) AS candidates
+        FROM answer a LEFT JOIN (
+            SELECT f.id, f.event_id, f.endpoint_id, f.attempt_count AS attempt, f.attempts_base, f.claim_token,
+                   l.url, l.secret, l.previous_secrets, $3::text AS event_type,
+                   (SELECT s.name FROM sources s WHERE s.id = $1) AS source_name, $4::text AS content_type,
+                   COALESCE(CASE WHEN octet_length($6::bytea) <= {inline} THEN $6::bytea END, ''::bytea) AS payload,
+                   octet_length($6::bytea) AS payload_bytes, false AS ordered,
+                   $8::text AS traceparent, $9::text AS tracestate,
+                   (SELECT tr.transform FROM subscriptions tr WHERE tr.id = f.transform_by) AS transform,
+                   CASE WHEN f.transform_by IS NOT NULL THEN $5::jsonb::text END AS event_headers,
+                   NULL::int8 AS probe_token
+            FROM fan f JOIN leases l ON l.endpoint_id = f.endpoint_id
+            WHERE f.leased
         ) c ON true",
-            insert_ctes(),
-            crate::queue::CLAIM_FRESH_FUNCTION
+            insert_ctes(FANOUT_LEASED),
+            inline = crate::deliver::bodies::INLINE_BODY_BYTES,
         )
     });
     &SQL
@@ -174,7 +186,7 @@ where
     Err(sqlx::Error::Protocol("event neither inserted nor found after 3 tries (concurrent deletion)".into()))
 }
 
-/// How [`insert_and_claim`] claims: as [`crate::queue::claim_fresh`] does.
+/// How [`insert_and_claim`] leases: as [`crate::queue::claim_fresh`] would.
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimTerms {
     /// Most deliveries to claim (the worker slots the caller holds for them).
@@ -185,11 +197,11 @@ pub struct ClaimTerms {
     pub default_max_in_flight: i32,
 }
 
-/// [`insert_with_fanout`], and in the same statement (one round trip, one commit) the
-/// claim by key of the deliveries it creates ([`crate::queue::claim_fresh`]: the same
-/// function, with the endpoint locks, room, rate tokens, lease and fencing token of any
-/// claim). The stored event's `deliveries` still lists every delivery it created; the
-/// claim says which were leased.
+/// [`insert_with_fanout`], with the deliveries it creates leased in the same statement
+/// (one round trip, one commit, one row version each): every unordered delivery whose
+/// endpoint has room, within the endpoint locks, in-flight limit, rate tokens and fencing
+/// token of any claim ([`insert_and_claim_sql`]). The stored event's `deliveries` still
+/// lists every delivery it created; the claim says which were leased.
 pub async fn insert_and_claim(
     pool: &crate::db::Pool,
     event: &NewEvent<'_>,

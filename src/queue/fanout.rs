@@ -37,7 +37,9 @@
 ///
 /// This macro is the fan-out up to `sequenced` (the deliveries to insert, numbered and in
 /// their lines), shared by [`FANOUT`] and [`FANOUT_LEASED`], which differ only in how
-/// they insert them.
+/// they insert them ([`fan_pending`], [`fan_leased`]). Where no subscription of the
+/// source filters, orders or transforms, the lone webhook's statements use the lean
+/// fan-out ([`FANOUT_LEAN`]).
 macro_rules! fanout_sequenced {
     () => {
         "
@@ -81,36 +83,42 @@ macro_rules! fanout_sequenced {
     };
 }
 
-/// The fan-out ([`fanout_sequenced`]) with every delivery inserted pending, its first
-/// attempt due now: the statements that store events without leasing.
-pub const FANOUT: &str = concat!(
-    fanout_sequenced!(),
-    ", fan AS (
+/// The insert of the deliveries `$from` lists (`sequenced` or `numbered`: `delivery_id`,
+/// `event_id`, `endpoint_id`, `ordering_key`, `line_seq`, `head_id`, `blocks_on_dead`,
+/// `transform_by`), every one pending, its first attempt due now.
+macro_rules! fan_pending {
+    ($from:literal) => {
+        concat!(
+            ", fan AS (
             INSERT INTO deliveries (id, event_id, endpoint_id, ordering_key, line_seq, waiting, blocks_on_dead,
                                     transform_by)
             SELECT n.delivery_id, n.event_id, n.endpoint_id, n.ordering_key, n.line_seq,
                    n.ordering_key IS NOT NULL AND n.head_id IS DISTINCT FROM n.delivery_id,
                    n.ordering_key IS NOT NULL AND n.blocks_on_dead, n.transform_by
-            FROM sequenced n
+            FROM ",
+            $from,
+            " n
             ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING
             RETURNING id, event_id
         )"
-);
+        )
+    };
+}
 
-/// [`FANOUT`] for the ingest statement that leases what it creates
-/// (`store::events::insert_and_claim_sql`; `$11` most leases, `$12` lease in seconds,
-/// `$13` default max in flight): each unordered delivery whose endpoint
-/// `wg_lease_room_v1` grants room (migration 0028: the endpoint row locked, its in-flight
-/// count read after the lock, its rate token paid) is inserted already leased, as a claim
-/// would leave it: attempt 1, a fresh fencing token, due again when the lease runs out.
-/// One row version, where a claim after the insert wrote a second one with its index
-/// entries and constraint checks again (bench row 18).
+/// The insert of the deliveries `$from` lists (as [`fan_pending`]) where each unordered
+/// one whose endpoint `wg_lease_room_v1` grants room (migration 0028: the endpoint row
+/// locked, its in-flight count read after the lock, its rate token paid) is inserted
+/// already leased, as a claim would leave it: attempt 1, a fresh fencing token, due again
+/// when the lease runs out (`$11` most leases, `$12` lease in seconds, `$13` default max
+/// in flight). One row version, where a claim after the insert wrote a second one with
+/// its index entries and constraint checks again (bench row 18).
 ///
 /// `fan` also returns what the claim's answer needs (`leased`, the token, the attempt);
 /// `leases` what the worker needs of each endpoint granted.
-pub const FANOUT_LEASED: &str = concat!(
-    fanout_sequenced!(),
-    ", leases AS MATERIALIZED (
+macro_rules! fan_leased {
+    ($from:literal) => {
+        concat!(
+            ", leases AS MATERIALIZED (
             SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets,
                    1 + floor(random() * 4294967296)::int8 AS claim_token
             FROM wg_lease_room_v1(ARRAY(SELECT n.endpoint_id FROM numbered n
@@ -126,9 +134,62 @@ pub const FANOUT_LEASED: &str = concat!(
                    COALESCE(l.claim_token, 0),
                    CASE WHEN l.endpoint_id IS NOT NULL THEN now() + make_interval(secs => $12) END,
                    CASE WHEN l.endpoint_id IS NULL THEN now() ELSE now() + make_interval(secs => $12) END
-            FROM sequenced n LEFT JOIN leases l ON l.endpoint_id = n.endpoint_id AND n.ordering_key IS NULL
+            FROM ",
+            $from,
+            " n LEFT JOIN leases l ON l.endpoint_id = n.endpoint_id AND n.ordering_key IS NULL
             ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING
             RETURNING id, event_id, endpoint_id, attempt_count, attempts_base, claim_token, transform_by,
                       leased_until IS NOT NULL AS leased
         )"
-);
+        )
+    };
+}
+
+/// The fan-out ([`fanout_sequenced`]) with every delivery inserted pending: the
+/// statements that store events without leasing.
+pub const FANOUT: &str = concat!(fanout_sequenced!(), fan_pending!("sequenced"));
+
+/// The fan-out ([`fanout_sequenced`]) of the ingest statement that leases what it creates
+/// (`store::events::insert_and_claim_sql`): [`fan_leased`].
+pub const FANOUT_LEASED: &str = concat!(fanout_sequenced!(), fan_leased!("sequenced"));
+
+/// Whether an event of `ev`'s source `$1` needs the full fan-out: a subscription that may
+/// take it (its own source's, or one of every source but the gateway's own) filters,
+/// orders or transforms. The lean statements ([`FANOUT_LEAN`]) store nothing when it
+/// does, and say so (`store::events::lean`); read with the statement's snapshot, as the
+/// full fan-out reads the subscriptions.
+pub const NEEDS_FULL_FANOUT: &str = "SELECT EXISTS (
+            SELECT 1 FROM subscriptions s
+            WHERE (s.source_id = $1 OR (s.source_id IS NULL AND $1 <> '00000000-0000-7000-8000-00000000ca7e'::uuid))
+              AND (s.filter IS NOT NULL OR s.ordered OR s.transform IS NOT NULL)
+        ) AS needed";
+
+/// The lean fan-out up to `numbered`: for events whose source no subscription filters,
+/// orders or transforms ([`NEEDS_FULL_FANOUT`]), so no document, no line, and no
+/// transformation to pick; one delivery per endpoint subscribed to the source and event
+/// type. About a fifth of the single ingest statement's instructions less than the full
+/// fan-out, nearly all of it the set-up of the plan nodes that serve what it leaves out
+/// (bench row 18).
+macro_rules! fanout_lean_numbered {
+    () => {
+        "
+        numbered AS (
+            SELECT t.event_id, t.endpoint_id, NULL::text AS ordering_key, NULL::int8 AS line_seq,
+                   NULL::uuid AS head_id, false AS blocks_on_dead, NULL::uuid AS transform_by,
+                   wg_uuid_v7() AS delivery_id
+            FROM (SELECT DISTINCT ev.id AS event_id, s.endpoint_id
+                  FROM ev JOIN subscriptions s
+                      ON s.source_id = ev.source_id
+                         OR (s.source_id IS NULL AND ev.source_id <> '00000000-0000-7000-8000-00000000ca7e')
+                  WHERE s.event_type_likes IS NULL
+                        OR EXISTS (SELECT 1 FROM unnest(s.event_type_likes) AS p(pattern)
+                                   WHERE ev.event_type LIKE p.pattern)) t
+        )"
+    };
+}
+
+/// The lean fan-out ([`fanout_lean_numbered`]), every delivery pending.
+pub const FANOUT_LEAN: &str = concat!(fanout_lean_numbered!(), fan_pending!("numbered"));
+
+/// The lean fan-out ([`fanout_lean_numbered`]), leasing as [`FANOUT_LEASED`] does.
+pub const FANOUT_LEAN_LEASED: &str = concat!(fanout_lean_numbered!(), fan_leased!("numbered"));

@@ -25,6 +25,7 @@ mod hostile_subscriber;
 mod ingest;
 mod isolation;
 mod janitor;
+mod lean;
 mod leases;
 mod lost_claims;
 mod metrics;

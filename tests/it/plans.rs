@@ -504,7 +504,8 @@ type IngestStatement = (&'static str, &'static str, &'static str, fn(Uuid, usize
 /// webhooks in one statement ([`webhook_gateway::store::events::insert_batch_sql`]), at
 /// low load one webhook ([`webhook_gateway::store::events::insert_sql`]), or one webhook
 /// with its delivery leased ([`webhook_gateway::store::events::insert_and_claim_sql`],
-/// whose room function reads the endpoint's leases in flight). A plan, generic
+/// whose room function reads the endpoint's leases in flight), and the lean forms of the
+/// last two (`store::events::lean`, whose guard reads the source's subscriptions). A plan, generic
 /// or custom, built when `events` was nearly empty (a gateway's first minute on a new
 /// database, before any `ANALYZE`) must still find a duplicate by key, and touch nothing
 /// else of the table, when 30,000 events are stored. (The batch's duplicate lookup
@@ -515,8 +516,8 @@ type IngestStatement = (&'static str, &'static str, &'static str, fn(Uuid, usize
 #[tokio::test]
 async fn ingest_costs_the_same_at_any_table_size_with_a_plan_built_on_an_empty_database() {
     use sqlx::Connection as _;
-    use webhook_gateway::store::events::{insert_and_claim_sql, insert_batch_sql, insert_sql};
-    let statements: [IngestStatement; 3] = [
+    use webhook_gateway::store::events::{insert_and_claim_sql, insert_batch_sql, insert_sql, lean};
+    let statements: [IngestStatement; 5] = [
         (
             "batch of 2 new + 1 duplicate",
             insert_batch_sql(),
@@ -534,6 +535,20 @@ async fn ingest_costs_the_same_at_any_table_size_with_a_plan_built_on_an_empty_d
         (
             "one new webhook, its delivery leased",
             insert_and_claim_sql(),
+            "uuid, text, text, text, jsonb, bytea, text, text, text, int8[], int8, float8, int4",
+            leasing_args,
+            1,
+        ),
+        (
+            "one duplicate, lean",
+            lean::insert_sql(),
+            "uuid, text, text, text, jsonb, bytea, text, text, text, int8[]",
+            single_args,
+            1,
+        ),
+        (
+            "one new webhook, lean, its delivery leased",
+            lean::insert_and_claim_sql(),
             "uuid, text, text, text, jsonb, bytea, text, text, text, int8[], int8, float8, int4",
             leasing_args,
             1,

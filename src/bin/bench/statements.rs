@@ -88,6 +88,13 @@ impl Prepared {
     }
 }
 
+/// The parameter types of the single-webhook ingest statements (`store::events::insert_sql`).
+const SINGLE_TYPES: &[&str] = &["uuid", "text", "text", "text", "jsonb", "bytea", "text", "text", "text", "int8[]"];
+
+/// The parameter types of the leasing ones (`store::events::insert_and_claim_sql`).
+const LEASING_TYPES: &[&str] =
+    &["uuid", "text", "text", "text", "jsonb", "bytea", "text", "text", "text", "int8[]", "int8", "float8", "int4"];
+
 /// Run scenario 18.
 pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
     let valgrind = std::process::Command::new("valgrind").arg("--version").output();
@@ -122,41 +129,54 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
     let claim_args = format!("{BATCH}, {LEASE_SECS}, 1024");
     let mut counts = Vec::new();
 
-    let ingest = Kind {
-        name: "ingest, one webhook (`store::events::insert_sql`)",
-        tag: "ingest",
-        settings: String::new(),
-        statements: Prepared::only(
-            "ingest",
-            &["uuid", "text", "text", "text", "jsonb", "bytea", "text", "text", "text", "int8[]"],
-            webhook_gateway::store::events::insert_sql(),
+    use webhook_gateway::store::events::{self, lean};
+    // One webhook a statement: stored, or stored and leased; by the full fan-out and by
+    // the lean one. (name, tag, SQL, whether it leases)
+    let singles = [
+        ("ingest, one webhook (`store::events::insert_sql`: the full fan-out)", "ingest", events::insert_sql(), false),
+        (
+            "ingest, one webhook, lean (`events::lean::insert_sql`: no subscription of the source filters, orders \
+             or transforms)",
+            "ingest_lean",
+            lean::insert_sql(),
+            false,
         ),
-        units: 1,
-        unit: "webhook",
-        effect: "SELECT count(*) AS n FROM events",
-    };
-    let args: Vec<Vec<String>> = (0..MANY + FEW).map(|_| vec![event("ingest").single(&source)]).collect();
-    counts.push(count(ctx, &pg, &ingest, &args)?);
-
-    let leased = Kind {
-        name: "ingest and lease, one webhook (`insert_and_claim_sql`: a lone webhook's path)",
-        tag: "ingest_lease",
-        settings: String::new(),
-        statements: Prepared::only(
+        (
+            "ingest and lease, one webhook (`insert_and_claim_sql`: the full fan-out)",
             "ingest_lease",
-            &[
-                "uuid", "text", "text", "text", "jsonb", "bytea", "text", "text", "text", "int8[]", "int8", "float8",
-                "int4",
-            ],
-            webhook_gateway::store::events::insert_and_claim_sql(),
+            events::insert_and_claim_sql(),
+            true,
         ),
-        units: 1,
-        unit: "webhook",
-        effect: "SELECT count(*) AS n FROM deliveries WHERE leased_until IS NOT NULL",
-    };
-    let args: Vec<Vec<String>> =
-        (0..MANY + FEW).map(|_| vec![format!("{}, {claim_args}", event("lease").single(&source))]).collect();
-    counts.push(count(ctx, &pg, &leased, &args)?);
+        (
+            "ingest and lease, one webhook, lean (`lean::insert_and_claim_sql`: a lone webhook's path for the bench's \
+             source)",
+            "ingest_lease_lean",
+            lean::insert_and_claim_sql(),
+            true,
+        ),
+    ];
+    for (name, tag, sql, leases) in singles {
+        let kind = Kind {
+            name,
+            tag,
+            settings: String::new(),
+            statements: Prepared::only(tag, if leases { LEASING_TYPES } else { SINGLE_TYPES }, sql),
+            units: 1,
+            unit: "webhook",
+            effect: if leases {
+                "SELECT count(*) AS n FROM deliveries WHERE leased_until IS NOT NULL"
+            } else {
+                "SELECT count(*) AS n FROM events"
+            },
+        };
+        let args: Vec<Vec<String>> = (0..MANY + FEW)
+            .map(|_| {
+                let event = event(tag).single(&source);
+                vec![if leases { format!("{event}, {claim_args}") } else { event }]
+            })
+            .collect();
+        counts.push(count(ctx, &pg, &kind, &args)?);
+    }
 
     let batch = Kind {
         name: "ingest, a batch of 16 (`insert_batch_sql`: the group commit's path)",

@@ -11,6 +11,7 @@ use crate::ids::{DeliveryId, EndpointId, EventId, SourceId};
 use crate::invariants::Broken;
 use crate::queue::fanout::{FANOUT, FANOUT_LEASED};
 
+pub mod lean;
 mod read;
 pub use read::*;
 
@@ -96,13 +97,20 @@ const INSERT_ANSWER: &str = "SELECT id, false AS duplicate, ARRAY(SELECT id FROM
 /// tokens and fencing token of any claim), so the worker's columns come from the
 /// statement's own parameters, the granted endpoint rows and the source.
 pub fn insert_and_claim_sql() -> &'static str {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "{}, answer AS (
-            {INSERT_ANSWER}
+    static SQL: LazyLock<String> = LazyLock::new(|| leasing_statement(&insert_ctes(FANOUT_LEASED), INSERT_ANSWER));
+    &SQL
+}
+
+/// A leasing ingest statement ([`insert_and_claim_sql`]) from its `WITH` list `ctes`
+/// (which defines `fan` and `leases`) and its `answer` (the event's row, or the
+/// duplicate's).
+fn leasing_statement(ctes: &str, answer: &str) -> String {
+    format!(
+        "{ctes}, answer AS (
+            {answer}
         )
         SELECT a.id AS stored_id, a.duplicate AS stored_duplicate, a.deliveries AS stored_deliveries, c.*,
-               (SELECT count(*) FROM fan) AS candidates
+               cardinality(a.deliveries)::int8 AS candidates
         FROM answer a LEFT JOIN (
             SELECT f.id, f.event_id, f.endpoint_id, f.attempt_count AS attempt, f.attempts_base, f.claim_token,
                    l.url, l.secret, l.previous_secrets, $3::text AS event_type,
@@ -116,11 +124,8 @@ pub fn insert_and_claim_sql() -> &'static str {
             FROM fan f JOIN leases l ON l.endpoint_id = f.endpoint_id
             WHERE f.leased
         ) c ON true",
-            insert_ctes(FANOUT_LEASED),
-            inline = crate::deliver::bodies::INLINE_BODY_BYTES,
-        )
-    });
-    &SQL
+        inline = crate::deliver::bodies::INLINE_BODY_BYTES,
+    )
 }
 
 /// `sql` (the ingest statement, [`insert_sql`] or [`insert_and_claim_sql`]) with `event`
@@ -143,11 +148,32 @@ fn bound_event<'q>(
         .bind(terms)
 }
 
-/// The answer of [`insert_sql`]'s row.
-fn stored_of(row: &sqlx::postgres::PgRow) -> Result<Stored, sqlx::Error> {
-    use sqlx::FromRow as _;
-    let (event_id, duplicate, deliveries) = <(EventId, bool, Vec<DeliveryId>)>::from_row(row)?;
-    Ok(Stored { event_id, duplicate, deliveries })
+/// What an ingest statement's rows say: the event's answer (its own row or its stored
+/// twin's), that its source needs the full fan-out (a lean statement, which then stored
+/// nothing), or nothing (a twin committed after the statement's snapshot).
+enum Answer {
+    Stored(Stored),
+    NeedsFull,
+    Unseen,
+}
+
+/// The [`Answer`] in an ingest statement's `rows`, whose answer columns are named
+/// `{prefix}id`, `{prefix}duplicate` and `{prefix}deliveries`.
+fn answer_of(rows: &[sqlx::postgres::PgRow], prefix: &str) -> Result<Answer, sqlx::Error> {
+    use sqlx::Row as _;
+    let Some(first) = rows.first() else { return Ok(Answer::Unseen) };
+    let at = |name: &str| first.try_column(format!("{prefix}{name}").as_str()).map(sqlx::Column::ordinal);
+    let (id, duplicate, deliveries) = (at("id")?, at("duplicate")?, at("deliveries")?);
+    for row in rows {
+        if let Some(event_id) = row.try_get::<Option<EventId>, _>(id)? {
+            return Ok(Answer::Stored(Stored {
+                event_id,
+                duplicate: row.try_get(duplicate)?,
+                deliveries: row.try_get(deliveries)?,
+            }));
+        }
+    }
+    Ok(Answer::NeedsFull)
 }
 
 /// The twin an ingest statement did not see (committed after its snapshot), as a
@@ -176,8 +202,19 @@ where
     // Bounded: the only way round again is a twin that committed and was then deleted
     // (retention) between our two statements.
     for _ in 0..3 {
-        if let Some(row) = bound_event(insert_sql(), event, &terms).fetch_optional(db).await? {
-            return stored_of(&row);
+        let mut lean = lean::worth_trying(event.source_id);
+        loop {
+            let sql = if lean { lean::insert_sql() } else { insert_sql() };
+            let rows = bound_event(sql, event, &terms).fetch_all(db).await?;
+            match answer_of(&rows, "")? {
+                Answer::Stored(stored) => return Ok(stored),
+                // Only a lean statement answers so (the full one always stores or finds).
+                Answer::NeedsFull if lean => {
+                    lean::needs_full(event.source_id);
+                    lean = false;
+                }
+                Answer::NeedsFull | Answer::Unseen => break,
+            }
         }
         if let Some(twin) = find_twin(db, event).await? {
             return Ok(twin);
@@ -207,23 +244,26 @@ pub async fn insert_and_claim(
     event: &NewEvent<'_>,
     terms: ClaimTerms,
 ) -> Result<(Stored, crate::queue::FreshClaim), sqlx::Error> {
-    use sqlx::Row as _;
     let search = crate::search::terms(event.dedupe_key, event.headers, event.payload);
     // Bounded as in `insert_with_fanout`.
     for _ in 0..3 {
-        let rows = bound_event(insert_and_claim_sql(), event, &search)
-            .bind(terms.limit)
-            .bind(terms.lease.as_secs_f64())
-            .bind(terms.default_max_in_flight)
-            .fetch_all(pool)
-            .await?;
-        if let Some(first) = rows.first() {
-            let stored = Stored {
-                event_id: first.try_get("stored_id")?,
-                duplicate: first.try_get("stored_duplicate")?,
-                deliveries: first.try_get("stored_deliveries")?,
-            };
-            return Ok((stored, crate::queue::fresh_claim_of(&rows)?));
+        let mut lean = lean::worth_trying(event.source_id);
+        loop {
+            let sql = if lean { lean::insert_and_claim_sql() } else { insert_and_claim_sql() };
+            let rows = bound_event(sql, event, &search)
+                .bind(terms.limit)
+                .bind(terms.lease.as_secs_f64())
+                .bind(terms.default_max_in_flight)
+                .fetch_all(pool)
+                .await?;
+            match answer_of(&rows, "stored_")? {
+                Answer::Stored(stored) => return Ok((stored, crate::queue::fresh_claim_of(&rows)?)),
+                Answer::NeedsFull if lean => {
+                    lean::needs_full(event.source_id);
+                    lean = false;
+                }
+                Answer::NeedsFull | Answer::Unseen => break,
+            }
         }
         if let Some(twin) = find_twin(pool, event).await? {
             return Ok((twin, crate::queue::FreshClaim { claimed: Vec::new(), took_all: true }));
@@ -238,8 +278,11 @@ pub async fn insert_and_claim(
 /// (`crate::operational`), whose keys no producer races for.
 pub async fn insert_in(conn: &mut sqlx::PgConnection, event: &NewEvent<'_>) -> Result<Option<Stored>, sqlx::Error> {
     let terms = crate::search::terms(event.dedupe_key, event.headers, event.payload);
-    let row = bound_event(insert_sql(), event, &terms).fetch_optional(conn).await?;
-    row.as_ref().map(stored_of).transpose()
+    let rows = bound_event(insert_sql(), event, &terms).fetch_all(conn).await?;
+    match answer_of(&rows, "")? {
+        Answer::Stored(stored) => Ok(Some(stored)),
+        Answer::NeedsFull | Answer::Unseen => Ok(None),
+    }
 }
 
 /// The arrival time of the oldest event received before `before` that retention could

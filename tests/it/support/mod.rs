@@ -617,3 +617,23 @@ pub async fn set_endpoint(pool: &Pool, endpoint: &str, assignments: &str) {
         .await
         .expect("update endpoint");
 }
+
+/// `sql` (an ingest statement with `store::events::insert_sql`'s ten parameters, and
+/// whatever the caller binds after them) with `event` bound, without trace context or
+/// search terms: for tests that run an ingest statement on a connection of their own.
+pub fn bound_event<'q>(
+    sql: &'q str,
+    event: &'q webhook_gateway::store::events::NewEvent<'q>,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sql)
+        .bind(event.source_id)
+        .bind(event.dedupe_key)
+        .bind(event.event_type)
+        .bind(event.content_type)
+        .bind(sqlx::types::Json(event.headers))
+        .bind(event.payload)
+        .bind(event.ordering_key)
+        .bind(None::<&str>)
+        .bind(None::<&str>)
+        .bind(Vec::<i64>::new())
+}

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
+use super::Transforms;
 use crate::ids::SourceId;
 use crate::queue::fanout::{FANOUT_LEAN, FANOUT_LEAN_LEASED, NEEDS_FULL_FANOUT};
 
@@ -90,7 +91,7 @@ pub fn insert_sql() -> &'static str {
 /// `stored_id` says the source needs the full fan-out).
 pub fn insert_and_claim_sql() -> &'static str {
     static SQL: LazyLock<String> =
-        LazyLock::new(|| super::leasing_statement(&lean_ctes(FANOUT_LEAN_LEASED), &lean_answer()));
+        LazyLock::new(|| super::leasing_statement(&lean_ctes(FANOUT_LEAN_LEASED), &lean_answer(), Transforms::None));
     &SQL
 }
 
@@ -123,5 +124,7 @@ mod tests {
             }
         }
         assert!(insert_and_claim_sql().contains("wg_lease_room_v1"));
+        assert!(!insert_and_claim_sql().contains("tr.transform"), "no transformation to read");
+        assert!(super::super::insert_and_claim_sql().contains("tr.transform"), "the full one reads it");
     }
 }

@@ -97,14 +97,32 @@ const INSERT_ANSWER: &str = "SELECT id, false AS duplicate, ARRAY(SELECT id FROM
 /// tokens and fencing token of any claim), so the worker's columns come from the
 /// statement's own parameters, the granted endpoint rows and the source.
 pub fn insert_and_claim_sql() -> &'static str {
-    static SQL: LazyLock<String> = LazyLock::new(|| leasing_statement(&insert_ctes(FANOUT_LEASED), INSERT_ANSWER));
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| leasing_statement(&insert_ctes(FANOUT_LEASED), INSERT_ANSWER, Transforms::Read));
     &SQL
+}
+
+/// Whether a leasing statement's fan-out may name transformations.
+#[derive(Clone, Copy)]
+enum Transforms {
+    /// It may (the full fan-out): the answer reads each leased delivery's.
+    Read,
+    /// It names none (the lean fan-out): the answer's columns are null, without the
+    /// lookups' plan nodes, which are set up at every execution whether they run or not.
+    None,
 }
 
 /// A leasing ingest statement ([`insert_and_claim_sql`]) from its `WITH` list `ctes`
 /// (which defines `fan` and `leases`) and its `answer` (the event's row, or the
 /// duplicate's).
-fn leasing_statement(ctes: &str, answer: &str) -> String {
+fn leasing_statement(ctes: &str, answer: &str, transforms: Transforms) -> String {
+    let (transform, event_headers) = match transforms {
+        Transforms::Read => (
+            "(SELECT tr.transform FROM subscriptions tr WHERE tr.id = f.transform_by)",
+            "CASE WHEN f.transform_by IS NOT NULL THEN $5::jsonb::text END",
+        ),
+        Transforms::None => ("NULL::text", "NULL::text"),
+    };
     format!(
         "{ctes}, answer AS (
             {answer}
@@ -118,9 +136,7 @@ fn leasing_statement(ctes: &str, answer: &str) -> String {
                    COALESCE(CASE WHEN octet_length($6::bytea) <= {inline} THEN $6::bytea END, ''::bytea) AS payload,
                    octet_length($6::bytea) AS payload_bytes, false AS ordered,
                    $8::text AS traceparent, $9::text AS tracestate,
-                   (SELECT tr.transform FROM subscriptions tr WHERE tr.id = f.transform_by) AS transform,
-                   CASE WHEN f.transform_by IS NOT NULL THEN $5::jsonb::text END AS event_headers,
-                   NULL::int8 AS probe_token
+                   {transform} AS transform, {event_headers} AS event_headers, NULL::int8 AS probe_token
             FROM fan f JOIN leases l ON l.endpoint_id = f.endpoint_id
             WHERE f.leased
         ) c ON true",

@@ -233,13 +233,11 @@ fn secure(bin: &Path, data_dir: &Path, run_as: Option<&RunAs>) -> anyhow::Result
     let hba = data_dir.join("pg_hba.conf");
     let managed = std::fs::read_to_string(&hba).is_ok_and(|text| text.starts_with(MANAGED_HBA));
     if !managed {
-        // Single-user mode reads commands from stdin and opens no socket.
-        let mut cmd = Command::new(bin.join("postgres"));
-        cmd.args(["--single", "-D"]).arg(data_dir).args(["-c", "password_encryption=scram-sha-256", "postgres"]);
+        let options = ["-c", "password_encryption=scram-sha-256"];
+        let mut cmd = single_user(&bin.join("postgres"), &[], data_dir, &options, "postgres", run_as);
         cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
-        let mut child = run_as_cmd(&mut cmd, run_as, data_dir)
-            .spawn()
-            .with_context(|| format!("starting {} in single-user mode", bin.join("postgres").display()))?;
+        let mut child =
+            cmd.spawn().with_context(|| format!("starting {} in single-user mode", bin.join("postgres").display()))?;
         if let Some(mut stdin) = child.stdin.take() {
             writeln!(stdin, "ALTER USER postgres PASSWORD '{password}';")?;
         }
@@ -315,18 +313,31 @@ pub fn standalone(
     if let Some(dir) = writable {
         prepare_dir(dir, run_as.as_ref())?;
     }
-    let postgres = bin.join("postgres");
+    Ok(single_user(&bin.join("postgres"), wrapper, &absolute(data_dir)?, &["-j"], database, run_as.as_ref()))
+}
+
+/// `postgres --single` (behind `wrapper`, when there is one) on `data_dir` for
+/// `database`, with `options`, run as `run_as`: a backend that reads commands from stdin
+/// and opens no socket.
+fn single_user(
+    postgres: &Path,
+    wrapper: &[String],
+    data_dir: &Path,
+    options: &[&str],
+    database: &str,
+    run_as: Option<&RunAs>,
+) -> Command {
     let mut cmd = match wrapper.split_first() {
         Some((program, args)) => {
             let mut cmd = Command::new(program);
-            cmd.args(args).arg(&postgres);
+            cmd.args(args).arg(postgres);
             cmd
         }
-        None => Command::new(&postgres),
+        None => Command::new(postgres),
     };
-    cmd.args(["--single", "-j", "-D"]).arg(absolute(data_dir)?).arg(database);
-    run_as_cmd(&mut cmd, run_as.as_ref(), data_dir);
-    Ok(cmd)
+    cmd.args(["--single", "-D"]).arg(data_dir).args(options).arg(database);
+    run_as_cmd(&mut cmd, run_as, data_dir);
+    cmd
 }
 
 /// Locate the directory holding `initdb` and `postgres`.

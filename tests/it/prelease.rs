@@ -414,12 +414,12 @@ async fn a_delivery_leased_by_its_ingest_statement_is_written_once() {
 }
 
 /// Sixteen lone webhooks stored at once, each by its own leasing statement on its own
-/// connection, fanned out to three endpoints: one limited to three requests in flight,
-/// one whose rate limit has a burst of two tokens, one paused. The statements race for
-/// the endpoint rows, and each reads the leases in flight only after it holds the row:
-/// exactly three deliveries of the first are leased and two of the second (never more,
-/// and each limit filled), none of the paused one's; the rest are stored pending, and
-/// every lease has its own token.
+/// connection, fanned out to four endpoints: one limited to three requests in flight,
+/// one whose rate limit has a burst of two tokens, one paused, one whose circuit is open.
+/// The statements race for the endpoint rows, and each reads the leases in flight only
+/// after it holds the row: exactly three deliveries of the first are leased and two of
+/// the second (never more, and each limit filled), none of the paused or open one's; the
+/// rest are stored pending, and every lease has its own token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_leasing_statements_fill_each_endpoint_s_limit_and_never_pass_it() {
     let app = TestApp::ingest_only().await;
@@ -427,11 +427,18 @@ async fn racing_leasing_statements_fill_each_endpoint_s_limit_and_never_pass_it(
     let capped = app.endpoint_for("http://127.0.0.1:9/capped", Some("shop")).await;
     let rated = app.endpoint_for("http://127.0.0.1:9/rated", Some("shop")).await;
     let paused = app.endpoint_for("http://127.0.0.1:9/paused", Some("shop")).await;
+    let open = app.endpoint_for("http://127.0.0.1:9/open", Some("shop")).await;
     let pool = &app.db.pool;
     for (sql, endpoint) in [
         ("UPDATE endpoints SET max_in_flight = 3 WHERE id = $1::uuid", &capped),
         ("UPDATE endpoints SET rate_limit_per_sec = 0.001, rate_limit_burst = 2 WHERE id = $1::uuid", &rated),
         ("UPDATE endpoints SET paused = true WHERE id = $1::uuid", &paused),
+        (
+            "UPDATE endpoints SET circuit_state = 'open', open_count = 1, opened_at = now(),
+                                  reopen_at = now() + interval '1 hour'
+             WHERE id = $1::uuid",
+            &open,
+        ),
     ] {
         sqlx::query(sql).bind(endpoint).execute(pool).await.expect("limit");
     }
@@ -455,7 +462,7 @@ async fn racing_leasing_statements_fill_each_endpoint_s_limit_and_never_pass_it(
     for result in stored {
         let (stored, fresh) = result.expect("stored");
         assert!(!stored.duplicate);
-        assert_eq!(stored.deliveries.len(), 3, "one delivery per endpoint");
+        assert_eq!(stored.deliveries.len(), 4, "one delivery per endpoint");
         tokens.extend(fresh.claimed.iter().map(|job| job.claim_token));
     }
     let leased = |endpoint: &str| {
@@ -465,9 +472,10 @@ async fn racing_leasing_statements_fill_each_endpoint_s_limit_and_never_pass_it(
     assert_eq!(leased(&capped).await, 3, "the in-flight limit filled, not passed");
     assert_eq!(leased(&rated).await, 2, "the burst's tokens spent, no more");
     assert_eq!(leased(&paused).await, 0, "nothing leased for a paused endpoint");
+    assert_eq!(leased(&open).await, 0, "nor for one whose circuit is open");
     assert_eq!(tokens.len(), 5, "the answers name each lease once");
     tokens.sort_unstable();
     tokens.dedup();
     assert_eq!(tokens.len(), 5, "each lease its own token");
-    assert_eq!(app.db.count("deliveries").await, 3 * RACERS as i64);
+    assert_eq!(app.db.count("deliveries").await, 4 * RACERS as i64);
 }

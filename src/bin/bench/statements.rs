@@ -95,6 +95,24 @@ const SINGLE_TYPES: &[&str] = &["uuid", "text", "text", "text", "jsonb", "bytea"
 const LEASING_TYPES: &[&str] =
     &["uuid", "text", "text", "text", "jsonb", "bytea", "text", "text", "text", "int8[]", "int8", "float8", "int4"];
 
+/// The parameter types of the recorder's outcome statement (`queue::RECORD_SQL`).
+const RECORD_TYPES: &[&str] = &[
+    "uuid[]",
+    "int8[]",
+    "int4[]",
+    "timestamptz[]",
+    "int4[]",
+    "int4[]",
+    "text[]",
+    "text[]",
+    "text[]",
+    "text[]",
+    "text[]",
+    "timestamptz[]",
+    "text[]",
+    "text[]",
+];
+
 /// Run scenario 18.
 pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
     let valgrind = std::process::Command::new("valgrind").arg("--version").output();
@@ -241,26 +259,7 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         name: "outcomes, 16 deliveries (`queue::outcomes::RECORD_SQL`: the recorder's batch)",
         tag: "outcome",
         settings: recorder_settings(),
-        statements: Prepared::only(
-            "outcome",
-            &[
-                "uuid[]",
-                "int8[]",
-                "int4[]",
-                "timestamptz[]",
-                "int4[]",
-                "int4[]",
-                "text[]",
-                "text[]",
-                "text[]",
-                "text[]",
-                "text[]",
-                "timestamptz[]",
-                "text[]",
-                "text[]",
-            ],
-            webhook_gateway::queue::RECORD_SQL,
-        ),
+        statements: Prepared::only("outcome", RECORD_TYPES, webhook_gateway::queue::RECORD_SQL),
         units: BATCH,
         unit: "delivery",
         effect: "SELECT count(*) AS n FROM attempts WHERE response_excerpt IS NOT NULL",
@@ -269,6 +268,27 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         claimed.chunks(BATCH).filter(|c| c.len() == BATCH).take(MANY + FEW).map(|c| vec![outcome_args(c)]).collect();
     anyhow::ensure!(args.len() == MANY + FEW, "only {} deliveries were claimed", claimed.len());
     counts.push(count(ctx, &pg, &outcome, &args)?);
+
+    // An outcome alone: the recorder's statement when nothing keeps it company (low
+    // load), on leases the batches above left (those the leasing ingest kinds took).
+    let alone = Kind {
+        name: "an outcome alone (`RECORD_SQL` with 1 delivery: the recorder at low load, with no company)",
+        tag: "outcome_alone",
+        settings: recorder_settings(),
+        statements: Prepared::only("outcome_alone", RECORD_TYPES, webhook_gateway::queue::RECORD_SQL),
+        units: 1,
+        unit: "delivery",
+        effect: outcome.effect,
+    };
+    let used = (MANY + FEW) * BATCH;
+    let args: Vec<Vec<String>> = claimed
+        .iter()
+        .skip(used)
+        .take(MANY + FEW)
+        .map(|lease| vec![outcome_args(std::slice::from_ref(lease))])
+        .collect();
+    anyhow::ensure!(args.len() == MANY + FEW, "only {} leases were left for outcomes alone", args.len());
+    counts.push(count(ctx, &pg, &alone, &args)?);
 
     // An ordered line's step: its head finished, the line is released and the delivery
     // waiting behind it becomes the head, in the recorder's transaction.

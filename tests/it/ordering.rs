@@ -56,7 +56,14 @@ fn key_and_index(r: &Received) -> (String, u32) {
     (body["key"].as_str().expect("key").to_owned(), body["i"].as_u64().expect("i") as u32)
 }
 
-/// Workers with a short backoff (so retries come quickly) and a 15 s lease.
+/// Workers with a short backoff (so retries come quickly), a 15 s lease, and a circuit
+/// that closes again within a second. A subscriber failing a fifth of requests at random
+/// fails five in a row now and then, which opens the endpoint's circuit (in one of four
+/// runs of the crash test, twice: 83 s instead of 20). With the default cool-down (30 s,
+/// doubling after each failed probe) the lines then stood still for 30 s or more, and
+/// after two failed probes for 210 s, past the test's wait: that happened once in CI (the
+/// worker's log: opened, then two probes failed). The circuit still opens and closes
+/// here, and the lines must keep their order through it.
 fn worker(app: &TestApp) -> GatewayProcess {
     GatewayProcess::start(
         &app.db.url,
@@ -75,6 +82,10 @@ fn worker(app: &TestApp) -> GatewayProcess {
             "5",
             "--lease-secs",
             "15",
+            "--circuit-cooldown-ms",
+            "200",
+            "--circuit-cooldown-cap-secs",
+            "1",
         ],
     )
 }

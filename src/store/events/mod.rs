@@ -192,6 +192,36 @@ fn answer_of(rows: &[sqlx::postgres::PgRow], prefix: &str) -> Result<Answer, sql
     Ok(Answer::NeedsFull)
 }
 
+/// Run one of a lone webhook's ingest `statements` (full, lean) with `run`: the lean one
+/// first where [`lean::worth_trying`] says so, the full one when the lean one answers that
+/// the source needs it (remembered: [`lean::needs_full`]). The answer and the rows it
+/// came in (columns named as [`answer_of`] reads them with `prefix`); `None` when the
+/// statement saw no twin it could answer with (a twin committed after its snapshot).
+async fn lean_first<F, Fut>(
+    source: SourceId,
+    (full, lean_sql): (&'static str, &'static str),
+    prefix: &str,
+    mut run: F,
+) -> Result<Option<(Stored, Vec<sqlx::postgres::PgRow>)>, sqlx::Error>
+where
+    F: FnMut(&'static str) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<sqlx::postgres::PgRow>, sqlx::Error>>,
+{
+    let mut lean = lean::worth_trying(source);
+    loop {
+        let rows = run(if lean { lean_sql } else { full }).await?;
+        match answer_of(&rows, prefix)? {
+            Answer::Stored(stored) => return Ok(Some((stored, rows))),
+            // Only a lean statement answers so (the full one always stores or finds).
+            Answer::NeedsFull if lean => {
+                lean::needs_full(source);
+                lean = false;
+            }
+            Answer::NeedsFull | Answer::Unseen => return Ok(None),
+        }
+    }
+}
+
 /// The twin an ingest statement did not see (committed after its snapshot), as a
 /// duplicate's answer; `None` when there is none (it was deleted meanwhile).
 async fn find_twin<'c>(db: impl PgExecutor<'c>, event: &NewEvent<'_>) -> Result<Option<Stored>, sqlx::Error> {
@@ -218,19 +248,10 @@ where
     // Bounded: the only way round again is a twin that committed and was then deleted
     // (retention) between our two statements.
     for _ in 0..3 {
-        let mut lean = lean::worth_trying(event.source_id);
-        loop {
-            let sql = if lean { lean::insert_sql() } else { insert_sql() };
-            let rows = bound_event(sql, event, &terms).fetch_all(db).await?;
-            match answer_of(&rows, "")? {
-                Answer::Stored(stored) => return Ok(stored),
-                // Only a lean statement answers so (the full one always stores or finds).
-                Answer::NeedsFull if lean => {
-                    lean::needs_full(event.source_id);
-                    lean = false;
-                }
-                Answer::NeedsFull | Answer::Unseen => break,
-            }
+        let statements = (insert_sql(), lean::insert_sql());
+        let run = |sql| bound_event(sql, event, &terms).fetch_all(db);
+        if let Some((stored, _)) = lean_first(event.source_id, statements, "", run).await? {
+            return Ok(stored);
         }
         if let Some(twin) = find_twin(db, event).await? {
             return Ok(twin);
@@ -263,23 +284,16 @@ pub async fn insert_and_claim(
     let search = crate::search::terms(event.dedupe_key, event.headers, event.payload);
     // Bounded as in `insert_with_fanout`.
     for _ in 0..3 {
-        let mut lean = lean::worth_trying(event.source_id);
-        loop {
-            let sql = if lean { lean::insert_and_claim_sql() } else { insert_and_claim_sql() };
-            let rows = bound_event(sql, event, &search)
+        let statements = (insert_and_claim_sql(), lean::insert_and_claim_sql());
+        let run = |sql| {
+            bound_event(sql, event, &search)
                 .bind(terms.limit)
                 .bind(terms.lease.as_secs_f64())
                 .bind(terms.default_max_in_flight)
                 .fetch_all(pool)
-                .await?;
-            match answer_of(&rows, "stored_")? {
-                Answer::Stored(stored) => return Ok((stored, crate::queue::fresh_claim_of(&rows)?)),
-                Answer::NeedsFull if lean => {
-                    lean::needs_full(event.source_id);
-                    lean = false;
-                }
-                Answer::NeedsFull | Answer::Unseen => break,
-            }
+        };
+        if let Some((stored, rows)) = lean_first(event.source_id, statements, "stored_", run).await? {
+            return Ok((stored, crate::queue::fresh_claim_of(&rows)?));
         }
         if let Some(twin) = find_twin(pool, event).await? {
             return Ok((twin, crate::queue::FreshClaim { claimed: Vec::new(), took_all: true }));

@@ -2,6 +2,61 @@
 //! only: the ingest statement (`store::events`) stores the event and runs this in the
 //! same statement, so there is no state with an event but not its deliveries.
 
+/// The condition that subscription `$s` takes the events of source `$source`: its own
+/// source's, or one of every source but the gateway's own (`_gateway`, whose events only
+/// subscriptions naming it take). One rule for the full fan-out, the lean one and the
+/// lean one's guard, so they cannot drift apart.
+macro_rules! takes_source {
+    ($s:literal, $source:literal) => {
+        concat!(
+            "(",
+            $s,
+            ".source_id = ",
+            $source,
+            " OR (",
+            $s,
+            ".source_id IS NULL AND ",
+            $source,
+            " <> '00000000-0000-7000-8000-00000000ca7e'))"
+        )
+    };
+}
+
+/// The condition that subscription `$s` takes events of type `$event_type`: it names no
+/// pattern, or one of its patterns (`LIKE` patterns: `crate::fanout::to_like`) matches.
+macro_rules! takes_type {
+    ($s:literal, $event_type:literal) => {
+        concat!(
+            "(",
+            $s,
+            ".event_type_likes IS NULL OR EXISTS (SELECT 1 FROM unnest(",
+            $s,
+            ".event_type_likes) AS p(pattern) WHERE ",
+            $event_type,
+            " LIKE p.pattern))"
+        )
+    };
+}
+
+/// The columns every fan-out's insert into `deliveries` writes, in
+/// [`fan_values`]'s order.
+macro_rules! fan_columns {
+    () => {
+        "id, event_id, endpoint_id, ordering_key, line_seq, waiting, blocks_on_dead, transform_by"
+    };
+}
+
+/// [`fan_columns`]'s values, from `n`: a row of `sequenced` or `numbered` (`delivery_id`,
+/// `event_id`, `endpoint_id`, `ordering_key`, `line_seq`, `head_id`, `blocks_on_dead`,
+/// `transform_by`). An ordered delivery waits unless it became its line's head.
+macro_rules! fan_values {
+    () => {
+        "n.delivery_id, n.event_id, n.endpoint_id, n.ordering_key, n.line_seq,
+                   n.ordering_key IS NOT NULL AND n.head_id IS DISTINCT FROM n.delivery_id,
+                   n.ordering_key IS NOT NULL AND n.blocks_on_dead, n.transform_by"
+    };
+}
+
 /// The fan-out: one delivery per endpoint subscribed to the source and event type of
 /// each row of `ev` (the events just inserted, with `ord`: their order in this
 /// statement) whose filter, if it has one, matches; shared by the single and batch
@@ -42,24 +97,26 @@
 /// fan-out ([`FANOUT_LEAN`]).
 macro_rules! fanout_sequenced {
     () => {
-        "
+        concat!(
+            "
         docs AS MATERIALIZED (
             SELECT b.id, wg_event_doc(ev.source_id, ev.event_type, b.headers, b.payload) AS doc
             FROM ev JOIN bodies b ON b.id = ev.id
             WHERE EXISTS (SELECT 1 FROM subscriptions f
-                          WHERE f.filter IS NOT NULL
-                            AND (f.source_id = ev.source_id
-                                 OR (f.source_id IS NULL AND ev.source_id <> '00000000-0000-7000-8000-00000000ca7e')))
+                          WHERE f.filter IS NOT NULL AND ",
+            takes_source!("f", "ev.source_id"),
+            ")
         ), targets AS (
             SELECT ev.id AS event_id, ev.ord, s.endpoint_id,
                    CASE WHEN bool_or(s.ordered) THEN ev.ordering_key END AS ordering_key,
                    bool_or(s.ordered AND s.ordered_on_dead = 'block') AS blocks_on_dead,
                    (array_agg(s.id ORDER BY s.id) FILTER (WHERE s.transform IS NOT NULL))[1] AS transform_by
-            FROM ev JOIN subscriptions s
-                ON s.source_id = ev.source_id
-                   OR (s.source_id IS NULL AND ev.source_id <> '00000000-0000-7000-8000-00000000ca7e')
-            WHERE (s.event_type_likes IS NULL
-                   OR EXISTS (SELECT 1 FROM unnest(s.event_type_likes) AS p(pattern) WHERE ev.event_type LIKE p.pattern))
+            FROM ev JOIN subscriptions s ON ",
+            takes_source!("s", "ev.source_id"),
+            "
+            WHERE ",
+            takes_type!("s", "ev.event_type"),
+            "
               AND (s.filter IS NULL
                    OR jsonb_path_match((SELECT d.doc FROM docs d WHERE d.id = ev.id), s.filter, silent => true) IS TRUE)
             GROUP BY ev.id, ev.ord, s.endpoint_id, ev.ordering_key
@@ -80,21 +137,22 @@ macro_rules! fanout_sequenced {
             LEFT JOIN lines l ON l.endpoint_id = n.endpoint_id AND l.ordering_key = n.ordering_key
             ORDER BY n.ord, n.endpoint_id
         )"
+        )
     };
 }
 
-/// The insert of the deliveries `$from` lists (`sequenced` or `numbered`: `delivery_id`,
-/// `event_id`, `endpoint_id`, `ordering_key`, `line_seq`, `head_id`, `blocks_on_dead`,
-/// `transform_by`), every one pending, its first attempt due now.
+/// The insert of the deliveries `$from` lists (`sequenced` or `numbered`, as
+/// [`fan_values`] reads them), every one pending, its first attempt due now.
 macro_rules! fan_pending {
     ($from:literal) => {
         concat!(
             ", fan AS (
-            INSERT INTO deliveries (id, event_id, endpoint_id, ordering_key, line_seq, waiting, blocks_on_dead,
-                                    transform_by)
-            SELECT n.delivery_id, n.event_id, n.endpoint_id, n.ordering_key, n.line_seq,
-                   n.ordering_key IS NOT NULL AND n.head_id IS DISTINCT FROM n.delivery_id,
-                   n.ordering_key IS NOT NULL AND n.blocks_on_dead, n.transform_by
+            INSERT INTO deliveries (",
+            fan_columns!(),
+            ")
+            SELECT ",
+            fan_values!(),
+            "
             FROM ",
             $from,
             " n
@@ -125,11 +183,12 @@ macro_rules! fan_leased {
                                         WHERE n.ordering_key IS NULL ORDER BY n.endpoint_id),
                                   $11, $13) r
         ), fan AS (
-            INSERT INTO deliveries (id, event_id, endpoint_id, ordering_key, line_seq, waiting, blocks_on_dead,
-                                    transform_by, attempt_count, claim_token, leased_until, next_attempt_at)
-            SELECT n.delivery_id, n.event_id, n.endpoint_id, n.ordering_key, n.line_seq,
-                   n.ordering_key IS NOT NULL AND n.head_id IS DISTINCT FROM n.delivery_id,
-                   n.ordering_key IS NOT NULL AND n.blocks_on_dead, n.transform_by,
+            INSERT INTO deliveries (",
+            fan_columns!(),
+            ", attempt_count, claim_token, leased_until, next_attempt_at)
+            SELECT ",
+            fan_values!(),
+            ",
                    CASE WHEN l.endpoint_id IS NULL THEN 0 ELSE 1 END,
                    COALESCE(l.claim_token, 0),
                    CASE WHEN l.endpoint_id IS NOT NULL THEN now() + make_interval(secs => $12) END,
@@ -158,11 +217,15 @@ pub const FANOUT_LEASED: &str = concat!(fanout_sequenced!(), fan_leased!("sequen
 /// orders or transforms. The lean statements ([`FANOUT_LEAN`]) store nothing when it
 /// does, and say so (`store::events::lean`); read with the statement's snapshot, as the
 /// full fan-out reads the subscriptions.
-pub const NEEDS_FULL_FANOUT: &str = "SELECT EXISTS (
+pub const NEEDS_FULL_FANOUT: &str = concat!(
+    "SELECT EXISTS (
             SELECT 1 FROM subscriptions s
-            WHERE (s.source_id = $1 OR (s.source_id IS NULL AND $1 <> '00000000-0000-7000-8000-00000000ca7e'::uuid))
+            WHERE ",
+    takes_source!("s", "$1"),
+    "
               AND (s.filter IS NOT NULL OR s.ordered OR s.transform IS NOT NULL)
-        ) AS needed";
+        ) AS needed"
+);
 
 /// The lean fan-out up to `numbered`: for events whose source no subscription filters,
 /// orders or transforms ([`NEEDS_FULL_FANOUT`]), so no document, no line, and no
@@ -172,19 +235,21 @@ pub const NEEDS_FULL_FANOUT: &str = "SELECT EXISTS (
 /// (bench row 18).
 macro_rules! fanout_lean_numbered {
     () => {
-        "
+        concat!(
+            "
         numbered AS (
             SELECT t.event_id, t.endpoint_id, NULL::text AS ordering_key, NULL::int8 AS line_seq,
                    NULL::uuid AS head_id, false AS blocks_on_dead, NULL::uuid AS transform_by,
                    wg_uuid_v7() AS delivery_id
             FROM (SELECT DISTINCT ev.id AS event_id, s.endpoint_id
-                  FROM ev JOIN subscriptions s
-                      ON s.source_id = ev.source_id
-                         OR (s.source_id IS NULL AND ev.source_id <> '00000000-0000-7000-8000-00000000ca7e')
-                  WHERE s.event_type_likes IS NULL
-                        OR EXISTS (SELECT 1 FROM unnest(s.event_type_likes) AS p(pattern)
-                                   WHERE ev.event_type LIKE p.pattern)) t
+                  FROM ev JOIN subscriptions s ON ",
+            takes_source!("s", "ev.source_id"),
+            "
+                  WHERE ",
+            takes_type!("s", "ev.event_type"),
+            ") t
         )"
+        )
     };
 }
 

@@ -25,11 +25,27 @@ fn main() -> ExitCode {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
     let matches = Cli::command().get_matches();
-    let cli = match Cli::from_arg_matches(&matches) {
+    let mut cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // `serve`'s settings are complete (file merged, checked) before the runtime is built:
+    // one of them sizes it.
+    let mut threads = None;
+    if let Command::Serve(args) = &mut cli.command {
+        let Some((_, sub)) = matches.subcommand() else {
+            return fail("missing subcommand");
+        };
+        if let Err(e) = args.merge_file(sub).and_then(|()| args.validate()) {
+            return fail(&e.to_string());
+        }
+        threads = args.runtime_threads;
+    }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = threads {
+        builder.worker_threads(threads);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };
@@ -64,13 +80,7 @@ fn main() -> ExitCode {
             init_tracing(LogFormat::Pretty, None);
             runtime.block_on(tokens_command(args))
         }
-        Command::Serve(mut args) => {
-            let Some((_, sub)) = matches.subcommand() else {
-                return fail("missing subcommand");
-            };
-            if let Err(e) = args.merge_file(sub).and_then(|()| args.validate()) {
-                return fail(&e.to_string());
-            }
+        Command::Serve(args) => {
             // Traces only for `serve`: the one-shot commands have nothing worth a trace.
             let endpoint = args.otel_endpoint.as_deref();
             let (telemetry, tracer) = match webhook_gateway::telemetry::start(endpoint, runtime.handle().clone()) {
@@ -190,6 +200,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = app::bind(args.listen).await?;
     let keyring = args.secrets.keyring()?;
     let metrics = webhook_gateway::metrics::install()?;
+    webhook_gateway::metrics::runtime_threads();
     let (admin_token, token_source) = match &args.admin_token {
         Some(token) => (token.clone(), TokenSource::Configured),
         None => {

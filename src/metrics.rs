@@ -64,6 +64,8 @@ pub const ENDPOINT_THROTTLED: &str = "webhook_gateway_endpoint_throttled";
 pub const ENDPOINT_THROTTLED_SECONDS: &str = "webhook_gateway_endpoint_throttled_seconds_total";
 /// Database pool connections by state (`in_use`, `idle`).
 pub const DB_POOL: &str = "webhook_gateway_db_pool_connections";
+/// Threads of the async runtime this process runs on (`--runtime-threads`).
+pub const RUNTIME_THREADS: &str = "webhook_gateway_runtime_threads";
 
 /// Default of how often the sampler refreshes the database-derived gauges
 /// (`--metrics-sample-secs`). The counts scan the pending rows (about 0.1 s per 100,000
@@ -79,6 +81,12 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
         )?
         .install_recorder()
         .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))
+}
+
+/// Record the size of the runtime the caller runs on (once, at start-up).
+pub fn runtime_threads() {
+    let threads = tokio::runtime::Handle::current().metrics().num_workers();
+    gauge!(RUNTIME_THREADS).set(threads as f64);
 }
 
 /// Count one outcome write, by why its batch stopped gathering.

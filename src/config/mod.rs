@@ -324,6 +324,12 @@ settings! {
         #[arg(long, env = "WEBHOOK_GATEWAY_WORKERS")]
         pub workers: Option<usize>,
 
+        /// Threads of the async runtime that serves requests and runs deliveries. Default: one per CPU core. One
+        /// thread halves the gateway's context switches at low load and costs it latency under heavy load (see
+        /// docs/configuration.md, Runtime threads).
+        #[arg(long, env = "WEBHOOK_GATEWAY_RUNTIME_THREADS")]
+        pub runtime_threads: Option<usize>,
+
         /// Concurrent requests per endpoint across every replica, for endpoints without their
         /// own `max_in_flight`. Default: half of this process's workers.
         #[arg(long, env = "WEBHOOK_GATEWAY_ENDPOINT_MAX_IN_FLIGHT")]

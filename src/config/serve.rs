@@ -71,6 +71,11 @@ impl ServeArgs {
         if self.workers == Some(0) {
             return fail("workers must be at least 1".into());
         }
+        if let Some(threads) = self.runtime_threads
+            && !(1..=MAX_RUNTIME_THREADS).contains(&threads)
+        {
+            return fail(format!("runtime-threads must be between 1 and {MAX_RUNTIME_THREADS}"));
+        }
         if self.max_attempts == 0 {
             return fail("max-attempts must be at least 1".into());
         }
@@ -294,6 +299,10 @@ impl ServeArgs {
 /// Default `--shutdown-drain-secs` with a database URL: a balancer checking every 2 s
 /// that needs two failures (HAProxy's `inter 2s fall 2`) has stopped sending by then.
 pub const DEFAULT_DRAIN_SECS: u64 = 5;
+
+/// Most runtime threads (`--runtime-threads`): far more than any machine's cores; a typo
+/// such as 10000 is refused rather than spawning that many threads.
+pub const MAX_RUNTIME_THREADS: usize = 1024;
 
 /// Longest accepted retention, in days (a century: a typo guard, not a policy).
 pub const MAX_RETENTION_DAYS: u32 = 36_500;

@@ -567,3 +567,13 @@ fn every_setting_is_reachable_from_the_command_line_the_environment_and_the_file
     std::fs::remove_dir_all(&dir).ok();
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+#[test]
+fn runtime_threads_are_between_one_and_the_cap() {
+    assert_eq!(parse(&["webhook-gateway", "serve"]).unwrap().runtime_threads, None);
+    assert_eq!(parse(&["webhook-gateway", "serve", "--runtime-threads", "1"]).unwrap().runtime_threads, Some(1));
+    for bad in ["0", "1025"] {
+        let err = parse(&["webhook-gateway", "serve", "--runtime-threads", bad]).unwrap_err();
+        assert!(err.contains("runtime-threads must be between 1 and 1024"), "{bad}: {err}");
+    }
+}

@@ -42,3 +42,54 @@ fn help_hides_secrets_from_the_environment() {
         }
     }
 }
+
+/// The runtime's threads, as the gateway at `addr` reports them on `/metrics`.
+async fn runtime_threads(addr: std::net::SocketAddr) -> String {
+    let text = reqwest::get(format!("http://{addr}/metrics")).await.expect("metrics").text().await.expect("text");
+    text.lines()
+        .find_map(|line| line.strip_prefix("webhook_gateway_runtime_threads "))
+        .unwrap_or_else(|| panic!("no runtime_threads gauge in {text}"))
+        .trim()
+        .to_owned()
+}
+
+/// `--runtime-threads` sizes the runtime the whole gateway runs on (as its `/metrics` say;
+/// tokio gives its blocking threads the same name, so `/proc` cannot tell them apart), and a gateway on one thread still takes a webhook and delivers it; the
+/// file's key sizes it the same way. Zero is refused at start-up.
+#[tokio::test]
+async fn runtime_threads_size_the_runtime_the_gateway_runs_on() {
+    use crate::support::{GatewayProcess, TestDb, eventually, gateway_with_sink, sink::Sink};
+    use std::time::Duration;
+
+    let db = TestDb::new().await;
+    let sink = Sink::ok().await;
+    let (gw, base) = gateway_with_sink(&db.url, &["--runtime-threads", "1"], &sink).await;
+    assert_eq!(runtime_threads(gw.addr).await, "1");
+    let answer = reqwest::Client::new()
+        .post(format!("{base}/ingest/shop"))
+        .header("content-type", "application/json")
+        .header("x-delivery-id", "one-thread-1")
+        .header("x-event-type", "order.created")
+        .body(r#"{"on":"one thread"}"#)
+        .send()
+        .await
+        .expect("ingest");
+    assert_eq!(answer.status(), 200);
+    eventually(Duration::from_secs(20), "the webhook delivered", || async { (sink.count() == 1).then_some(()) }).await;
+    drop(gw);
+
+    let dir = std::env::temp_dir().join(format!("wg-runtime-threads-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gateway.toml");
+    std::fs::write(&file, "runtime_threads = 3\n").unwrap();
+    let three = GatewayProcess::start(&db.url, &["--config", file.to_str().unwrap()]);
+    crate::support::wait_ready(three.addr).await;
+    assert_eq!(runtime_threads(three.addr).await, "3", "from the file");
+    drop(three);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let out = Command::new(BIN).args(["serve", "--runtime-threads", "0"]).env_remove("DATABASE_URL").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("runtime-threads must be between 1 and 1024"), "{stderr}");
+}

@@ -206,25 +206,46 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         return Ok(());
     }
     let vars = crate::ingest::pgbench_vars(&pool).await?;
-    let script = ctx.work_dir.join("e2e-floor.pgbench");
-    std::fs::write(&script, pg::pgbench_script(vars.fresh_terms)?)?;
+    let ingest = ctx.work_dir.join("e2e-floor.pgbench");
+    std::fs::write(&ingest, pg::pgbench_script(vars.fresh_terms)?)?;
+    let commit = ctx.work_dir.join("e2e-floor-commit.pgbench");
+    std::fs::write(&commit, format!("INSERT INTO {COMMIT_FLOOR_TABLE} DEFAULT VALUES;\n"))?;
+    sqlx::query(&format!("CREATE TABLE {COMMIT_FLOOR_TABLE} (id bigserial PRIMARY KEY)")).execute(&pool).await?;
     for &rate in &ctx.args.rates {
-        floor(ctx, &pool, &script, &vars, rate).await?;
+        floor(ctx, &pool, Floor::IngestStatement, &ingest, &vars, rate).await?;
+        floor(ctx, &pool, Floor::OneRowCommit, &commit, &vars, rate).await?;
     }
+    sqlx::query(&format!("DROP TABLE {COMMIT_FLOOR_TABLE}")).execute(&pool).await?;
     Ok(())
+}
+
+/// The table of [`Floor::OneRowCommit`]: a `bigserial` key and nothing else.
+const COMMIT_FLOOR_TABLE: &str = "bench_commit_floor";
+
+/// What a row 5 floor runs.
+#[derive(Clone, Copy)]
+enum Floor {
+    /// The gateway's ingest statement alone (the lean one: the bench's source neither
+    /// filters, orders nor transforms).
+    IngestStatement,
+    /// A one-row `INSERT` of a key alone, each its own commit: what any design that
+    /// commits each webhook before answering pays at this rate, whatever it writes.
+    OneRowCommit,
 }
 
 /// pgbench's connections for [`floor`].
 const FLOOR_CLIENTS: usize = 4;
 
-/// Row 5's physical floor: pgbench running the ingest statement alone at the same rate, on
-/// the same database (the gateway stopped). At a low rate PostgreSQL's CPU per commit is
-/// mostly waking an idle backend and flushing the WAL, whatever the statement does, and a
-/// webhook costs the gateway three commits (its ingest, its claim, its outcome): this
-/// says what one costs on this machine.
+/// Row 5's physical floors: pgbench at the same rate, on the same database (the gateway
+/// stopped), running the ingest statement alone, then a one-row commit. At a low rate
+/// PostgreSQL's CPU per commit is partly waking an idle backend and flushing the WAL,
+/// whatever the statement does; a lone webhook costs the gateway its ingest commit (which
+/// leases its deliveries) and a share of an outcome commit: these say what each part
+/// costs on this machine.
 async fn floor(
     ctx: &Ctx,
     pool: &PgPool,
+    kind: Floor,
     script: &std::path::Path,
     vars: &pg::PgbenchVars,
     rate: u64,
@@ -245,9 +266,19 @@ async fn floor(
     let us = |cores: Option<f64>| {
         cores.map_or_else(|| "n/a".to_owned(), |c| format!("{:.0} µs", c / run.tps.max(1e-9) * 1e6))
     };
+    let (scenario, what) = match kind {
+        Floor::IngestStatement => (
+            "Physical floor: pgbench, the ingest statement alone at the same rate",
+            "one commit of the event and its delivery",
+        ),
+        Floor::OneRowCommit => (
+            "Physical floor: pgbench, a one-row commit at the same rate",
+            "one commit of a row holding only its key: the least a commit per webhook costs",
+        ),
+    };
     ctx.row(Row {
         id: "5".into(),
-        scenario: "Physical floor: pgbench, the ingest statement alone at the same rate".into(),
+        scenario: scenario.into(),
         setting: format!("{}/s offered, {FLOOR_CLIENTS} connections", thousands(rate)),
         result: format!("{} transactions", fmt_rate(run.tps)),
         p50: fmt_dur(run.latency.p50),
@@ -256,9 +287,9 @@ async fn floor(
         target: "—".into(),
         cpu: cpu.cell(),
         note: format!(
-            "CPU per transaction (one commit of the event and its delivery): PostgreSQL {}, pgbench {}{}; a webhook \
-             costs the gateway three commits (ingest, claim, outcome); the latency columns are one commit's, from its \
-             scheduled start (compare the ingest answer above){}",
+            "CPU per transaction ({what}): PostgreSQL {}, pgbench {}{}; a lone webhook costs the gateway its \
+             ingest commit (which leases its deliveries) and a share of an outcome commit (the recorder's batch); the \
+             latency columns are one commit's, from its scheduled start (compare the ingest answer above){}",
             us(cpu.postgres),
             us(cpu.pgbench),
             wal.map(|w| format!(

@@ -18,14 +18,21 @@
 //! lease would then lock the endpoint's after it, an order the recorder does not keep;
 //! the statement leases no ordered delivery either way).
 //!
-//! The statement runs in a task of its own, so a request that goes away meanwhile (its
-//! client gone, its deadline passed) does not leave leases committed that no worker
-//! receives. A lease the dispatcher cannot take any more (it stopped meanwhile) is given
+//! A request that goes away meanwhile (its client gone, its deadline passed) does not
+//! leave leases committed that no worker receives: the statement runs in the requester's
+//! own task, and a requester that drops it before it ends hands what is left of it to a
+//! task of its own, which finishes it ([`FinishOnDrop`]). (A task spawned for every
+//! statement did the same, and its end woke the requester while the dispatcher's wake
+//! was queued too: two tasks ready at once, which at low load woke the runtime's other
+//! thread for every webhook.) A lease the dispatcher cannot take any more (it stopped meanwhile) is given
 //! back at once ([`queue::release`], fenced by its token, the attempt not spent), not left
 //! until the lease runs out.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use opentelemetry::trace::SpanContext;
@@ -113,14 +120,14 @@ impl Prelease {
 /// The answer's `deliveries` are those left to claim (not leased here): what ingest
 /// hands over by id.
 ///
-/// Runs in a task of its own (see the module doc): the caller may go away meanwhile. A
-/// statement the database refused for a reason that says nothing of its health has the
-/// webhook stored the plain way (nothing of a refused statement committed); any other
-/// failure is the answer (a statement that committed and then could not be read must
-/// not be written again).
+/// Finished even when the caller goes away meanwhile (see the module doc). A statement
+/// the database refused for a reason that says nothing of its health has the webhook
+/// stored the plain way (nothing of a refused statement committed); any other failure is
+/// the answer (a statement that committed and then could not be read must not be written
+/// again).
 pub async fn store(pool: &Pool, event: events::OwnedEvent, prelease: Arc<Prelease>) -> Result<Stored, sqlx::Error> {
     let pool = pool.clone();
-    let task = tokio::spawn(async move {
+    FinishOnDrop::new(async move {
         let event = event.as_new();
         match store_leasing(&pool, &event, &prelease).await {
             Err(e) if matches!(e, sqlx::Error::Database(_)) && !crate::db::is_unavailable(&e) => {
@@ -129,8 +136,47 @@ pub async fn store(pool: &Pool, event: events::OwnedEvent, prelease: Arc<Preleas
             }
             stored => stored,
         }
-    });
-    task.await.unwrap_or_else(|e| Err(sqlx::Error::Protocol(format!("storing a webhook stopped: {e}"))))
+    })
+    .await
+}
+
+/// A future run in its caller's task that, dropped before it ends, is finished in a task
+/// of its own: what it has started (a statement that may commit leases) is carried
+/// through to where it hands its work on, whoever stopped waiting for its answer.
+struct FinishOnDrop<T: Send + 'static> {
+    future: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+}
+
+impl<T: Send + 'static> FinishOnDrop<T> {
+    fn new(future: impl Future<Output = T> + Send + 'static) -> Self {
+        FinishOnDrop { future: Some(Box::pin(future)) }
+    }
+}
+
+impl<T: Send + 'static> Future for FinishOnDrop<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let Some(future) = self.future.as_mut() else {
+            return Poll::Pending; // polled after it ended: never, as with any future
+        };
+        let output = std::task::ready!(future.as_mut().poll(cx));
+        self.future = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<T: Send + 'static> Drop for FinishOnDrop<T> {
+    fn drop(&mut self) {
+        let Some(future) = self.future.take() else { return };
+        // Outside a runtime (the process ending) there is nowhere to finish it: a lease
+        // it may have committed runs out and its delivery is claimed again.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                future.await;
+            });
+        }
+    }
 }
 
 /// [`store`], in the caller's task.

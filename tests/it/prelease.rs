@@ -302,19 +302,27 @@ async fn leases_stranded_by_a_death_after_the_commit_are_claimed_again_when_they
     assert_eq!(sink.received()[0].header("webhook-attempt"), "2", "the stranded lease spent the first attempt");
 }
 
+/// A gateway without delivery (role `ingest`) with a source `shop` and an endpoint
+/// subscribed to it, and an open hand-off of 4 worker slots whose dispatcher's end the
+/// test holds: what a leasing statement hands over is seen there.
+async fn hand_off_without_dispatcher() -> (TestApp, String, std::sync::Arc<Prelease>, prelease::Received) {
+    let app = TestApp::ingest_only().await;
+    app.source_none("shop").await;
+    let ep = app.endpoint_for("http://127.0.0.1:9/", Some("shop")).await;
+    let settings = DeliverySettings { workers: 4, ..test_settings().delivery };
+    let (shared, received) = Prelease::new(&settings);
+    shared.set_owed_general(false);
+    (app, ep, shared, received)
+}
+
 /// Leases that no worker receives (the dispatcher is gone without closing the hand-off)
 /// are given back at once, fenced: pending again, the attempt not spent; the next claim
 /// gets it with a new token, on its first attempt; and the same webhook stored again is a
 /// duplicate with nothing leased.
 #[tokio::test]
 async fn leases_that_no_worker_receives_are_given_back() {
-    let app = TestApp::ingest_only().await;
-    app.source_none("shop").await;
-    let ep = app.endpoint_for("http://127.0.0.1:9/", Some("shop")).await;
+    let (app, ep, shared, received) = hand_off_without_dispatcher().await;
     let pool = &app.db.pool;
-    let settings = DeliverySettings { workers: 4, ..test_settings().delivery };
-    let (shared, received) = Prelease::new(&settings);
-    shared.set_owed_general(false);
     drop(received);
 
     let headers = json!({});
@@ -478,4 +486,50 @@ async fn racing_leasing_statements_fill_each_endpoint_s_limit_and_never_pass_it(
     tokens.dedup();
     assert_eq!(tokens.len(), 5, "each lease its own token");
     assert_eq!(app.db.count("deliveries").await, 4 * RACERS as i64);
+}
+
+/// A requester that stops waiting while its leasing statement is under way (its client
+/// gone, its deadline passed) drops the store; the statement is still carried through to
+/// the hand-off: its lease reaches the dispatcher's end, not left to run out. Here the
+/// statement waits on the endpoint's row, locked by another transaction, past the
+/// requester's patience; the lock is then let go. Control: awaiting the statement plainly
+/// in the requester (no finishing on drop), the lease is committed and nothing receives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leasing_statement_whose_requester_stops_waiting_still_hands_its_lease_over() {
+    let (app, ep, shared, mut received) = hand_off_without_dispatcher().await;
+    let pool = &app.db.pool;
+
+    let mut holder = pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM endpoints WHERE id = $1::uuid FOR UPDATE")
+        .bind(&ep)
+        .execute(&mut *holder)
+        .await
+        .expect("lock the endpoint");
+    let headers = json!({});
+    let event = shop_event(pool, "impatient-1", &headers).await;
+    let owned = webhook_gateway::store::events::OwnedEvent {
+        source_id: event.source_id,
+        dedupe_key: event.dedupe_key.to_owned(),
+        event_type: event.event_type.to_owned(),
+        content_type: event.content_type.map(str::to_owned),
+        headers: headers.clone(),
+        payload: bytes::Bytes::from_static(b"{}"),
+        ordering_key: None,
+        trace: None,
+    };
+    let waited = tokio::time::timeout(Duration::from_millis(500), prelease::store(pool, owned, shared.clone())).await;
+    assert!(waited.is_err(), "the statement waits on the locked endpoint past the requester's patience");
+    assert_eq!(app.db.count("events").await, 0, "nothing committed yet");
+    holder.commit().await.expect("let the endpoint go");
+
+    let handed = tokio::time::timeout(WAIT, received.recv()).await.expect("the lease reaches the dispatcher's end");
+    let handed = handed.expect("the hand-off is open");
+    assert_eq!(handed.job.attempt, 1);
+    let leases = lease_of(pool, &ep).await;
+    assert_eq!(leases.len(), 1);
+    assert_eq!(
+        (leases[0].1, leases[0].3),
+        (handed.job.claim_token, true),
+        "the lease handed over is the one committed"
+    );
 }

@@ -304,6 +304,7 @@ async fn serve(
         settings.delivery.shutdown_grace,
         stop.clone(),
     ));
-    tracing::info!(%addr, role = ?settings.role, "gateway listening");
+    let runtime_threads = tokio::runtime::Handle::current().metrics().num_workers();
+    tracing::info!(%addr, role = ?settings.role, runtime_threads, "gateway listening");
     Ok(Running { addr, sources, shutdown, server, dispatcher, background, janitor, draining, drain: settings.drain })
 }

@@ -65,6 +65,8 @@ async fn runtime_threads_size_the_runtime_the_gateway_runs_on() {
     let sink = Sink::ok().await;
     let (gw, base) = gateway_with_sink(&db.url, &["--runtime-threads", "1"], &sink).await;
     assert_eq!(runtime_threads(gw.addr).await, "1");
+    let log = std::fs::read_to_string(&gw.log).expect("the gateway's log");
+    assert!(log.contains("runtime_threads=1"), "the start-up line says so: {log}");
     let answer = reqwest::Client::new()
         .post(format!("{base}/ingest/shop"))
         .header("content-type", "application/json")

@@ -221,3 +221,27 @@ fn give_back(pool: &Pool, leases: Vec<(DeliveryId, i64)>) {
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::FinishOnDrop;
+    use std::time::Duration;
+    use tokio::sync::oneshot;
+
+    /// Dropped while it waits, the future is finished in a task of its own: what it does
+    /// after the wait still happens. Awaited to its end, it answers and nothing is left.
+    #[tokio::test]
+    async fn a_future_dropped_before_its_end_is_finished_all_the_same() {
+        let (go, wait) = oneshot::channel::<()>();
+        let (done, finished) = oneshot::channel::<&str>();
+        let started = FinishOnDrop::new(async move {
+            let _ = wait.await;
+            let _ = done.send("finished");
+        });
+        assert!(tokio::time::timeout(Duration::from_millis(20), started).await.is_err(), "still waiting");
+        go.send(()).expect("the dropped future still listens");
+        assert_eq!(tokio::time::timeout(Duration::from_secs(5), finished).await, Ok(Ok("finished")));
+
+        assert_eq!(FinishOnDrop::new(async { 7 }).await, 7);
+    }
+}

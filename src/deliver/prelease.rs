@@ -23,18 +23,20 @@
 //! own task, and a requester that drops it before it ends hands what is left of it to a
 //! task of its own, which finishes it ([`FinishOnDrop`]). (A task spawned for every
 //! statement did the same, and its end woke the requester while the dispatcher's wake
-//! was queued too: two tasks ready at once, which at low load woke the runtime's other
-//! thread for every webhook.) A lease the dispatcher cannot take any more (it stopped meanwhile) is given
-//! back at once ([`queue::release`], fenced by its token, the attempt not spent), not left
-//! until the lease runs out.
+//! was queued too: two tasks ready at once, for which the runtime wakes its other
+//! thread.) A lease the dispatcher cannot take any more (it stopped meanwhile) is given
+//! back at once ([`queue::release`], fenced by its token, the attempt not spent), not
+//! left until the lease runs out.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+use futures_util::FutureExt as _;
 use opentelemetry::trace::SpanContext;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
@@ -127,7 +129,9 @@ impl Prelease {
 /// again).
 pub async fn store(pool: &Pool, event: events::OwnedEvent, prelease: Arc<Prelease>) -> Result<Stored, sqlx::Error> {
     let pool = pool.clone();
-    FinishOnDrop::new(async move {
+    // A panic is an answer (500), as it was when the statement had a task of its own,
+    // not the end of the requester's connection.
+    AssertUnwindSafe(FinishOnDrop::new(async move {
         let event = event.as_new();
         match store_leasing(&pool, &event, &prelease).await {
             Err(e) if matches!(e, sqlx::Error::Database(_)) && !crate::db::is_unavailable(&e) => {
@@ -136,8 +140,10 @@ pub async fn store(pool: &Pool, event: events::OwnedEvent, prelease: Arc<Preleas
             }
             stored => stored,
         }
-    })
+    }))
+    .catch_unwind()
     .await
+    .unwrap_or_else(|_| Err(sqlx::Error::Protocol("storing a webhook stopped: it panicked".into())))
 }
 
 /// A future run in its caller's task that, dropped before it ends, is finished in a task
@@ -157,12 +163,16 @@ impl<T: Send + 'static> Future for FinishOnDrop<T> {
     type Output = T;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        let Some(future) = self.future.as_mut() else {
+        // Taken out while it is polled: one that panics is gone with the unwinding, never
+        // handed to a task to be polled again.
+        let Some(mut future) = self.future.take() else {
             return Poll::Pending; // polled after it ended: never, as with any future
         };
-        let output = std::task::ready!(future.as_mut().poll(cx));
-        self.future = None;
-        Poll::Ready(output)
+        let polled = future.as_mut().poll(cx);
+        if polled.is_pending() {
+            self.future = Some(future);
+        }
+        polled
     }
 }
 
@@ -225,6 +235,13 @@ fn give_back(pool: &Pool, leases: Vec<(DeliveryId, i64)>) {
 #[cfg(test)]
 mod tests {
     use super::FinishOnDrop;
+    use futures_util::FutureExt as _;
+    use std::future::Future;
+    use std::panic::AssertUnwindSafe;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll};
     use std::time::Duration;
     use tokio::sync::oneshot;
 
@@ -243,5 +260,28 @@ mod tests {
         assert_eq!(tokio::time::timeout(Duration::from_secs(5), finished).await, Ok(Ok("finished")));
 
         assert_eq!(FinishOnDrop::new(async { 7 }).await, 7);
+    }
+
+    /// Counts its polls and panics in the first.
+    struct Panics(Arc<AtomicUsize>);
+
+    impl Future for Panics {
+        type Output = ();
+
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            panic!("a panic in the statement's future");
+        }
+    }
+
+    /// A future that panics is caught where it is awaited, and is not handed to a task to
+    /// be polled again when its wrapper is dropped.
+    #[tokio::test]
+    async fn a_future_that_panics_is_not_finished_again() {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let caught = AssertUnwindSafe(FinishOnDrop::new(Panics(polls.clone()))).catch_unwind().await;
+        assert!(caught.is_err());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(polls.load(Ordering::SeqCst), 1, "polled once, where it was awaited");
     }
 }

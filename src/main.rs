@@ -1,5 +1,6 @@
-//! `webhook-gateway` binary: CLI -> configuration -> listen address -> admin token ->
-//! database -> `app::start_on` -> banner.
+//! `webhook-gateway` binary: CLI -> configuration -> the async runtime (sized by
+//! `--runtime-threads`) -> listen address -> admin token -> database -> `app::start_on`
+//! -> banner.
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;

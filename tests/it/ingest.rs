@@ -6,9 +6,8 @@ use serde_json::json;
 use tokio::sync::Barrier;
 
 use webhook_gateway::store;
-use webhook_gateway::store::events::OwnedEvent;
 
-use crate::support::TestApp;
+use crate::support::{TestApp, owned_event, source_id};
 
 /// The centrepiece: 24 identical webhooks, each on its own HTTP connection (so its own
 /// request task and its own database connection), released together by a barrier,
@@ -207,19 +206,6 @@ async fn events_published_through_the_api_are_idempotent() {
     assert_eq!(resp.status().as_u16(), 403);
 }
 
-fn owned(source: webhook_gateway::ids::SourceId, key: &str, event_type: &str) -> OwnedEvent {
-    OwnedEvent {
-        source_id: source,
-        dedupe_key: key.to_owned(),
-        event_type: event_type.to_owned(),
-        content_type: Some("application/json".to_owned()),
-        headers: json!({"x": key}),
-        payload: format!("{{\"k\":\"{key}\"}}").into_bytes().into(),
-        ordering_key: None,
-        trace: None,
-    }
-}
-
 /// Adaptive group commit over real connections: 16 producers, each sending its next
 /// webhook as soon as the last is answered, share commits (events per inserting
 /// transaction, read from `xmin`), and every webhook is stored exactly once and
@@ -285,25 +271,15 @@ async fn a_batch_stores_each_key_once_and_answers_each_event() {
     app.source_none("shop").await;
     app.source_none("crm").await;
     app.endpoint_for("http://127.0.0.1:9/all", None).await;
-    let id = |name: &'static str| {
-        let pool = app.db.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, webhook_gateway::ids::SourceId>("SELECT id FROM sources WHERE name = $1")
-                .bind(name)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        }
-    };
-    let (shop, crm) = (id("shop").await, id("crm").await);
+    let (shop, crm) = (source_id(&app.db.pool, "shop").await, source_id(&app.db.pool, "crm").await);
     let (_, existing) = app.ingest("shop", "old", "t", "{}").await;
 
     let batch = vec![
-        owned(shop, "b", "t"),
-        owned(shop, "old", "t"),
-        owned(crm, "b", "t"),
-        owned(shop, "a", "t"),
-        owned(shop, "b", "t"),
+        owned_event(shop, "b", "t"),
+        owned_event(shop, "old", "t"),
+        owned_event(crm, "b", "t"),
+        owned_event(shop, "a", "t"),
+        owned_event(shop, "b", "t"),
     ];
     let stored = store::events::insert_batch_with_fanout(&app.db.pool, &batch).await.unwrap();
     let flags: Vec<bool> = stored.iter().map(|s| s.duplicate).collect();

@@ -9,7 +9,7 @@ use sqlx::Row as _;
 use webhook_gateway::ids::SourceId;
 use webhook_gateway::store::events::{self, NewEvent, lean};
 
-use crate::support::TestApp;
+use crate::support::{TestApp, source_id};
 
 /// `sql` (an ingest statement with `insert_sql`'s ten parameters) run for `event` in a
 /// transaction that is rolled back: its answer's event id (`None`: nothing stored, the
@@ -39,16 +39,6 @@ async fn fan_out_of(url: &str, sql: &str, event: &NewEvent<'_>) -> (Option<uuid:
     assert_eq!(events, i64::from(id.is_some()), "an event stored exactly when the answer names one");
     sqlx::query("ROLLBACK").execute(&mut conn).await.expect("rollback");
     (id, endpoints)
-}
-
-async fn source_id(app: &TestApp, name: &str) -> SourceId {
-    SourceId(
-        sqlx::query_scalar("SELECT id FROM sources WHERE name = $1")
-            .bind(name)
-            .fetch_one(&app.db.pool)
-            .await
-            .expect("source"),
-    )
 }
 
 fn event<'a>(source: SourceId, key: &'a str, event_type: &'a str, headers: &'a Value) -> NewEvent<'a> {
@@ -89,7 +79,7 @@ async fn the_lean_fan_out_reaches_the_endpoints_the_full_one_reaches() {
     )
     .await;
     app.endpoint_for("http://127.0.0.1:9/elsewhere", Some("other")).await;
-    let shop = source_id(&app, "shop").await;
+    let shop = source_id(&app.db.pool, "shop").await;
     let headers = json!({});
     let sorted = |mut ids: Vec<&String>| {
         ids.sort();
@@ -138,7 +128,7 @@ async fn a_source_whose_subscription_filters_orders_or_transforms_is_stored_by_t
         app.endpoint_for(&format!("http://127.0.0.1:9/{name}/plain"), Some(name)).await;
         subscription["source"] = Value::from(name);
         let special = app.endpoint_with(&format!("http://127.0.0.1:9/{name}/special"), subscription).await;
-        let source = source_id(&app, name).await;
+        let source = source_id(&app.db.pool, name).await;
         let event = event(source, "k-1", "order.created", &headers);
 
         let (lean_id, lean) = fan_out_of(&app.db.url, lean::insert_sql(), &event).await;
@@ -181,7 +171,7 @@ async fn the_lean_statement_answers_a_duplicate_with_the_original() {
     let app = TestApp::ingest_only().await;
     app.source_none("shop").await;
     app.endpoint_for("http://127.0.0.1:9/", Some("shop")).await;
-    let shop = source_id(&app, "shop").await;
+    let shop = source_id(&app.db.pool, "shop").await;
     let headers = json!({});
     let event = event(shop, "dup-1", "order.created", &headers);
     let first = events::insert_with_fanout(&app.db.pool, &event).await.expect("stored");

@@ -271,8 +271,7 @@ async fn a_batch_keeps_arrival_order_within_a_line() {
     let app = TestApp::ingest_only().await;
     let sink = Sink::start(|_, _| Reply::status(200)).await;
     ordered_setup(&app, &sink, "skip").await;
-    let source: webhook_gateway::ids::SourceId =
-        sqlx::query_scalar("SELECT id FROM sources WHERE name = 'ord'").fetch_one(&app.db.pool).await.unwrap();
+    let source = crate::support::source_id(&app.db.pool, "ord").await;
     // Dedupe keys sort opposite to arrival: z-0 arrives first, a-3 last.
     let events: Vec<OwnedEvent> = ["z-0", "m-1", "c-2", "a-3"]
         .iter()
@@ -317,8 +316,7 @@ async fn a_statement_that_waits_for_a_line_takes_its_place_after_the_line_s_head
     let app = TestApp::ingest_only().await;
     let sink = Sink::start(|_, _| Reply::status(200)).await;
     ordered_setup(&app, &sink, "skip").await;
-    let source: webhook_gateway::ids::SourceId =
-        sqlx::query_scalar("SELECT id FROM sources WHERE name = 'ord'").fetch_one(&app.db.pool).await.unwrap();
+    let source = crate::support::source_id(&app.db.pool, "ord").await;
     ingest(&app, "k0", 0).await;
 
     let mut holder = app.db.pool.begin().await.unwrap();

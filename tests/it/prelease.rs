@@ -7,11 +7,10 @@ use std::time::Duration;
 use serde_json::json;
 use webhook_gateway::deliver::DeliverySettings;
 use webhook_gateway::deliver::prelease::{self, Prelease};
-use webhook_gateway::ids::SourceId;
 use webhook_gateway::store::events::NewEvent;
 
 use crate::support::sink::{Reply, Sink};
-use crate::support::{TestApp, TestDb, count_status, eventually, test_settings};
+use crate::support::{TestApp, TestDb, count_status, eventually, owned_event, source_id, test_settings};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -49,10 +48,8 @@ async fn shop_event<'a>(
     key: &'a str,
     headers: &'a serde_json::Value,
 ) -> NewEvent<'a> {
-    let source: uuid::Uuid =
-        sqlx::query_scalar("SELECT id FROM sources WHERE name = 'shop'").fetch_one(pool).await.expect("source");
     NewEvent {
-        source_id: SourceId(source),
+        source_id: source_id(pool, "shop").await,
         dedupe_key: key,
         event_type: "order.created",
         content_type: Some("application/json"),
@@ -505,19 +502,8 @@ async fn a_leasing_statement_whose_requester_stops_waiting_still_hands_its_lease
         .execute(&mut *holder)
         .await
         .expect("lock the endpoint");
-    let headers = json!({});
-    let event = shop_event(pool, "impatient-1", &headers).await;
-    let owned = webhook_gateway::store::events::OwnedEvent {
-        source_id: event.source_id,
-        dedupe_key: event.dedupe_key.to_owned(),
-        event_type: event.event_type.to_owned(),
-        content_type: event.content_type.map(str::to_owned),
-        headers: headers.clone(),
-        payload: bytes::Bytes::from_static(b"{}"),
-        ordering_key: None,
-        trace: None,
-    };
-    let waited = tokio::time::timeout(Duration::from_millis(500), prelease::store(pool, owned, shared.clone())).await;
+    let event = owned_event(source_id(pool, "shop").await, "impatient-1", "order.created");
+    let waited = tokio::time::timeout(Duration::from_millis(500), prelease::store(pool, event, shared.clone())).await;
     assert!(waited.is_err(), "the statement waits on the locked endpoint past the requester's patience");
     assert_eq!(app.db.count("events").await, 0, "nothing committed yet");
     holder.commit().await.expect("let the endpoint go");

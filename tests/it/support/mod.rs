@@ -637,3 +637,29 @@ pub fn bound_event<'q>(
         .bind(None::<&str>)
         .bind(Vec::<i64>::new())
 }
+
+/// The id of the source named `name`.
+pub async fn source_id(pool: &Pool, name: &str) -> webhook_gateway::ids::SourceId {
+    webhook_gateway::ids::SourceId(
+        sqlx::query_scalar("SELECT id FROM sources WHERE name = $1").bind(name).fetch_one(pool).await.expect("source"),
+    )
+}
+
+/// An event of `source` keyed `key`, to store without the HTTP front: a JSON body and a
+/// header that name the key.
+pub fn owned_event(
+    source: webhook_gateway::ids::SourceId,
+    key: &str,
+    event_type: &str,
+) -> webhook_gateway::store::events::OwnedEvent {
+    webhook_gateway::store::events::OwnedEvent {
+        source_id: source,
+        dedupe_key: key.to_owned(),
+        event_type: event_type.to_owned(),
+        content_type: Some("application/json".to_owned()),
+        headers: serde_json::json!({"x": key}),
+        payload: format!("{{\"k\":\"{key}\"}}").into_bytes().into(),
+        ordering_key: None,
+        trace: None,
+    }
+}

@@ -305,6 +305,7 @@ async fn serve(
         stop.clone(),
     ));
     let runtime_threads = tokio::runtime::Handle::current().metrics().num_workers();
+    crate::metrics::runtime_threads(runtime_threads);
     tracing::info!(%addr, role = ?settings.role, runtime_threads, "gateway listening");
     Ok(Running { addr, sources, shutdown, server, dispatcher, background, janitor, draining, drain: settings.drain })
 }

@@ -201,7 +201,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = app::bind(args.listen).await?;
     let keyring = args.secrets.keyring()?;
     let metrics = webhook_gateway::metrics::install()?;
-    webhook_gateway::metrics::runtime_threads();
     let (admin_token, token_source) = match &args.admin_token {
         Some(token) => (token.clone(), TokenSource::Configured),
         None => {

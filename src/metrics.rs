@@ -83,9 +83,8 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
         .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))
 }
 
-/// Record the size of the runtime the caller runs on (once, at start-up).
-pub fn runtime_threads() {
-    let threads = tokio::runtime::Handle::current().metrics().num_workers();
+/// Record the size of the runtime the gateway runs on (once, at start-up).
+pub fn runtime_threads(threads: usize) {
     gauge!(RUNTIME_THREADS).set(threads as f64);
 }
 

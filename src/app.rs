@@ -297,6 +297,9 @@ async fn serve(
     let console = (settings.console && settings.role != Role::Worker).then(crate::console::router);
     let draining = state.draining.clone();
     let router = crate::api::router(state, settings.role, console);
+    // Before the first request is served: `/metrics` has the gauge from the start.
+    let runtime_threads = tokio::runtime::Handle::current().metrics().num_workers();
+    crate::metrics::runtime_threads(runtime_threads);
     let server = tokio::spawn(crate::server::serve(
         listener,
         router,
@@ -304,8 +307,6 @@ async fn serve(
         settings.delivery.shutdown_grace,
         stop.clone(),
     ));
-    let runtime_threads = tokio::runtime::Handle::current().metrics().num_workers();
-    crate::metrics::runtime_threads(runtime_threads);
     tracing::info!(%addr, role = ?settings.role, runtime_threads, "gateway listening");
     Ok(Running { addr, sources, shutdown, server, dispatcher, background, janitor, draining, drain: settings.drain })
 }

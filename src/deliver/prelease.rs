@@ -4,12 +4,13 @@
 //! At low load a webhook cost two round trips before its attempt could start: ingest's
 //! statement, then the claim by key of the deliveries it created, each its own commit
 //! (bench/PROFILE.md). In a process that both ingests and delivers (role `all`), a
-//! webhook that ingest writes alone (group commit's direct write, `ingest::batcher`) is
-//! stored and its deliveries leased in one statement
+//! webhook that ingest writes alone (group commit's direct write, or a writer's batch of
+//! one, `ingest::batcher`) is stored and its deliveries leased in one statement
 //! ([`crate::store::events::insert_and_claim`]): each delivery whose endpoint has room is
 //! inserted already leased (one row version), with the endpoint locks, in-flight count,
-//! rate tokens and fencing token of any claim (`wg_lease_room_v1`, migration 0028). The leased deliveries go to this process's dispatcher with a worker slot
-//! each, reserved before the statement, so no lease waits for a slot.
+//! rate tokens and fencing token of any claim (`wg_lease_room_v1`, migration 0028). The
+//! leased deliveries go to this process's dispatcher with a worker slot each, reserved
+//! before the statement, so no lease waits for a slot.
 //!
 //! It is not done (the deliveries are handed over by id, [`crate::wake::Handoff`], as
 //! before) when the dispatcher has no free slot, when it owes a general claim (due work

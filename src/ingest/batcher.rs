@@ -22,9 +22,10 @@
 //! next batch exactly as they would behind a writer's commit. That saves the two task
 //! wake-ups of the hand-over (request to writer, writer back to request), which at one
 //! connection are a visible part of a webhook's time. In role `all`, while the
-//! process's dispatcher has free workers and owes no general claim, that one statement
-//! also leases the webhook's deliveries for them ([`crate::deliver::prelease`]; in a task
-//! of its own, so that a requester that goes away strands no lease).
+//! process's dispatcher has free workers and owes no general claim, a webhook written
+//! alone (directly, or as a writer's batch of one) has its deliveries leased for them by
+//! the statement that stores it ([`crate::deliver::prelease`]; finished even when the
+//! requester goes away, so that no lease is stranded).
 //!
 //! If a batch fails for a reason other than the database being unreachable (say one
 //! event trips a trigger), its events are retried one by one so each gets its own
@@ -128,7 +129,7 @@ impl Batcher {
         let (jobs, queue) = mpsc::channel::<Job>(MAX_BATCH * writers.max(1) * 4);
         let shared = Arc::new(Writers::new(queue));
         for _ in 0..writers.max(1) {
-            tokio::spawn(write_loop(pool.clone(), shared.clone()));
+            tokio::spawn(write_loop(pool.clone(), shared.clone(), prelease.clone()));
         }
         Batcher { jobs, writers: shared, pool, prelease }
     }
@@ -280,9 +281,9 @@ async fn write_in_flight(
     })
 }
 
-/// A requester's direct write of its webhook: with its deliveries leased by the same
-/// statement when the dispatcher of this process takes them now, else as a writer's
-/// batch of one.
+/// A webhook written alone (a requester's direct write, or a writer's batch of one): with
+/// its deliveries leased by the same statement when the dispatcher of this process takes
+/// them now, else stored plainly.
 async fn write_alone(
     pool: &Pool,
     event: OwnedEvent,
@@ -304,7 +305,7 @@ fn take_queued(queue: &mut mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
     }
 }
 
-async fn write_loop(pool: Pool, writers: Arc<Writers>) {
+async fn write_loop(pool: Pool, writers: Arc<Writers>, prelease: Option<Arc<Prelease>>) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     loop {
         if !writers.collect(&mut batch).await {
@@ -319,8 +320,16 @@ async fn write_loop(pool: Pool, writers: Arc<Writers>) {
         };
         let span = crate::telemetry::commit_span(batch.iter().map(|job| &job.span), batch.len());
         let (events, replies): (Vec<OwnedEvent>, Vec<_>) = batch.drain(..).map(|job| (job.event, job.reply)).unzip();
-        let results =
-            write_in_flight(events.len(), write(&pool, &events), span, deadline, InFlight::start(&writers)).await;
+        let in_flight = InFlight::start(&writers);
+        // A batch of one is written as a requester writes its webhook alone, its
+        // deliveries leased by its statement: at a few hundred webhooks a second, many
+        // arrive while another's commit is in flight and are written here.
+        let results = match <[OwnedEvent; 1]>::try_from(events) {
+            Ok([event]) => {
+                write_in_flight(1, write_alone(&pool, event, prelease.clone()), span, deadline, in_flight).await
+            }
+            Err(events) => write_in_flight(events.len(), write(&pool, &events), span, deadline, in_flight).await,
+        };
         for (reply, result) in replies.into_iter().zip(results) {
             // The requester may have gone meanwhile: the event is stored either way,
             // and a retry will be answered as a duplicate.

@@ -142,6 +142,71 @@ async fn a_fan_out_wider_than_the_free_workers_is_leased_up_to_them_and_the_rest
     assert!(sink.max_concurrent() <= 2, "never more requests than workers");
 }
 
+/// Backends of this test's database waiting for a lock.
+async fn lock_waiters(pool: &webhook_gateway::db::Pool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("pg_stat_activity")
+}
+
+/// A webhook that arrives while another's commit is in flight is written by a writer
+/// task, as a batch of one: its deliveries are leased by the statement that stores it
+/// too, not claimed by key after its commit. Here the first webhook's statement waits on
+/// its endpoint's row, locked by another transaction, while the second arrives; then the
+/// lock is let go. Control: the writer's batch of one stored plainly (as before), the
+/// second's delivery is leased by a claim after its commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_webhook_arriving_during_another_s_commit_is_leased_by_its_own_statement_too() {
+    let app = quiet_gateway().await;
+    let sink = Sink::start(|_, _| Reply::Hold(Duration::from_secs(3))).await;
+    app.source_none("shop").await;
+    let ep = app.endpoint_for(&sink.url("/"), Some("shop")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pool = &app.db.pool;
+
+    let mut holder = pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM endpoints WHERE id = $1::uuid FOR UPDATE")
+        .bind(&ep)
+        .execute(&mut *holder)
+        .await
+        .expect("lock the endpoint");
+    let first = app.ingest("shop", "during-0", "order.created", "{}");
+    let second_then_let_go = async {
+        eventually(WAIT, "the first webhook's statement waits on the endpoint", || async {
+            (lock_waiters(pool).await == 1).then_some(())
+        })
+        .await;
+        let second = app.ingest("shop", "during-1", "order.created", "{}");
+        let let_go = async {
+            // Leasing, the second's statement waits on the endpoint too; stored plainly, it
+            // is committed at once.
+            eventually(WAIT, "the second webhook's statement has run", || async {
+                let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE dedupe_key = 'during-1'")
+                    .fetch_one(pool)
+                    .await
+                    .expect("count");
+                (lock_waiters(pool).await == 2 || stored == 1).then_some(())
+            })
+            .await;
+            holder.commit().await.expect("let the endpoint go");
+        };
+        tokio::join!(second, let_go).0
+    };
+    let (first, second) = tokio::join!(first, second_then_let_go);
+    assert_eq!(first.0, 200, "{}", first.1);
+    assert_eq!(second.0, 200, "{}", second.1);
+
+    // The subscriber holds each request: no outcome is written yet.
+    assert_eq!(leased_by_ingest(pool, "during-0").await, 1, "the first: leased by its statement");
+    assert_eq!(leased_by_ingest(pool, "during-1").await, 1, "the second, written by a writer: leased by its statement");
+    eventually(WAIT, "both delivered", || async { (count_status(pool, "delivered").await == 2).then_some(()) }).await;
+    assert_eq!(sink.count(), 2, "each once");
+    assert!(sink.received().iter().all(|r| r.header("webhook-attempt") == "1"), "each on its first attempt");
+}
+
 /// An endpoint limited to one request in flight, its subscriber holding each for a
 /// second: the second and third lone webhooks find no room in their statements and are
 /// left pending (not leased), the first's request is the only one in flight, and all

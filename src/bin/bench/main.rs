@@ -367,6 +367,21 @@ fn other_cores(cpu: &str) -> f64 {
 }
 
 /// `machine: CPU ... · 2 cores · 23.4 GiB · PostgreSQL 15.x · synchronous_commit=on · fsync=on · ...`
+/// The gateway binary a run measured: its path and the start of its SHA-256, so that two
+/// runs meant to compare builds show whether they ran two binaries (the checkout's commit
+/// says nothing of a binary given with `--gateway-bin`).
+fn binary_fingerprint(path: &std::path::Path) -> String {
+    use sha2::{Digest, Sha256};
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let digest = Sha256::digest(&bytes);
+            let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+            format!("{} (sha256 {hex}…)", path.display())
+        }
+        Err(e) => format!("{} (unreadable: {e})", path.display()),
+    }
+}
+
 async fn machine_line(ctx: &Ctx) -> anyhow::Result<String> {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
@@ -397,9 +412,11 @@ async fn machine_line(ctx: &Ctx) -> anyhow::Result<String> {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_else(|| "unknown".into());
     let server = if ctx.args.database_url.is_some() { "DATABASE_URL server" } else { "embedded cluster" };
+    let binary = binary_fingerprint(&ctx.gateway_bin);
     Ok(format!(
         "machine: CPU {model} · {cores} cores · {:.1} GiB RAM · PostgreSQL {} ({server}) · synchronous_commit={} · \
-         fsync={} · full_page_writes={} · shared_buffers={} · max_wal_size={} · gateway commit {commit} (release build)",
+         fsync={} · full_page_writes={} · shared_buffers={} · max_wal_size={} · bench checkout {commit} · \
+         gateway binary {binary} (release build)",
         mem_kb / 1024.0 / 1024.0,
         fact("server_version"),
         fact("synchronous_commit"),

@@ -252,11 +252,11 @@ pub async fn statements_table(pool: &PgPool) -> String {
         return "(no statistics)".into();
     }
     let mut out = String::from(
-        "| calls | total ms | mean ms | max ms | plans | plan ms | rows | statement |\n|---|---|---|---|---|---|---|---|\n",
+        "| calls | total ms | mean ms | max ms | plans | plan ms | rows | what | statement |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in rows {
         out.push_str(&format!(
-            "| {} | {:.0} | {:.3} | {:.1} | {} | {:.0} | {} | `{}` |\n",
+            "| {} | {:.0} | {:.3} | {:.1} | {} | {:.0} | {} | {} | `{}` |\n",
             s.calls,
             s.total_ms,
             s.mean_ms,
@@ -264,6 +264,7 @@ pub async fn statements_table(pool: &PgPool) -> String {
             s.plans,
             s.plan_ms,
             s.rows,
+            pg::statement_kind(&s.query),
             pg::shorten(&s.query, 110).replace('|', "\\|").replace('`', "'")
         ));
     }

@@ -227,6 +227,32 @@ pub fn shorten(sql: &str, max: usize) -> String {
     if flat.chars().count() <= max { flat } else { format!("{}…", flat.chars().take(max).collect::<String>()) }
 }
 
+/// What a statement of `pg_stat_statements` (normalized text) is in the gateway's path,
+/// for the appendices: the two lean ingest statements start alike and differ only in
+/// whether they lease (`wg_lease_room_v1`), and a table of truncated texts cannot tell
+/// them apart. Empty for a statement it does not know.
+pub fn statement_kind(sql: &str) -> &'static str {
+    let leases = sql.contains("wg_lease_room_");
+    let inserts_events = sql.contains("INSERT INTO events");
+    if inserts_events && sql.contains("unnest($1::uuid[]") {
+        "ingest, batch"
+    } else if inserts_events && leases {
+        "ingest, one webhook, leasing"
+    } else if inserts_events {
+        "ingest, one webhook, plain"
+    } else if sql.contains("wg_claim_fresh_") {
+        "claim by key"
+    } else if sql.contains("INSERT INTO attempts") {
+        "outcome write"
+    } else if sql.contains("room_n AS") || sql.trim_start().starts_with("WITH head AS") {
+        "general claim"
+    } else if sql.contains("gin_clean_pending_list") {
+        "search index merge"
+    } else {
+        ""
+    }
+}
+
 /// Whether a statement is the delivery claim.
 pub fn is_claim(sql: &str) -> bool {
     let s = sql.to_ascii_uppercase();
@@ -348,6 +374,29 @@ pub async fn wal(pool: &sqlx::PgPool) -> anyhow::Result<Wal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each statement of the gateway's hot path is named by the text it runs (the markers
+    /// are table and function names, which `pg_stat_statements` keeps as they are).
+    #[test]
+    fn the_gateway_s_statements_are_named_by_what_they_do() {
+        use webhook_gateway::{queue, store::events};
+        let named = [
+            (events::lean::insert_and_claim_sql(), "ingest, one webhook, leasing"),
+            (events::insert_and_claim_sql(), "ingest, one webhook, leasing"),
+            (events::lean::insert_sql(), "ingest, one webhook, plain"),
+            (events::insert_sql(), "ingest, one webhook, plain"),
+            (events::insert_batch_sql(), "ingest, batch"),
+            (queue::CLAIM_FRESH_SQL, "claim by key"),
+            (queue::RECORD_SQL, "outcome write"),
+            (queue::CLAIM_LOCK_SQL, "general claim"),
+            (queue::claim_sql(), "general claim"),
+            ("SELECT gin_clean_pending_list($1::regclass)", "search index merge"),
+        ];
+        for (sql, kind) in named {
+            assert_eq!(statement_kind(sql), kind, "{}", shorten(sql, 80));
+        }
+        assert_eq!(statement_kind("SELECT 1"), "");
+    }
 
     #[test]
     fn the_claim_statement_is_found() {

@@ -142,6 +142,18 @@ async fn a_fan_out_wider_than_the_free_workers_is_leased_up_to_them_and_the_rest
     assert!(sink.max_concurrent() <= 2, "never more requests than workers");
 }
 
+/// A transaction holding `endpoint`'s row locked (`FOR UPDATE`): a leasing statement for
+/// it waits until the transaction ends.
+async fn lock_endpoint(pool: &webhook_gateway::db::Pool, endpoint: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut holder = pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM endpoints WHERE id = $1::uuid FOR UPDATE")
+        .bind(endpoint)
+        .execute(&mut *holder)
+        .await
+        .expect("lock the endpoint");
+    holder
+}
+
 /// Backends of this test's database waiting for a lock.
 async fn lock_waiters(pool: &webhook_gateway::db::Pool) -> i64 {
     sqlx::query_scalar(
@@ -171,12 +183,7 @@ async fn a_webhook_arriving_during_another_s_commit_is_leased_by_its_own_stateme
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pool = &app.db.pool;
 
-    let mut holder = pool.begin().await.expect("begin");
-    sqlx::query("SELECT 1 FROM endpoints WHERE id = $1::uuid FOR UPDATE")
-        .bind(&ep)
-        .execute(&mut *holder)
-        .await
-        .expect("lock the endpoint");
+    let holder = lock_endpoint(pool, &ep).await;
     let first = app.ingest("shop", "during-0", "order.created", "{}");
     let second_then_let_go = async {
         eventually(WAIT, "the first webhook's statement waits on the endpoint", || async {
@@ -561,12 +568,7 @@ async fn a_leasing_statement_whose_requester_stops_waiting_still_hands_its_lease
     let (app, ep, shared, mut received) = hand_off_without_dispatcher().await;
     let pool = &app.db.pool;
 
-    let mut holder = pool.begin().await.expect("begin");
-    sqlx::query("SELECT 1 FROM endpoints WHERE id = $1::uuid FOR UPDATE")
-        .bind(&ep)
-        .execute(&mut *holder)
-        .await
-        .expect("lock the endpoint");
+    let holder = lock_endpoint(pool, &ep).await;
     let event = owned_event(source_id(pool, "shop").await, "impatient-1", "order.created");
     let waited = tokio::time::timeout(Duration::from_millis(500), prelease::store(pool, event, shared.clone())).await;
     assert!(waited.is_err(), "the statement waits on the locked endpoint past the requester's patience");

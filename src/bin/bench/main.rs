@@ -366,7 +366,6 @@ fn other_cores(cpu: &str) -> f64 {
     cpu.split(" · ").find_map(|p| p.strip_prefix("other ")?.parse().ok()).unwrap_or(0.0)
 }
 
-/// `machine: CPU ... · 2 cores · 23.4 GiB · PostgreSQL 15.x · synchronous_commit=on · fsync=on · ...`
 /// The gateway binary a run measured: its path and the start of its SHA-256, so that two
 /// runs meant to compare builds show whether they ran two binaries (the checkout's commit
 /// says nothing of a binary given with `--gateway-bin`).
@@ -382,6 +381,7 @@ fn binary_fingerprint(path: &std::path::Path) -> String {
     }
 }
 
+/// `machine: CPU ... · 2 cores · 23.4 GiB · PostgreSQL 15.x · synchronous_commit=on · fsync=on · ...`
 async fn machine_line(ctx: &Ctx) -> anyhow::Result<String> {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo

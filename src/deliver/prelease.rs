@@ -112,9 +112,38 @@ impl Prelease {
         event.ordering_key.is_none() && self.open.load(Ordering::Acquire)
     }
 
-    /// Up to [`MOST_LEASED_PER_WEBHOOK`] free worker slots (none when none is free).
-    fn reserve(&self) -> Vec<OwnedSemaphorePermit> {
-        std::iter::from_fn(|| self.slots.clone().try_acquire_owned().ok()).take(MOST_LEASED_PER_WEBHOOK).collect()
+    /// Whether ingest may lease the deliveries of a batch of `events` now: each of them
+    /// as [`Prelease::takes`] would. (A batch with an ordered event is stored plainly: the
+    /// fan-out locks its line's row before the lease would lock the endpoints'.)
+    pub fn takes_batch(&self, events: &[events::OwnedEvent]) -> bool {
+        events.iter().all(|event| event.ordering_key.is_none()) && self.open.load(Ordering::Acquire)
+    }
+
+    /// Up to [`MOST_LEASED_PER_WEBHOOK`] free worker slots for each of `webhooks` (none
+    /// when none is free).
+    fn reserve(&self, webhooks: usize) -> Vec<OwnedSemaphorePermit> {
+        std::iter::from_fn(|| self.slots.clone().try_acquire_owned().ok())
+            .take(MOST_LEASED_PER_WEBHOOK * webhooks)
+            .collect()
+    }
+
+    /// How a statement holding `slots` worker slots leases.
+    fn terms(&self, slots: &[OwnedSemaphorePermit]) -> ClaimTerms {
+        ClaimTerms { limit: slots.len() as i64, lease: self.lease, default_max_in_flight: self.default_max_in_flight }
+    }
+
+    /// Hand each of `leased` to the dispatcher with one of `slots` (the slots left over
+    /// are freed); a lease it cannot take any more is given back.
+    fn hand_over(&self, pool: &Pool, leased: Vec<Claimed>, slots: Vec<OwnedSemaphorePermit>, started: SystemTime) {
+        let claim = crate::telemetry::claim_span(started, leased.len(), 0);
+        let mut unsent = Vec::new();
+        // At most `limit` were claimed: each has a slot.
+        for (job, slot) in leased.into_iter().zip(slots) {
+            if let Err(mpsc::error::SendError(back)) = self.jobs.send(Preleased { job, slot, claim: claim.clone() }) {
+                unsent.push((back.job.id, back.job.claim_token));
+            }
+        }
+        give_back(pool, unsent);
     }
 }
 
@@ -192,27 +221,54 @@ impl<T: Send + 'static> Drop for FinishOnDrop<T> {
 
 /// [`store`], in the caller's task.
 pub async fn store_leasing(pool: &Pool, event: &NewEvent<'_>, prelease: &Prelease) -> Result<Stored, sqlx::Error> {
-    let slots = if prelease.takes(event) { prelease.reserve() } else { Vec::new() };
+    let slots = if prelease.takes(event) { prelease.reserve(1) } else { Vec::new() };
     if slots.is_empty() {
         return crate::db::retry_conflicts(|| events::insert_with_fanout(pool, event)).await;
     }
-    let terms = ClaimTerms {
-        limit: slots.len() as i64,
-        lease: prelease.lease,
-        default_max_in_flight: prelease.default_max_in_flight,
-    };
+    let terms = prelease.terms(&slots);
     let started = SystemTime::now();
     let (mut stored, fresh) = crate::db::retry_conflicts(|| events::insert_and_claim(pool, event, terms)).await?;
     stored.deliveries.retain(|id| !fresh.claimed.iter().any(|job| job.id == *id));
-    let claim = crate::telemetry::claim_span(started, fresh.claimed.len(), 0);
-    // At most `limit` were claimed: each has a slot; the slots left over are freed here.
-    let mut unsent = Vec::new();
-    for (job, slot) in fresh.claimed.into_iter().zip(slots) {
-        if let Err(mpsc::error::SendError(back)) = prelease.jobs.send(Preleased { job, slot, claim: claim.clone() }) {
-            unsent.push((back.job.id, back.job.claim_token));
-        }
+    prelease.hand_over(pool, fresh.claimed, slots, started);
+    Ok(stored)
+}
+
+/// Store a batch of `events` (group commit's, `crate::ingest::batcher`) with their
+/// fan-out and, when [`Prelease::takes_batch`] and a worker slot is free, lease their
+/// deliveries in the same statement and hand them to the dispatcher, as [`store`] does
+/// for one webhook: an answer per event, in order, whose `deliveries` are those left to
+/// claim. Finished even when the caller goes away meanwhile. Any failure is the answer
+/// (the caller knows how to store a batch the plain way, and when it may).
+pub async fn store_batch(
+    pool: &Pool,
+    events: Arc<Vec<events::OwnedEvent>>,
+    prelease: Arc<Prelease>,
+) -> Result<Vec<Stored>, sqlx::Error> {
+    let pool = pool.clone();
+    AssertUnwindSafe(FinishOnDrop::new(async move { store_batch_leasing(&pool, &events, &prelease).await }))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| Err(sqlx::Error::Protocol("storing a batch of webhooks stopped: it panicked".into())))
+}
+
+/// [`store_batch`], in the caller's task.
+pub async fn store_batch_leasing(
+    pool: &Pool,
+    events: &[events::OwnedEvent],
+    prelease: &Prelease,
+) -> Result<Vec<Stored>, sqlx::Error> {
+    let slots = if prelease.takes_batch(events) { prelease.reserve(events.len()) } else { Vec::new() };
+    if slots.is_empty() {
+        return crate::db::retry_conflicts(|| events::insert_batch_with_fanout(pool, events)).await;
     }
-    give_back(pool, unsent);
+    let terms = prelease.terms(&slots);
+    let started = SystemTime::now();
+    let (mut stored, fresh) =
+        crate::db::retry_conflicts(|| events::insert_batch_and_claim(pool, events, terms)).await?;
+    for one in &mut stored {
+        one.deliveries.retain(|id| !fresh.claimed.iter().any(|job| job.id == *id));
+    }
+    prelease.hand_over(pool, fresh.claimed, slots, started);
     Ok(stored)
 }
 

@@ -134,6 +134,11 @@ impl Batcher {
         Batcher { jobs, writers: shared, pool, prelease }
     }
 
+    /// Webhooks queued for the writers now, not yet taken into a batch.
+    pub fn queued(&self) -> usize {
+        self.jobs.max_capacity() - self.jobs.capacity()
+    }
+
     /// Store one event (with its fan-out); returns once it is committed, or at `deadline`
     /// with [`StoreError::Unconfirmed`] (or [`StoreError::Unavailable`] if it never got
     /// to a writer).
@@ -295,6 +300,30 @@ async fn write_alone(
     }
 }
 
+/// A writer's batch of two or more webhooks: with their deliveries leased by the same
+/// statement when the dispatcher of this process takes them now, else stored plainly. A
+/// leasing statement the database refused (nothing of it committed) has the batch stored
+/// the plain way.
+async fn write_many(
+    pool: &Pool,
+    events: Vec<OwnedEvent>,
+    prelease: Option<Arc<Prelease>>,
+) -> Vec<Result<Stored, StoreError>> {
+    let Some(prelease) = prelease.filter(|p| p.takes_batch(&events)) else { return write(pool, &events).await };
+    let events = Arc::new(events);
+    match prelease::store_batch(pool, events.clone(), prelease).await {
+        Ok(stored) => stored.into_iter().map(Ok).collect(),
+        Err(e) if matches!(e, sqlx::Error::Database(_)) && !db::is_unavailable(&e) => {
+            tracing::warn!(error = %e, events = events.len(), "storing a batch with its deliveries leased failed; storing it plainly");
+            write(pool, &events).await
+        }
+        Err(e) => {
+            let verdict = StoreError::from(&e);
+            events.iter().map(|_| Err(verdict)).collect()
+        }
+    }
+}
+
 /// Move what is queued now into `batch`, up to [`MAX_BATCH`].
 fn take_queued(queue: &mut mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
     while batch.len() < MAX_BATCH {
@@ -328,7 +357,10 @@ async fn write_loop(pool: Pool, writers: Arc<Writers>, prelease: Option<Arc<Prel
             Ok([event]) => {
                 write_in_flight(1, write_alone(&pool, event, prelease.clone()), span, deadline, in_flight).await
             }
-            Err(events) => write_in_flight(events.len(), write(&pool, &events), span, deadline, in_flight).await,
+            Err(events) => {
+                let count = events.len();
+                write_in_flight(count, write_many(&pool, events, prelease.clone()), span, deadline, in_flight).await
+            }
         };
         for (reply, result) in replies.into_iter().zip(results) {
             // The requester may have gone meanwhile: the event is stored either way,

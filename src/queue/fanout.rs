@@ -204,6 +204,46 @@ macro_rules! fan_leased {
     };
 }
 
+/// The insert of a batch's deliveries (`$from` as in [`fan_pending`]) where each endpoint
+/// `wg_lease_room_v2` grants room for `granted` leases (migration 0029: as
+/// [`fan_leased`]'s room, but several per endpoint) has its first `granted` unordered
+/// deliveries, in the batch's arrival order, inserted already leased, each with a fresh
+/// fencing token of its own (`$14` most leases, `$15` lease in seconds, `$16` default max
+/// in flight: the batch statement's own parameters come first).
+macro_rules! fan_leased_batch {
+    ($from:literal) => {
+        concat!(
+            ", leases AS MATERIALIZED (
+            SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets, r.granted
+            FROM wg_lease_room_v2(ARRAY(SELECT n.endpoint_id FROM numbered n
+                                        WHERE n.ordering_key IS NULL ORDER BY n.endpoint_id),
+                                  $14, $16) r
+        ), turns AS (
+            SELECT n.*, row_number() OVER (PARTITION BY n.endpoint_id, n.ordering_key IS NULL ORDER BY n.ord) AS turn
+            FROM ",
+            $from,
+            " n
+        ), fan AS (
+            INSERT INTO deliveries (",
+            fan_columns!(),
+            ", attempt_count, claim_token, leased_until, next_attempt_at)
+            SELECT ",
+            fan_values!(),
+            ",
+                   CASE WHEN l.endpoint_id IS NULL THEN 0 ELSE 1 END,
+                   CASE WHEN l.endpoint_id IS NULL THEN 0 ELSE 1 + floor(random() * 4294967296)::int8 END,
+                   CASE WHEN l.endpoint_id IS NOT NULL THEN now() + make_interval(secs => $15) END,
+                   CASE WHEN l.endpoint_id IS NULL THEN now() ELSE now() + make_interval(secs => $15) END
+            FROM turns n LEFT JOIN leases l
+                 ON l.endpoint_id = n.endpoint_id AND n.ordering_key IS NULL AND n.turn <= l.granted
+            ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING
+            RETURNING id, event_id, endpoint_id, attempt_count, attempts_base, claim_token, transform_by,
+                      leased_until IS NOT NULL AS leased
+        )"
+        )
+    };
+}
+
 /// The fan-out ([`fanout_sequenced`]) with every delivery inserted pending: the
 /// statements that store events without leasing.
 pub const FANOUT: &str = concat!(fanout_sequenced!(), fan_pending!("sequenced"));
@@ -211,6 +251,10 @@ pub const FANOUT: &str = concat!(fanout_sequenced!(), fan_pending!("sequenced"))
 /// The fan-out ([`fanout_sequenced`]) of the ingest statement that leases what it creates
 /// (`store::events::insert_and_claim_sql`): [`fan_leased`].
 pub const FANOUT_LEASED: &str = concat!(fanout_sequenced!(), fan_leased!("sequenced"));
+
+/// The fan-out ([`fanout_sequenced`]) of the batch statement that leases what it creates
+/// (`store::events::insert_batch_and_claim`): [`fan_leased_batch`].
+pub const FANOUT_BATCH_LEASED: &str = concat!(fanout_sequenced!(), fan_leased_batch!("sequenced"));
 
 /// Whether an event of `ev`'s source `$1` needs the full fan-out: a subscription that may
 /// take it (its own source's, or one of every source but the gateway's own) filters,

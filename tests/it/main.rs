@@ -37,6 +37,7 @@ mod otel;
 mod plans;
 mod pooler;
 mod prelease;
+mod prelease_batch;
 mod quickstart;
 mod refusals;
 mod replicas;

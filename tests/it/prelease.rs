@@ -17,7 +17,7 @@ const WAIT: Duration = Duration::from_secs(60);
 /// Per delivery of `endpoint`, oldest event first: whether it was leased by the
 /// transaction that inserted its event (its row version is that transaction's), its claim
 /// token, its attempt count and whether it is leased.
-async fn lease_of(pool: &webhook_gateway::db::Pool, endpoint: &str) -> Vec<(bool, i64, i32, bool)> {
+pub(crate) async fn lease_of(pool: &webhook_gateway::db::Pool, endpoint: &str) -> Vec<(bool, i64, i32, bool)> {
     sqlx::query_as(
         "SELECT d.xmin::text = e.xmin::text, d.claim_token, d.attempt_count, d.leased_until IS NOT NULL
          FROM deliveries d JOIN events e ON e.id = d.event_id
@@ -31,7 +31,7 @@ async fn lease_of(pool: &webhook_gateway::db::Pool, endpoint: &str) -> Vec<(bool
 
 /// How many deliveries of the event stored under `key` are still as the transaction that
 /// stored it left them, leased (before their outcome is written).
-async fn leased_by_ingest(pool: &webhook_gateway::db::Pool, key: &str) -> i64 {
+pub(crate) async fn leased_by_ingest(pool: &webhook_gateway::db::Pool, key: &str) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM deliveries d JOIN events e ON e.id = d.event_id
          WHERE e.dedupe_key = $1 AND d.xmin::text = e.xmin::text AND d.leased_until IS NOT NULL",
@@ -43,7 +43,7 @@ async fn leased_by_ingest(pool: &webhook_gateway::db::Pool, key: &str) -> i64 {
 }
 
 /// An event of the source `shop` keyed `key`, to store without the HTTP front.
-async fn shop_event<'a>(
+pub(crate) async fn shop_event<'a>(
     pool: &webhook_gateway::db::Pool,
     key: &'a str,
     headers: &'a serde_json::Value,
@@ -144,7 +144,10 @@ async fn a_fan_out_wider_than_the_free_workers_is_leased_up_to_them_and_the_rest
 
 /// A transaction holding `endpoint`'s row locked (`FOR UPDATE`): a leasing statement for
 /// it waits until the transaction ends.
-async fn lock_endpoint(pool: &webhook_gateway::db::Pool, endpoint: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
+pub(crate) async fn lock_endpoint(
+    pool: &webhook_gateway::db::Pool,
+    endpoint: &str,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
     let mut holder = pool.begin().await.expect("begin");
     sqlx::query("SELECT 1 FROM endpoints WHERE id = $1::uuid FOR UPDATE")
         .bind(endpoint)
@@ -155,7 +158,7 @@ async fn lock_endpoint(pool: &webhook_gateway::db::Pool, endpoint: &str) -> sqlx
 }
 
 /// Backends of this test's database waiting for a lock.
-async fn lock_waiters(pool: &webhook_gateway::db::Pool) -> i64 {
+pub(crate) async fn lock_waiters(pool: &webhook_gateway::db::Pool) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
     )

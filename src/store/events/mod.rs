@@ -8,11 +8,12 @@ use sqlx::types::Json;
 use sqlx::{PgExecutor, Postgres};
 
 use crate::ids::{DeliveryId, EndpointId, EventId, SourceId};
-use crate::invariants::Broken;
 use crate::queue::fanout::{FANOUT, FANOUT_LEASED};
 
+mod batch;
 pub mod lean;
 mod read;
+pub use batch::{insert_batch_and_claim, insert_batch_and_claim_sql, insert_batch_sql, insert_batch_with_fanout};
 pub use read::*;
 
 /// An event about to be stored.
@@ -369,193 +370,6 @@ impl OwnedEvent {
     }
 }
 
-/// [`invariants::EACH_EVENT_ANSWERED_ONCE`] for the rows of the batch statement
-/// (`ord`, event id, duplicate, deliveries) of a batch of `events` distinct events: each
-/// `ord` is one of the batch's and comes once, and new events' ids are distinct.
-fn answers_are_one_per_event(
-    rows: &[(i32, Option<EventId>, bool, Vec<DeliveryId>)],
-    events: usize,
-) -> Result<(), Broken> {
-    use crate::invariants::{EACH_EVENT_ANSWERED_ONCE, distinct, ensure};
-    ensure(rows.iter().all(|r| usize::try_from(r.0).is_ok_and(|ord| ord < events)), EACH_EVENT_ANSWERED_ONCE, || {
-        format!("an answer for an event the batch of {events} does not have")
-    })?;
-    distinct(rows.iter().map(|r| r.0), EACH_EVENT_ANSWERED_ONCE)?;
-    distinct(rows.iter().filter(|r| !r.2).filter_map(|r| r.1), EACH_EVENT_ANSWERED_ONCE)
-}
-
-/// The batch ingest statement ([`insert_batch_with_fanout`]: `$1`-`$11` and `$13` one
-/// array element per event, `$12` every event's search terms end to end): public so that
-/// tests can read its plan.
-///
-/// The duplicate lookup is a `LATERAL ... LIMIT 1` that runs only for an event the insert
-/// skipped: one lookup by `events_dedupe` per duplicate, and none otherwise. Written as a
-/// plain `LEFT JOIN events`, the generic plan built while `events` was small (a gateway's
-/// first minute on a new database, before any `ANALYZE`) hashed the batch and scanned the
-/// whole table for every batch, duplicates or not: 27,529 rows read for a batch of two in
-/// the bench's 1,000/s run, the statement's mean 2.9 ms, growing with the table
-/// (`tests/it/plans.rs`).
-pub fn insert_batch_sql() -> &'static str {
-    &INSERT_BATCH_SQL
-}
-
-/// [`insert_batch_sql`]'s text, built once: every batch of the group commit runs it.
-static INSERT_BATCH_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "WITH input AS (
-            SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::int4[],
-                                 $8::text[], $9::int4[], $10::text[], $11::text[], $13::int4[])
-                AS i(source_id, dedupe_key, event_type, content_type, headers, payload, ord, ordering_key, arrival,
-                     traceparent, tracestate, term_end)
-        ), ins AS (
-            INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload, ordering_key,
-                                traceparent, tracestate, search)
-            SELECT source_id, dedupe_key, event_type, content_type, headers::jsonb, payload, ordering_key,
-                   traceparent, tracestate,
-                   ($12::int8[])[COALESCE(lag(term_end) OVER (ORDER BY ord), 0) + 1 : term_end]
-            FROM input ORDER BY ord
-            ON CONFLICT ON CONSTRAINT events_dedupe DO NOTHING
-            RETURNING id, source_id, dedupe_key, event_type, ordering_key
-        ), ev AS (
-            SELECT ins.*, i.arrival AS ord
-            FROM ins JOIN input i ON i.source_id = ins.source_id AND i.dedupe_key = ins.dedupe_key
-        ), bodies AS (
-            SELECT ins.id, i.headers::jsonb AS headers, i.payload
-            FROM ins JOIN input i ON i.source_id = ins.source_id AND i.dedupe_key = ins.dedupe_key
-        ), {FANOUT}, fanned AS (
-            SELECT event_id, array_agg(id) AS ids FROM fan GROUP BY event_id
-        )
-        SELECT i.ord, COALESCE(ev.id, old.id), ev.id IS NULL, COALESCE(fanned.ids, '{{}}'::uuid[])
-        FROM input i
-        LEFT JOIN ev ON ev.source_id = i.source_id AND ev.dedupe_key = i.dedupe_key
-        LEFT JOIN fanned ON fanned.event_id = ev.id
-        LEFT JOIN LATERAL (
-            SELECT o.id FROM events o
-            WHERE ev.id IS NULL AND o.source_id = i.source_id AND o.dedupe_key = i.dedupe_key
-            LIMIT 1
-        ) old ON true"
-    )
-});
-
-/// Store many events, each with its fan-out, in one statement (one transaction, one
-/// commit): the ingest batcher's path under load. Same guarantees as
-/// [`insert_with_fanout`] for every event; copies of one key within the batch are sent
-/// once and the others answered as duplicates. Rows go in (source, key) order so two
-/// concurrent batches wait on the unique index in the same order and cannot deadlock.
-/// Results come back in input order.
-pub async fn insert_batch_with_fanout(
-    pool: &crate::db::Pool,
-    events: &[OwnedEvent],
-) -> Result<Vec<Stored>, sqlx::Error> {
-    let BatchPlan { unique, representative } = plan_batch(events);
-    let column = |f: &dyn Fn(&OwnedEvent) -> String| unique.iter().map(|&i| f(&events[i])).collect::<Vec<String>>();
-    let source_ids: Vec<SourceId> = unique.iter().map(|&i| events[i].source_id).collect();
-    let keys = column(&|e| e.dedupe_key.clone());
-    let types = column(&|e| e.event_type.clone());
-    let content_types: Vec<Option<String>> = unique.iter().map(|&i| events[i].content_type.clone()).collect();
-    let headers = column(&|e| e.headers.to_string());
-    let payloads: Vec<&[u8]> = unique.iter().map(|&i| &events[i].payload[..]).collect();
-    let ords: Vec<i32> = (0..unique.len() as i32).collect();
-    let ordering_keys: Vec<Option<&str>> = unique.iter().map(|&i| events[i].ordering_key.as_deref()).collect();
-    // The order events arrived in (the batch's input order), which orders the deliveries
-    // of one line; `ord` is the (source, key) order the rows are inserted in.
-    let arrivals: Vec<i32> = unique.iter().map(|&i| i32::try_from(i).unwrap_or(i32::MAX)).collect();
-    let traceparents: Vec<Option<&str>> =
-        unique.iter().map(|&i| events[i].trace.as_ref().map(|t| t.traceparent.as_str())).collect();
-    let tracestates: Vec<Option<&str>> =
-        unique.iter().map(|&i| events[i].trace.as_ref().and_then(|t| t.tracestate.as_deref())).collect();
-    // Each event's search terms, end to end in one array: event n's are
-    // `terms[term_ends[n-1] + 1 : term_ends[n]]` (1-based, inclusive), since a
-    // parameter cannot be an array of arrays of different lengths.
-    let mut terms: Vec<i64> = Vec::new();
-    let mut term_ends: Vec<i32> = Vec::with_capacity(unique.len());
-    for &i in &unique {
-        let e = &events[i];
-        terms.extend(crate::search::terms(&e.dedupe_key, &e.headers, &e.payload));
-        term_ends.push(i32::try_from(terms.len()).unwrap_or(i32::MAX));
-    }
-
-    let rows: Vec<(i32, Option<EventId>, bool, Vec<DeliveryId>)> = crate::db::query_as(insert_batch_sql())
-        .bind(&source_ids)
-        .bind(&keys)
-        .bind(&types)
-        .bind(&content_types)
-        .bind(&headers)
-        .bind(&payloads)
-        .bind(&ords)
-        .bind(&ordering_keys)
-        .bind(&arrivals)
-        .bind(&traceparents)
-        .bind(&tracestates)
-        .bind(crate::db::Int8Array(&terms))
-        .bind(&term_ends)
-        .fetch_all(pool)
-        .await?;
-
-    answers_are_one_per_event(&rows, unique.len())?;
-    let mut stored: Vec<Option<Stored>> = vec![None; events.len()];
-    for (ord, id, duplicate, deliveries) in rows {
-        let Some(&i) = unique.get(ord as usize) else { continue };
-        if let Some(event_id) = id {
-            stored[i] = Some(Stored { event_id, duplicate, deliveries });
-        }
-    }
-    // A twin committed after our statement's snapshot: invisible to the statement's
-    // duplicate lookup. Rare; settle each one on its own.
-    for &i in &unique {
-        if stored[i].is_none() {
-            stored[i] = Some(insert_with_fanout(pool, &events[i].as_new()).await?);
-        }
-    }
-    let mut out = Vec::with_capacity(events.len());
-    for (i, &rep) in representative.iter().enumerate() {
-        let Some(first) = stored[rep].clone() else {
-            return Err(sqlx::Error::Protocol("batch insert left an event without an answer".into()));
-        };
-        out.push(if rep == i {
-            first
-        } else {
-            Stored { event_id: first.event_id, duplicate: true, deliveries: Vec::new() }
-        });
-    }
-    Ok(out)
-}
-
-/// Which events of a batch are sent to the database, and whose answer each one takes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct BatchPlan {
-    /// Indexes of the first input of each distinct (source, key), in (source, key) order:
-    /// concurrent batches then wait on the unique index in the same order and cannot
-    /// deadlock.
-    unique: Vec<usize>,
-    /// For each input, the index of the input whose answer it takes (itself when sent;
-    /// a later copy of a key is answered as a duplicate of the first).
-    representative: Vec<usize>,
-}
-
-/// Plan a batch: sort by (source, key), keep the first input of each key (the sort is
-/// stable, so the earliest arrival), point every copy at it.
-fn plan_batch(events: &[OwnedEvent]) -> BatchPlan {
-    let mut order: Vec<usize> = (0..events.len()).collect();
-    order.sort_by(|&a, &b| {
-        (events[a].source_id, &events[a].dedupe_key).cmp(&(events[b].source_id, &events[b].dedupe_key))
-    });
-    let mut representative = vec![0usize; events.len()];
-    let mut unique: Vec<usize> = Vec::with_capacity(events.len());
-    for &i in &order {
-        match unique.last() {
-            Some(&u) if events[u].source_id == events[i].source_id && events[u].dedupe_key == events[i].dedupe_key => {
-                representative[i] = u;
-            }
-            _ => {
-                representative[i] = i;
-                unique.push(i);
-            }
-        }
-    }
-    BatchPlan { unique, representative }
-}
-
 /// Store a synthetic test event in the `_test` source with one delivery, to `endpoint_id`
 /// only. Its dedupe key is fresh every time, so two test sends are two deliveries and a
 /// test is never deduplicated against a real event.
@@ -577,33 +391,4 @@ pub async fn insert_test(
     .bind(payload)
     .fetch_one(db)
     .await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn event(source: SourceId, key: &str) -> OwnedEvent {
-        OwnedEvent {
-            source_id: source,
-            dedupe_key: key.to_owned(),
-            event_type: "t".to_owned(),
-            content_type: None,
-            headers: serde_json::json!({}),
-            payload: bytes::Bytes::new(),
-            ordering_key: None,
-            trace: None,
-        }
-    }
-
-    #[test]
-    fn a_batch_sends_each_key_once_in_key_order_and_copies_take_the_first_arrival() {
-        let (a, b) = (SourceId(uuid::Uuid::from_u128(1)), SourceId(uuid::Uuid::from_u128(2)));
-        let events = [event(b, "k1"), event(a, "k2"), event(a, "k1"), event(b, "k1"), event(a, "k2")];
-        let plan = plan_batch(&events);
-        // (a, k1) = 2, (a, k2) = 1, (b, k1) = 0: sorted by source, then key.
-        assert_eq!(plan.unique, vec![2, 1, 0]);
-        assert_eq!(plan.representative, vec![0, 1, 2, 0, 1]);
-        assert_eq!(plan_batch(&[]), BatchPlan { unique: vec![], representative: vec![] });
-    }
 }

@@ -1,0 +1,393 @@
+//! The batch ingest statements: group commit's path (`ingest::batcher`) stores many
+//! webhooks, each with its fan-out, in one statement and one commit; the leasing form
+//! also leases their deliveries for the dispatcher of the same process
+//! (`deliver::prelease`), as the lone webhook's statement does.
+
+use std::sync::LazyLock;
+
+use sqlx::Postgres;
+use sqlx::postgres::PgRow;
+
+use super::{ClaimTerms, OwnedEvent, Stored, insert_with_fanout};
+use crate::ids::{DeliveryId, EventId, SourceId};
+use crate::invariants::Broken;
+use crate::queue::fanout::{FANOUT, FANOUT_BATCH_LEASED};
+
+/// One event's answer in a batch statement's rows: `ord` (its place in the statement),
+/// its id (the twin's for a duplicate; none when the twin was invisible to the
+/// statement), whether it is a duplicate, and the deliveries it created.
+type BatchAnswer = (i32, Option<EventId>, bool, Vec<DeliveryId>);
+
+/// [`invariants::EACH_EVENT_ANSWERED_ONCE`](crate::invariants::EACH_EVENT_ANSWERED_ONCE)
+/// for the answers of a batch statement of `events` distinct events: each `ord` is one
+/// of the batch's and comes once, and new events' ids are distinct.
+fn answers_are_one_per_event(rows: &[BatchAnswer], events: usize) -> Result<(), Broken> {
+    use crate::invariants::{EACH_EVENT_ANSWERED_ONCE, distinct, ensure};
+    ensure(rows.iter().all(|r| usize::try_from(r.0).is_ok_and(|ord| ord < events)), EACH_EVENT_ANSWERED_ONCE, || {
+        format!("an answer for an event the batch of {events} does not have")
+    })?;
+    distinct(rows.iter().map(|r| r.0), EACH_EVENT_ANSWERED_ONCE)?;
+    distinct(rows.iter().filter(|r| !r.2).filter_map(|r| r.1), EACH_EVENT_ANSWERED_ONCE)
+}
+
+/// The batch ingest statement ([`insert_batch_with_fanout`]: `$1`-`$11` and `$13` one
+/// array element per event, `$12` every event's search terms end to end): public so that
+/// tests can read its plan.
+///
+/// The duplicate lookup is a `LATERAL ... LIMIT 1` that runs only for an event the insert
+/// skipped: one lookup by `events_dedupe` per duplicate, and none otherwise. Written as a
+/// plain `LEFT JOIN events`, the generic plan built while `events` was small (a gateway's
+/// first minute on a new database, before any `ANALYZE`) hashed the batch and scanned the
+/// whole table for every batch, duplicates or not: 27,529 rows read for a batch of two in
+/// the bench's 1,000/s run, the statement's mean 2.9 ms, growing with the table
+/// (`tests/it/plans.rs`).
+pub fn insert_batch_sql() -> &'static str {
+    static SQL: LazyLock<String> = LazyLock::new(|| format!("{}\n        {BATCH_ANSWER}", batch_ctes(FANOUT)));
+    &SQL
+}
+
+/// The batch statement that also leases the deliveries it creates
+/// ([`insert_batch_and_claim`]; `$14` most leases, `$15` lease in seconds, `$16` default
+/// max in flight): each event's answer with its columns named `stored_*`, then the
+/// claim's columns (`crate::queue::Claimed`), one row per delivery leased (or one whose
+/// claim columns are null when none of the event's was), and `candidates`: the
+/// deliveries it created.
+///
+/// The deliveries are inserted leased ([`FANOUT_BATCH_LEASED`]: room granted by
+/// `wg_lease_room_v2`, migration 0029, several leases per endpoint), so the worker's
+/// columns come from the batch's own input, the granted endpoint rows and the source.
+pub fn insert_batch_and_claim_sql() -> &'static str {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "{ctes}, answer AS (
+            {BATCH_ANSWER}
+        )
+        SELECT a.ord AS stored_ord, a.id AS stored_id, a.duplicate AS stored_duplicate,
+               a.deliveries AS stored_deliveries, c.*, (SELECT count(*) FROM fan)::int8 AS candidates
+        FROM answer a LEFT JOIN (
+            SELECT f.id, f.event_id, f.endpoint_id, f.attempt_count AS attempt, f.attempts_base, f.claim_token,
+                   l.url, l.secret, l.previous_secrets, i.event_type, s.name AS source_name, i.content_type,
+                   COALESCE(CASE WHEN octet_length(i.payload) <= {inline} THEN i.payload END, ''::bytea) AS payload,
+                   octet_length(i.payload) AS payload_bytes, false AS ordered,
+                   i.traceparent, i.tracestate,
+                   (SELECT tr.transform FROM subscriptions tr WHERE tr.id = f.transform_by) AS transform,
+                   CASE WHEN f.transform_by IS NOT NULL THEN i.headers::jsonb::text END AS event_headers,
+                   NULL::int8 AS probe_token
+            FROM fan f JOIN leases l ON l.endpoint_id = f.endpoint_id
+                 JOIN ev ON ev.id = f.event_id JOIN input i ON i.arrival = ev.ord
+                 JOIN sources s ON s.id = i.source_id
+            WHERE f.leased
+        ) c ON c.event_id = a.id AND NOT a.duplicate",
+            ctes = batch_ctes(FANOUT_BATCH_LEASED),
+            inline = crate::deliver::bodies::INLINE_BODY_BYTES,
+        )
+    });
+    &SQL
+}
+
+/// The batch statements' `WITH` list: the input, the events, their bodies and the fan-out
+/// (`fanout`, [`FANOUT`] or [`FANOUT_BATCH_LEASED`]), and `fanned`: each new event's
+/// deliveries.
+fn batch_ctes(fanout: &str) -> String {
+    format!(
+        "WITH input AS (
+            SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::int4[],
+                                 $8::text[], $9::int4[], $10::text[], $11::text[], $13::int4[])
+                AS i(source_id, dedupe_key, event_type, content_type, headers, payload, ord, ordering_key, arrival,
+                     traceparent, tracestate, term_end)
+        ), ins AS (
+            INSERT INTO events (source_id, dedupe_key, event_type, content_type, headers, payload, ordering_key,
+                                traceparent, tracestate, search)
+            SELECT source_id, dedupe_key, event_type, content_type, headers::jsonb, payload, ordering_key,
+                   traceparent, tracestate,
+                   ($12::int8[])[COALESCE(lag(term_end) OVER (ORDER BY ord), 0) + 1 : term_end]
+            FROM input ORDER BY ord
+            ON CONFLICT ON CONSTRAINT events_dedupe DO NOTHING
+            RETURNING id, source_id, dedupe_key, event_type, ordering_key
+        ), ev AS (
+            SELECT ins.*, i.arrival AS ord
+            FROM ins JOIN input i ON i.source_id = ins.source_id AND i.dedupe_key = ins.dedupe_key
+        ), bodies AS (
+            SELECT ins.id, i.headers::jsonb AS headers, i.payload
+            FROM ins JOIN input i ON i.source_id = ins.source_id AND i.dedupe_key = ins.dedupe_key
+        ), {fanout}, fanned AS (
+            SELECT event_id, array_agg(id) AS ids FROM fan GROUP BY event_id
+        )"
+    )
+}
+
+/// The batch statements' answer, one row per event of the input: `ord`, the event's id
+/// (or its stored twin's), whether it is a duplicate, its deliveries.
+const BATCH_ANSWER: &str = "SELECT i.ord, COALESCE(ev.id, old.id) AS id, ev.id IS NULL AS duplicate,
+               COALESCE(fanned.ids, '{}'::uuid[]) AS deliveries
+        FROM input i
+        LEFT JOIN ev ON ev.source_id = i.source_id AND ev.dedupe_key = i.dedupe_key
+        LEFT JOIN fanned ON fanned.event_id = ev.id
+        LEFT JOIN LATERAL (
+            SELECT o.id FROM events o
+            WHERE ev.id IS NULL AND o.source_id = i.source_id AND o.dedupe_key = i.dedupe_key
+            LIMIT 1
+        ) old ON true";
+
+/// A batch's columns, one array element per distinct event, as the batch statements bind
+/// them (`$1`-`$13`).
+struct BatchColumns<'a> {
+    source_ids: Vec<SourceId>,
+    keys: Vec<&'a str>,
+    types: Vec<&'a str>,
+    content_types: Vec<Option<&'a str>>,
+    headers: Vec<String>,
+    payloads: Vec<&'a [u8]>,
+    ords: Vec<i32>,
+    ordering_keys: Vec<Option<&'a str>>,
+    arrivals: Vec<i32>,
+    traceparents: Vec<Option<&'a str>>,
+    tracestates: Vec<Option<&'a str>>,
+    terms: Vec<i64>,
+    term_ends: Vec<i32>,
+}
+
+impl<'a> BatchColumns<'a> {
+    /// The columns of `events` at the indexes `unique` (each distinct key once, in the
+    /// order the rows are inserted).
+    fn of(events: &'a [OwnedEvent], unique: &[usize]) -> Self {
+        let each = || unique.iter().map(|&i| &events[i]);
+        // Each event's search terms, end to end in one array: event n's are
+        // `terms[term_ends[n-1] + 1 : term_ends[n]]` (1-based, inclusive), since a
+        // parameter cannot be an array of arrays of different lengths.
+        let mut terms: Vec<i64> = Vec::new();
+        let mut term_ends: Vec<i32> = Vec::with_capacity(unique.len());
+        for e in each() {
+            terms.extend(crate::search::terms(&e.dedupe_key, &e.headers, &e.payload));
+            term_ends.push(i32::try_from(terms.len()).unwrap_or(i32::MAX));
+        }
+        BatchColumns {
+            source_ids: each().map(|e| e.source_id).collect(),
+            keys: each().map(|e| e.dedupe_key.as_str()).collect(),
+            types: each().map(|e| e.event_type.as_str()).collect(),
+            content_types: each().map(|e| e.content_type.as_deref()).collect(),
+            headers: each().map(|e| e.headers.to_string()).collect(),
+            payloads: each().map(|e| &e.payload[..]).collect(),
+            ords: (0..unique.len() as i32).collect(),
+            ordering_keys: each().map(|e| e.ordering_key.as_deref()).collect(),
+            // The order events arrived in (the batch's input order), which orders the
+            // deliveries of one line; `ord` is the (source, key) order the rows are
+            // inserted in.
+            arrivals: unique.iter().map(|&i| i32::try_from(i).unwrap_or(i32::MAX)).collect(),
+            traceparents: each().map(|e| e.trace.as_ref().map(|t| t.traceparent.as_str())).collect(),
+            tracestates: each().map(|e| e.trace.as_ref().and_then(|t| t.tracestate.as_deref())).collect(),
+            terms,
+            term_ends,
+        }
+    }
+
+    /// `sql` (a batch statement) with these columns bound as `$1`-`$13`.
+    fn bound<'q>(&'q self, sql: &'q str) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+        crate::db::query(sql)
+            .bind(&self.source_ids)
+            .bind(&self.keys)
+            .bind(&self.types)
+            .bind(&self.content_types)
+            .bind(&self.headers)
+            .bind(&self.payloads)
+            .bind(&self.ords)
+            .bind(&self.ordering_keys)
+            .bind(&self.arrivals)
+            .bind(&self.traceparents)
+            .bind(&self.tracestates)
+            .bind(crate::db::Int8Array(&self.terms))
+            .bind(&self.term_ends)
+    }
+}
+
+/// Store many events, each with its fan-out, in one statement (one transaction, one
+/// commit): the ingest batcher's path under load. Same guarantees as
+/// [`insert_with_fanout`] for every event; copies of one key within the batch are sent
+/// once and the others answered as duplicates. Rows go in (source, key) order so two
+/// concurrent batches wait on the unique index in the same order and cannot deadlock.
+/// Results come back in input order.
+pub async fn insert_batch_with_fanout(
+    pool: &crate::db::Pool,
+    events: &[OwnedEvent],
+) -> Result<Vec<Stored>, sqlx::Error> {
+    use sqlx::Row as _;
+    let plan = plan_batch(events);
+    let columns = BatchColumns::of(events, &plan.unique);
+    let rows = columns.bound(insert_batch_sql()).fetch_all(pool).await?;
+    let answers = rows
+        .iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?)))
+        .collect::<Result<Vec<BatchAnswer>, sqlx::Error>>()?;
+    answers_in_input_order(pool, events, &plan, answers).await
+}
+
+/// [`insert_batch_with_fanout`], with the deliveries it creates leased in the same
+/// statement where their endpoints have room ([`insert_batch_and_claim_sql`]): every
+/// unordered delivery up to `terms.limit` in all, each endpoint within its in-flight
+/// limit and rate tokens, each lease with its own fencing token. The stored events'
+/// `deliveries` still list every delivery they created; the claim says which were
+/// leased. An event settled after the statement (its twin was invisible to it) leases
+/// nothing.
+pub async fn insert_batch_and_claim(
+    pool: &crate::db::Pool,
+    events: &[OwnedEvent],
+    terms: ClaimTerms,
+) -> Result<(Vec<Stored>, crate::queue::FreshClaim), sqlx::Error> {
+    let plan = plan_batch(events);
+    let columns = BatchColumns::of(events, &plan.unique);
+    let rows = columns
+        .bound(insert_batch_and_claim_sql())
+        .bind(terms.limit)
+        .bind(terms.lease.as_secs_f64())
+        .bind(terms.default_max_in_flight)
+        .fetch_all(pool)
+        .await?;
+    let answers = answers_of_leasing_rows(&rows)?;
+    let fresh = crate::queue::fresh_claim_of(&rows)?;
+    let stored = answers_in_input_order(pool, events, &plan, answers).await?;
+    Ok((stored, fresh))
+}
+
+/// Each event's answer in the leasing batch statement's `rows`, once: an event with
+/// several deliveries leased has a row for each, all with the same answer.
+fn answers_of_leasing_rows(rows: &[PgRow]) -> Result<Vec<BatchAnswer>, sqlx::Error> {
+    use crate::invariants::{EACH_EVENT_ANSWERED_ONCE, ensure};
+    use sqlx::Row as _;
+    let Some(first) = rows.first() else { return Ok(Vec::new()) };
+    let at = |name: &str| first.try_column(name).map(sqlx::Column::ordinal);
+    let (ord, id, duplicate, deliveries) =
+        (at("stored_ord")?, at("stored_id")?, at("stored_duplicate")?, at("stored_deliveries")?);
+    let mut answers: Vec<BatchAnswer> = Vec::new();
+    for row in rows {
+        let answer: BatchAnswer =
+            (row.try_get(ord)?, row.try_get(id)?, row.try_get(duplicate)?, row.try_get(deliveries)?);
+        match answers.iter().find(|seen| seen.0 == answer.0) {
+            Some(seen) => ensure(seen == &answer, EACH_EVENT_ANSWERED_ONCE, || {
+                format!("two answers for the batch's event {}", answer.0)
+            })?,
+            None => answers.push(answer),
+        }
+    }
+    Ok(answers)
+}
+
+/// The batch's answers (`answers`, one per distinct event of `plan`) in the input order
+/// of `events`: a copy of a key within the batch answered as a duplicate of its first
+/// arrival, and an event whose twin the statement could not see settled on its own.
+async fn answers_in_input_order(
+    pool: &crate::db::Pool,
+    events: &[OwnedEvent],
+    plan: &BatchPlan,
+    answers: Vec<BatchAnswer>,
+) -> Result<Vec<Stored>, sqlx::Error> {
+    let BatchPlan { unique, representative } = plan;
+    answers_are_one_per_event(&answers, unique.len())?;
+    let mut stored: Vec<Option<Stored>> = vec![None; events.len()];
+    for (ord, id, duplicate, deliveries) in answers {
+        let Some(&i) = unique.get(ord as usize) else { continue };
+        if let Some(event_id) = id {
+            stored[i] = Some(Stored { event_id, duplicate, deliveries });
+        }
+    }
+    // A twin committed after our statement's snapshot: invisible to the statement's
+    // duplicate lookup. Rare; settle each one on its own.
+    for &i in unique {
+        if stored[i].is_none() {
+            stored[i] = Some(insert_with_fanout(pool, &events[i].as_new()).await?);
+        }
+    }
+    let mut out = Vec::with_capacity(events.len());
+    for (i, &rep) in representative.iter().enumerate() {
+        let Some(first) = stored[rep].clone() else {
+            return Err(sqlx::Error::Protocol("batch insert left an event without an answer".into()));
+        };
+        out.push(if rep == i {
+            first
+        } else {
+            Stored { event_id: first.event_id, duplicate: true, deliveries: Vec::new() }
+        });
+    }
+    Ok(out)
+}
+
+/// Which events of a batch are sent to the database, and whose answer each one takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct BatchPlan {
+    /// Indexes of the first input of each distinct (source, key), in (source, key) order:
+    /// concurrent batches then wait on the unique index in the same order and cannot
+    /// deadlock.
+    unique: Vec<usize>,
+    /// For each input, the index of the input whose answer it takes (itself when sent;
+    /// a later copy of a key is answered as a duplicate of the first).
+    representative: Vec<usize>,
+}
+
+/// Plan a batch: sort by (source, key), keep the first input of each key (the sort is
+/// stable, so the earliest arrival), point every copy at it.
+fn plan_batch(events: &[OwnedEvent]) -> BatchPlan {
+    let mut order: Vec<usize> = (0..events.len()).collect();
+    order.sort_by(|&a, &b| {
+        (events[a].source_id, &events[a].dedupe_key).cmp(&(events[b].source_id, &events[b].dedupe_key))
+    });
+    let mut representative = vec![0usize; events.len()];
+    let mut unique: Vec<usize> = Vec::with_capacity(events.len());
+    for &i in &order {
+        match unique.last() {
+            Some(&u) if events[u].source_id == events[i].source_id && events[u].dedupe_key == events[i].dedupe_key => {
+                representative[i] = u;
+            }
+            _ => {
+                representative[i] = i;
+                unique.push(i);
+            }
+        }
+    }
+    BatchPlan { unique, representative }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(source: SourceId, key: &str) -> OwnedEvent {
+        OwnedEvent {
+            source_id: source,
+            dedupe_key: key.to_owned(),
+            event_type: "t".to_owned(),
+            content_type: None,
+            headers: serde_json::json!({}),
+            payload: bytes::Bytes::new(),
+            ordering_key: None,
+            trace: None,
+        }
+    }
+
+    #[test]
+    fn a_batch_sends_each_key_once_in_key_order_and_copies_take_the_first_arrival() {
+        let (a, b) = (SourceId(uuid::Uuid::from_u128(1)), SourceId(uuid::Uuid::from_u128(2)));
+        let events = [event(b, "k1"), event(a, "k2"), event(a, "k1"), event(b, "k1"), event(a, "k2")];
+        let plan = plan_batch(&events);
+        // (a, k1) = 2, (a, k2) = 1, (b, k1) = 0: sorted by source, then key.
+        assert_eq!(plan.unique, vec![2, 1, 0]);
+        assert_eq!(plan.representative, vec![0, 1, 2, 0, 1]);
+        assert_eq!(plan_batch(&[]), BatchPlan { unique: vec![], representative: vec![] });
+    }
+
+    /// The two batch statements differ only in how they insert the deliveries and what
+    /// they answer: the leasing one asks `wg_lease_room_v2` for room, binds its three
+    /// claim terms after the batch's thirteen columns, and names its answer's columns.
+    #[test]
+    fn the_leasing_batch_statement_is_the_plain_one_with_leases() {
+        let (plain, leasing) = (insert_batch_sql(), insert_batch_and_claim_sql());
+        assert!(!plain.contains("wg_lease_room"), "{plain}");
+        assert!(leasing.contains("wg_lease_room_v2(") && !leasing.contains("wg_lease_room_v1"), "{leasing}");
+        for param in ["$14", "$15", "$16"] {
+            assert!(!plain.contains(param) && leasing.contains(param), "{param}");
+        }
+        assert!(!leasing.contains("$17"));
+        for column in ["stored_ord", "stored_id", "stored_duplicate", "stored_deliveries", "candidates"] {
+            assert!(leasing.contains(column), "{column}");
+        }
+        assert!(plain.contains(BATCH_ANSWER) && leasing.contains(BATCH_ANSWER));
+    }
+}

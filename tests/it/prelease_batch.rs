@@ -1,0 +1,278 @@
+//! The pre-leased hand-off for group commit's batches (`deliver::prelease::store_batch`,
+//! `store::events::insert_batch_and_claim`): a batch's deliveries leased by the statement
+//! that stores it, several per endpoint, within every limit of a claim, and each lease
+//! handed over with the event it belongs to.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use webhook_gateway::deliver::DeliverySettings;
+use webhook_gateway::deliver::prelease::{self, Prelease};
+use webhook_gateway::ingest::batcher::Batcher;
+use webhook_gateway::store::events::{ClaimTerms, OwnedEvent, insert_batch_and_claim};
+
+use crate::prelease::{leased_by_ingest, lock_endpoint, lock_waiters};
+use crate::support::{TestApp, eventually, owned_event, source_id, test_settings};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// An open hand-off with `workers` worker slots (an endpoint's default limit half of
+/// them), whose dispatcher's end the test holds.
+fn open_hand_off(workers: usize) -> (Arc<Prelease>, prelease::Received) {
+    let endpoint_max_in_flight = webhook_gateway::queue::default_max_in_flight(workers);
+    let settings = DeliverySettings { workers, endpoint_max_in_flight, ..test_settings().delivery };
+    let (shared, received) = Prelease::new(&settings);
+    shared.set_owed_general(false);
+    (shared, received)
+}
+
+/// A gateway without delivery (role `ingest`) with a source `shop` and endpoints at
+/// `paths` subscribed to it (their ids, in order).
+async fn shop_with_endpoints(paths: &[&str]) -> (TestApp, Vec<String>) {
+    let app = TestApp::ingest_only().await;
+    app.source_none("shop").await;
+    let mut endpoints = Vec::new();
+    for path in paths {
+        endpoints.push(app.endpoint_for(&format!("http://127.0.0.1:9{path}"), Some("shop")).await);
+    }
+    (app, endpoints)
+}
+
+/// Events of the source `shop` keyed `{prefix}-0`, `{prefix}-1`, ...: each with its own
+/// body (`{"k":"<key>"}`) and headers.
+async fn shop_events(pool: &webhook_gateway::db::Pool, prefix: &str, count: usize) -> Vec<OwnedEvent> {
+    let source = source_id(pool, "shop").await;
+    (0..count).map(|i| owned_event(source, &format!("{prefix}-{i}"), &format!("order.{prefix}.{i}"))).collect()
+}
+
+/// Leased deliveries of `endpoint` (those whose lease is still on).
+async fn leased_of(pool: &webhook_gateway::db::Pool, endpoint: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = $1::uuid AND leased_until IS NOT NULL")
+        .bind(endpoint)
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
+/// A batch of four webhooks fanned out to two endpoints: all eight deliveries are
+/// inserted leased by the batch's own statement (one transaction with the events, attempt
+/// 1, a token each, several per endpoint), none is left to claim, and each lease reaches
+/// the dispatcher's end carrying its own event's type, body, content type and source.
+#[tokio::test]
+async fn a_batch_s_deliveries_are_leased_by_the_statement_that_stores_it() {
+    let (app, endpoints) = shop_with_endpoints(&["/a", "/b"]).await;
+    let pool = &app.db.pool;
+    let (shared, mut received) = open_hand_off(64);
+    let events = shop_events(pool, "batch", 4).await;
+    assert!(shared.takes_batch(&events));
+
+    let stored = prelease::store_batch_leasing(pool, &events, &shared).await.expect("stored");
+    assert_eq!(stored.len(), 4);
+    for (event, stored) in events.iter().zip(&stored) {
+        assert!(!stored.duplicate);
+        assert!(stored.deliveries.is_empty(), "{}: both deliveries leased, none left to claim", event.dedupe_key);
+        assert_eq!(
+            leased_by_ingest(pool, &event.dedupe_key).await,
+            2,
+            "{}: leased in its own commit",
+            event.dedupe_key
+        );
+    }
+    let transactions: i64 =
+        sqlx::query_scalar("SELECT count(DISTINCT xmin::text) FROM events").fetch_one(pool).await.expect("xmin");
+    assert_eq!(transactions, 1, "one statement stored the batch");
+
+    let mut handed = Vec::new();
+    while let Ok(job) = received.try_recv() {
+        handed.push(job.job);
+    }
+    assert_eq!(handed.len(), 8, "every lease handed over");
+    let mut tokens: Vec<i64> = handed.iter().map(|job| job.claim_token).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 8, "each lease its own token");
+    for job in &handed {
+        assert_eq!(job.attempt, 1);
+        let event = stored.iter().position(|s| s.event_id == job.event_id).map(|i| &events[i]).expect("its event");
+        assert_eq!(job.event_type, event.event_type);
+        assert_eq!(job.payload, event.payload, "the body of its own event");
+        assert_eq!(job.payload_bytes as usize, event.payload.len());
+        assert_eq!(job.content_type.as_deref(), Some("application/json"));
+        assert_eq!(job.source_name, "shop");
+        assert!(!job.ordered && job.transform.is_none() && job.event_headers.is_none());
+        assert!(endpoints.iter().any(|ep| ep == &job.endpoint_id.to_string()));
+    }
+    for endpoint in &endpoints {
+        assert_eq!(
+            handed.iter().filter(|job| &job.endpoint_id.to_string() == endpoint).count(),
+            4,
+            "four leases of one endpoint in one statement"
+        );
+    }
+
+    // The same batch again: duplicates, nothing new stored or leased.
+    let again = prelease::store_batch_leasing(pool, &events, &shared).await.expect("stored again");
+    assert!(again.iter().all(|s| s.duplicate && s.deliveries.is_empty()));
+    assert!(received.try_recv().is_err());
+    assert_eq!(app.db.count("deliveries").await, 8);
+}
+
+/// A batch holding fewer worker slots than it creates deliveries (`limit` 4, six
+/// webhooks to two endpoints: twelve deliveries) leases four, shared between the two
+/// endpoints (two each: no endpoint takes the whole limit), the first arrivals of each;
+/// the rest are stored pending and named in the answers, to be claimed after the commit.
+#[tokio::test]
+async fn a_batch_leases_no_more_than_its_slots_shared_between_its_endpoints() {
+    let (app, endpoints) = shop_with_endpoints(&["/a", "/b"]).await;
+    let pool = &app.db.pool;
+    let events = shop_events(pool, "few", 6).await;
+    let terms = ClaimTerms { limit: 4, lease: Duration::from_secs(300), default_max_in_flight: 100 };
+    let (stored, fresh) = insert_batch_and_claim(pool, &events, terms).await.expect("stored");
+    assert_eq!(fresh.claimed.len(), 4);
+    assert!(!fresh.took_all, "eight deliveries left to claim");
+    for endpoint in &endpoints {
+        assert_eq!(leased_of(pool, endpoint).await, 2, "an equal share of the limit");
+    }
+    for (i, event) in events.iter().enumerate() {
+        let leased = leased_by_ingest(pool, &event.dedupe_key).await;
+        assert_eq!(leased, if i < 2 { 2 } else { 0 }, "{}: the first arrivals are leased", event.dedupe_key);
+        assert_eq!(stored[i].deliveries.len(), 2, "the answer names every delivery it created");
+    }
+}
+
+/// Eight batches of four webhooks stored at once, each by its own leasing statement on
+/// its own connection, fanned out to four endpoints: one limited to three requests in
+/// flight, one whose rate limit has a burst of two tokens, one paused, one whose circuit
+/// is open. Each batch asks for four leases of each endpoint. The statements race for
+/// the endpoint rows, and each reads the leases in flight only after it holds the row:
+/// exactly three deliveries of the first are leased and two of the second (never more,
+/// and each limit filled), none of the paused or open one's; the rest are stored
+/// pending, and every lease has its own token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_leasing_batches_fill_each_endpoint_s_limit_and_never_pass_it() {
+    let (app, endpoints) = shop_with_endpoints(&["/capped", "/rated", "/paused", "/open"]).await;
+    let pool = &app.db.pool;
+    let [capped, rated, paused, open] = &endpoints[..] else { unreachable!("four endpoints") };
+    for (sql, endpoint) in [
+        ("UPDATE endpoints SET max_in_flight = 3 WHERE id = $1::uuid", capped),
+        ("UPDATE endpoints SET rate_limit_per_sec = 0.001, rate_limit_burst = 2 WHERE id = $1::uuid", rated),
+        ("UPDATE endpoints SET paused = true WHERE id = $1::uuid", paused),
+        (
+            "UPDATE endpoints SET circuit_state = 'open', open_count = 1, opened_at = now(),
+                                  reopen_at = now() + interval '1 hour'
+             WHERE id = $1::uuid",
+            open,
+        ),
+    ] {
+        sqlx::query(sql).bind(endpoint).execute(pool).await.expect("limit");
+    }
+    const BATCHES: usize = 8;
+    let mut batches = Vec::new();
+    for b in 0..BATCHES {
+        batches.push(shop_events(pool, &format!("race{b}"), 4).await);
+    }
+    let terms = ClaimTerms { limit: 64, lease: Duration::from_secs(300), default_max_in_flight: 100 };
+    let stored =
+        futures_util::future::join_all(batches.iter().map(|batch| insert_batch_and_claim(pool, batch, terms))).await;
+    let mut tokens = Vec::new();
+    for result in stored {
+        let (stored, fresh) = result.expect("stored");
+        assert!(stored.iter().all(|s| !s.duplicate && s.deliveries.len() == 4), "one delivery per endpoint");
+        tokens.extend(fresh.claimed.iter().map(|job| job.claim_token));
+    }
+    assert_eq!(leased_of(pool, capped).await, 3, "the in-flight limit filled, not passed");
+    assert_eq!(leased_of(pool, rated).await, 2, "the burst's tokens spent, no more");
+    assert_eq!(leased_of(pool, paused).await, 0, "nothing leased for a paused endpoint");
+    assert_eq!(leased_of(pool, open).await, 0, "nor for one whose circuit is open");
+    assert_eq!(tokens.len(), 5, "the answers name each lease once");
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 5, "each lease its own token");
+    let rate_tokens: f64 = sqlx::query_scalar("SELECT rate_tokens FROM endpoints WHERE id = $1::uuid")
+        .bind(rated)
+        .fetch_one(pool)
+        .await
+        .expect("tokens");
+    assert!(rate_tokens < 1.0, "both tokens paid: {rate_tokens}");
+    assert_eq!(app.db.count("deliveries").await, (4 * 4 * BATCHES) as i64);
+}
+
+/// Group commit end to end: webhooks that queue behind a commit in flight are written by
+/// a writer as one batch, and their deliveries are leased by that batch's statement. The
+/// endpoint's row is held locked so that the first webhook's statement (a direct write)
+/// and the second's (a writer's batch of one) wait on it while three more queue up; once
+/// it is let go, the writer takes the three as one batch. Each of the five answers is
+/// stored with nothing left to claim, and the batch's three webhooks were stored by one
+/// transaction that leased their deliveries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn webhooks_queued_behind_a_commit_are_leased_by_their_batch_s_statement() {
+    let (app, endpoints) = shop_with_endpoints(&["/"]).await;
+    let pool = &app.db.pool;
+    let (shared, mut received) = open_hand_off(64);
+    let batcher = Batcher::start(pool.clone(), 1, Some(shared.clone()));
+    let events = shop_events(pool, "queued", 5).await;
+    let store = |event: &OwnedEvent| {
+        let (batcher, event) = (batcher.clone(), event.clone());
+        tokio::spawn(async move { batcher.store(event, tokio::time::Instant::now() + WAIT).await })
+    };
+
+    let holder = lock_endpoint(pool, &endpoints[0]).await;
+    let mut answers = vec![store(&events[0])];
+    eventually(WAIT, "the direct write waits on the endpoint", || async {
+        (lock_waiters(pool).await == 1).then_some(())
+    })
+    .await;
+    answers.push(store(&events[1]));
+    eventually(WAIT, "the writer's batch of one waits on the endpoint", || async {
+        (lock_waiters(pool).await == 2).then_some(())
+    })
+    .await;
+    answers.extend(events[2..].iter().map(store));
+    eventually(WAIT, "three webhooks queued behind them", || async { (batcher.queued() == 3).then_some(()) }).await;
+    holder.commit().await.expect("let the endpoint go");
+
+    for answer in answers {
+        let stored = answer.await.expect("task").expect("stored");
+        assert!(!stored.duplicate && stored.deliveries.is_empty(), "leased, nothing left to claim: {stored:?}");
+    }
+    for event in &events {
+        assert_eq!(
+            leased_by_ingest(pool, &event.dedupe_key).await,
+            1,
+            "{}: leased in its own commit",
+            event.dedupe_key
+        );
+    }
+    let batch_transactions: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT xmin::text) FROM events WHERE dedupe_key = ANY(ARRAY['queued-2', 'queued-3', 'queued-4'])",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("xmin");
+    assert_eq!(batch_transactions, 1, "the three queued webhooks were written as one batch");
+    let mut handed = 0;
+    while received.try_recv().is_ok() {
+        handed += 1;
+    }
+    assert_eq!(handed, 5, "every lease handed over");
+}
+
+/// A batch with an event that has an ordering key is not leased by its statement (the
+/// fan-out locks the line's row before the lease would lock the endpoint's): the hand-off
+/// does not take it, and the batch is stored plainly, its deliveries left to claim.
+#[tokio::test]
+async fn a_batch_with_an_ordered_webhook_is_stored_plainly() {
+    let (app, _) = shop_with_endpoints(&["/"]).await;
+    let pool = &app.db.pool;
+    let (shared, mut received) = open_hand_off(64);
+    let mut events = shop_events(pool, "mixed", 3).await;
+    assert!(shared.takes_batch(&events), "the control: without a key it is taken");
+    events[1].ordering_key = Some("customer-1".into());
+    assert!(!shared.takes_batch(&events));
+    let stored = prelease::store_batch_leasing(pool, &events, &shared).await.expect("stored");
+    assert!(stored.iter().all(|s| s.deliveries.len() == 1), "every delivery left to claim: {stored:?}");
+    assert!(received.try_recv().is_err(), "nothing handed over");
+    shared.set_owed_general(true);
+    events[1].ordering_key = None;
+    assert!(!shared.takes_batch(&events), "nor while the dispatcher owes a general claim");
+}

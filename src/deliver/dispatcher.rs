@@ -179,34 +179,35 @@ async fn run(
         } else {
             wakes.handoff.take()
         };
-        let claimed = tokio::select! {
-            claimed = async {
-                match by_key {
-                    Some(fresh) if fresh.is_empty() => Ok(Claim::default()),
-                    Some(fresh) => {
-                        let fresh = queue::claim_fresh(
-                            &pool,
-                            &fresh,
-                            want as i64,
-                            settings.lease,
-                            settings.endpoint_max_in_flight,
-                        )
-                        .await?;
-                        // It does not say why it left work: maybe room, which the
-                        // general claim that follows finds out.
-                        Ok(Claim {
-                            left_behind: !fresh.took_all,
-                            held_by_room: true,
-                            next_token_in: None,
-                            claimed: fresh.claimed,
-                        })
-                    }
-                    None => {
-                        claim(&pool, want, &settings, &mut last_probe_check, &mut clogged, &housekeeping).await
-                    }
+        let claiming = async {
+            match by_key {
+                Some(fresh) if fresh.is_empty() => Ok(Claim::default()),
+                Some(fresh) => {
+                    let fresh =
+                        queue::claim_fresh(&pool, &fresh, want as i64, settings.lease, settings.endpoint_max_in_flight)
+                            .await?;
+                    // It does not say why it left work: maybe room, which the
+                    // general claim that follows finds out.
+                    Ok(Claim {
+                        left_behind: !fresh.took_all,
+                        held_by_room: true,
+                        next_token_in: None,
+                        claimed: fresh.claimed,
+                    })
                 }
-            } => claimed,
-            _ = stop.wait_for(|s| *s) => break,
+                None => claim(&pool, want, &settings, &mut last_probe_check, &mut clogged, &housekeeping).await,
+            }
+        };
+        tokio::pin!(claiming);
+        // What ingest leases meanwhile starts at once, not when the claim returns: a
+        // claim may wait on an endpoint's row behind ingest's own commits (tens of
+        // milliseconds in a burst), and every lease handed over meanwhile waited with it.
+        let claimed = loop {
+            tokio::select! {
+                claimed = &mut claiming => break claimed,
+                Some(leased) = wakes.preleased.recv() => start(&mut in_flight, &ctx, leased),
+                _ = stop.wait_for(|s| *s) => break 'claims,
+            }
         };
         let claimed = match claimed {
             Ok(Claim { claimed, left_behind, held_by_room, next_token_in }) => {

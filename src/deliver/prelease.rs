@@ -1,5 +1,5 @@
-//! The pre-leased hand-off: a lone webhook's deliveries leased by the statement that
-//! stores them.
+//! The pre-leased hand-off: the deliveries of a webhook written alone, or of a writer's
+//! batch, leased by the statement that stores them.
 //!
 //! At low load a webhook cost two round trips before its attempt could start: ingest's
 //! statement, then the claim by key of the deliveries it created, each its own commit
@@ -11,6 +11,17 @@
 //! rate tokens and fencing token of any claim (`wg_lease_room_v1`, migration 0028). The
 //! leased deliveries go to this process's dispatcher with a worker slot each, reserved
 //! before the statement, so no lease waits for a slot.
+//!
+//! A writer's batch of two or more webhooks ([`store_batch`]) is leased the same way by
+//! its batch statement ([`crate::store::events::insert_batch_and_claim`]): there one
+//! endpoint may take several leases at once (`wg_lease_room_v2`, migration 0029: its
+//! room, its whole rate tokens, an equal share of the slots held), with up to
+//! [`MOST_LEASED_PER_WEBHOOK`] slots reserved per webhook. A batch of more than
+//! [`MOST_WEBHOOKS_WAITING_FOR_ENDPOINTS`] does not wait for an endpoint row another
+//! transaction holds (a claim, another commit): it leaves that endpoint's deliveries to be
+//! claimed after its commit, since a large batch means a queue is forming behind it
+//! (bench/PROFILE.md). A batch holding an event with an ordering key is stored plainly
+//! (the reason below).
 //!
 //! It is not done (the deliveries are handed over by id, [`crate::wake::Handoff`], as
 //! before) when the dispatcher has no free slot, when it owes a general claim (due work
@@ -51,6 +62,15 @@ use crate::store::events::{self, ClaimTerms, NewEvent, Stored};
 /// slots reserved before it, when that many are free (a webhook's fan-out is not known
 /// before the statement; what it creates beyond them is handed over by id).
 pub const MOST_LEASED_PER_WEBHOOK: usize = 8;
+
+/// The largest batch whose leasing statement waits for an endpoint row another
+/// transaction holds; a larger one skips it ([`events::HeldEndpoints`]). Group commit's
+/// batches grow with the load (on the bench about 2-4 webhooks at 1,000-2,000/s, 8 at
+/// 3,000/s, 15-24 at 4,000-5,000/s): a small one waits for a commit in flight at most,
+/// while behind a large one a queue is forming, and its wait (for claims that lock the
+/// endpoint for milliseconds) held every webhook in it. Skipping costs a claim by key of
+/// what it skipped, after the commit.
+pub const MOST_WEBHOOKS_WAITING_FOR_ENDPOINTS: usize = 8;
 
 /// What ingest and the dispatcher of one process share for the hand-off.
 #[derive(Debug)]
@@ -263,10 +283,16 @@ pub async fn store_batch_leasing(
     }
     let terms = prelease.terms(&slots);
     let started = SystemTime::now();
+    let held = if events.len() <= MOST_WEBHOOKS_WAITING_FOR_ENDPOINTS {
+        events::HeldEndpoints::Wait
+    } else {
+        events::HeldEndpoints::Skip
+    };
     let (mut stored, fresh) =
-        crate::db::retry_conflicts(|| events::insert_batch_and_claim(pool, events, terms)).await?;
+        crate::db::retry_conflicts(|| events::insert_batch_and_claim(pool, events, terms, held)).await?;
+    let leased: std::collections::HashSet<DeliveryId> = fresh.claimed.iter().map(|job| job.id).collect();
     for one in &mut stored {
-        one.deliveries.retain(|id| !fresh.claimed.iter().any(|job| job.id == *id));
+        one.deliveries.retain(|id| !leased.contains(id));
     }
     prelease.hand_over(pool, fresh.claimed, slots, started);
     Ok(stored)

@@ -25,7 +25,8 @@
 //! process's dispatcher has free workers and owes no general claim, a webhook written
 //! alone (directly, or as a writer's batch of one) has its deliveries leased for them by
 //! the statement that stores it ([`crate::deliver::prelease`]; finished even when the
-//! requester goes away, so that no lease is stranded).
+//! requester goes away, so that no lease is stranded), and so has a writer's batch of
+//! two or more, unless one of its webhooks has an ordering key.
 //!
 //! If a batch fails for a reason other than the database being unreachable (say one
 //! event trips a trigger), its events are retried one by one so each gets its own

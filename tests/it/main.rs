@@ -38,6 +38,7 @@ mod plans;
 mod pooler;
 mod prelease;
 mod prelease_batch;
+mod prelease_dispatch;
 mod quickstart;
 mod refusals;
 mod replicas;

@@ -62,13 +62,13 @@ pub(crate) async fn shop_event<'a>(
 
 /// Settings of a gateway (role `all`) that polls only every 10 s: once its first claim
 /// found nothing, nothing but ingest's hand-offs wakes it during the test.
-fn quiet() -> webhook_gateway::app::Settings {
+pub(crate) fn quiet() -> webhook_gateway::app::Settings {
     let mut settings = test_settings();
     settings.delivery.poll_interval = Duration::from_secs(10);
     settings
 }
 
-async fn quiet_gateway() -> TestApp {
+pub(crate) async fn quiet_gateway() -> TestApp {
     TestApp::spawn_with(TestDb::new().await, quiet(), 32).await
 }
 

@@ -95,6 +95,18 @@ const SINGLE_TYPES: &[&str] = &["uuid", "text", "text", "text", "jsonb", "bytea"
 const LEASING_TYPES: &[&str] =
     &["uuid", "text", "text", "text", "jsonb", "bytea", "text", "text", "text", "int8[]", "int8", "float8", "int4"];
 
+/// The parameter types of the batch ingest statement (`store::events::insert_batch_sql`).
+const BATCH_TYPES: &[&str] = &[
+    "uuid[]", "text[]", "text[]", "text[]", "text[]", "bytea[]", "int4[]", "text[]", "int4[]", "text[]", "text[]",
+    "int8[]", "int4[]",
+];
+
+/// The parameter types of the leasing one (`store::events::insert_batch_and_claim_sql`).
+const BATCH_LEASING_TYPES: &[&str] = &[
+    "uuid[]", "text[]", "text[]", "text[]", "text[]", "bytea[]", "int4[]", "text[]", "int4[]", "text[]", "text[]",
+    "int8[]", "int4[]", "int8", "float8", "int4", "bool",
+];
+
 /// The parameter types of the recorder's outcome statement (`queue::RECORD_SQL`).
 const RECORD_TYPES: &[&str] = &[
     "uuid[]",
@@ -200,14 +212,7 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         name: "ingest, a batch of 16 (`insert_batch_sql`: the group commit's path)",
         tag: "ingest_batch",
         settings: String::new(),
-        statements: Prepared::only(
-            "ingest_batch",
-            &[
-                "uuid[]", "text[]", "text[]", "text[]", "text[]", "bytea[]", "int4[]", "text[]", "int4[]", "text[]",
-                "text[]", "int8[]", "int4[]",
-            ],
-            webhook_gateway::store::events::insert_batch_sql(),
-        ),
+        statements: Prepared::only("ingest_batch", BATCH_TYPES, webhook_gateway::store::events::insert_batch_sql()),
         units: BATCH,
         unit: "webhook",
         effect: "SELECT count(*) AS n FROM events",
@@ -335,6 +340,28 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         .collect();
     anyhow::ensure!(steps.len() == MANY + FEW, "only {} line heads were seeded", heads.len());
     counts.push(count(ctx, &pg, &line_step, &steps)?);
+
+    // A batch stored with its deliveries leased: group commit's path in role `all`. Last,
+    // with an endpoint limit that leaves every batch room for all sixteen: its leases
+    // stay in flight, and would leave the claims above no room.
+    let batch_lease = Kind {
+        name: "ingest and lease, a batch of 16 (`insert_batch_and_claim_sql`: the group commit's path in role `all`)",
+        tag: "ingest_batch_lease",
+        settings: String::new(),
+        statements: Prepared::only("ingest_batch_lease", BATCH_LEASING_TYPES, events::insert_batch_and_claim_sql()),
+        units: BATCH,
+        unit: "webhook",
+        effect: "SELECT count(*) AS n FROM deliveries WHERE leased_until IS NOT NULL",
+    };
+    let args: Vec<Vec<String>> = (0..MANY + FEW)
+        .map(|_| {
+            let batch = (0..BATCH).map(|_| event("batch_lease")).collect::<Vec<_>>();
+            // A batch of 16 skips endpoint rows others hold
+            // (`prelease::MOST_WEBHOOKS_WAITING_FOR_ENDPOINTS` is 8); here nobody does.
+            vec![format!("{}, {BATCH}, {LEASE_SECS}, 1000000, false", batch_args(&batch, &source))]
+        })
+        .collect();
+    counts.push(count(ctx, &pg, &batch_lease, &args)?);
 
     ctx.appendix("PostgreSQL instructions per statement: where they go (row 18)", landmarks_table(&counts));
     ctx.note(

@@ -229,13 +229,15 @@ pub fn shorten(sql: &str, max: usize) -> String {
 
 /// What a statement of `pg_stat_statements` (normalized text) is in the gateway's path,
 /// for the appendices: the two lean ingest statements start alike and differ only in
-/// whether they lease (`wg_lease_room_v1`), and a table of truncated texts cannot tell
+/// whether they lease (`wg_lease_room_v1`; the batch statements, `wg_lease_room_v2`), and a table of truncated texts cannot tell
 /// them apart. Empty for a statement it does not know.
 pub fn statement_kind(sql: &str) -> &'static str {
     let leases = sql.contains("wg_lease_room_");
     let inserts_events = sql.contains("INSERT INTO events");
-    if inserts_events && sql.contains("unnest($1::uuid[]") {
-        "ingest, batch"
+    if inserts_events && sql.contains("unnest($1::uuid[]") && leases {
+        "ingest, batch, leasing"
+    } else if inserts_events && sql.contains("unnest($1::uuid[]") {
+        "ingest, batch, plain"
     } else if inserts_events && leases {
         "ingest, one webhook, leasing"
     } else if inserts_events {
@@ -385,7 +387,8 @@ mod tests {
             (events::insert_and_claim_sql(), "ingest, one webhook, leasing"),
             (events::lean::insert_sql(), "ingest, one webhook, plain"),
             (events::insert_sql(), "ingest, one webhook, plain"),
-            (events::insert_batch_sql(), "ingest, batch"),
+            (events::insert_batch_and_claim_sql(), "ingest, batch, leasing"),
+            (events::insert_batch_sql(), "ingest, batch, plain"),
             (queue::CLAIM_FRESH_SQL, "claim by key"),
             (queue::RECORD_SQL, "outcome write"),
             (queue::CLAIM_LOCK_SQL, "general claim"),

@@ -13,11 +13,6 @@
 -- claim keeps, as `wg_lease_room_v1` (migration 0028) does:
 --   * the endpoint rows are locked (FOR NO KEY UPDATE, in id order, as every claim
 --     locks them) where the circuit is closed, the endpoint not paused, not deleted;
---     with `wait_for_rows` false, an endpoint another transaction holds is skipped, not
---     waited for (SKIP LOCKED): its deliveries are stored pending and claimed after the
---     commit, as before. The caller asks so for a large batch: under load the holders
---     are claims and other commits, and a batch that waited for them held up every
---     webhook queued behind it (on the bench, 4,000/s fell behind in two runs of three);
 --   * the in-flight count is read by a second statement, after the lock;
 --   * an endpoint is granted no more than its room under its in-flight limit, no more
 --     than its whole rate tokens, and no more than it asked for; its rate tokens are paid
@@ -26,10 +21,15 @@
 --     `wg_claim_fresh_v2` shares them: no endpoint more than an equal share of the limit
 --     among the endpoints with room, then in id order.
 --
+-- The caller uses it only for small batches (`deliver::prelease::LARGEST_LEASED_BATCH`):
+-- the endpoint rows it locks stay locked until the batch commits, and under load
+-- (large batches) the claims then waited behind ingest's commits and delivery fell
+-- behind (bench/PROFILE.md).
+--
 -- v1 stays: it grants one lease per endpoint, for a lone webhook's statement, and the
 -- release before this one calls it during a rolling deploy.
 
-CREATE FUNCTION wg_lease_room_v2(wanted uuid[], claim_limit int8, default_max int4, wait_for_rows boolean)
+CREATE FUNCTION wg_lease_room_v2(wanted uuid[], claim_limit int8, default_max int4)
 RETURNS TABLE (endpoint_id uuid, url text, secret text, previous_secrets text[], granted int8)
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
@@ -41,25 +41,14 @@ AS $$
 DECLARE
     locked_ids uuid[];
 BEGIN
-    IF wait_for_rows THEN
-        WITH locked AS (
-            SELECT ep.id FROM endpoints ep
-            WHERE ep.id = ANY(wanted)
-              AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
-            ORDER BY ep.id
-            FOR NO KEY UPDATE OF ep
-        )
-        SELECT ARRAY(SELECT l.id FROM locked l ORDER BY l.id) INTO locked_ids;
-    ELSE
-        WITH locked AS (
-            SELECT ep.id FROM endpoints ep
-            WHERE ep.id = ANY(wanted)
-              AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
-            ORDER BY ep.id
-            FOR NO KEY UPDATE OF ep SKIP LOCKED
-        )
-        SELECT ARRAY(SELECT l.id FROM locked l ORDER BY l.id) INTO locked_ids;
-    END IF;
+    WITH locked AS (
+        SELECT ep.id FROM endpoints ep
+        WHERE ep.id = ANY(wanted)
+          AND ep.circuit_state = 'closed' AND NOT ep.paused AND ep.deleted_at IS NULL
+        ORDER BY ep.id
+        FOR NO KEY UPDATE OF ep
+    )
+    SELECT ARRAY(SELECT l.id FROM locked l ORDER BY l.id) INTO locked_ids;
 
     IF cardinality(locked_ids) = 0 THEN
         RETURN;

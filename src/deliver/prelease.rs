@@ -16,12 +16,11 @@
 //! its batch statement ([`crate::store::events::insert_batch_and_claim`]): there one
 //! endpoint may take several leases at once (`wg_lease_room_v2`, migration 0029: its
 //! room, its whole rate tokens, an equal share of the slots held), with up to
-//! [`MOST_LEASED_PER_WEBHOOK`] slots reserved per webhook. A batch of more than
-//! [`MOST_WEBHOOKS_WAITING_FOR_ENDPOINTS`] does not wait for an endpoint row another
-//! transaction holds (a claim, another commit): it leaves that endpoint's deliveries to be
-//! claimed after its commit, since a large batch means a queue is forming behind it
-//! (bench/PROFILE.md). A batch holding an event with an ordering key is stored plainly
-//! (the reason below).
+//! [`MOST_LEASED_PER_WEBHOOK`] slots reserved per webhook. Only a small batch (at most
+//! [`LARGEST_LEASED_BATCH`] webhooks: light or moderate load): a leasing statement holds
+//! its endpoints' rows until its commit, and under load the claims waited behind ingest's
+//! commits (bench/PROFILE.md). A batch holding an event with an ordering key is stored
+//! plainly too (the reason below).
 //!
 //! It is not done (the deliveries are handed over by id, [`crate::wake::Handoff`], as
 //! before) when the dispatcher has no free slot, when it owes a general claim (due work
@@ -63,14 +62,14 @@ use crate::store::events::{self, ClaimTerms, NewEvent, Stored};
 /// before the statement; what it creates beyond them is handed over by id).
 pub const MOST_LEASED_PER_WEBHOOK: usize = 8;
 
-/// The largest batch whose leasing statement waits for an endpoint row another
-/// transaction holds; a larger one skips it ([`events::HeldEndpoints`]). Group commit's
-/// batches grow with the load (on the bench about 2-4 webhooks at 1,000-2,000/s, 8 at
-/// 3,000/s, 15-24 at 4,000-5,000/s): a small one waits for a commit in flight at most,
-/// while behind a large one a queue is forming, and its wait (for claims that lock the
-/// endpoint for milliseconds) held every webhook in it. Skipping costs a claim by key of
-/// what it skipped, after the commit.
-pub const MOST_WEBHOOKS_WAITING_FOR_ENDPOINTS: usize = 8;
+/// The largest batch of group commit's whose deliveries its statement leases; a larger
+/// one is stored plainly and its deliveries claimed after its commit. Batches grow with
+/// the load (on the bench about 2-4 webhooks at 1,000-2,000/s, 8 at 3,000/s, 15-35 at
+/// 4,000-5,000/s). A leasing statement holds its endpoints' rows until it commits, so
+/// the claims of every process wait behind it; with large batches back to back they
+/// waited behind ingest's commits, and the highest rate held went from 5,000/s (3 runs
+/// of 6) to 4,000/s (bench/PROFILE.md).
+pub const LARGEST_LEASED_BATCH: usize = 8;
 
 /// What ingest and the dispatcher of one process share for the hand-off.
 #[derive(Debug)]
@@ -133,10 +132,13 @@ impl Prelease {
     }
 
     /// Whether ingest may lease the deliveries of a batch of `events` now: each of them
-    /// as [`Prelease::takes`] would. (A batch with an ordered event is stored plainly: the
-    /// fan-out locks its line's row before the lease would lock the endpoints'.)
+    /// as [`Prelease::takes`] would, and no more than [`LARGEST_LEASED_BATCH`] of them.
+    /// (A batch with an ordered event is stored plainly: the fan-out locks its line's row
+    /// before the lease would lock the endpoints'.)
     pub fn takes_batch(&self, events: &[events::OwnedEvent]) -> bool {
-        events.iter().all(|event| event.ordering_key.is_none()) && self.open.load(Ordering::Acquire)
+        events.len() <= LARGEST_LEASED_BATCH
+            && events.iter().all(|event| event.ordering_key.is_none())
+            && self.open.load(Ordering::Acquire)
     }
 
     /// Up to [`MOST_LEASED_PER_WEBHOOK`] free worker slots for each of `webhooks` (none
@@ -283,13 +285,8 @@ pub async fn store_batch_leasing(
     }
     let terms = prelease.terms(&slots);
     let started = SystemTime::now();
-    let held = if events.len() <= MOST_WEBHOOKS_WAITING_FOR_ENDPOINTS {
-        events::HeldEndpoints::Wait
-    } else {
-        events::HeldEndpoints::Skip
-    };
     let (mut stored, fresh) =
-        crate::db::retry_conflicts(|| events::insert_batch_and_claim(pool, events, terms, held)).await?;
+        crate::db::retry_conflicts(|| events::insert_batch_and_claim(pool, events, terms)).await?;
     let leased: std::collections::HashSet<DeliveryId> = fresh.claimed.iter().map(|job| job.id).collect();
     for one in &mut stored {
         one.deliveries.retain(|id| !leased.contains(id));

@@ -209,8 +209,7 @@ macro_rules! fan_leased {
 /// [`fan_leased`]'s room, but several per endpoint) has its first `granted` unordered
 /// deliveries, in the batch's arrival order, inserted already leased, each with a fresh
 /// fencing token of its own (`$14` most leases, `$15` lease in seconds, `$16` default max
-/// in flight, `$17` whether to wait for an endpoint row another transaction holds rather
-/// than skip it: the batch statement's own parameters come first).
+/// in flight: the batch statement's own parameters come first).
 macro_rules! fan_leased_batch {
     ($from:literal) => {
         concat!(
@@ -218,7 +217,7 @@ macro_rules! fan_leased_batch {
             SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets, r.granted
             FROM wg_lease_room_v2(ARRAY(SELECT n.endpoint_id FROM numbered n
                                         WHERE n.ordering_key IS NULL ORDER BY n.endpoint_id),
-                                  $14, $16, $17) r
+                                  $14, $16) r
         ), turns AS (
             SELECT n.*, row_number() OVER (PARTITION BY n.endpoint_id, n.ordering_key IS NULL ORDER BY n.ord) AS turn
             FROM ",

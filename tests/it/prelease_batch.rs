@@ -9,7 +9,7 @@ use std::time::Duration;
 use webhook_gateway::deliver::DeliverySettings;
 use webhook_gateway::deliver::prelease::{self, Prelease};
 use webhook_gateway::ingest::batcher::Batcher;
-use webhook_gateway::store::events::{ClaimTerms, HeldEndpoints, OwnedEvent, insert_batch_and_claim};
+use webhook_gateway::store::events::{ClaimTerms, OwnedEvent, insert_batch_and_claim};
 
 use crate::prelease::{leased_by_ingest, lock_endpoint, lock_waiters};
 use crate::support::{TestApp, eventually, owned_event, source_id, test_settings};
@@ -127,7 +127,7 @@ async fn a_batch_leases_no_more_than_its_slots_shared_between_its_endpoints() {
     let pool = &app.db.pool;
     let events = shop_events(pool, "few", 6).await;
     let terms = ClaimTerms { limit: 4, lease: Duration::from_secs(300), default_max_in_flight: 100 };
-    let (stored, fresh) = insert_batch_and_claim(pool, &events, terms, HeldEndpoints::Wait).await.expect("stored");
+    let (stored, fresh) = insert_batch_and_claim(pool, &events, terms).await.expect("stored");
     assert_eq!(fresh.claimed.len(), 4);
     assert!(!fresh.took_all, "eight deliveries left to claim");
     for endpoint in &endpoints {
@@ -143,28 +143,13 @@ async fn a_batch_leases_no_more_than_its_slots_shared_between_its_endpoints() {
 /// Eight batches of four webhooks stored at once, each by its own leasing statement on
 /// its own connection, fanned out to four endpoints: one limited to three requests in
 /// flight, one whose rate limit has a burst of two tokens, one paused, one whose circuit
-/// is open. Each batch asks for four leases of each endpoint. The statements wait for the
-/// endpoint rows as claims do, and each reads the leases in flight only once it holds the
-/// row: exactly three deliveries of the first are leased and two of the second (never
-/// more, and each limit filled), none of the paused or open one's; the rest are stored
-/// pending, and every lease has its own token.
+/// is open. Each batch asks for four leases of each endpoint. The statements race for the
+/// endpoint rows, and each reads the leases in flight only once it holds the row: exactly
+/// three deliveries of the first are leased and two of the second (never more, and each
+/// limit filled), none of the paused or open one's; the rest are stored pending, and
+/// every lease has its own token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_leasing_batches_fill_each_endpoint_s_limit_and_never_pass_it() {
-    race_batches(HeldEndpoints::Wait).await;
-}
-
-/// The same race between batches that skip an endpoint row another statement holds (a
-/// large batch's way): however the race goes, never more than three deliveries of the
-/// first are leased nor two of the second, and each lease has its own token. One more
-/// batch afterwards, racing no one, fills both limits exactly.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn racing_batches_that_skip_held_endpoints_never_pass_a_limit() {
-    race_batches(HeldEndpoints::Skip).await;
-}
-
-/// The race of the two tests above, the batches doing as `held` says about endpoint rows
-/// others hold.
-async fn race_batches(held: HeldEndpoints) {
     let (app, endpoints) = shop_with_endpoints(&["/capped", "/rated", "/paused", "/open"]).await;
     let pool = &app.db.pool;
     let [capped, rated, paused, open] = &endpoints[..] else { unreachable!("four endpoints") };
@@ -183,35 +168,23 @@ async fn race_batches(held: HeldEndpoints) {
     }
     const BATCHES: usize = 8;
     let mut batches = Vec::new();
-    for b in 0..=BATCHES {
+    for b in 0..BATCHES {
         batches.push(shop_events(pool, &format!("race{b}"), 4).await);
     }
     let terms = ClaimTerms { limit: 64, lease: Duration::from_secs(300), default_max_in_flight: 100 };
-    let raced = futures_util::future::join_all(
-        batches[..BATCHES].iter().map(|batch| insert_batch_and_claim(pool, batch, terms, held)),
-    )
-    .await;
+    let raced =
+        futures_util::future::join_all(batches.iter().map(|batch| insert_batch_and_claim(pool, batch, terms))).await;
     let mut tokens = Vec::new();
     for result in raced {
         let (stored, fresh) = result.expect("stored");
         assert!(stored.iter().all(|s| !s.duplicate && s.deliveries.len() == 4), "one delivery per endpoint");
         tokens.extend(fresh.claimed.iter().map(|job| job.claim_token));
     }
-    let (capped_raced, rated_raced) = (leased_of(pool, capped).await, leased_of(pool, rated).await);
-    assert!(capped_raced <= 3, "the in-flight limit never passed: {capped_raced}");
-    assert!(rated_raced <= 2, "no lease without a token: {rated_raced}");
-    if held == HeldEndpoints::Wait {
-        assert_eq!((capped_raced, rated_raced), (3, 2), "batches that wait fill both limits");
-    }
-    assert_eq!(tokens.len() as i64, capped_raced + rated_raced, "the answers name each lease once");
-
-    let (_, last) = insert_batch_and_claim(pool, &batches[BATCHES], terms, held).await.expect("the last batch");
-    tokens.extend(last.claimed.iter().map(|job| job.claim_token));
     assert_eq!(leased_of(pool, capped).await, 3, "the in-flight limit filled, not passed");
     assert_eq!(leased_of(pool, rated).await, 2, "the burst's tokens spent, no more");
     assert_eq!(leased_of(pool, paused).await, 0, "nothing leased for a paused endpoint");
     assert_eq!(leased_of(pool, open).await, 0, "nor for one whose circuit is open");
-    assert_eq!(tokens.len(), 5);
+    assert_eq!(tokens.len(), 5, "the answers name each lease once");
     tokens.sort_unstable();
     tokens.dedup();
     assert_eq!(tokens.len(), 5, "each lease its own token");
@@ -221,49 +194,7 @@ async fn race_batches(held: HeldEndpoints) {
         .await
         .expect("tokens");
     assert!(rate_tokens < 1.0, "both tokens paid: {rate_tokens}");
-    assert_eq!(app.db.count("deliveries").await, (4 * 4 * (BATCHES + 1)) as i64);
-}
-
-/// A batch that skips held endpoints does not wait for an endpoint whose row another
-/// transaction holds as a claim holds it: it stores that endpoint's deliveries pending,
-/// to be claimed after its commit, and leases the others'. Control: a batch that waits
-/// (a small one's way) waits for the row, and once it is let go leases both endpoints'.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_batch_that_skips_held_endpoints_does_not_wait_for_one() {
-    let (app, endpoints) = shop_with_endpoints(&["/held", "/free"]).await;
-    let pool = &app.db.pool;
-    let terms = ClaimTerms { limit: 64, lease: Duration::from_secs(300), default_max_in_flight: 100 };
-    // Held as a claim holds it (the fan-out's foreign key check still passes).
-    let mut holder = pool.begin().await.expect("begin");
-    sqlx::query("SELECT 1 FROM endpoints WHERE id = $1::uuid FOR NO KEY UPDATE")
-        .bind(&endpoints[0])
-        .execute(&mut *holder)
-        .await
-        .expect("hold the endpoint");
-    let skipping = shop_events(pool, "skipping", 3).await;
-    let (stored, fresh) =
-        tokio::time::timeout(WAIT, insert_batch_and_claim(pool, &skipping, terms, HeldEndpoints::Skip))
-            .await
-            .expect("the batch does not wait for the held endpoint")
-            .expect("stored");
-    assert_eq!(fresh.claimed.len(), 3, "the free endpoint's three leased");
-    assert!(fresh.claimed.iter().all(|job| job.endpoint_id.to_string() == endpoints[1]));
-    assert!(stored.iter().all(|s| s.deliveries.len() == 2), "the answers name every delivery: {stored:?}");
-    assert_eq!(leased_of(pool, &endpoints[0]).await, 0, "the held endpoint's left to claim");
-
-    let waiting = shop_events(pool, "waiting", 3).await;
-    let batch = {
-        let pool = pool.clone();
-        tokio::spawn(async move { insert_batch_and_claim(&pool, &waiting, terms, HeldEndpoints::Wait).await })
-    };
-    eventually(WAIT, "the waiting batch waits for the held row", || async {
-        (lock_waiters(pool).await == 1).then_some(())
-    })
-    .await;
-    assert!(!batch.is_finished());
-    holder.commit().await.expect("let go");
-    let (_, fresh) = batch.await.expect("task").expect("stored");
-    assert_eq!(fresh.claimed.len(), 6, "both endpoints' leased once the row is let go");
+    assert_eq!(app.db.count("deliveries").await, (4 * 4 * BATCHES) as i64);
 }
 
 /// Group commit end to end: webhooks that queue behind a commit in flight are written by
@@ -327,10 +258,12 @@ async fn webhooks_queued_behind_a_commit_are_leased_by_their_batch_s_statement()
 }
 
 /// A batch with an event that has an ordering key is not leased by its statement (the
-/// fan-out locks the line's row before the lease would lock the endpoint's): the hand-off
-/// does not take it, and the batch is stored plainly, its deliveries left to claim.
+/// fan-out locks the line's row before the lease would lock the endpoint's), nor is one
+/// of more than `LARGEST_LEASED_BATCH` webhooks (its statement would hold the endpoint
+/// rows that claims need until its commit): the hand-off does not take them, and such a
+/// batch is stored plainly, its deliveries left to claim.
 #[tokio::test]
-async fn a_batch_with_an_ordered_webhook_is_stored_plainly() {
+async fn an_ordered_or_large_batch_is_stored_plainly() {
     let (app, _) = shop_with_endpoints(&["/"]).await;
     let pool = &app.db.pool;
     let (shared, mut received) = open_hand_off(64);
@@ -341,6 +274,15 @@ async fn a_batch_with_an_ordered_webhook_is_stored_plainly() {
     let stored = prelease::store_batch_leasing(pool, &events, &shared).await.expect("stored");
     assert!(stored.iter().all(|s| s.deliveries.len() == 1), "every delivery left to claim: {stored:?}");
     assert!(received.try_recv().is_err(), "nothing handed over");
+
+    let largest = shop_events(pool, "largest", prelease::LARGEST_LEASED_BATCH).await;
+    assert!(shared.takes_batch(&largest), "the control: the largest leased batch is taken");
+    let large = shop_events(pool, "large", prelease::LARGEST_LEASED_BATCH + 1).await;
+    assert!(!shared.takes_batch(&large));
+    let stored = prelease::store_batch_leasing(pool, &large, &shared).await.expect("stored");
+    assert!(stored.iter().all(|s| s.deliveries.len() == 1), "every delivery left to claim: {stored:?}");
+    assert!(received.try_recv().is_err(), "nothing handed over");
+
     shared.set_owed_general(true);
     events[1].ordering_key = None;
     assert!(!shared.takes_batch(&events), "nor while the dispatcher owes a general claim");

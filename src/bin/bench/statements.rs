@@ -104,7 +104,7 @@ const BATCH_TYPES: &[&str] = &[
 /// The parameter types of the leasing one (`store::events::insert_batch_and_claim_sql`).
 const BATCH_LEASING_TYPES: &[&str] = &[
     "uuid[]", "text[]", "text[]", "text[]", "text[]", "bytea[]", "int4[]", "text[]", "int4[]", "text[]", "text[]",
-    "int8[]", "int4[]", "int8", "float8", "int4", "bool",
+    "int8[]", "int4[]", "int8", "float8", "int4",
 ];
 
 /// The parameter types of the recorder's outcome statement (`queue::RECORD_SQL`).
@@ -341,24 +341,24 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(steps.len() == MANY + FEW, "only {} line heads were seeded", heads.len());
     counts.push(count(ctx, &pg, &line_step, &steps)?);
 
-    // A batch stored with its deliveries leased: group commit's path in role `all`. Last,
-    // with an endpoint limit that leaves every batch room for all sixteen: its leases
-    // stay in flight, and would leave the claims above no room.
+    // A batch stored with its deliveries leased: group commit's path in role `all`, for
+    // batches of up to `prelease::LARGEST_LEASED_BATCH`. Last, with an endpoint limit that
+    // leaves every batch room for all of them: its leases stay in flight, and would leave
+    // the claims above no room.
+    const LEASED_BATCH: usize = webhook_gateway::deliver::prelease::LARGEST_LEASED_BATCH;
     let batch_lease = Kind {
-        name: "ingest and lease, a batch of 16 (`insert_batch_and_claim_sql`: the group commit's path in role `all`)",
+        name: "ingest and lease, a batch of 8 (`insert_batch_and_claim_sql`: the group commit's path in role `all`)",
         tag: "ingest_batch_lease",
         settings: String::new(),
         statements: Prepared::only("ingest_batch_lease", BATCH_LEASING_TYPES, events::insert_batch_and_claim_sql()),
-        units: BATCH,
+        units: LEASED_BATCH,
         unit: "webhook",
         effect: "SELECT count(*) AS n FROM deliveries WHERE leased_until IS NOT NULL",
     };
     let args: Vec<Vec<String>> = (0..MANY + FEW)
         .map(|_| {
-            let batch = (0..BATCH).map(|_| event("batch_lease")).collect::<Vec<_>>();
-            // A batch of 16 skips endpoint rows others hold
-            // (`prelease::MOST_WEBHOOKS_WAITING_FOR_ENDPOINTS` is 8); here nobody does.
-            vec![format!("{}, {BATCH}, {LEASE_SECS}, 1000000, false", batch_args(&batch, &source))]
+            let batch = (0..LEASED_BATCH).map(|_| event("batch_lease")).collect::<Vec<_>>();
+            vec![format!("{}, {}, {LEASE_SECS}, 1000000", batch_args(&batch, &source), 8 * LEASED_BATCH)]
         })
         .collect();
     counts.push(count(ctx, &pg, &batch_lease, &args)?);

@@ -48,7 +48,7 @@ pub fn insert_batch_sql() -> &'static str {
 
 /// The batch statement that also leases the deliveries it creates
 /// ([`insert_batch_and_claim`]; `$14` most leases, `$15` lease in seconds, `$16` default
-/// max in flight, `$17` whether it waits for endpoint rows others hold): each event's answer with its columns named `stored_*`, then the
+/// max in flight): each event's answer with its columns named `stored_*`, then the
 /// claim's columns (`crate::queue::Claimed`), one row per delivery leased (or one whose
 /// claim columns are null when none of the event's was), and `candidates`: the
 /// deliveries it created.
@@ -221,22 +221,10 @@ pub async fn insert_batch_with_fanout(
     answers_in_input_order(pool, events, &plan, answers).await
 }
 
-/// What a leasing batch does about an endpoint row another transaction holds (a claim,
-/// another ingest statement, until its commit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HeldEndpoints {
-    /// Wait for it, as a claim does: every delivery with room is leased.
-    Wait,
-    /// Skip it: its deliveries are stored pending, to be claimed after the commit. For a
-    /// large batch, which means a queue is forming behind it: waiting would hold it too.
-    Skip,
-}
-
 /// [`insert_batch_with_fanout`], with the deliveries it creates leased in the same
 /// statement where their endpoints have room ([`insert_batch_and_claim_sql`]): every
 /// unordered delivery up to `terms.limit` in all, each endpoint within its in-flight
-/// limit and rate tokens, each lease with its own fencing token; an endpoint whose row
-/// another transaction holds is waited for or skipped as `held` says. The stored events'
+/// limit and rate tokens, each lease with its own fencing token. The stored events'
 /// `deliveries` still list every delivery they created; the claim says which were
 /// leased. An event settled after the statement (its twin was invisible to it) leases
 /// nothing.
@@ -244,7 +232,6 @@ pub async fn insert_batch_and_claim(
     pool: &crate::db::Pool,
     events: &[OwnedEvent],
     terms: ClaimTerms,
-    held: HeldEndpoints,
 ) -> Result<(Vec<Stored>, crate::queue::FreshClaim), sqlx::Error> {
     let plan = plan_batch(events);
     let columns = BatchColumns::of(events, &plan.unique);
@@ -253,7 +240,6 @@ pub async fn insert_batch_and_claim(
         .bind(terms.limit)
         .bind(terms.lease.as_secs_f64())
         .bind(terms.default_max_in_flight)
-        .bind(held == HeldEndpoints::Wait)
         .fetch_all(pool)
         .await?;
     let answers = answers_of_leasing_rows(&rows)?;
@@ -395,10 +381,10 @@ mod tests {
         let (plain, leasing) = (insert_batch_sql(), insert_batch_and_claim_sql());
         assert!(!plain.contains("wg_lease_room"), "{plain}");
         assert!(leasing.contains("wg_lease_room_v2(") && !leasing.contains("wg_lease_room_v1"), "{leasing}");
-        for param in ["$14", "$15", "$16", "$17"] {
+        for param in ["$14", "$15", "$16"] {
             assert!(!plain.contains(param) && leasing.contains(param), "{param}");
         }
-        assert!(!leasing.contains("$18"));
+        assert!(!leasing.contains("$17"));
         for column in ["stored_ord", "stored_id", "stored_duplicate", "stored_deliveries", "candidates"] {
             assert!(leasing.contains(column), "{column}");
         }

@@ -13,9 +13,7 @@ use crate::queue::fanout::{FANOUT, FANOUT_LEASED};
 mod batch;
 pub mod lean;
 mod read;
-pub use batch::{
-    HeldEndpoints, insert_batch_and_claim, insert_batch_and_claim_sql, insert_batch_sql, insert_batch_with_fanout,
-};
+pub use batch::{insert_batch_and_claim, insert_batch_and_claim_sql, insert_batch_sql, insert_batch_with_fanout};
 pub use read::*;
 
 /// An event about to be stored.

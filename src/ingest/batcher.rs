@@ -26,7 +26,8 @@
 //! alone (directly, or as a writer's batch of one) has its deliveries leased for them by
 //! the statement that stores it ([`crate::deliver::prelease`]; finished even when the
 //! requester goes away, so that no lease is stranded), and so has a writer's batch of
-//! two or more, unless one of its webhooks has an ordering key.
+//! two to [`crate::deliver::prelease::LARGEST_LEASED_BATCH`] webhooks, none of them with
+//! an ordering key.
 //!
 //! If a batch fails for a reason other than the database being unreachable (say one
 //! event trips a trigger), its events are retried one by one so each gets its own
@@ -302,7 +303,8 @@ async fn write_alone(
 }
 
 /// A writer's batch of two or more webhooks: with their deliveries leased by the same
-/// statement when the dispatcher of this process takes them now, else stored plainly. A
+/// statement when the dispatcher of this process takes them now (a small batch,
+/// [`Prelease::takes_batch`]), else stored plainly. A
 /// leasing statement the database refused (nothing of it committed) has the batch stored
 /// the plain way.
 async fn write_many(

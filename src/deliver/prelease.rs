@@ -66,9 +66,10 @@ pub const MOST_LEASED_PER_WEBHOOK: usize = 8;
 /// one is stored plainly and its deliveries claimed after its commit. Batches grow with
 /// the load (on the bench about 2-4 webhooks at 1,000-2,000/s, 8 at 3,000/s, 15-35 at
 /// 4,000-5,000/s). A leasing statement holds its endpoints' rows until it commits, so
-/// the claims of every process wait behind it; with large batches back to back they
-/// waited behind ingest's commits, and the highest rate held went from 5,000/s (3 runs
-/// of 6) to 4,000/s (bench/PROFILE.md).
+/// the claims of every process wait behind it. With every batch leasing, the bench's
+/// highest sustained rate fell to 4,000/s or less (5,000/s held in none of six runs,
+/// waiting for the rows or skipping those others held; the build before held it in five
+/// of nine; bench/PROFILE.md, "Small batches lease too").
 pub const LARGEST_LEASED_BATCH: usize = 8;
 
 /// What ingest and the dispatcher of one process share for the hand-off.
@@ -159,8 +160,15 @@ impl Prelease {
     fn hand_over(&self, pool: &Pool, leased: Vec<Claimed>, slots: Vec<OwnedSemaphorePermit>, started: SystemTime) {
         let claim = crate::telemetry::claim_span(started, leased.len(), 0);
         let mut unsent = Vec::new();
-        // At most `limit` were claimed: each has a slot.
-        for (job, slot) in leased.into_iter().zip(slots) {
+        // At most `limit` were claimed, so each has a slot; one that had none would be
+        // given back rather than left to run out.
+        let mut slots = slots.into_iter();
+        for job in leased {
+            let Some(slot) = slots.next() else {
+                tracing::error!(delivery_id = %job.id, "a lease beyond the slots reserved for it; giving it back");
+                unsent.push((job.id, job.claim_token));
+                continue;
+            };
             if let Err(mpsc::error::SendError(back)) = self.jobs.send(Preleased { job, slot, claim: claim.clone() }) {
                 unsent.push((back.job.id, back.job.claim_token));
             }

@@ -137,9 +137,7 @@ impl Prelease {
     /// (A batch with an ordered event is stored plainly: the fan-out locks its line's row
     /// before the lease would lock the endpoints'.)
     pub fn takes_batch(&self, events: &[events::OwnedEvent]) -> bool {
-        events.len() <= LARGEST_LEASED_BATCH
-            && events.iter().all(|event| event.ordering_key.is_none())
-            && self.open.load(Ordering::Acquire)
+        events.len() <= LARGEST_LEASED_BATCH && events.iter().all(|event| self.takes(&event.as_new()))
     }
 
     /// Up to [`MOST_LEASED_PER_WEBHOOK`] free worker slots for each of `webhooks` (none
@@ -189,9 +187,7 @@ impl Prelease {
 /// again).
 pub async fn store(pool: &Pool, event: events::OwnedEvent, prelease: Arc<Prelease>) -> Result<Stored, sqlx::Error> {
     let pool = pool.clone();
-    // A panic is an answer (500), as it was when the statement had a task of its own,
-    // not the end of the requester's connection.
-    AssertUnwindSafe(FinishOnDrop::new(async move {
+    carried_through("storing a webhook", async move {
         let event = event.as_new();
         match store_leasing(&pool, &event, &prelease).await {
             Err(e) if matches!(e, sqlx::Error::Database(_)) && !crate::db::is_unavailable(&e) => {
@@ -200,10 +196,21 @@ pub async fn store(pool: &Pool, event: events::OwnedEvent, prelease: Arc<Preleas
             }
             stored => stored,
         }
-    }))
-    .catch_unwind()
+    })
     .await
-    .unwrap_or_else(|_| Err(sqlx::Error::Protocol("storing a webhook stopped: it panicked".into())))
+}
+
+/// `store`, run in the caller's task and finished even when the caller goes away
+/// ([`FinishOnDrop`]); a panic in it is an error naming `what` (answered 500, as when the
+/// statement had a task of its own), not the end of the requester's connection.
+async fn carried_through<T: Send + 'static>(
+    what: &str,
+    store: impl Future<Output = Result<T, sqlx::Error>> + Send + 'static,
+) -> Result<T, sqlx::Error> {
+    AssertUnwindSafe(FinishOnDrop::new(store))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| Err(sqlx::Error::Protocol(format!("{what} stopped: it panicked"))))
 }
 
 /// A future run in its caller's task that, dropped before it ends, is finished in a task
@@ -275,10 +282,8 @@ pub async fn store_batch(
     prelease: Arc<Prelease>,
 ) -> Result<Vec<Stored>, sqlx::Error> {
     let pool = pool.clone();
-    AssertUnwindSafe(FinishOnDrop::new(async move { store_batch_leasing(&pool, &events, &prelease).await }))
-        .catch_unwind()
+    carried_through("storing a batch of webhooks", async move { store_batch_leasing(&pool, &events, &prelease).await })
         .await
-        .unwrap_or_else(|_| Err(sqlx::Error::Protocol("storing a batch of webhooks stopped: it panicked".into())))
 }
 
 /// [`store_batch`], in the caller's task.

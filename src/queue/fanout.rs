@@ -163,26 +163,17 @@ macro_rules! fan_pending {
     };
 }
 
-/// The insert of the deliveries `$from` lists (as [`fan_pending`]) where each unordered
-/// one whose endpoint `wg_lease_room_v1` grants room (migration 0028: the endpoint row
-/// locked, its in-flight count read after the lock, its rate token paid) is inserted
-/// already leased, as a claim would leave it: attempt 1, a fresh fencing token, due again
-/// when the lease runs out (`$11` most leases, `$12` lease in seconds, `$13` default max
-/// in flight). One row version, where a claim after the insert wrote a second one with
-/// its index entries and constraint checks again (bench row 18).
-///
-/// `fan` also returns what the claim's answer needs (`leased`, the token, the attempt);
-/// `leases` what the worker needs of each endpoint granted.
-macro_rules! fan_leased {
-    ($from:literal) => {
+/// The insert of the deliveries `n` (read `FROM $from n`) where those joined to a row of
+/// `leases` (`l`, on `$join`) go in already leased, as a claim would leave them: attempt
+/// 1, a fresh fencing token each, due again when the lease (`$lease` in seconds) runs
+/// out; the others pending, due now. One row version, where a claim after the insert
+/// wrote a second one with its index entries and constraint checks again (bench row 18).
+/// `fan` also returns what the claim's answer needs (`leased`, the token, the attempt).
+/// Shared by [`fan_leased`] and [`fan_leased_batch`], which differ in how they grant.
+macro_rules! fan_insert_leased {
+    ($from:literal, $join:literal, $lease:literal) => {
         concat!(
-            ", leases AS MATERIALIZED (
-            SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets,
-                   1 + floor(random() * 4294967296)::int8 AS claim_token
-            FROM wg_lease_room_v1(ARRAY(SELECT n.endpoint_id FROM numbered n
-                                        WHERE n.ordering_key IS NULL ORDER BY n.endpoint_id),
-                                  $11, $13) r
-        ), fan AS (
+            ", fan AS (
             INSERT INTO deliveries (",
             fan_columns!(),
             ", attempt_count, claim_token, leased_until, next_attempt_at)
@@ -190,12 +181,18 @@ macro_rules! fan_leased {
             fan_values!(),
             ",
                    CASE WHEN l.endpoint_id IS NULL THEN 0 ELSE 1 END,
-                   COALESCE(l.claim_token, 0),
-                   CASE WHEN l.endpoint_id IS NOT NULL THEN now() + make_interval(secs => $12) END,
-                   CASE WHEN l.endpoint_id IS NULL THEN now() ELSE now() + make_interval(secs => $12) END
+                   CASE WHEN l.endpoint_id IS NULL THEN 0 ELSE 1 + floor(random() * 4294967296)::int8 END,
+                   CASE WHEN l.endpoint_id IS NOT NULL THEN now() + make_interval(secs => ",
+            $lease,
+            ") END,
+                   CASE WHEN l.endpoint_id IS NULL THEN now() ELSE now() + make_interval(secs => ",
+            $lease,
+            ") END
             FROM ",
             $from,
-            " n LEFT JOIN leases l ON l.endpoint_id = n.endpoint_id AND n.ordering_key IS NULL
+            " n LEFT JOIN leases l ON ",
+            $join,
+            "
             ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING
             RETURNING id, event_id, endpoint_id, attempt_count, attempts_base, claim_token, transform_by,
                       leased_until IS NOT NULL AS leased
@@ -204,11 +201,32 @@ macro_rules! fan_leased {
     };
 }
 
+/// The insert of the deliveries `$from` lists (as [`fan_pending`]) where each unordered
+/// one whose endpoint `wg_lease_room_v1` grants room (migration 0028: the endpoint row
+/// locked, its in-flight count read after the lock, its rate token paid) is inserted
+/// already leased ([`fan_insert_leased`]; `$11` most leases, `$12` lease in seconds,
+/// `$13` default max in flight). An event has one delivery per endpoint, so one lease
+/// per endpoint is all it can take. `leases` is what the worker needs of each endpoint
+/// granted.
+macro_rules! fan_leased {
+    ($from:literal) => {
+        concat!(
+            ", leases AS MATERIALIZED (
+            SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets
+            FROM wg_lease_room_v1(ARRAY(SELECT n.endpoint_id FROM numbered n
+                                        WHERE n.ordering_key IS NULL ORDER BY n.endpoint_id),
+                                  $11, $13) r
+        )",
+            fan_insert_leased!($from, "l.endpoint_id = n.endpoint_id AND n.ordering_key IS NULL", "$12")
+        )
+    };
+}
+
 /// The insert of a batch's deliveries (`$from` as in [`fan_pending`]) where each endpoint
 /// `wg_lease_room_v2` grants room for `granted` leases (migration 0029: as
 /// [`fan_leased`]'s room, but several per endpoint) has its first `granted` unordered
-/// deliveries, in the batch's arrival order, inserted already leased, each with a fresh
-/// fencing token of its own (`$14` most leases, `$15` lease in seconds, `$16` default max
+/// deliveries, in the batch's arrival order, inserted already leased
+/// ([`fan_insert_leased`]; `$14` most leases, `$15` lease in seconds, `$16` default max
 /// in flight: the batch statement's own parameters come first).
 macro_rules! fan_leased_batch {
     ($from:literal) => {
@@ -223,23 +241,12 @@ macro_rules! fan_leased_batch {
             FROM ",
             $from,
             " n
-        ), fan AS (
-            INSERT INTO deliveries (",
-            fan_columns!(),
-            ", attempt_count, claim_token, leased_until, next_attempt_at)
-            SELECT ",
-            fan_values!(),
-            ",
-                   CASE WHEN l.endpoint_id IS NULL THEN 0 ELSE 1 END,
-                   CASE WHEN l.endpoint_id IS NULL THEN 0 ELSE 1 + floor(random() * 4294967296)::int8 END,
-                   CASE WHEN l.endpoint_id IS NOT NULL THEN now() + make_interval(secs => $15) END,
-                   CASE WHEN l.endpoint_id IS NULL THEN now() ELSE now() + make_interval(secs => $15) END
-            FROM turns n LEFT JOIN leases l
-                 ON l.endpoint_id = n.endpoint_id AND n.ordering_key IS NULL AND n.turn <= l.granted
-            ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING
-            RETURNING id, event_id, endpoint_id, attempt_count, attempts_base, claim_token, transform_by,
-                      leased_until IS NOT NULL AS leased
-        )"
+        )",
+            fan_insert_leased!(
+                "turns",
+                "l.endpoint_id = n.endpoint_id AND n.ordering_key IS NULL AND n.turn <= l.granted",
+                "$15"
+            )
         )
     };
 }

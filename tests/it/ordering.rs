@@ -38,7 +38,9 @@ pub(crate) async fn ordered_setup(app: &TestApp, sink: &Sink, on_dead: &str) -> 
     id
 }
 
-async fn ingest(app: &TestApp, key: &str, i: u32) {
+/// Webhook `i` of line `key` posted to the `ord` source of [`ordered_setup`] (body
+/// `{"key", "i"}`), answered 200.
+pub(crate) async fn ingest(app: &TestApp, key: &str, i: u32) {
     let resp = app
         .http
         .post(app.url("/ingest/ord"))

@@ -39,16 +39,7 @@ async fn a_lease_handed_over_during_a_claim_starts_before_the_claim_returns() {
         .execute(&mut *holder)
         .await
         .expect("hold the endpoint");
-    let ordered = app
-        .http
-        .post(app.url("/ingest/ord"))
-        .header("x-delivery-id", "ordered-1")
-        .header("x-key", "customer-1")
-        .body("{}")
-        .send()
-        .await
-        .expect("ingest");
-    assert_eq!(ordered.status().as_u16(), 200);
+    crate::ordering::ingest(&app, "customer-1", 1).await;
     eventually(Duration::from_secs(30), "the claim by key waits for the held row", || async {
         (lock_waiters(pool).await == 1).then_some(())
     })

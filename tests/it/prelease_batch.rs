@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use webhook_gateway::deliver::DeliverySettings;
 use webhook_gateway::deliver::prelease::{self, Prelease};
-use webhook_gateway::ingest::batcher::Batcher;
-use webhook_gateway::store::events::{ClaimTerms, OwnedEvent, insert_batch_and_claim};
+use webhook_gateway::ingest::batcher::{Batcher, StoreError};
+use webhook_gateway::store::events::{ClaimTerms, OwnedEvent, Stored, insert_batch_and_claim};
 
 use crate::prelease::{leased_by_ingest, lock_endpoint, lock_waiters};
 use crate::support::{TestApp, eventually, owned_event, source_id, test_settings};
@@ -201,26 +201,25 @@ async fn racing_leasing_batches_fill_each_endpoint_s_limit_and_never_pass_it() {
     assert_eq!(app.db.count("deliveries").await, (4 * 4 * BATCHES) as i64);
 }
 
-/// Group commit end to end: webhooks that queue behind a commit in flight are written by
-/// a writer as one batch, and their deliveries are leased by that batch's statement. The
-/// endpoint's row is held locked so that the first webhook's statement (a direct write)
-/// and the second's (a writer's batch of one) wait on it while three more queue up; once
-/// it is let go, the writer takes the three as one batch. Each of the five answers is
-/// stored with nothing left to claim, and the batch's three webhooks were stored by one
-/// transaction that leased their deliveries.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn webhooks_queued_behind_a_commit_are_leased_by_their_batch_s_statement() {
-    let (app, endpoints) = shop_with_endpoints(&["/"]).await;
+/// Five webhooks of the source `shop` stored through group commit (one writer, the
+/// hand-off `shared`) so that the last three go as one batch: `endpoint`'s row is held
+/// locked so that the first webhook's statement (a direct write) and the second's (a
+/// writer's batch of one) wait on it while three more queue up; once it is let go, the
+/// writer takes the three as one batch. The events and their answers, in order.
+async fn three_queued_behind_two_commits(
+    app: &TestApp,
+    endpoint: &str,
+    shared: Arc<Prelease>,
+) -> (Vec<OwnedEvent>, Vec<Result<Stored, StoreError>>) {
     let pool = &app.db.pool;
-    let (shared, mut received) = open_hand_off(64);
-    let batcher = Batcher::start(pool.clone(), 1, Some(shared.clone()));
+    let batcher = Batcher::start(pool.clone(), 1, Some(shared));
     let events = shop_events(pool, "queued", 5).await;
     let store = |event: &OwnedEvent| {
         let (batcher, event) = (batcher.clone(), event.clone());
         tokio::spawn(async move { batcher.store(event, tokio::time::Instant::now() + WAIT).await })
     };
 
-    let holder = lock_endpoint(pool, &endpoints[0]).await;
+    let holder = lock_endpoint(pool, endpoint).await;
     let mut answers = vec![store(&events[0])];
     eventually(WAIT, "the direct write waits on the endpoint", || async {
         (lock_waiters(pool).await == 1).then_some(())
@@ -235,8 +234,32 @@ async fn webhooks_queued_behind_a_commit_are_leased_by_their_batch_s_statement()
     eventually(WAIT, "three webhooks queued behind them", || async { (batcher.queued() == 3).then_some(()) }).await;
     holder.commit().await.expect("let the endpoint go");
 
+    let mut stored = Vec::new();
     for answer in answers {
-        let stored = answer.await.expect("task").expect("stored");
+        stored.push(answer.await.expect("task"));
+    }
+    let batch_transactions: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT xmin::text) FROM events WHERE dedupe_key = ANY(ARRAY['queued-2', 'queued-3', 'queued-4'])",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("xmin");
+    assert_eq!(batch_transactions, 1, "the three queued webhooks were written as one batch");
+    (events, stored)
+}
+
+/// Group commit end to end: webhooks that queue behind a commit in flight are written by
+/// a writer as one batch ([`three_queued_behind_two_commits`]), and their deliveries are
+/// leased by that batch's statement: each of the five answers is stored with nothing
+/// left to claim, each delivery leased by the transaction that stored its webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn webhooks_queued_behind_a_commit_are_leased_by_their_batch_s_statement() {
+    let (app, endpoints) = shop_with_endpoints(&["/"]).await;
+    let pool = &app.db.pool;
+    let (shared, mut received) = open_hand_off(64);
+    let (events, answers) = three_queued_behind_two_commits(&app, &endpoints[0], shared).await;
+    for answer in answers {
+        let stored = answer.expect("stored");
         assert!(!stored.duplicate && stored.deliveries.is_empty(), "leased, nothing left to claim: {stored:?}");
     }
     for event in &events {
@@ -247,18 +270,36 @@ async fn webhooks_queued_behind_a_commit_are_leased_by_their_batch_s_statement()
             event.dedupe_key
         );
     }
-    let batch_transactions: i64 = sqlx::query_scalar(
-        "SELECT count(DISTINCT xmin::text) FROM events WHERE dedupe_key = ANY(ARRAY['queued-2', 'queued-3', 'queued-4'])",
-    )
-    .fetch_one(pool)
-    .await
-    .expect("xmin");
-    assert_eq!(batch_transactions, 1, "the three queued webhooks were written as one batch");
     let mut handed = 0;
     while received.try_recv().is_ok() {
         handed += 1;
     }
     assert_eq!(handed, 5, "every lease handed over");
+}
+
+/// A batch's leasing statement that the database refuses (here: the function that grants
+/// its room is gone) stores nothing; the batch is then stored the plain way, one
+/// transaction still, each webhook answered as new with its delivery left to claim.
+/// Control: without the fallback the three are answered with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_leasing_batch_is_stored_the_plain_way() {
+    let (app, endpoints) = shop_with_endpoints(&["/"]).await;
+    let pool = &app.db.pool;
+    sqlx::query("DROP FUNCTION wg_lease_room_v2").execute(pool).await.expect("drop");
+    let (shared, _received) = open_hand_off(64);
+    let (events, answers) = three_queued_behind_two_commits(&app, &endpoints[0], shared).await;
+    for (event, answer) in events.iter().zip(answers).skip(2) {
+        let stored = answer.expect("stored the plain way");
+        assert!(!stored.duplicate, "{}: stored once, as new", event.dedupe_key);
+        assert_eq!(stored.deliveries.len(), 1, "{}: its delivery left to claim", event.dedupe_key);
+        assert_eq!(leased_by_ingest(pool, &event.dedupe_key).await, 0);
+    }
+    // The test's own events only: the gateway stores events about itself too.
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE dedupe_key LIKE 'queued-%'")
+        .fetch_one(pool)
+        .await
+        .expect("count");
+    assert_eq!(stored, 5, "each stored once");
 }
 
 /// A batch with an event that has an ordering key is not leased by its statement (the

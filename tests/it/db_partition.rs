@@ -114,6 +114,14 @@ async fn a_partition_answers_503_and_the_gateway_recovers_with_nothing_lost() {
     warm_up(&app, None).await;
     let before = ingest(&app, "before").await;
     assert_eq!(before.status, 200, "{}", before.body);
+    // Its outcome written before the partition: the recorder's write (at most 25 ms after
+    // the attempt) would otherwise go into the partition beside the ingest under test and
+    // hold one of the pool's four connections there, and the ingest could find none idle
+    // ("nothing was stored", seen once in a full CI run).
+    eventually(WAIT, "the first webhook delivered and recorded", || async {
+        (crate::support::count_status(&app.db.pool, "delivered").await == 1).then_some(())
+    })
+    .await;
 
     proxy.blackhole();
     let partition = Instant::now();

@@ -21,6 +21,15 @@ fn session_state_errors(log: &str) -> Vec<&str> {
     log.lines().filter(|l| l.contains("prepared statement") || l.contains("portal")).collect()
 }
 
+/// Create something through the admin API at `base` (`path`, `body`): its answer, which
+/// must be 201.
+async fn create(http: &reqwest::Client, base: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
+    let answer =
+        http.post(format!("{base}{path}")).bearer_auth(ADMIN_TOKEN).json(&body).send().await.expect("admin call");
+    assert_eq!(answer.status(), 201, "{path}");
+    answer.json::<serde_json::Value>().await.expect("admin answer")
+}
+
 /// Through PgBouncer in transaction mode (3 server connections shared by three gateway
 /// processes): migrations by two processes at once, an ingest process and two worker
 /// processes, one listening for wake-ups through a direct session URL and polling only
@@ -57,14 +66,7 @@ async fn a_fleet_behind_pgbouncer_in_transaction_mode_stores_once_and_delivers_e
 
     let plain = Sink::ok().await;
     let ordered = Sink::ok().await;
-    let admin = |path: &'static str, body: serde_json::Value| {
-        let request = http.post(format!("{base}{path}")).bearer_auth(ADMIN_TOKEN).json(&body);
-        async move {
-            let answer = request.send().await.expect("admin call");
-            assert_eq!(answer.status(), 201, "{path}");
-            answer.json::<serde_json::Value>().await.expect("admin answer")
-        }
-    };
+    let admin = |path: &'static str, body: serde_json::Value| create(&http, &base, path, body);
     admin(
         "/v1/sources",
         json!({"name": "shop", "kind": "none", "dedupe": {"header": "X-Delivery-Id"},
@@ -366,4 +368,90 @@ async fn the_claim_by_key_and_the_recorder_work_through_pgbouncer_in_transaction
             .unwrap();
     assert_eq!(delivered, 60);
     assert_eq!(db.count("attempts").await, 60);
+}
+
+/// Ingest's pre-leased hand-off behind PgBouncer in transaction mode (four server
+/// connections), in one gateway process that ingests and delivers (role `all`): twelve
+/// producers at once, so that group commit writes batches whose statement leases their
+/// deliveries (`wg_lease_room_v2`, run inside the pooled `BEGIN ... COMMIT`), beside lone
+/// webhooks leased by theirs. The subscribers hold each first request for eight seconds,
+/// so the leases are still as ingest's statements left them when they are counted:
+/// deliveries of batches of two or more, leased by their batch's own transaction, are
+/// there. Every webhook is stored once and delivered to both endpoints, nothing answers
+/// 500, and no statement meets another client's session state. Control: with no batch
+/// leasing (`LARGEST_LEASED_BATCH` 1), no batch's delivery is found leased by its statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batches_leased_by_their_own_statement_work_behind_pgbouncer_in_transaction_mode() {
+    let db = TestDb::empty().await;
+    let bouncer = PgBouncer::start(&db.url, 4);
+    let pooled = bouncer.url(&db.name(), &db.url);
+    let gateway = GatewayProcess::start(&pooled, &["--db-pooler", "transaction"]);
+    let base = format!("http://{}", gateway.addr);
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(30), "the gateway ready behind the pooler", || async {
+        let ready = http.get(format!("{base}/readyz")).send().await.ok()?;
+        (ready.status() == 200).then_some(())
+    })
+    .await;
+    let held = || {
+        Sink::start(|_, n| {
+            if n == 0 {
+                crate::support::sink::Reply::Hold(Duration::from_secs(8))
+            } else {
+                crate::support::sink::Reply::status(200)
+            }
+        })
+    };
+    let sinks = [held().await, held().await];
+    let admin = |path: &'static str, body: serde_json::Value| create(&http, &base, path, body);
+    admin(
+        "/v1/sources",
+        json!({"name": "shop", "kind": "none", "dedupe": {"header": "X-Delivery-Id"},
+               "event_type": {"header": "X-Event-Type"}}),
+    )
+    .await;
+    for sink in &sinks {
+        let endpoint = admin("/v1/endpoints", json!({"url": sink.url("/hook")})).await;
+        admin("/v1/subscriptions", json!({"endpoint_id": endpoint["id"], "source": "shop"})).await;
+    }
+
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let ids: Vec<String> = (0..240).map(|i| format!("pooled-{i}")).collect();
+    produce(base.clone(), "shop", ids.clone(), 12, seen.clone()).await;
+    let batch_leased: i64 = sqlx::query_scalar(
+        "WITH batches AS (SELECT xmin::text AS tx FROM events WHERE dedupe_key LIKE 'pooled-%'
+                          GROUP BY 1 HAVING count(*) >= 2)
+         SELECT count(*) FROM deliveries d JOIN events e ON e.id = d.event_id
+         WHERE e.xmin::text IN (SELECT tx FROM batches)
+           AND d.xmin::text = e.xmin::text AND d.leased_until IS NOT NULL",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("count");
+    eprintln!("deliveries leased by their batch's own statement behind the pooler: {batch_leased}");
+    assert!(batch_leased > 0, "batches' deliveries leased by their own statement through the pooler");
+
+    let produced: HashSet<String> = ids.into_iter().collect();
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.acknowledged, produced, "every webhook acknowledged");
+        assert_eq!(seen.statuses.get(&500), None, "no 500 answer: {:?}", seen.statuses);
+    }
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE dedupe_key LIKE 'pooled-%'")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
+    assert_eq!(stored, produced.len() as i64, "each webhook stored once");
+    for sink in &sinks {
+        eventually(Duration::from_secs(60), "every webhook delivered to each endpoint", || async {
+            let ids: HashSet<String> = sink.received().iter().map(|r| r.header("webhook-id")).collect();
+            (ids.len() == produced.len()).then_some(())
+        })
+        .await;
+    }
+    let mut gateway = gateway;
+    assert!(gateway.terminate(), "clean exit");
+    let log = std::fs::read_to_string(&gateway.log).unwrap_or_default();
+    assert!(session_state_errors(&log).is_empty(), "a statement met session state: {:?}", session_state_errors(&log));
+    drop(bouncer);
 }

@@ -54,6 +54,15 @@ async fn leased_of(pool: &webhook_gateway::db::Pool, endpoint: &str) -> i64 {
         .expect("count")
 }
 
+/// How many transactions stored the events whose key is `LIKE` `pattern`.
+async fn transactions_of(pool: &webhook_gateway::db::Pool, pattern: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(DISTINCT xmin::text) FROM events WHERE dedupe_key LIKE $1")
+        .bind(pattern)
+        .fetch_one(pool)
+        .await
+        .expect("xmin")
+}
+
 /// A batch of four webhooks fanned out to two endpoints: all eight deliveries are
 /// inserted leased by the batch's own statement (one transaction with the events, attempt
 /// 1, a token each, several per endpoint), none is left to claim, and each lease reaches
@@ -79,12 +88,7 @@ async fn a_batch_s_deliveries_are_leased_by_the_statement_that_stores_it() {
         );
     }
     // The batch's own events only: the gateway stores events about itself too.
-    let transactions: i64 =
-        sqlx::query_scalar("SELECT count(DISTINCT xmin::text) FROM events WHERE dedupe_key LIKE 'batch-%'")
-            .fetch_one(pool)
-            .await
-            .expect("xmin");
-    assert_eq!(transactions, 1, "one statement stored the batch");
+    assert_eq!(transactions_of(pool, "batch-%").await, 1, "one statement stored the batch");
 
     let mut handed = Vec::new();
     while let Ok(job) = received.try_recv() {
@@ -331,4 +335,90 @@ async fn an_ordered_or_large_batch_is_stored_plainly() {
     shared.set_owed_general(true);
     events[1].ordering_key = None;
     assert!(!shared.takes_batch(&events), "nor while the dispatcher owes a general claim");
+}
+
+/// A writer's leasing batch whose deadline passes while its statement is under way (here
+/// it waits on its endpoint's row, locked by another transaction): the three requesters
+/// are answered at their deadline that their webhooks may be stored (503, nothing known
+/// yet), and the statement is carried through all the same: once the row is let go the
+/// batch commits, and each of its leases reaches the dispatcher's end, not left to run
+/// out. The batch is made as in [`three_queued_behind_two_commits`], its three webhooks of
+/// a second source whose endpoint stays locked after the first's is let go. Control:
+/// with the batch's statement awaited plainly by the writer (no finishing on drop), the
+/// three leases are committed and nothing receives them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leasing_batch_past_its_deadline_mid_statement_still_hands_its_leases_over() {
+    let (app, endpoints) = shop_with_endpoints(&["/shop"]).await;
+    app.source_none("late").await;
+    let late_endpoint = app.endpoint_for("http://127.0.0.1:9/late", Some("late")).await;
+    let pool = &app.db.pool;
+    let (shared, mut received) = open_hand_off(64);
+    let batcher = Batcher::start(pool.clone(), 1, Some(shared));
+    let (shop, late) = (source_id(pool, "shop").await, source_id(pool, "late").await);
+    let store = |event: OwnedEvent, deadline: tokio::time::Instant| {
+        let batcher = batcher.clone();
+        tokio::spawn(async move { batcher.store(event, deadline).await })
+    };
+
+    let shop_holder = lock_endpoint(pool, &endpoints[0]).await;
+    let late_holder = lock_endpoint(pool, &late_endpoint).await;
+    let patient = tokio::time::Instant::now() + WAIT;
+    let mut ahead = vec![store(owned_event(shop, "ahead-0", "order.created"), patient)];
+    eventually(WAIT, "the direct write waits on its endpoint", || async {
+        (lock_waiters(pool).await == 1).then_some(())
+    })
+    .await;
+    ahead.push(store(owned_event(shop, "ahead-1", "order.created"), patient));
+    eventually(WAIT, "the writer's batch of one waits on its endpoint", || async {
+        (lock_waiters(pool).await == 2).then_some(())
+    })
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let keys = ["late-0", "late-1", "late-2"];
+    let answers: Vec<_> = keys.iter().map(|key| store(owned_event(late, key, "order.late"), deadline)).collect();
+    eventually(WAIT, "three webhooks queued behind them", || async { (batcher.queued() == 3).then_some(()) }).await;
+    shop_holder.commit().await.expect("let the first endpoint go");
+    for answer in ahead {
+        assert!(answer.await.expect("task").is_ok(), "the two ahead are stored");
+    }
+    eventually(WAIT, "the batch of three waits on its endpoint", || async {
+        (lock_waiters(pool).await == 1).then_some(())
+    })
+    .await;
+    assert!(tokio::time::Instant::now() < deadline, "the batch's statement began before its deadline");
+
+    for answer in answers {
+        assert_eq!(
+            answer.await.expect("task"),
+            Err(StoreError::Unconfirmed),
+            "answered at the deadline: may be stored"
+        );
+    }
+    let stored = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM events WHERE dedupe_key LIKE 'late-%'")
+            .fetch_one(pool)
+            .await
+            .expect("count")
+    };
+    assert_eq!(stored().await, 0, "answered while its statement still waited: nothing committed yet");
+    late_holder.commit().await.expect("let the second endpoint go");
+
+    let mut handed = Vec::new();
+    while handed.len() < keys.len() {
+        let next = tokio::time::timeout(WAIT, received.recv()).await.expect("each lease reaches the dispatcher's end");
+        let job = next.expect("the hand-off is open").job;
+        if job.endpoint_id.to_string() == late_endpoint {
+            handed.push(job);
+        }
+    }
+    assert_eq!(stored().await, 3, "the batch committed after its requesters stopped waiting");
+    assert_eq!(transactions_of(pool, "late-%").await, 1, "as one batch");
+    for key in keys {
+        assert_eq!(leased_by_ingest(pool, key).await, 1, "{key}: leased by the batch's statement");
+    }
+    let mut committed: Vec<i64> = crate::prelease::lease_of(pool, &late_endpoint).await.iter().map(|l| l.1).collect();
+    let mut handed: Vec<i64> = handed.iter().map(|job| job.claim_token).collect();
+    committed.sort_unstable();
+    handed.sort_unstable();
+    assert_eq!(handed, committed, "the leases handed over are the ones committed");
 }

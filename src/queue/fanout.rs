@@ -72,7 +72,11 @@ macro_rules! fan_values {
 /// (`wg_event_doc`: payload, headers, type, source) once, and only for events whose
 /// source has a filtered subscription, so a gateway without filters reads no body; a
 /// filter that does not yield `true` (false, missing fields, a type error, a body that
-/// is not JSON) does not match, and nothing fails.
+/// is not JSON) does not match, and nothing fails. `targets` joins each event to its
+/// document once: looked up by a subquery in the filter's condition instead, the
+/// document was searched for in `docs` for every (event, subscription) pair, a scan of
+/// the batch's documents each time (ten subscriptions and a batch of 64: 40,000 rows
+/// read a statement; bench/PROFILE.md, "Filters: each event's document joined once").
 ///
 /// A delivery is ordered when a matching subscription of its endpoint asks for it and the
 /// event has an ordering key: it joins its line (endpoint, key). The line's row is
@@ -111,14 +115,14 @@ macro_rules! fanout_sequenced {
                    CASE WHEN bool_or(s.ordered) THEN ev.ordering_key END AS ordering_key,
                    bool_or(s.ordered AND s.ordered_on_dead = 'block') AS blocks_on_dead,
                    (array_agg(s.id ORDER BY s.id) FILTER (WHERE s.transform IS NOT NULL))[1] AS transform_by
-            FROM ev JOIN subscriptions s ON ",
+            FROM ev LEFT JOIN docs d ON d.id = ev.id
+                 JOIN subscriptions s ON ",
             takes_source!("s", "ev.source_id"),
             "
             WHERE ",
             takes_type!("s", "ev.event_type"),
             "
-              AND (s.filter IS NULL
-                   OR jsonb_path_match((SELECT d.doc FROM docs d WHERE d.id = ev.id), s.filter, silent => true) IS TRUE)
+              AND (s.filter IS NULL OR jsonb_path_match(d.doc, s.filter, silent => true) IS TRUE)
             GROUP BY ev.id, ev.ord, s.endpoint_id, ev.ordering_key
         ), numbered AS (
             SELECT t.*, wg_uuid_v7() AS delivery_id FROM targets t

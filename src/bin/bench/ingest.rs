@@ -55,12 +55,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         if statements && c == top_c {
             pg::reset_statements(&pool).await;
         }
-        let (seq, run, h) = (ctx.seq.clone(), ctx.run_id.clone(), host.clone());
-        let make: MakeRequest =
-            Arc::new(move || crate::payload::http_request(&h, &run, seq.fetch_add(1, Ordering::Relaxed)));
-        let mark = CpuMark::now(Some(gw.pid), postmaster);
-        let mut out = loadgen::closed_loop(gw.addr, c, ctx.warmup(), ctx.measure(), make, Expect::New).await;
-        let share = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
+        let (mut out, share) = unique_window(ctx, &gw, postmaster, c).await;
         let gateway_rate = out.rate();
         let gateway_share = share;
         let mut row = Row {
@@ -188,6 +183,19 @@ fn failed_note(failed: u64) -> Option<String> {
 /// `123.4 MiB`.
 pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / 1024.0 / 1024.0)
+}
+
+/// One measured window of unique-event ingest into `gw` at `c` connections (each request
+/// a new webhook of the bench source, numbered from `ctx.seq`): what the load generator
+/// saw, and who used the CPU meanwhile (`postmaster`: PostgreSQL's, when known).
+pub async fn unique_window(ctx: &Ctx, gw: &Gateway, postmaster: Option<u32>, c: usize) -> (loadgen::Outcome, CpuShare) {
+    let (seq, run, h) = (ctx.seq.clone(), ctx.run_id.clone(), gw.addr.to_string());
+    let make: MakeRequest =
+        Arc::new(move || crate::payload::http_request(&h, &run, seq.fetch_add(1, Ordering::Relaxed)));
+    let mark = CpuMark::now(Some(gw.pid), postmaster);
+    let out = loadgen::closed_loop(gw.addr, c, ctx.warmup(), ctx.measure(), make, Expect::New).await;
+    let share = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
+    (out, share)
 }
 
 /// A checkpoint before each measured window, so none of them pays for the previous one's

@@ -3,14 +3,10 @@
 //! transaction mode (`--db-pooler transaction`: unnamed statements, each statement of
 //! the pool in its own transaction), side by side on one database.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-
 use crate::Ctx;
 use crate::gateway::{Gateway, Role};
-use crate::loadgen::{self, Expect, MakeRequest};
 use crate::report::Row;
-use crate::stats::{CpuMark, Latency, fmt_dur, fmt_rate};
+use crate::stats::{Latency, fmt_dur, fmt_rate};
 
 // The test suite's PgBouncer launcher, shared rather than copied (std, url and libc only).
 #[path = "../../../tests/it/support/pgbouncer.rs"]
@@ -46,14 +42,8 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
             gw.admin_post("/v1/sources", crate::payload::source_spec()).await?;
             gw.subscribe(&ctx.sink.ok_url(0)).await?;
         }
-        let host = gw.addr.to_string();
         for &c in &ctx.args.concurrency {
-            let (seq, run, h) = (ctx.seq.clone(), ctx.run_id.clone(), host.clone());
-            let make: MakeRequest =
-                Arc::new(move || crate::payload::http_request(&h, &run, seq.fetch_add(1, Ordering::Relaxed)));
-            let mark = CpuMark::now(Some(gw.pid), postmaster);
-            let mut out = loadgen::closed_loop(gw.addr, c, ctx.warmup(), ctx.measure(), make, Expect::New).await;
-            let share = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
+            let (mut out, share) = crate::ingest::unique_window(ctx, &gw, postmaster, c).await;
             let rate = out.rate();
             let direct = rates.iter().find(|(conns, _)| *conns == c).map(|(_, r)| *r);
             let latency = Latency::from_micros(&mut out.latencies);

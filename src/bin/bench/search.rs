@@ -12,9 +12,8 @@ use webhook_gateway::store::events::{OwnedEvent, insert_batch_with_fanout};
 
 use crate::Ctx;
 use crate::gateway::{Gateway, Role};
-use crate::loadgen::{self, Expect, MakeRequest};
 use crate::report::{Row, verdict};
-use crate::stats::{CpuMark, Latency, fmt_dur, fmt_rate};
+use crate::stats::{Latency, fmt_dur, fmt_rate};
 
 const DB: &str = "bench_search";
 /// Events stored before the searches are timed.
@@ -74,7 +73,6 @@ const VARIANTS: [(&str, Option<&str>); 5] = [
 async fn ingest_with_and_without_the_index(ctx: &Ctx, gw: &Gateway, pool: &sqlx::PgPool) -> anyhow::Result<()> {
     let c = ctx.args.concurrency.iter().copied().max().unwrap_or(64);
     let postmaster = ctx.server.postmaster();
-    let host = gw.addr.to_string();
     let mut rates: [Vec<f64>; VARIANTS.len()] = Default::default();
     for _ in 0..ROUNDS {
         for (i, (how, create)) in VARIANTS.iter().enumerate() {
@@ -83,12 +81,7 @@ async fn ingest_with_and_without_the_index(ctx: &Ctx, gw: &Gateway, pool: &sqlx:
                 sqlx::query(sql).execute(pool).await?;
             }
             crate::ingest::checkpoint(pool).await;
-            let (seq, run, h) = (ctx.seq.clone(), ctx.run_id.clone(), host.clone());
-            let make: MakeRequest =
-                Arc::new(move || crate::payload::http_request(&h, &run, seq.fetch_add(1, Ordering::Relaxed)));
-            let mark = CpuMark::now(Some(gw.pid), postmaster);
-            let mut out = loadgen::closed_loop(gw.addr, c, ctx.warmup(), ctx.measure(), make, Expect::New).await;
-            let share = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
+            let (mut out, share) = crate::ingest::unique_window(ctx, gw, postmaster, c).await;
             let rate = out.rate();
             rates[i].push(rate);
             let latency = Latency::from_micros(&mut out.latencies);

@@ -62,7 +62,11 @@ pub enum Pooler {
 /// has opened a pool behind a transaction pooler (a process serves one database).
 static NAMED_STATEMENTS: AtomicBool = AtomicBool::new(true);
 
-fn named_statements() -> bool {
+/// Whether this process prepares its statements as named, cached ones: true until it
+/// opens a pool behind a transaction pooler, after which every statement is a one-shot,
+/// planned by PostgreSQL for the values it carries. (Read by tests that count a
+/// session's prepared statements.)
+pub fn named_statements() -> bool {
     NAMED_STATEMENTS.load(Ordering::Relaxed)
 }
 

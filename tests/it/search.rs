@@ -351,6 +351,9 @@ async fn a_bigint_array_written_in_the_wire_format_reads_back_as_bound() {
 /// connection that has run them many times: on a one-connection pool, ten searches for a
 /// value every event holds and ten for a value one event holds, and every execution of
 /// the count and of the page is custom-planned (`pg_prepared_statements`), none generic.
+/// (In a test process that has opened a pool behind a transaction pooler, every statement
+/// is a one-shot, planned for its values by PostgreSQL: there is nothing to count, and
+/// the test says so.)
 /// A generic plan assumes a hash is rare, so its count of a value every event holds
 /// built a bitmap of every match before its `LIMIT` (71 ms at 1,000,000 events in bench
 /// row 16). Control: in a transaction begun plainly, the connection's plan cache takes
@@ -371,40 +374,30 @@ async fn a_search_is_planned_for_its_values_at_every_call() {
     }
     sqlx::query("ANALYZE events").execute(&db.pool).await.expect("analyze");
     let config = DbConfig { url: db.url.clone(), pool_size: 1, pooler: Pooler::None, session_url: None };
-    // The counts are the session's: the pool's one connection must be the same from the
-    // first search to the reading of its statements (under the full suite's load it was
-    // once not, and the reading found none); a sequence whose connection was replaced
-    // meanwhile is run again on a new pool.
-    let backend = |pool: &webhook_gateway::db::Pool| {
-        let pool = pool.clone();
-        async move { sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()").fetch_one(&pool).await.expect("pid") }
-    };
-    for attempt in 1..=3 {
-        let one = webhook_gateway::db::open(&config).await.expect("one connection");
-        let session = backend(&one).await;
-        for (condition, found) in [("order.livemode=false", 100), ("order.id=ord_1500", 1)] {
-            let content = vec![Condition::payload(condition).expect("condition").alternatives()];
-            let filter = Filter { content, ..Filter::default() };
-            for _ in 0..10 {
-                assert_eq!(list(&one, &filter, 100).await.expect("search").len(), found, "{condition}");
-            }
+    let one = webhook_gateway::db::open(&config).await.expect("one connection");
+    for (condition, found) in [("order.livemode=false", 100), ("order.id=ord_1500", 1)] {
+        let content = vec![Condition::payload(condition).expect("condition").alternatives()];
+        let filter = Filter { content, ..Filter::default() };
+        for _ in 0..10 {
+            assert_eq!(list(&one, &filter, 100).await.expect("search").len(), found, "{condition}");
         }
-        let plans: Vec<(String, i64, i64)> = sqlx::query_as(
-            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements
-             WHERE statement LIKE '%e.search &&%' AND statement NOT LIKE '%pg_prepared_statements%'",
-        )
-        .fetch_all(&one)
-        .await
-        .expect("the connection's statements");
-        if backend(&one).await != session {
-            eprintln!("attempt {attempt}: the pool's connection was replaced during the searches; again");
-            continue;
-        }
-        assert_eq!(plans.len(), 2, "the count and the page: {plans:?}");
-        for (statement, generic, custom) in &plans {
-            assert_eq!((*generic, *custom), (0, 20), "planned for its values at each of 20 calls: {statement}");
-        }
+    }
+    if !webhook_gateway::db::named_statements() {
+        // Another test of this process opened a pool behind a transaction pooler: every
+        // statement here is then a one-shot, which PostgreSQL plans for its values at
+        // each execution, and the session keeps none to count.
+        eprintln!("this process prepares no named statements: the searches were one-shots, nothing to count");
         return;
     }
-    panic!("the one-connection pool replaced its connection during each of three attempts");
+    let plans: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements
+         WHERE statement LIKE '%e.search &&%' AND statement NOT LIKE '%pg_prepared_statements%'",
+    )
+    .fetch_all(&one)
+    .await
+    .expect("the connection's statements");
+    assert_eq!(plans.len(), 2, "the count and the page: {plans:?}");
+    for (statement, generic, custom) in &plans {
+        assert_eq!((*generic, *custom), (0, 20), "planned for its values at each of 20 calls: {statement}");
+    }
 }

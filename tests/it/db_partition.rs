@@ -261,7 +261,7 @@ async fn an_unreachable_database_answers_that_nothing_was_stored() {
     let app = gateway_behind(&proxy, db, Role::All).await;
     app.source_none("shop").await;
 
-    proxy.down();
+    proxy.down().await;
     // Pooled connections that died with the server may first say "may have been stored"
     // (their statement met a closed socket); once none is left, nothing can be sent.
     let mut answers = Vec::new();
@@ -320,7 +320,7 @@ async fn an_outcome_is_recorded_when_the_database_comes_back_not_resent() {
     assert_eq!(stored.status, 200, "{}", stored.body);
     eventually(WAIT, "the subscriber holds the request", || async { (sink.count() == 1).then_some(()) }).await;
 
-    proxy.down();
+    proxy.down().await;
     tokio::time::sleep(Duration::from_secs(20)).await;
     proxy.up().await;
 

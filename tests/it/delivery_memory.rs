@@ -139,7 +139,7 @@ async fn a_large_body_that_cannot_be_read_is_given_back_and_sent_once_the_databa
     .await;
     // The database goes away while the first is held: when its attempt ends, the second
     // gets the room and cannot read its body.
-    proxy.down();
+    proxy.down().await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     proxy.up().await;
     let back = std::time::Instant::now();

@@ -35,6 +35,9 @@ pub struct Proxy {
     accepted: Arc<AtomicU64>,
     awaiting: Arc<AtomicI64>,
     acceptor: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// While down: the port, bound but not listening, so connections to it are refused
+    /// and no other socket of the machine takes it before [`Proxy::up`].
+    held_port: std::sync::Mutex<Option<tokio::net::TcpSocket>>,
 }
 
 impl Proxy {
@@ -51,6 +54,7 @@ impl Proxy {
             accepted: Arc::default(),
             awaiting: Arc::default(),
             acceptor: std::sync::Mutex::new(None),
+            held_port: std::sync::Mutex::new(None),
         };
         proxy.accept_on(listener);
         proxy
@@ -74,17 +78,28 @@ impl Proxy {
         }
     }
 
-    /// The server is gone: every connection closed, new ones refused.
-    pub fn down(&self) {
-        if let Some(task) = self.acceptor.lock().expect("proxy acceptor").take() {
+    /// The server is gone: every connection closed, new ones refused. The port stays
+    /// this proxy's (bound, not listening): left free for the outage, it was once taken
+    /// by another socket of the test suite within its 20 s, and [`Proxy::up`] could not
+    /// listen on it again (`AddrInUse`).
+    pub async fn down(&self) {
+        let acceptor = self.acceptor.lock().expect("proxy acceptor").take();
+        if let Some(task) = acceptor {
             task.abort();
+            // The listener closes when the aborted task is dropped.
+            let _ = task.await;
         }
         self.cut();
+        let socket = tokio::net::TcpSocket::new_v4().expect("proxy socket");
+        socket.set_reuseaddr(true).expect("SO_REUSEADDR");
+        socket.bind(self.addr).expect("the proxy's port, held while down");
+        *self.held_port.lock().expect("proxy port") = Some(socket);
     }
 
     /// Back after [`Proxy::down`], on the same port.
     pub async fn up(&self) {
-        let listener = TcpListener::bind(self.addr).await.expect("proxy listener, same port");
+        let socket = self.held_port.lock().expect("proxy port").take().expect("up after down");
+        let listener = socket.listen(1024).expect("proxy listener, same port");
         self.accept_on(listener);
     }
 
@@ -133,7 +148,10 @@ impl Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        self.down();
+        if let Some(task) = self.acceptor.lock().expect("proxy acceptor").take() {
+            task.abort();
+        }
+        self.cut();
     }
 }
 

@@ -687,24 +687,24 @@ async fn filtered_batch_rows(sql: &str, mode: &str) -> (f64, Value) {
         .unwrap();
     }
     let n = FILTERED_BATCH;
-    let each = |f: &dyn Fn(usize) -> String| sql_array((0..n).map(f).collect());
+    let array = |items: Vec<String>, ty: &str| format!("ARRAY[{}]::{ty}", items.join(", "));
+    let texts = |f: &dyn Fn(usize) -> String| array((0..n).map(|i| format!("'{}'", f(i))).collect(), "text[]");
+    let numbers = |from: usize, ty: &str| array((from..from + n).map(|i| i.to_string()).collect(), ty);
+    let nulls = || array(vec!["NULL".into(); n], "text[]");
     let args = [
-        format!("{}::uuid[]", each(&|_| source.to_string())),
-        each(&|i| format!("filtered-{i}")),
-        each(&|_| "order.paid".into()),
-        each(&|_| "application/json".into()),
-        format!("ARRAY[{}]::text[]", vec!["'{}'"; n].join(", ")),
-        format!(
-            "ARRAY[{}]::bytea[]",
-            (0..n).map(|i| format!("convert_to('{{\"n\": {i}}}', 'UTF8')")).collect::<Vec<_>>().join(", ")
-        ),
-        format!("ARRAY[{}]::int4[]", (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(", ")),
-        format!("{}::text[]", sql_array(vec!["NULL".into(); n]).replace("'NULL'", "NULL")),
-        format!("ARRAY[{}]::int4[]", (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(", ")),
-        format!("{}::text[]", sql_array(vec!["NULL".into(); n]).replace("'NULL'", "NULL")),
-        format!("{}::text[]", sql_array(vec!["NULL".into(); n]).replace("'NULL'", "NULL")),
-        format!("ARRAY[{}]::int8[]", (1..=n).map(|i| i.to_string()).collect::<Vec<_>>().join(", ")),
-        format!("ARRAY[{}]::int4[]", (1..=n).map(|i| i.to_string()).collect::<Vec<_>>().join(", ")),
+        array(vec![format!("'{source}'"); n], "uuid[]"),
+        texts(&|i| format!("filtered-{i}")),
+        texts(&|_| "order.paid".into()),
+        texts(&|_| "application/json".into()),
+        texts(&|_| "{}".into()),
+        array((0..n).map(|i| format!("convert_to('{{\"n\": {i}}}', 'UTF8')")).collect(), "bytea[]"),
+        numbers(0, "int4[]"), // the order rows go in
+        nulls(),              // ordering keys
+        numbers(0, "int4[]"), // the order they arrived in
+        nulls(),              // traceparents
+        nulls(),              // tracestates
+        numbers(1, "int8[]"), // a search term each
+        numbers(1, "int4[]"), // where each event's terms end
     ]
     .join(", ");
     let mut tx = pool.begin().await.unwrap();
@@ -725,9 +725,9 @@ async fn filtered_batch_rows(sql: &str, mode: &str) -> (f64, Value) {
 /// A batch's filters read each event's document once: the batch ingest statement, storing
 /// 64 webhooks fanned out to ten filtered subscriptions, handles a bounded number of rows
 /// per delivery (48: 24 and 37 under the custom and the generic plan on 2026-12-05) under
-/// either plan. Control: the document looked up by a subquery in the
-/// filter's condition (as before 2026-12-05), which scanned the batch's documents for
-/// every (event, subscription) pair, handles more than that bound.
+/// either plan. Control: the document looked up by a subquery in the filter's condition
+/// (as before 2026-12-05), which scanned the batch's documents for every (event,
+/// subscription) pair, handles more than that bound.
 #[tokio::test]
 async fn a_filtered_batch_reads_each_event_s_document_once() {
     use webhook_gateway::store::events::insert_batch_sql;

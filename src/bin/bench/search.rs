@@ -250,9 +250,9 @@ async fn searches(ctx: &Ctx, gw: &Gateway, pool: &sqlx::PgPool, url: &str) -> an
         }
     }
     ctx.note(format!(
-        "Row 16, search: {stored} events stored ({wanted} of them through the gateway's batch statement in {:.0} s, the \
-         rest by the ingest rounds; all inside the one-day window searched, the hardest case for a window), table with indexes {table}, search index {size}. \
-         Each search is {RUNS} calls of GET /v1/events with `since` one day back and `limit=100`, first while the \
+        "Row 16, search: {stored} events stored ({wanted} of them through the gateway's batch statement in {:.0} \
+         s, the rest by the ingest rounds; all inside the one-day window searched, the hardest case for a window), \
+         table with indexes {table}, search index {size}. Each search is {RUNS} calls of GET /v1/events with `since` one day back and `limit=100`, first while the \
          index's pending list holds what ingest left in it, then after VACUUM (what autovacuum does).",
         seeded_in.as_secs_f64()
     ));

@@ -358,7 +358,8 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
     let args: Vec<Vec<String>> = (0..MANY + FEW)
         .map(|_| {
             let batch = (0..LEASED_BATCH).map(|_| event("batch_lease")).collect::<Vec<_>>();
-            vec![format!("{}, {}, {LEASE_SECS}, 1000000", batch_args(&batch, &source), 8 * LEASED_BATCH)]
+            let most = webhook_gateway::deliver::prelease::MOST_LEASED_PER_WEBHOOK * LEASED_BATCH;
+            vec![format!("{}, {most}, {LEASE_SECS}, 1000000", batch_args(&batch, &source))]
         })
         .collect();
     counts.push(count(ctx, &pg, &batch_lease, &args)?);

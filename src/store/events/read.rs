@@ -104,16 +104,16 @@ const DENSE_MATCHES: i64 = 2000;
 /// to fill it walks the id index and tests every event of the window: fast for a value
 /// most events hold, a scan of the window for the one event of an order. So the matches
 /// are counted first, up to `DENSE_MATCHES` (a GIN lookup for a rare value, a scan that
-/// stops at the count for a common one); when there are fewer,
-/// the page is read through the index and sorted instead (`enable_indexscan` off for
-/// that one statement's transaction), and when there are more, through the id order.
+/// stops at the count for a common one); when there are fewer, the page is read through
+/// the index and sorted instead (`enable_indexscan` off for that one statement's
+/// transaction), and when there are more, through the id order.
 ///
 /// Both statements are planned at every call, for the values they carry
 /// ([`crate::db::Planning::EachCall`], set in the `BEGIN`'s round trip). A connection
 /// that had run them five times could otherwise keep a generic plan, which assumes a
 /// hash is rare: its count of a value every event holds then built a bitmap of every
-/// match before its `LIMIT` (71 ms at 1,000,000 events in the bench, against 1 ms planned
-/// for the value, which stops after 2,000 rows).
+/// match before its `LIMIT` (71 ms at 1,000,000 events in the bench, against 1.7 ms
+/// planned for the value, which stops after 2,000 rows).
 pub async fn list(pool: &crate::db::Pool, filter: &Filter, limit: i64) -> Result<Vec<EventSummary>, sqlx::Error> {
     let mut tx = pool.begin_planned(crate::db::Planning::EachCall).await?;
     if !filter.content.is_empty() {

@@ -211,14 +211,14 @@ macro_rules! fan_insert_leased {
 /// already leased ([`fan_insert_leased`]; `$11` most leases, `$12` lease in seconds,
 /// `$13` default max in flight). An event has one delivery per endpoint, so one lease
 /// per endpoint is all it can take. `leases` is what the worker needs of each endpoint
-/// granted.
+/// granted. The endpoints go to the function in any order: it locks them in id order
+/// itself (a sort here was a plan node set up at every execution).
 macro_rules! fan_leased {
     ($from:literal) => {
         concat!(
             ", leases AS MATERIALIZED (
             SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets
-            FROM wg_lease_room_v1(ARRAY(SELECT n.endpoint_id FROM numbered n
-                                        WHERE n.ordering_key IS NULL ORDER BY n.endpoint_id),
+            FROM wg_lease_room_v1(ARRAY(SELECT n.endpoint_id FROM numbered n WHERE n.ordering_key IS NULL),
                                   $11, $13) r
         )",
             fan_insert_leased!($from, "l.endpoint_id = n.endpoint_id AND n.ordering_key IS NULL", "$12")

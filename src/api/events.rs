@@ -107,6 +107,7 @@ async fn publish_traced(
             &source.name,
             OwnedEvent {
                 source_id: source.id,
+                source_name: source.name.clone(),
                 dedupe_key: event_id,
                 event_type,
                 content_type: Some("application/json".to_owned()),

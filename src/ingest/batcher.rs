@@ -409,6 +409,7 @@ mod tests {
         let (reply, _) = oneshot::channel();
         let event = OwnedEvent {
             source_id: crate::ids::SourceId(uuid::Uuid::nil()),
+            source_name: "test".to_owned(),
             dedupe_key: key.to_owned(),
             event_type: "t".to_owned(),
             content_type: None,

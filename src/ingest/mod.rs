@@ -135,6 +135,7 @@ impl Intake {
             .map(|v| crate::sanitize::stored_text(v.as_bytes(), crate::sanitize::MAX_CONTENT_TYPE_BYTES));
         let event = OwnedEvent {
             source_id: source.id,
+            source_name: source.name.clone(),
             dedupe_key: verified.dedupe_key,
             event_type: verified.event_type,
             content_type,

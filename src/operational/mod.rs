@@ -157,6 +157,7 @@ pub async fn publish(
     let headers = json!({});
     let event = NewEvent {
         source_id: source,
+        source_name: SOURCE,
         dedupe_key: key,
         event_type,
         content_type: Some("application/json"),

@@ -176,3 +176,72 @@ impl Positions {
         })
     }
 }
+
+/// What a delivery's worker needs of its event, from a caller that has the event in
+/// hand: the lone webhook's leasing statement (`store::events::insert_and_claim_sql`)
+/// returns only the lease's columns (the delivery's and its endpoint's, [`leased_in`]),
+/// not the event's echoed back.
+#[derive(Debug, Clone, Copy)]
+pub struct EventColumns<'a> {
+    /// The stored event's id.
+    pub event_id: EventId,
+    /// Sent as `webhook-event-type`.
+    pub event_type: &'a str,
+    /// The source's name, as the webhook arrived under it: sent as `webhook-source`.
+    pub source_name: &'a str,
+    /// The producer's content type.
+    pub content_type: Option<&'a str>,
+    /// The body as received (kept with the lease only up to
+    /// [`crate::deliver::bodies::INLINE_BODY_BYTES`], as a claim keeps it).
+    pub payload: &'a [u8],
+    /// The trace context stored with the event.
+    pub traceparent: Option<&'a str>,
+    /// The `tracestate` stored with it.
+    pub tracestate: Option<&'a str>,
+}
+
+/// The leased deliveries among the rows of a statement that leased deliveries of one
+/// `event` (columns `id`, `endpoint_id`, `attempt`, `attempts_base`, `claim_token`, `url`,
+/// `secret`, `previous_secrets`, `transform`, `event_headers`; a row whose `id` is null
+/// leased nothing), each completed with the event's own columns.
+pub(super) fn leased_in(rows: &[PgRow], event: &EventColumns<'_>) -> Result<Vec<Claimed>, sqlx::Error> {
+    let Some(first) = rows.first() else { return Ok(Vec::new()) };
+    let at = |name: &str| first.try_column(name).map(sqlx::Column::ordinal);
+    let (id, endpoint_id, attempt, attempts_base, claim_token) =
+        (at("id")?, at("endpoint_id")?, at("attempt")?, at("attempts_base")?, at("claim_token")?);
+    let (url, secret, previous_secrets, transform, event_headers) =
+        (at("url")?, at("secret")?, at("previous_secrets")?, at("transform")?, at("event_headers")?);
+    let payload_bytes = i32::try_from(event.payload.len())
+        .map_err(|_| sqlx::Error::Protocol(format!("a body of {} bytes leased", event.payload.len())))?;
+    let inline = event.payload.len() <= crate::deliver::bodies::INLINE_BODY_BYTES;
+    let payload = if inline { bytes::Bytes::copy_from_slice(event.payload) } else { bytes::Bytes::new() };
+    let mut leased = Vec::with_capacity(rows.len());
+    for row in rows {
+        let Some(delivery) = row.try_get::<Option<DeliveryId>, _>(id)? else { continue };
+        leased.push(Claimed {
+            id: delivery,
+            event_id: event.event_id,
+            endpoint_id: row.try_get(endpoint_id)?,
+            attempt: row.try_get(attempt)?,
+            attempts_base: row.try_get(attempts_base)?,
+            claim_token: row.try_get(claim_token)?,
+            url: row.try_get(url)?,
+            secret: row.try_get(secret)?,
+            previous_secrets: row.try_get(previous_secrets)?,
+            event_type: event.event_type.to_owned(),
+            source_name: event.source_name.to_owned(),
+            content_type: event.content_type.map(str::to_owned),
+            // Shared by the event's leases, as the request body shares it.
+            payload: payload.clone(),
+            payload_bytes,
+            // The leasing statements lease no ordered delivery.
+            ordered: false,
+            probe_token: None,
+            traceparent: event.traceparent.map(str::to_owned),
+            tracestate: event.tracestate.map(str::to_owned),
+            transform: row.try_get(transform)?,
+            event_headers: row.try_get(event_headers)?,
+        });
+    }
+    Ok(leased)
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::PgExecutor;
 
 use super::NEXT_CLAIM_TOKEN;
-use super::claimed::{CLAIMED_COLUMNS, Claimed, claimed_in};
+use super::claimed::{CLAIMED_COLUMNS, Claimed, EventColumns, claimed_in, leased_in};
 use crate::ids::{DeliveryId, EndpointId};
 
 /// How a claim shares the workers among endpoints.
@@ -362,6 +362,19 @@ pub(crate) fn fresh_claim_of(rows: &[sqlx::postgres::PgRow]) -> Result<FreshClai
     // Null where the function was not called (nothing to claim).
     let candidates = summary::<i64>(rows, "candidates")?.unwrap_or(0);
     let claimed = claimed_in(rows)?;
+    claimed_once(&claimed)?;
+    Ok(FreshClaim { took_all: claimed.len() as i64 >= candidates, claimed })
+}
+
+/// [`fresh_claim_of`] for the rows of a statement that leased deliveries of one `event`
+/// and returns only the lease's columns (`crate::store::events::insert_and_claim_sql`):
+/// each lease is completed with the event's own columns ([`EventColumns`]).
+pub(crate) fn fresh_lease_of(
+    rows: &[sqlx::postgres::PgRow],
+    event: &EventColumns<'_>,
+) -> Result<FreshClaim, sqlx::Error> {
+    let candidates = summary::<i64>(rows, "candidates")?.unwrap_or(0);
+    let claimed = leased_in(rows, event)?;
     claimed_once(&claimed)?;
     Ok(FreshClaim { took_all: claimed.len() as i64 >= candidates, claimed })
 }

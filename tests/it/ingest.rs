@@ -275,11 +275,11 @@ async fn a_batch_stores_each_key_once_and_answers_each_event() {
     let (_, existing) = app.ingest("shop", "old", "t", "{}").await;
 
     let batch = vec![
-        owned_event(shop, "b", "t"),
-        owned_event(shop, "old", "t"),
-        owned_event(crm, "b", "t"),
-        owned_event(shop, "a", "t"),
-        owned_event(shop, "b", "t"),
+        owned_event(shop, "shop", "b", "t"),
+        owned_event(shop, "shop", "old", "t"),
+        owned_event(crm, "crm", "b", "t"),
+        owned_event(shop, "shop", "a", "t"),
+        owned_event(shop, "shop", "b", "t"),
     ];
     let stored = store::events::insert_batch_with_fanout(&app.db.pool, &batch).await.unwrap();
     let flags: Vec<bool> = stored.iter().map(|s| s.duplicate).collect();

@@ -41,9 +41,15 @@ async fn fan_out_of(url: &str, sql: &str, event: &NewEvent<'_>) -> (Option<uuid:
     (id, endpoints)
 }
 
-fn event<'a>(source: SourceId, key: &'a str, event_type: &'a str, headers: &'a Value) -> NewEvent<'a> {
+fn event<'a>(
+    (source, source_name): (SourceId, &'a str),
+    key: &'a str,
+    event_type: &'a str,
+    headers: &'a Value,
+) -> NewEvent<'a> {
     NewEvent {
         source_id: source,
+        source_name,
         dedupe_key: key,
         event_type,
         content_type: Some("application/json"),
@@ -91,7 +97,7 @@ async fn the_lean_fan_out_reaches_the_endpoints_the_full_one_reaches() {
         ("refund.created", sorted(vec![&all_of_shop, &everywhere, &twice])),
     ];
     for (event_type, endpoints) in expected {
-        let event = event(shop, "k-1", event_type, &headers);
+        let event = event((shop, "shop"), "k-1", event_type, &headers);
         let (full_id, full) = fan_out_of(&app.db.url, events::insert_sql(), &event).await;
         let (lean_id, lean) = fan_out_of(&app.db.url, lean::insert_sql(), &event).await;
         assert!(full_id.is_some() && lean_id.is_some(), "{event_type}: both stored it");
@@ -129,7 +135,7 @@ async fn a_source_whose_subscription_filters_orders_or_transforms_is_stored_by_t
         subscription["source"] = Value::from(name);
         let special = app.endpoint_with(&format!("http://127.0.0.1:9/{name}/special"), subscription).await;
         let source = source_id(&app.db.pool, name).await;
-        let event = event(source, "k-1", "order.created", &headers);
+        let event = event((source, name), "k-1", "order.created", &headers);
 
         let (lean_id, lean) = fan_out_of(&app.db.url, lean::insert_sql(), &event).await;
         if name == "plain" {
@@ -173,7 +179,7 @@ async fn the_lean_statement_answers_a_duplicate_with_the_original() {
     app.endpoint_for("http://127.0.0.1:9/", Some("shop")).await;
     let shop = source_id(&app.db.pool, "shop").await;
     let headers = json!({});
-    let event = event(shop, "dup-1", "order.created", &headers);
+    let event = event((shop, "shop"), "dup-1", "order.created", &headers);
     let first = events::insert_with_fanout(&app.db.pool, &event).await.expect("stored");
     assert!(!first.duplicate && first.deliveries.len() == 1);
     let again = events::insert_with_fanout(&app.db.pool, &event).await.expect("again");

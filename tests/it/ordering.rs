@@ -279,6 +279,7 @@ async fn a_batch_keeps_arrival_order_within_a_line() {
         .iter()
         .map(|dedupe| OwnedEvent {
             source_id: source,
+            source_name: "ord".into(),
             dedupe_key: (*dedupe).to_owned(),
             event_type: "t".into(),
             content_type: None,
@@ -325,6 +326,7 @@ async fn a_statement_that_waits_for_a_line_takes_its_place_after_the_line_s_head
     sqlx::query("SELECT 1 FROM order_lines WHERE ordering_key = 'k0' FOR UPDATE").execute(&mut *holder).await.unwrap();
     let event = |dedupe: &str, key: &str, i: u32| OwnedEvent {
         source_id: source,
+        source_name: "ord".into(),
         dedupe_key: dedupe.to_owned(),
         event_type: "t".into(),
         content_type: None,

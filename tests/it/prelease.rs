@@ -50,6 +50,7 @@ pub(crate) async fn shop_event<'a>(
 ) -> NewEvent<'a> {
     NewEvent {
         source_id: source_id(pool, "shop").await,
+        source_name: "shop",
         dedupe_key: key,
         event_type: "order.created",
         content_type: Some("application/json"),
@@ -572,7 +573,7 @@ async fn a_leasing_statement_whose_requester_stops_waiting_still_hands_its_lease
     let pool = &app.db.pool;
 
     let holder = lock_endpoint(pool, &ep).await;
-    let event = owned_event(source_id(pool, "shop").await, "impatient-1", "order.created");
+    let event = owned_event(source_id(pool, "shop").await, "shop", "impatient-1", "order.created");
     let waited = tokio::time::timeout(Duration::from_millis(500), prelease::store(pool, event, shared.clone())).await;
     assert!(waited.is_err(), "the statement waits on the locked endpoint past the requester's patience");
     assert_eq!(app.db.count("events").await, 0, "nothing committed yet");
@@ -588,4 +589,90 @@ async fn a_leasing_statement_whose_requester_stops_waiting_still_hands_its_lease
         (handed.job.claim_token, true),
         "the lease handed over is the one committed"
     );
+}
+
+/// A lease taken by the statement that stores its webhook carries the event as a claim
+/// would read it from the database. The statement returns only the delivery's and the
+/// endpoint's columns; the event's own (type, source name, content type, body, trace
+/// context) come from the webhook in hand. Checked for the lean statement (a source with
+/// a plain subscription) and the full one (a source whose subscription transforms, which
+/// also reads the transformation and the headers), with a body kept with the lease and
+/// one over `INLINE_BODY_BYTES`, which the worker reads when it has room.
+#[tokio::test]
+async fn a_lease_taken_at_ingest_carries_its_event_as_the_database_holds_it() {
+    use webhook_gateway::deliver::bodies::INLINE_BODY_BYTES;
+    use webhook_gateway::store::events::{ClaimTerms, NewEvent, insert_and_claim};
+    let app = TestApp::ingest_only().await;
+    let pool = &app.db.pool;
+    app.source_none("shop").await;
+    app.source_none("shaped").await;
+    app.endpoint_for("http://127.0.0.1:9/plain", Some("shop")).await;
+    let transform = "function handler(w) { return w; }";
+    app.endpoint_with("http://127.0.0.1:9/shaped", json!({"source": "shaped", "transform": transform})).await;
+    let terms = ClaimTerms { limit: 8, lease: Duration::from_secs(300), default_max_in_flight: 100 };
+    let trace = webhook_gateway::telemetry::EventTrace {
+        traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+        tracestate: Some("vendor=1".into()),
+    };
+    let headers = json!({"x-request-id": "r-1"});
+    let small = br#"{"order": 1}"#.to_vec();
+    let large = format!(r#"{{"pad": "{}"}}"#, "x".repeat(INLINE_BODY_BYTES)).into_bytes();
+    for (source, transformed) in [("shop", false), ("shaped", true)] {
+        for (body, traced) in [(&small, true), (&large, false)] {
+            let key = format!("{source}-{}", body.len());
+            let event = NewEvent {
+                source_id: source_id(pool, source).await,
+                source_name: source,
+                dedupe_key: &key,
+                event_type: "order.created",
+                content_type: Some("application/json; charset=utf-8"),
+                headers: &headers,
+                payload: body,
+                ordering_key: None,
+                trace: traced.then_some(&trace),
+            };
+            let (stored, fresh) = insert_and_claim(pool, &event, terms).await.expect("stored");
+            assert_eq!(fresh.claimed.len(), 1, "{key}: its one delivery leased");
+            let job = &fresh.claimed[0];
+            type Held = (String, String, Option<String>, Vec<u8>, Option<String>, Option<String>, i32, i64, String);
+            let held: Held = sqlx::query_as(
+                "SELECT e.event_type, s.name, e.content_type, e.payload, e.traceparent, e.tracestate,
+                        d.attempt_count, d.claim_token, ep.url
+                 FROM deliveries d JOIN events e ON e.id = d.event_id JOIN sources s ON s.id = e.source_id
+                      JOIN endpoints ep ON ep.id = d.endpoint_id
+                 WHERE d.id = $1",
+            )
+            .bind(job.id)
+            .fetch_one(pool)
+            .await
+            .expect("the leased delivery");
+            let (event_type, source_name, content_type, payload, traceparent, tracestate, attempt, token, url) = held;
+            assert_eq!(job.event_id, stored.event_id, "{key}");
+            assert_eq!(
+                (job.event_type.as_str(), job.source_name.as_str()),
+                (event_type.as_str(), source_name.as_str())
+            );
+            assert_eq!(job.content_type, content_type, "{key}");
+            assert_eq!(job.payload_bytes as usize, payload.len(), "{key}");
+            let inline = payload.len() <= INLINE_BODY_BYTES;
+            assert_eq!(inline, !std::ptr::eq(body, &large), "{key}: one body of each kind");
+            assert_eq!(
+                job.payload.as_ref(),
+                if inline { payload.as_slice() } else { &[] },
+                "{key}: the body as stored"
+            );
+            assert_eq!((&job.traceparent, &job.tracestate), (&traceparent, &tracestate), "{key}");
+            assert_eq!(job.traceparent.is_some(), traced, "{key}");
+            assert_eq!((job.attempt, job.claim_token, &job.url), (attempt, token, &url), "{key}");
+            assert!(!job.ordered && job.probe_token.is_none(), "{key}");
+            assert_eq!(job.transform.as_deref(), transformed.then_some(transform), "{key}");
+            let stored_headers =
+                job.event_headers.as_deref().map(|h| serde_json::from_str::<serde_json::Value>(h).expect("JSON"));
+            assert_eq!(
+                stored_headers,
+                transformed.then(|| headers.clone()),
+                "{key}: the headers with a transformation"
+            );
+        }
+    }
 }

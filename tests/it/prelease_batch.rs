@@ -42,7 +42,7 @@ async fn shop_with_endpoints(paths: &[&str]) -> (TestApp, Vec<String>) {
 /// body (`{"k":"<key>"}`) and headers.
 async fn shop_events(pool: &webhook_gateway::db::Pool, prefix: &str, count: usize) -> Vec<OwnedEvent> {
     let source = source_id(pool, "shop").await;
-    (0..count).map(|i| owned_event(source, &format!("{prefix}-{i}"), &format!("order.{prefix}.{i}"))).collect()
+    (0..count).map(|i| owned_event(source, "shop", &format!("{prefix}-{i}"), &format!("order.{prefix}.{i}"))).collect()
 }
 
 /// Leased deliveries of `endpoint` (those whose lease is still on).
@@ -363,19 +363,20 @@ async fn a_leasing_batch_past_its_deadline_mid_statement_still_hands_its_leases_
     let shop_holder = lock_endpoint(pool, &endpoints[0]).await;
     let late_holder = lock_endpoint(pool, &late_endpoint).await;
     let patient = tokio::time::Instant::now() + WAIT;
-    let mut ahead = vec![store(owned_event(shop, "ahead-0", "order.created"), patient)];
+    let mut ahead = vec![store(owned_event(shop, "shop", "ahead-0", "order.created"), patient)];
     eventually(WAIT, "the direct write waits on its endpoint", || async {
         (lock_waiters(pool).await == 1).then_some(())
     })
     .await;
-    ahead.push(store(owned_event(shop, "ahead-1", "order.created"), patient));
+    ahead.push(store(owned_event(shop, "shop", "ahead-1", "order.created"), patient));
     eventually(WAIT, "the writer's batch of one waits on its endpoint", || async {
         (lock_waiters(pool).await == 2).then_some(())
     })
     .await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let keys = ["late-0", "late-1", "late-2"];
-    let answers: Vec<_> = keys.iter().map(|key| store(owned_event(late, key, "order.late"), deadline)).collect();
+    let answers: Vec<_> =
+        keys.iter().map(|key| store(owned_event(late, "late", key, "order.late"), deadline)).collect();
     eventually(WAIT, "three webhooks queued behind them", || async { (batcher.queued() == 3).then_some(()) }).await;
     shop_holder.commit().await.expect("let the first endpoint go");
     for answer in ahead {

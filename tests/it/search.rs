@@ -141,6 +141,7 @@ async fn each_event_of_a_large_batch_keeps_its_own_terms() {
         sqlx::query_scalar("SELECT id FROM sources WHERE name = 'api'").fetch_one(&db.pool).await.expect("api");
     let event = |key: String, body: Vec<u8>| OwnedEvent {
         source_id: source,
+        source_name: "api".into(),
         dedupe_key: key,
         event_type: "t".into(),
         content_type: None,
@@ -199,6 +200,7 @@ async fn the_console_searches_by_content_and_keeps_a_mistyped_condition() {
 fn paid(source: webhook_gateway::ids::SourceId, key: String, payload: serde_json::Value) -> OwnedEvent {
     OwnedEvent {
         source_id: source,
+        source_name: "api".into(),
         dedupe_key: key,
         event_type: "order.paid".into(),
         content_type: None,

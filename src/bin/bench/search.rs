@@ -183,6 +183,7 @@ async fn searches(ctx: &Ctx, gw: &Gateway, pool: &sqlx::PgPool, url: &str) -> an
                         let key = crate::payload::request_id(&run, seq);
                         OwnedEvent {
                             source_id,
+                            source_name: crate::payload::SOURCE.to_owned(),
                             dedupe_key: key.clone(),
                             event_type: crate::payload::EVENT_TYPE.into(),
                             content_type: Some("application/json".into()),

@@ -352,6 +352,7 @@ mod tests {
     fn event(source: SourceId, key: &str) -> OwnedEvent {
         OwnedEvent {
             source_id: source,
+            source_name: "test".to_owned(),
             dedupe_key: key.to_owned(),
             event_type: "t".to_owned(),
             content_type: None,

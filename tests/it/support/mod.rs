@@ -649,11 +649,13 @@ pub async fn source_id(pool: &Pool, name: &str) -> webhook_gateway::ids::SourceI
 /// header that name the key.
 pub fn owned_event(
     source: webhook_gateway::ids::SourceId,
+    source_name: &str,
     key: &str,
     event_type: &str,
 ) -> webhook_gateway::store::events::OwnedEvent {
     webhook_gateway::store::events::OwnedEvent {
         source_id: source,
+        source_name: source_name.to_owned(),
         dedupe_key: key.to_owned(),
         event_type: event_type.to_owned(),
         content_type: Some("application/json".to_owned()),

@@ -62,6 +62,8 @@ pub struct Settings {
     /// Webhook bodies held at once, in bytes, each counted four times (`--ingest-memory-mib`;
     /// `crate::ingest::budget`).
     pub ingest_memory_bytes: u64,
+    /// What ingest indexes of each event for searches (`--content-search`).
+    pub indexing: crate::search::Indexing,
 }
 
 /// A running gateway: its address, and a handle to stop it.
@@ -214,6 +216,7 @@ async fn serve(
             wake,
             handoff.clone(),
             intake_prelease,
+            settings.indexing,
         ),
         db_timeout: settings.db_timeout,
         request_timeout: settings.http.request_timeout,

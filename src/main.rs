@@ -480,6 +480,7 @@ async fn start(
         console: args.console.0,
         operational: args.operational(),
         ingest_memory_bytes: args.ingest_memory_mib * 1024 * 1024,
+        indexing: args.indexing(),
     };
     let running = app::start_on(pool.clone(), settings, listener).await?;
     banner.sources.clone_from(&running.sources);

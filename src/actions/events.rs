@@ -87,8 +87,14 @@ pub struct EventSearch {
     pub newest_first: bool,
 }
 
+/// Why a search by payload or header is refused on a gateway that indexes only keys.
+pub const CONTENT_SEARCH_OFF: &str = "content search is off on this gateway (--content-search=false): events are \
+     indexed by their dedupe key only; search by dedupe_key, or turn content search on (it finds the events stored \
+     from then on)";
+
 /// One page of events matching `search`, at most `limit` (a keyset page: no offset, no
-/// count). `GET /v1/events` and the console's event search.
+/// count). `GET /v1/events` and the console's event search. A search by payload or
+/// header on a gateway that indexes only keys is refused ([`CONTENT_SEARCH_OFF`]).
 pub async fn search_events(
     state: &AppState,
     caller: &Principal,
@@ -109,6 +115,14 @@ pub async fn search_events(
         ),
     };
     use crate::search::Condition;
+    if !state.intake.indexing().content() {
+        // Refused rather than answered empty: an empty page would say no event holds it.
+        for (field, given) in [("payload", search.payload.is_some()), ("header", search.header.is_some())] {
+            if given {
+                return Err(ApiError::validation(field, CONTENT_SEARCH_OFF));
+            }
+        }
+    }
     let mut content = Vec::new();
     if let Some(text) = &search.payload {
         content.push(Condition::payload(text).map_err(|why| ApiError::validation("payload", why))?.alternatives());

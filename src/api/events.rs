@@ -108,6 +108,7 @@ async fn publish_traced(
             OwnedEvent {
                 source_id: source.id,
                 source_name: source.name.clone(),
+                indexing: state.intake.indexing(),
                 dedupe_key: event_id,
                 event_type,
                 content_type: Some("application/json".to_owned()),
@@ -216,12 +217,13 @@ pub struct ListQuery {
     /// Only events whose JSON payload holds this value at this path: `PATH=VALUE`, the
     /// path a JSON Pointer (`/data/object/id=ch_123`) or dotted (`order=42`); the value
     /// compared as text (`42` finds the number and the string), in double quotes for a
-    /// JSON string with spaces at its ends or escapes. Indexed: fast in any window.
+    /// JSON string with spaces at its ends or escapes. Indexed: fast in any window (422 on
+    /// a gateway whose content search is off, `--content-search=false`).
     #[param(example = "/data/object/id=ch_123")]
     payload: Option<String>,
     /// Only events that arrived with this header value: `NAME:VALUE` (any case for the
     /// name; the value exactly as stored, repeated headers joined with ", "; redacted
-    /// headers cannot be searched).
+    /// headers cannot be searched; 422 with content search off, as `payload`).
     #[param(example = "x-github-event:push")]
     header: Option<String>,
     /// Received at or after (RFC 3339).
@@ -245,7 +247,7 @@ pub struct ListQuery {
     responses(
         (status = 200, description = "A page of events, oldest first", body = EventPage),
         (status = 422, description = "Bad query parameter, unknown source, or a malformed `payload` or `header` \
-            condition, named (`validation_failed`)",
+            condition, or one on a gateway whose content search is off, named (`validation_failed`)",
             body = ErrorBody),
         (status = 403, description = "A `payload` condition, for a token that may not read payloads (`forbidden`)",
             body = ErrorBody),

@@ -497,6 +497,13 @@ settings! {
         #[arg(long, env = "WEBHOOK_GATEWAY_OPERATIONAL_EVENTS", default_value_t = Enabled(true), action = clap::ArgAction::Set)]
         pub operational_events: Enabled,
 
+        /// Index each event's payload values and headers, so that `GET /v1/events?payload=` and `?header=`
+        /// find it; `--content-search=false` indexes only its dedupe key (searches by key still work, by
+        /// payload or header are refused), which saves the body's parse and about a third of PostgreSQL's
+        /// work per webhook under load. Set it the same on every replica that ingests.
+        #[arg(long, env = "WEBHOOK_GATEWAY_CONTENT_SEARCH", default_value_t = Enabled(true), action = clap::ArgAction::Set)]
+        pub content_search: Enabled,
+
         /// `backlog.delayed` once the longest-waiting due delivery has waited this many seconds.
         #[arg(long, env = "WEBHOOK_GATEWAY_BACKLOG_ALERT_SECS", default_value_t = 300)]
         pub backlog_alert_secs: u64,

@@ -255,6 +255,11 @@ impl ServeArgs {
         }
     }
 
+    /// What ingest indexes of each event (`--content-search`).
+    pub fn indexing(&self) -> crate::search::Indexing {
+        if self.content_search.0 { crate::search::Indexing::Content } else { crate::search::Indexing::KeyOnly }
+    }
+
     /// The operational events' settings derived from the flags.
     pub fn operational(&self) -> crate::operational::OperationalSettings {
         crate::operational::OperationalSettings {

@@ -410,6 +410,7 @@ mod tests {
         let event = OwnedEvent {
             source_id: crate::ids::SourceId(uuid::Uuid::nil()),
             source_name: "test".to_owned(),
+            indexing: crate::search::Indexing::Content,
             dedupe_key: key.to_owned(),
             event_type: "t".to_owned(),
             content_type: None,

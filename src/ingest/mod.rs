@@ -71,6 +71,7 @@ pub struct Intake {
     batcher: Batcher,
     wake: Arc<Notify>,
     handoff: Option<Arc<crate::wake::Handoff>>,
+    indexing: crate::search::Indexing,
 }
 
 impl Intake {
@@ -79,7 +80,8 @@ impl Intake {
     /// dispatcher through `handoff` when there is one (role `all`), else `wake` is
     /// signalled (role `ingest`: the notification to other processes). With `prelease`
     /// (role `all`), a webhook written alone has its deliveries leased by the statement
-    /// that stores it and handed to that dispatcher (`crate::deliver::prelease`).
+    /// that stores it and handed to that dispatcher (`crate::deliver::prelease`). Each
+    /// event is indexed for searches as `indexing` says (`--content-search`).
     pub fn start(
         pool: Pool,
         writers: usize,
@@ -87,6 +89,7 @@ impl Intake {
         wake: Arc<Notify>,
         handoff: Option<Arc<crate::wake::Handoff>>,
         prelease: Option<Arc<crate::deliver::prelease::Prelease>>,
+        indexing: crate::search::Indexing,
     ) -> Intake {
         Intake {
             sources: Arc::new(SourceCache::new(secrets)),
@@ -94,7 +97,14 @@ impl Intake {
             pool,
             wake,
             handoff,
+            indexing,
         }
+    }
+
+    /// What this process indexes of each event it stores (`--content-search`): the
+    /// searches it answers follow it.
+    pub fn indexing(&self) -> crate::search::Indexing {
+        self.indexing
     }
 
     /// The source cache, for admin changes to invalidate.
@@ -136,6 +146,7 @@ impl Intake {
         let event = OwnedEvent {
             source_id: source.id,
             source_name: source.name.clone(),
+            indexing: self.indexing,
             dedupe_key: verified.dedupe_key,
             event_type: verified.event_type,
             content_type,

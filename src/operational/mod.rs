@@ -158,6 +158,7 @@ pub async fn publish(
     let event = NewEvent {
         source_id: source,
         source_name: SOURCE,
+        indexing: crate::search::Indexing::Content,
         dedupe_key: key,
         event_type,
         content_type: Some("application/json"),

@@ -50,6 +50,7 @@ fn event<'a>(
     NewEvent {
         source_id: source,
         source_name,
+        indexing: webhook_gateway::search::Indexing::Content,
         dedupe_key: key,
         event_type,
         content_type: Some("application/json"),

@@ -280,6 +280,7 @@ async fn a_batch_keeps_arrival_order_within_a_line() {
         .map(|dedupe| OwnedEvent {
             source_id: source,
             source_name: "ord".into(),
+            indexing: webhook_gateway::search::Indexing::Content,
             dedupe_key: (*dedupe).to_owned(),
             event_type: "t".into(),
             content_type: None,
@@ -327,6 +328,7 @@ async fn a_statement_that_waits_for_a_line_takes_its_place_after_the_line_s_head
     let event = |dedupe: &str, key: &str, i: u32| OwnedEvent {
         source_id: source,
         source_name: "ord".into(),
+        indexing: webhook_gateway::search::Indexing::Content,
         dedupe_key: dedupe.to_owned(),
         event_type: "t".into(),
         content_type: None,

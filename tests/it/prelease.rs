@@ -51,6 +51,7 @@ pub(crate) async fn shop_event<'a>(
     NewEvent {
         source_id: source_id(pool, "shop").await,
         source_name: "shop",
+        indexing: webhook_gateway::search::Indexing::Content,
         dedupe_key: key,
         event_type: "order.created",
         content_type: Some("application/json"),
@@ -623,6 +624,7 @@ async fn a_lease_taken_at_ingest_carries_its_event_as_the_database_holds_it() {
             let event = NewEvent {
                 source_id: source_id(pool, source).await,
                 source_name: source,
+                indexing: webhook_gateway::search::Indexing::Content,
                 dedupe_key: &key,
                 event_type: "order.created",
                 content_type: Some("application/json; charset=utf-8"),

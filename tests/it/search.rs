@@ -142,6 +142,7 @@ async fn each_event_of_a_large_batch_keeps_its_own_terms() {
     let event = |key: String, body: Vec<u8>| OwnedEvent {
         source_id: source,
         source_name: "api".into(),
+        indexing: webhook_gateway::search::Indexing::Content,
         dedupe_key: key,
         event_type: "t".into(),
         content_type: None,
@@ -201,6 +202,7 @@ fn paid(source: webhook_gateway::ids::SourceId, key: String, payload: serde_json
     OwnedEvent {
         source_id: source,
         source_name: "api".into(),
+        indexing: webhook_gateway::search::Indexing::Content,
         dedupe_key: key,
         event_type: "order.paid".into(),
         content_type: None,
@@ -401,5 +403,70 @@ async fn a_search_is_planned_for_its_values_at_every_call() {
     assert_eq!(plans.len(), 2, "the count and the page: {plans:?}");
     for (statement, generic, custom) in &plans {
         assert_eq!((*generic, *custom), (0, 20), "planned for its values at each of 20 calls: {statement}");
+    }
+}
+
+/// The terms each event of `app`'s database holds, by dedupe key.
+async fn term_counts(app: &TestApp) -> Vec<(String, i32)> {
+    sqlx::query_as("SELECT dedupe_key, cardinality(search) FROM events ORDER BY dedupe_key")
+        .fetch_all(&app.db.pool)
+        .await
+        .expect("terms")
+}
+
+/// With content search off (`--content-search=false`) every event is indexed by its
+/// dedupe key alone, whichever way it was stored: a webhook written alone (its delivery
+/// leased by its statement), webhooks racing into group commit's batches, an event
+/// published through the API. A search by key finds each; a search by payload or header
+/// is a 422 that names the field and says content search is off, not an empty page.
+/// Control: the same webhooks on a gateway with the default store their content's terms
+/// and are found by payload and header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_content_search_off_events_are_found_by_key_and_content_searches_are_refused() {
+    use webhook_gateway::search::Indexing;
+    for indexing in [Indexing::KeyOnly, Indexing::Content] {
+        let settings = webhook_gateway::app::Settings { indexing, ..crate::support::test_settings() };
+        let app = TestApp::spawn_with(TestDb::new().await, settings, 16).await;
+        app.source_none("shop").await;
+        app.endpoint_for("http://127.0.0.1:9/shop", Some("shop")).await;
+        let body = |i: usize| json!({"order": {"id": format!("ord_{i}")}, "status": "paid"}).to_string();
+        assert_eq!(app.ingest("shop", "alone", "order.paid", &body(0)).await.0, 200);
+        let racing = (1..=16).map(|i| {
+            let (app, body) = (&app, body(i));
+            async move { app.ingest("shop", &format!("race-{i:02}"), "order.paid", &body).await.0 }
+        });
+        assert!(futures_util::future::join_all(racing).await.iter().all(|status| *status == 200));
+        let published = json!({"event_type": "user.created", "event_id": "published", "payload": {"id": "u_1"}});
+        app.admin_post("/v1/events", published, 200).await;
+
+        let counts = term_counts(&app).await;
+        assert_eq!(counts.len(), 18, "{counts:?}");
+        for (key, terms) in &counts {
+            assert_eq!(*terms == 1, indexing == Indexing::KeyOnly, "{indexing:?}: {key} holds {terms} terms");
+        }
+        for key in ["alone", "race-07", "published"] {
+            assert_eq!(keys(&app, &format!("dedupe_key={key}")).await, [key], "{indexing:?}");
+        }
+        let searches = [
+            ("payload", format!("payload={}", q("order.id=ord_7"))),
+            ("header", format!("header={}", q("x-delivery-id:race-07"))),
+            ("payload", format!("payload={}&header={}", q("id=u_1"), q("x-event-type:order.paid"))),
+        ];
+        for (field, query) in &searches {
+            let (status, answer) = app.admin(reqwest::Method::GET, &format!("/v1/events?{query}"), None).await;
+            match indexing {
+                Indexing::KeyOnly => {
+                    assert_eq!(status, 422, "{query}: {answer}");
+                    assert_eq!(answer["error"]["code"], "validation_failed", "{answer}");
+                    let message = answer["error"]["message"].as_str().unwrap_or_default();
+                    assert!(message.starts_with(field) && message.contains("content search is off"), "{message}");
+                }
+                Indexing::Content => assert_eq!(status, 200, "control, {query}: {answer}"),
+            }
+        }
+        if indexing == Indexing::Content {
+            assert_eq!(keys(&app, &searches[0].1).await, ["race-07"], "control: found by payload");
+            assert_eq!(keys(&app, &searches[1].1).await, ["race-07"], "control: found by header");
+        }
     }
 }

@@ -158,7 +158,7 @@ impl<'a> BatchColumns<'a> {
         let mut terms: Vec<i64> = Vec::new();
         let mut term_ends: Vec<i32> = Vec::with_capacity(unique.len());
         for e in each() {
-            terms.extend(crate::search::terms(&e.dedupe_key, &e.headers, &e.payload));
+            terms.extend(e.indexing.terms(&e.dedupe_key, &e.headers, &e.payload));
             term_ends.push(i32::try_from(terms.len()).unwrap_or(i32::MAX));
         }
         BatchColumns {
@@ -353,6 +353,7 @@ mod tests {
         OwnedEvent {
             source_id: source,
             source_name: "test".to_owned(),
+            indexing: crate::search::Indexing::Content,
             dedupe_key: key.to_owned(),
             event_type: "t".to_owned(),
             content_type: None,

@@ -23,6 +23,8 @@ pub struct NewEvent<'a> {
     pub source_id: SourceId,
     /// That source's name, as the webhook arrived under it (its deliveries' `webhook-source`).
     pub source_name: &'a str,
+    /// What of it is indexed for searches (`--content-search`).
+    pub indexing: crate::search::Indexing,
     /// What duplicates are recognised by within the source: the provider's delivery id,
     /// the caller's event id, or a hash of the body.
     pub dedupe_key: &'a str,
@@ -252,7 +254,7 @@ pub async fn insert_with_fanout<'c, E>(db: E, event: &NewEvent<'_>) -> Result<St
 where
     E: PgExecutor<'c> + Copy,
 {
-    let terms = crate::search::terms(event.dedupe_key, event.headers, event.payload);
+    let terms = event.indexing.terms(event.dedupe_key, event.headers, event.payload);
     // Bounded: the only way round again is a twin that committed and was then deleted
     // (retention) between our two statements.
     for _ in 0..3 {
@@ -289,7 +291,7 @@ pub async fn insert_and_claim(
     event: &NewEvent<'_>,
     terms: ClaimTerms,
 ) -> Result<(Stored, crate::queue::FreshClaim), sqlx::Error> {
-    let search = crate::search::terms(event.dedupe_key, event.headers, event.payload);
+    let search = event.indexing.terms(event.dedupe_key, event.headers, event.payload);
     // Bounded as in `insert_with_fanout`.
     for _ in 0..3 {
         let statements = (insert_and_claim_sql(), lean::insert_and_claim_sql());
@@ -324,7 +326,7 @@ pub async fn insert_and_claim(
 /// transaction then holds nothing of it). For events the gateway publishes about itself
 /// (`crate::operational`), whose keys no producer races for.
 pub async fn insert_in(conn: &mut sqlx::PgConnection, event: &NewEvent<'_>) -> Result<Option<Stored>, sqlx::Error> {
-    let terms = crate::search::terms(event.dedupe_key, event.headers, event.payload);
+    let terms = event.indexing.terms(event.dedupe_key, event.headers, event.payload);
     let rows = bound_event(insert_sql(), event, &terms).fetch_all(conn).await?;
     match answer_of(&rows, "")? {
         Answer::Stored(stored) => Ok(Some(stored)),
@@ -356,6 +358,8 @@ pub struct OwnedEvent {
     pub source_id: SourceId,
     /// That source's name (see [`NewEvent::source_name`]).
     pub source_name: String,
+    /// What of it is indexed for searches (see [`NewEvent::indexing`]).
+    pub indexing: crate::search::Indexing,
     /// What duplicates are recognised by within the source (see [`NewEvent::dedupe_key`]).
     pub dedupe_key: String,
     /// Matched against subscriptions' patterns.
@@ -378,6 +382,7 @@ impl OwnedEvent {
         NewEvent {
             source_id: self.source_id,
             source_name: &self.source_name,
+            indexing: self.indexing,
             dedupe_key: &self.dedupe_key,
             event_type: &self.event_type,
             content_type: self.content_type.as_deref(),

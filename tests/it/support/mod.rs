@@ -184,6 +184,7 @@ pub fn test_settings() -> Settings {
         },
         janitor: JanitorSettings::default(),
         ingest_memory_bytes: 256 * 1024 * 1024,
+        indexing: webhook_gateway::search::Indexing::Content,
         // Fast checks and short windows, so tests see operational events within a second.
         operational: webhook_gateway::operational::OperationalSettings {
             tick: Duration::from_millis(100),
@@ -656,6 +657,7 @@ pub fn owned_event(
     webhook_gateway::store::events::OwnedEvent {
         source_id: source,
         source_name: source_name.to_owned(),
+        indexing: webhook_gateway::search::Indexing::Content,
         dedupe_key: key.to_owned(),
         event_type: event_type.to_owned(),
         content_type: Some("application/json".to_owned()),

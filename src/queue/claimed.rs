@@ -178,49 +178,63 @@ impl Positions {
 }
 
 /// What a delivery's worker needs of its event, from a caller that has the event in
-/// hand: the lone webhook's leasing statement (`store::events::insert_and_claim_sql`)
-/// returns only the lease's columns (the delivery's and its endpoint's, [`leased_in`]),
-/// not the event's echoed back.
-#[derive(Debug, Clone, Copy)]
+/// hand: the ingest statements that lease (`store::events::insert_and_claim_sql`, the
+/// batch's `insert_batch_and_claim_sql`) return only the lease's columns (the delivery's
+/// and its endpoint's, [`leased_in`]), not the event's echoed back.
+#[derive(Debug, Clone)]
 pub struct EventColumns<'a> {
-    /// The stored event's id.
-    pub event_id: EventId,
     /// Sent as `webhook-event-type`.
     pub event_type: &'a str,
     /// The source's name, as the webhook arrived under it: sent as `webhook-source`.
     pub source_name: &'a str,
     /// The producer's content type.
     pub content_type: Option<&'a str>,
-    /// The body as received (kept with the lease only up to
-    /// [`crate::deliver::bodies::INLINE_BODY_BYTES`], as a claim keeps it).
-    pub payload: &'a [u8],
+    /// The body a lease carries ([`lease_body`]).
+    pub payload: bytes::Bytes,
+    /// The body's size in bytes.
+    pub payload_bytes: i32,
     /// The trace context stored with the event.
     pub traceparent: Option<&'a str>,
     /// The `tracestate` stored with it.
     pub tracestate: Option<&'a str>,
 }
 
-/// The leased deliveries among the rows of a statement that leased deliveries of one
-/// `event` (columns `id`, `endpoint_id`, `attempt`, `attempts_base`, `claim_token`, `url`,
-/// `secret`, `previous_secrets`, `transform`, `event_headers`; a row whose `id` is null
-/// leased nothing), each completed with the event's own columns.
-pub(super) fn leased_in(rows: &[PgRow], event: &EventColumns<'_>) -> Result<Vec<Claimed>, sqlx::Error> {
+/// The body a lease carries of an event's `payload`, as a claim carries it: all of it up
+/// to [`crate::deliver::bodies::INLINE_BODY_BYTES`], else none (the worker reads it when
+/// it has room); `shared` when the caller holds it as `Bytes` (not copied), and its size.
+pub fn lease_body(payload: &[u8], shared: Option<&bytes::Bytes>) -> Result<(bytes::Bytes, i32), sqlx::Error> {
+    let size = i32::try_from(payload.len())
+        .map_err(|_| sqlx::Error::Protocol(format!("a body of {} bytes leased", payload.len())))?;
+    let body = match shared {
+        _ if payload.len() > crate::deliver::bodies::INLINE_BODY_BYTES => bytes::Bytes::new(),
+        Some(shared) => shared.clone(),
+        None => bytes::Bytes::copy_from_slice(payload),
+    };
+    Ok((body, size))
+}
+
+/// The leased deliveries among the rows of a statement that leased deliveries of events
+/// the caller holds (columns `id`, `event_id`, `endpoint_id`, `attempt`, `attempts_base`,
+/// `claim_token`, `url`, `secret`, `previous_secrets`, `transform`, `event_headers`; a
+/// row whose `id` is null leased nothing), each completed with its event's own columns:
+/// `event_of` finds them for a row.
+pub(super) fn leased_in<'e>(
+    rows: &[PgRow],
+    event_of: impl Fn(&PgRow) -> Result<&'e EventColumns<'e>, sqlx::Error>,
+) -> Result<Vec<Claimed>, sqlx::Error> {
     let Some(first) = rows.first() else { return Ok(Vec::new()) };
     let at = |name: &str| first.try_column(name).map(sqlx::Column::ordinal);
-    let (id, endpoint_id, attempt, attempts_base, claim_token) =
-        (at("id")?, at("endpoint_id")?, at("attempt")?, at("attempts_base")?, at("claim_token")?);
+    let (id, event_id, endpoint_id, attempt, attempts_base, claim_token) =
+        (at("id")?, at("event_id")?, at("endpoint_id")?, at("attempt")?, at("attempts_base")?, at("claim_token")?);
     let (url, secret, previous_secrets, transform, event_headers) =
         (at("url")?, at("secret")?, at("previous_secrets")?, at("transform")?, at("event_headers")?);
-    let payload_bytes = i32::try_from(event.payload.len())
-        .map_err(|_| sqlx::Error::Protocol(format!("a body of {} bytes leased", event.payload.len())))?;
-    let inline = event.payload.len() <= crate::deliver::bodies::INLINE_BODY_BYTES;
-    let payload = if inline { bytes::Bytes::copy_from_slice(event.payload) } else { bytes::Bytes::new() };
     let mut leased = Vec::with_capacity(rows.len());
     for row in rows {
         let Some(delivery) = row.try_get::<Option<DeliveryId>, _>(id)? else { continue };
+        let event = event_of(row)?;
         leased.push(Claimed {
             id: delivery,
-            event_id: event.event_id,
+            event_id: row.try_get(event_id)?,
             endpoint_id: row.try_get(endpoint_id)?,
             attempt: row.try_get(attempt)?,
             attempts_base: row.try_get(attempts_base)?,
@@ -232,8 +246,8 @@ pub(super) fn leased_in(rows: &[PgRow], event: &EventColumns<'_>) -> Result<Vec<
             source_name: event.source_name.to_owned(),
             content_type: event.content_type.map(str::to_owned),
             // Shared by the event's leases, as the request body shares it.
-            payload: payload.clone(),
-            payload_bytes,
+            payload: event.payload.clone(),
+            payload_bytes: event.payload_bytes,
             // The leasing statements lease no ordered delivery.
             ordered: false,
             probe_token: None,

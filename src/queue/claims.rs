@@ -366,15 +366,16 @@ pub(crate) fn fresh_claim_of(rows: &[sqlx::postgres::PgRow]) -> Result<FreshClai
     Ok(FreshClaim { took_all: claimed.len() as i64 >= candidates, claimed })
 }
 
-/// [`fresh_claim_of`] for the rows of a statement that leased deliveries of one `event`
-/// and returns only the lease's columns (`crate::store::events::insert_and_claim_sql`):
-/// each lease is completed with the event's own columns ([`EventColumns`]).
-pub(crate) fn fresh_lease_of(
+/// [`fresh_claim_of`] for the rows of a statement that leased deliveries of events the
+/// caller holds and returns only the lease's columns (`crate::store::events`'s leasing
+/// statements): each lease is completed with its event's own columns ([`EventColumns`]),
+/// which `event_of` finds for a row.
+pub(crate) fn fresh_lease_of<'e>(
     rows: &[sqlx::postgres::PgRow],
-    event: &EventColumns<'_>,
+    event_of: impl Fn(&sqlx::postgres::PgRow) -> Result<&'e EventColumns<'e>, sqlx::Error>,
 ) -> Result<FreshClaim, sqlx::Error> {
     let candidates = summary::<i64>(rows, "candidates")?.unwrap_or(0);
-    let claimed = leased_in(rows, event)?;
+    let claimed = leased_in(rows, event_of)?;
     claimed_once(&claimed)?;
     Ok(FreshClaim { took_all: claimed.len() as i64 >= candidates, claimed })
 }

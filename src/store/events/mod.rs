@@ -42,6 +42,26 @@ pub struct NewEvent<'a> {
     pub trace: Option<&'a crate::telemetry::EventTrace>,
 }
 
+impl<'a> NewEvent<'a> {
+    /// What a lease of one of its deliveries carries of it (`crate::queue::EventColumns`),
+    /// its body `shared` when the caller holds it as `Bytes`.
+    pub(crate) fn lease_columns(
+        &self,
+        shared: Option<&bytes::Bytes>,
+    ) -> Result<crate::queue::EventColumns<'a>, sqlx::Error> {
+        let (payload, payload_bytes) = crate::queue::lease_body(self.payload, shared)?;
+        Ok(crate::queue::EventColumns {
+            event_type: self.event_type,
+            source_name: self.source_name,
+            content_type: self.content_type,
+            payload,
+            payload_bytes,
+            traceparent: self.trace.map(|t| t.traceparent.as_str()),
+            tracestate: self.trace.and_then(|t| t.tracestate.as_deref()),
+        })
+    }
+}
+
 /// The result of storing an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
@@ -145,7 +165,7 @@ fn leasing_statement(ctes: &str, answer: &str, transforms: Transforms) -> String
         SELECT a.id AS stored_id, a.duplicate AS stored_duplicate, a.deliveries AS stored_deliveries, c.*,
                cardinality(a.deliveries)::int8 AS candidates
         FROM answer a LEFT JOIN LATERAL (
-            SELECT f.id, f.endpoint_id, f.attempt_count AS attempt, f.attempts_base, f.claim_token,
+            SELECT f.id, f.event_id, f.endpoint_id, f.attempt_count AS attempt, f.attempts_base, f.claim_token,
                    l.url, l.secret, l.previous_secrets, {transform} AS transform, {event_headers} AS event_headers
             FROM fan f JOIN leases l ON l.endpoint_id = f.endpoint_id
             WHERE f.leased AND f.event_id = a.id
@@ -303,16 +323,8 @@ pub async fn insert_and_claim(
                 .fetch_all(pool)
         };
         if let Some((stored, rows)) = lean_first(event.source_id, statements, "stored_", run).await? {
-            let columns = crate::queue::EventColumns {
-                event_id: stored.event_id,
-                event_type: event.event_type,
-                source_name: event.source_name,
-                content_type: event.content_type,
-                payload: event.payload,
-                traceparent: event.trace.map(|t| t.traceparent.as_str()),
-                tracestate: event.trace.and_then(|t| t.tracestate.as_deref()),
-            };
-            return Ok((stored, crate::queue::fresh_lease_of(&rows, &columns)?));
+            let columns = event.lease_columns(None)?;
+            return Ok((stored, crate::queue::fresh_lease_of(&rows, |_| Ok(&columns))?));
         }
         if let Some(twin) = find_twin(pool, event).await? {
             return Ok((twin, crate::queue::FreshClaim { claimed: Vec::new(), took_all: true }));

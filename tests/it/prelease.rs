@@ -678,3 +678,54 @@ async fn a_lease_taken_at_ingest_carries_its_event_as_the_database_holds_it() {
         }
     }
 }
+
+/// Copies of one webhook on the leasing path: its statement answers a copy with no row
+/// (it no longer looks the stored twin up itself), and the copy is answered from a second
+/// lookup. Eight copies racing on their own connections, for a source stored by the lean
+/// statement and one stored by the full one: exactly one is new, every answer names its
+/// event, one delivery exists and it is leased once; a later copy is a duplicate too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn copies_racing_on_the_leasing_path_store_one_event_and_lease_it_once() {
+    use webhook_gateway::store::events::{ClaimTerms, insert_and_claim};
+    let app = TestApp::ingest_only().await;
+    let pool = &app.db.pool;
+    app.source_none("shop").await;
+    app.source_none("shaped").await;
+    app.endpoint_for("http://127.0.0.1:9/plain", Some("shop")).await;
+    let shaped = json!({"source": "shaped", "transform": "function handler(w) { return w; }"});
+    app.endpoint_with("http://127.0.0.1:9/shaped", shaped).await;
+    let terms = ClaimTerms { limit: 8, lease: Duration::from_secs(300), default_max_in_flight: 100 };
+    let headers = json!({});
+    for source in ["shop", "shaped"] {
+        let key = format!("copy-{source}");
+        let mut event = shop_event(pool, &key, &headers).await;
+        (event.source_id, event.source_name) = (source_id(pool, source).await, source);
+        let racing = (0..8).map(|_| insert_and_claim(pool, &event, terms));
+        let answers: Vec<_> = futures_util::future::join_all(racing)
+            .await
+            .into_iter()
+            .map(|answer| answer.expect("stored or found"))
+            .collect();
+        let new: Vec<_> = answers.iter().filter(|(stored, _)| !stored.duplicate).collect();
+        assert_eq!(new.len(), 1, "{source}: exactly one copy is new");
+        let (original, fresh) = new[0];
+        assert_eq!((original.deliveries.len(), fresh.claimed.len()), (1, 1), "{source}: its delivery leased");
+        for (stored, fresh) in &answers {
+            assert_eq!(stored.event_id, original.event_id, "{source}: every copy names the event");
+            if stored.duplicate {
+                assert!(stored.deliveries.is_empty() && fresh.claimed.is_empty(), "{source}: a copy leases nothing");
+            }
+        }
+        let (later, fresh) = insert_and_claim(pool, &event, terms).await.expect("a later copy");
+        assert!(later.duplicate && later.event_id == original.event_id && fresh.claimed.is_empty(), "{source}");
+        let (events, deliveries, leased): (i64, i64, i64) = sqlx::query_as(
+            "SELECT count(DISTINCT e.id), count(d.id), count(d.id) FILTER (WHERE d.leased_until IS NOT NULL)
+             FROM events e LEFT JOIN deliveries d ON d.event_id = e.id WHERE e.dedupe_key = $1",
+        )
+        .bind(&key)
+        .fetch_one(pool)
+        .await
+        .expect("counts");
+        assert_eq!((events, deliveries, leased), (1, 1, 1), "{source}");
+    }
+}

@@ -68,14 +68,13 @@ fn lean_ctes(fanout: &str) -> String {
     )
 }
 
-/// The lean statement's answer: the full statement's, and a row whose id is null when
-/// the source needs the full fan-out (then nothing was stored).
-fn lean_answer() -> String {
+/// The lean statement's answer: `answer` (the full statement's), and a row whose id is
+/// null when the source needs the full fan-out (then nothing was stored).
+fn lean_answer(answer: &str) -> String {
     format!(
-        "{}
+        "{answer}
         UNION ALL
-        SELECT NULL::uuid, false, '{{}}'::uuid[] FROM full_fanout WHERE full_fanout.needed",
-        super::INSERT_ANSWER
+        SELECT NULL::uuid, false, '{{}}'::uuid[] FROM full_fanout WHERE full_fanout.needed"
     )
 }
 
@@ -83,15 +82,17 @@ fn lean_answer() -> String {
 /// that says the source needs the full fan-out): public so the benchmark's pgbench runs
 /// exactly what the gateway runs for the bench's source.
 pub fn insert_sql() -> &'static str {
-    static SQL: LazyLock<String> = LazyLock::new(|| format!("{}\n        {}", lean_ctes(FANOUT_LEAN), lean_answer()));
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("{}\n        {}", lean_ctes(FANOUT_LEAN), lean_answer(super::INSERT_ANSWER)));
     &SQL
 }
 
 /// The lean form of [`super::insert_and_claim_sql`] (its parameters and answer; a null
 /// `stored_id` says the source needs the full fan-out).
 pub fn insert_and_claim_sql() -> &'static str {
-    static SQL: LazyLock<String> =
-        LazyLock::new(|| super::leasing_statement(&lean_ctes(FANOUT_LEAN_LEASED), &lean_answer(), Transforms::None));
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        super::leasing_statement(&lean_ctes(FANOUT_LEAN_LEASED), &lean_answer(super::LEASING_ANSWER), Transforms::None)
+    });
     &SQL
 }
 

@@ -592,6 +592,26 @@ async fn a_leasing_statement_whose_requester_stops_waiting_still_hands_its_lease
     );
 }
 
+/// The transformation [`plain_and_shaped`]'s `shaped` subscription runs.
+const SHAPING: &str = "function handler(w) { return w; }";
+
+/// An ingest-only gateway with two sources, each subscribed by one endpoint: `shop`'s
+/// plainly (stored by the lean statement), `shaped`'s with a transformation (the full
+/// one); and terms that let a leasing statement lease what it creates.
+async fn plain_and_shaped() -> (TestApp, webhook_gateway::store::events::ClaimTerms) {
+    let app = TestApp::ingest_only().await;
+    app.source_none("shop").await;
+    app.source_none("shaped").await;
+    app.endpoint_for("http://127.0.0.1:9/plain", Some("shop")).await;
+    app.endpoint_with("http://127.0.0.1:9/shaped", json!({"source": "shaped", "transform": SHAPING})).await;
+    let terms = webhook_gateway::store::events::ClaimTerms {
+        limit: 8,
+        lease: Duration::from_secs(300),
+        default_max_in_flight: 100,
+    };
+    (app, terms)
+}
+
 /// A lease taken by the statement that stores its webhook carries the event as a claim
 /// would read it from the database. The statement returns only the delivery's and the
 /// endpoint's columns; the event's own (type, source name, content type, body, trace
@@ -602,15 +622,9 @@ async fn a_leasing_statement_whose_requester_stops_waiting_still_hands_its_lease
 #[tokio::test]
 async fn a_lease_taken_at_ingest_carries_its_event_as_the_database_holds_it() {
     use webhook_gateway::deliver::bodies::INLINE_BODY_BYTES;
-    use webhook_gateway::store::events::{ClaimTerms, NewEvent, insert_and_claim};
-    let app = TestApp::ingest_only().await;
+    use webhook_gateway::store::events::{NewEvent, insert_and_claim};
+    let (app, terms) = plain_and_shaped().await;
     let pool = &app.db.pool;
-    app.source_none("shop").await;
-    app.source_none("shaped").await;
-    app.endpoint_for("http://127.0.0.1:9/plain", Some("shop")).await;
-    let transform = "function handler(w) { return w; }";
-    app.endpoint_with("http://127.0.0.1:9/shaped", json!({"source": "shaped", "transform": transform})).await;
-    let terms = ClaimTerms { limit: 8, lease: Duration::from_secs(300), default_max_in_flight: 100 };
     let trace = webhook_gateway::telemetry::EventTrace {
         traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
         tracestate: Some("vendor=1".into()),
@@ -667,7 +681,7 @@ async fn a_lease_taken_at_ingest_carries_its_event_as_the_database_holds_it() {
             assert_eq!(job.traceparent.is_some(), traced, "{key}");
             assert_eq!((job.attempt, job.claim_token, &job.url), (attempt, token, &url), "{key}");
             assert!(!job.ordered && job.probe_token.is_none(), "{key}");
-            assert_eq!(job.transform.as_deref(), transformed.then_some(transform), "{key}");
+            assert_eq!(job.transform.as_deref(), transformed.then_some(SHAPING), "{key}");
             let stored_headers =
                 job.event_headers.as_deref().map(|h| serde_json::from_str::<serde_json::Value>(h).expect("JSON"));
             assert_eq!(
@@ -686,15 +700,9 @@ async fn a_lease_taken_at_ingest_carries_its_event_as_the_database_holds_it() {
 /// event, one delivery exists and it is leased once; a later copy is a duplicate too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn copies_racing_on_the_leasing_path_store_one_event_and_lease_it_once() {
-    use webhook_gateway::store::events::{ClaimTerms, insert_and_claim};
-    let app = TestApp::ingest_only().await;
+    use webhook_gateway::store::events::insert_and_claim;
+    let (app, terms) = plain_and_shaped().await;
     let pool = &app.db.pool;
-    app.source_none("shop").await;
-    app.source_none("shaped").await;
-    app.endpoint_for("http://127.0.0.1:9/plain", Some("shop")).await;
-    let shaped = json!({"source": "shaped", "transform": "function handler(w) { return w; }"});
-    app.endpoint_with("http://127.0.0.1:9/shaped", shaped).await;
-    let terms = ClaimTerms { limit: 8, lease: Duration::from_secs(300), default_max_in_flight: 100 };
     let headers = json!({});
     for source in ["shop", "shaped"] {
         let key = format!("copy-{source}");

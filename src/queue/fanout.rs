@@ -206,7 +206,8 @@ macro_rules! fan_insert_leased {
 }
 
 /// The insert of the deliveries `$from` lists (as [`fan_pending`]) where each unordered
-/// one whose endpoint `wg_lease_room_v1` grants room (migration 0028: the endpoint row
+/// one whose endpoint `wg_lease_room_v3` grants room (migration 0031, `v1`'s of 0028 without
+/// the rate tokens' update where no endpoint locked has a rate limit: the endpoint row
 /// locked, its in-flight count read after the lock, its rate token paid) is inserted
 /// already leased ([`fan_insert_leased`]; `$11` most leases, `$12` lease in seconds,
 /// `$13` default max in flight). An event has one delivery per endpoint, so one lease
@@ -218,7 +219,7 @@ macro_rules! fan_leased {
         concat!(
             ", leases AS MATERIALIZED (
             SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets
-            FROM wg_lease_room_v1(ARRAY(SELECT n.endpoint_id FROM numbered n WHERE n.ordering_key IS NULL),
+            FROM wg_lease_room_v3(ARRAY(SELECT n.endpoint_id FROM numbered n WHERE n.ordering_key IS NULL),
                                   $11, $13) r
         )",
             fan_insert_leased!($from, "l.endpoint_id = n.endpoint_id AND n.ordering_key IS NULL", "$12")

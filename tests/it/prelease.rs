@@ -335,7 +335,7 @@ async fn a_refused_leasing_statement_falls_back_to_the_plain_write() {
     app.source_none("shop").await;
     app.endpoint_for(&sink.url("/"), Some("shop")).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    sqlx::query("DROP FUNCTION wg_lease_room_v1").execute(&app.db.pool).await.expect("drop");
+    sqlx::query("DROP FUNCTION wg_lease_room_v3").execute(&app.db.pool).await.expect("drop");
     let (status, body) = app.ingest("shop", "refused-1", "order.created", "{}").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["duplicate"], false, "stored once, by the plain write: {body}");

@@ -401,7 +401,7 @@ mod tests {
     fn the_leasing_batch_statement_is_the_plain_one_with_leases() {
         let (plain, leasing) = (insert_batch_sql(), insert_batch_and_claim_sql());
         assert!(!plain.contains("wg_lease_room"), "{plain}");
-        assert!(leasing.contains("wg_lease_room_v2(") && !leasing.contains("wg_lease_room_v1"), "{leasing}");
+        assert!(leasing.contains("wg_lease_room_v2(") && !leasing.contains("wg_lease_room_v3"), "{leasing}");
         for param in ["$14", "$15", "$16"] {
             assert!(!plain.contains(param) && leasing.contains(param), "{param}");
         }

@@ -125,7 +125,7 @@ const LEASING_ANSWER: &str = "SELECT id, false AS duplicate, ARRAY(SELECT id FRO
 /// `candidates`: the deliveries it created.
 ///
 /// The deliveries are inserted leased ([`FANOUT_LEASED`]: room granted by
-/// `wg_lease_room_v1`, migration 0028, with the endpoint locks, in-flight count, rate
+/// `wg_lease_room_v3`, migrations 0028 and 0031, with the endpoint locks, in-flight count, rate
 /// tokens and fencing token of any claim). The statement returns what only the database
 /// knows (the delivery's and the granted endpoint's columns); the event's own columns
 /// are the caller's (`crate::queue::EventColumns`): echoed back, with a lookup of the

@@ -206,14 +206,14 @@ macro_rules! fan_insert_leased {
 }
 
 /// The insert of the deliveries `$from` lists (as [`fan_pending`]) where each unordered
-/// one whose endpoint `wg_lease_room_v3` grants room (migration 0031, `v1`'s of 0028 without
-/// the rate tokens' update where no endpoint locked has a rate limit: the endpoint row
-/// locked, its in-flight count read after the lock, its rate token paid) is inserted
-/// already leased ([`fan_insert_leased`]; `$11` most leases, `$12` lease in seconds,
-/// `$13` default max in flight). An event has one delivery per endpoint, so one lease
-/// per endpoint is all it can take. `leases` is what the worker needs of each endpoint
-/// granted. The endpoints go to the function in any order: it locks them in id order
-/// itself (a sort here was a plan node set up at every execution).
+/// one whose endpoint `wg_lease_room_v3` grants room (migration 0031: `v1`'s of 0028,
+/// without the rate tokens' update where no endpoint locked has a rate limit; the
+/// endpoint row locked, its in-flight count read after the lock, its rate token paid) is
+/// inserted already leased ([`fan_insert_leased`]; `$11` most leases, `$12` lease in
+/// seconds, `$13` default max in flight). An event has one delivery per endpoint, so one
+/// lease per endpoint is all it can take. `leases` is what the worker needs of each
+/// endpoint granted. The endpoints go to the function in any order: it locks them in id
+/// order itself (a sort here was a plan node set up at every execution).
 macro_rules! fan_leased {
     ($from:literal) => {
         concat!(

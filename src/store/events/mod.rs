@@ -21,7 +21,8 @@ pub use read::*;
 pub struct NewEvent<'a> {
     /// Source it arrived on.
     pub source_id: SourceId,
-    /// That source's name, as the webhook arrived under it (its deliveries' `webhook-source`).
+    /// That source's name, as the webhook arrived under it (its deliveries'
+    /// `webhook-source`).
     pub source_name: &'a str,
     /// What of it is indexed for searches (`--content-search`).
     pub indexing: crate::search::Indexing,
@@ -120,17 +121,17 @@ const LEASING_ANSWER: &str = "SELECT id, false AS duplicate, ARRAY(SELECT id FRO
 
 /// The ingest statement that also leases the deliveries it creates ([`insert_and_claim`];
 /// `$11` most leases, `$12` lease in seconds, `$13` default max in flight): the answer's
-/// columns renamed `stored_*`, then the lease's columns (read by `crate::queue::fresh_lease_of`),
-/// one row per delivery leased (or one whose lease columns are null when none was), and
-/// `candidates`: the deliveries it created.
+/// columns renamed `stored_*`, then the lease's columns (read by
+/// `crate::queue::fresh_lease_of`), one row per delivery leased (or one whose lease
+/// columns are null when none was), and `candidates`: the deliveries it created.
 ///
 /// The deliveries are inserted leased ([`FANOUT_LEASED`]: room granted by
-/// `wg_lease_room_v3`, migrations 0028 and 0031, with the endpoint locks, in-flight count, rate
-/// tokens and fencing token of any claim). The statement returns what only the database
-/// knows (the delivery's and the granted endpoint's columns); the event's own columns
-/// are the caller's (`crate::queue::EventColumns`): echoed back, with a lookup of the
-/// source's name, they were about 70,000 of the statement's 1,320,000 instructions
-/// (bench row 18) and the body crossed the socket twice.
+/// `wg_lease_room_v3`, migrations 0028 and 0031, with the endpoint locks, in-flight
+/// count, rate tokens and fencing token of any claim). The statement returns what only
+/// the database knows (the delivery's and the granted endpoint's columns); the event's
+/// own columns are the caller's (`crate::queue::EventColumns`): echoed back, with a
+/// lookup of the source's name, they were about 70,000 of the statement's 1,320,000
+/// instructions (bench row 18) and the body crossed the socket twice.
 pub fn insert_and_claim_sql() -> &'static str {
     static SQL: LazyLock<String> =
         LazyLock::new(|| leasing_statement(&insert_ctes(FANOUT_LEASED), LEASING_ANSWER, Transforms::Read));

@@ -104,7 +104,6 @@ async fn publish_traced(
     let stored = state
         .intake
         .accept(
-            &source.name,
             OwnedEvent {
                 source_id: source.id,
                 source_name: source.name.clone(),

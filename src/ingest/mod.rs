@@ -155,18 +155,16 @@ impl Intake {
             ordering_key: verified.ordering_key,
             trace: crate::telemetry::EventTrace::for_request(headers),
         };
-        let stored = self.accept(&source.name, event, deadline).await.map_err(Refused::Store)?;
+        let stored = self.accept(event, deadline).await.map_err(Refused::Store)?;
         Ok(Received::Stored(stored))
     }
 
     /// Store an accepted event with its fan-out by `deadline`, and wake this process's
-    /// workers when it created deliveries. Shared by webhooks and `POST /v1/events`.
-    pub async fn accept(
-        &self,
-        source_name: &str,
-        mut event: OwnedEvent,
-        deadline: Instant,
-    ) -> Result<Stored, StoreError> {
+    /// workers when it created deliveries; counted under the event's source. Shared by
+    /// webhooks and `POST /v1/events`.
+    pub async fn accept(&self, mut event: OwnedEvent, deadline: Instant) -> Result<Stored, StoreError> {
+        // The event goes to the writer; its source's name stays for the count.
+        let source_name = event.source_name.clone();
         let producer = crate::telemetry::step("store");
         // With tracing on, the deliveries' attempts link to the producer span.
         if let Some(trace) = crate::telemetry::EventTrace::of_span(&producer) {
@@ -179,7 +177,7 @@ impl Intake {
                 None => self.wake.notify_one(),
             }
         }
-        crate::metrics::ingest(source_name, if stored.duplicate { "duplicate" } else { "accepted" });
+        crate::metrics::ingest(&source_name, if stored.duplicate { "duplicate" } else { "accepted" });
         Ok(stored)
     }
 }

@@ -288,22 +288,25 @@ pub const NEEDS_FULL_FANOUT: &str = concat!(
 /// transformation to pick; one delivery per endpoint subscribed to the source and event
 /// type. About a fifth of the single ingest statement's instructions less than the full
 /// fan-out, nearly all of it the set-up of the plan nodes that serve what it leaves out
-/// (bench row 18).
+/// (bench row 18). An endpoint subscribed twice is listed twice here: the insert's
+/// `ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING` keeps one delivery, where a
+/// `DISTINCT` cost a sort set up at every execution for a case that is rare (about
+/// 17,000 instructions a webhook, bench row 18;
+/// `prelease::an_endpoint_subscribed_twice_is_delivered_and_leased_once`).
 macro_rules! fanout_lean_numbered {
     () => {
         concat!(
             "
         numbered AS (
-            SELECT t.event_id, t.endpoint_id, NULL::text AS ordering_key, NULL::int8 AS line_seq,
+            SELECT ev.id AS event_id, s.endpoint_id, NULL::text AS ordering_key, NULL::int8 AS line_seq,
                    NULL::uuid AS head_id, false AS blocks_on_dead, NULL::uuid AS transform_by,
                    wg_uuid_v7() AS delivery_id
-            FROM (SELECT DISTINCT ev.id AS event_id, s.endpoint_id
-                  FROM ev JOIN subscriptions s ON ",
+            FROM ev JOIN subscriptions s ON ",
             takes_source!("s", "ev.source_id"),
             "
-                  WHERE ",
+            WHERE ",
             takes_type!("s", "ev.event_type"),
-            ") t
+            "
         )"
         )
     };

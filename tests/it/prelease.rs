@@ -737,3 +737,34 @@ async fn copies_racing_on_the_leasing_path_store_one_event_and_lease_it_once() {
         assert_eq!((events, deliveries, leased), (1, 1, 1), "{source}");
     }
 }
+
+/// An endpoint subscribed twice to a source gets one delivery of each webhook, leased
+/// once, from the lean leasing statement: its fan-out lists the endpoint once per
+/// subscription and leaves the second to `deliveries_once` (`ON CONFLICT DO NOTHING`)
+/// instead of sorting the pairs to drop it. The answer names the one delivery, and it
+/// took every candidate.
+#[tokio::test]
+async fn an_endpoint_subscribed_twice_is_delivered_and_leased_once() {
+    use webhook_gateway::store::events::insert_and_claim;
+    let (app, terms) = plain_and_shaped().await;
+    let pool = &app.db.pool;
+    let twice = app.endpoint_for("http://127.0.0.1:9/twice", Some("shop")).await;
+    let again = json!({"endpoint_id": twice, "source": "shop", "event_types": ["order.*"]});
+    app.admin_post("/v1/subscriptions", again, 201).await;
+    let headers = json!({});
+    let event = shop_event(pool, "twice-1", &headers).await;
+    let (stored, fresh) = insert_and_claim(pool, &event, terms).await.expect("stored");
+    assert_eq!(stored.deliveries.len(), 2, "the plain endpoint and the one subscribed twice: {stored:?}");
+    assert_eq!(fresh.claimed.len(), 2, "each leased");
+    assert!(fresh.took_all, "every candidate leased");
+    let (deliveries, leased): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE leased_until IS NOT NULL) FROM deliveries
+         WHERE event_id = $1 AND endpoint_id = $2::uuid",
+    )
+    .bind(stored.event_id)
+    .bind(&twice)
+    .fetch_one(pool)
+    .await
+    .expect("counts");
+    assert_eq!((deliveries, leased), (1, 1), "one delivery to the endpoint subscribed twice, leased once");
+}

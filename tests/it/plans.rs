@@ -464,6 +464,25 @@ async fn ingest_cost(conn: &mut sqlx::PgConnection, args: &str) -> (Cost, Value)
     (top_cost(&explain, buffers), explain)
 }
 
+/// The parameter types of the single-event ingest statement
+/// ([`webhook_gateway::store::events::insert_sql`]) ...
+const SINGLE_TYPES: &str = "uuid, text, text, text, jsonb, bytea, text, text, text, int8[]";
+
+/// ... and of the one that leases ([`webhook_gateway::store::events::insert_and_claim_sql`]).
+const LEASING_TYPES: &str = "uuid, text, text, text, jsonb, bytea, text, text, text, int8[], int8, float8, int4";
+
+/// Subscribe `endpoint` to the built-in source `api`: its id.
+async fn subscribe_to_api(pool: &Pool, endpoint: Uuid) -> Uuid {
+    let source: Uuid = sqlx::query_scalar("SELECT id FROM sources WHERE name = 'api'").fetch_one(pool).await.unwrap();
+    sqlx::query("INSERT INTO subscriptions (endpoint_id, source_id) VALUES ($1, $2)")
+        .bind(endpoint)
+        .bind(source)
+        .execute(pool)
+        .await
+        .unwrap();
+    source
+}
+
 /// The arguments of the batch ingest statement for two new events (their keys end in
 /// `round`) and a copy of the stored event `dup`, from `source`.
 fn batch_args(source: Uuid, round: usize) -> String {
@@ -525,47 +544,16 @@ async fn ingest_costs_the_same_at_any_table_size_with_a_plan_built_on_an_empty_d
             batch_args,
             3,
         ),
-        (
-            "one duplicate",
-            insert_sql(),
-            "uuid, text, text, text, jsonb, bytea, text, text, text, int8[]",
-            single_args,
-            1,
-        ),
-        (
-            "one new webhook, its delivery leased",
-            insert_and_claim_sql(),
-            "uuid, text, text, text, jsonb, bytea, text, text, text, int8[], int8, float8, int4",
-            leasing_args,
-            1,
-        ),
-        (
-            "one duplicate, lean",
-            lean::insert_sql(),
-            "uuid, text, text, text, jsonb, bytea, text, text, text, int8[]",
-            single_args,
-            1,
-        ),
-        (
-            "one new webhook, lean, its delivery leased",
-            lean::insert_and_claim_sql(),
-            "uuid, text, text, text, jsonb, bytea, text, text, text, int8[], int8, float8, int4",
-            leasing_args,
-            1,
-        ),
+        ("one duplicate", insert_sql(), SINGLE_TYPES, single_args, 1),
+        ("one new webhook, its delivery leased", insert_and_claim_sql(), LEASING_TYPES, leasing_args, 1),
+        ("one duplicate, lean", lean::insert_sql(), SINGLE_TYPES, single_args, 1),
+        ("one new webhook, lean, its delivery leased", lean::insert_and_claim_sql(), LEASING_TYPES, leasing_args, 1),
     ];
     for (what, sql, types, args, answers) in statements {
         for mode in MODES {
             let (db, endpoint, mut conn) = unanalyzed_queue().await;
             let pool = &db.pool;
-            let source: Uuid =
-                sqlx::query_scalar("SELECT id FROM sources WHERE name = 'api'").fetch_one(pool).await.unwrap();
-            sqlx::query("INSERT INTO subscriptions (endpoint_id, source_id) VALUES ($1, $2)")
-                .bind(endpoint)
-                .bind(source)
-                .execute(pool)
-                .await
-                .unwrap();
+            let source = subscribe_to_api(pool, endpoint).await;
             sqlx::query(
                 "INSERT INTO events (source_id, dedupe_key, event_type, headers, payload)
                  VALUES ($1, 'dup', 't', '{}', convert_to('{}', 'UTF8'))",
@@ -761,8 +749,7 @@ fn node_types(plan: &Value, out: &mut Vec<String>) {
 async fn leasing_plan_nodes(conn: &mut sqlx::PgConnection, sql: &str, source: Uuid, mode: &str) -> Vec<String> {
     sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
     sqlx::query(&format!("SET LOCAL plan_cache_mode = {mode}")).execute(&mut *conn).await.unwrap();
-    let types = "uuid, text, text, text, jsonb, bytea, text, text, text, int8[], int8, float8, int4";
-    let (plan, _) = explain_prepared(conn, sql, types, &leasing_args(source, 0)).await;
+    let (plan, _) = explain_prepared(conn, sql, LEASING_TYPES, &leasing_args(source, 0)).await;
     sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
     let mut nodes = Vec::new();
     node_types(&plan[0]["Plan"], &mut nodes);
@@ -785,13 +772,7 @@ async fn a_lone_webhook_s_leasing_statement_builds_no_hash_table() {
     use webhook_gateway::store::events::{insert_and_claim_sql, lean};
     let (db, endpoint, mut conn) = unanalyzed_queue().await;
     let pool = &db.pool;
-    let source: Uuid = sqlx::query_scalar("SELECT id FROM sources WHERE name = 'api'").fetch_one(pool).await.unwrap();
-    sqlx::query("INSERT INTO subscriptions (endpoint_id, source_id) VALUES ($1, $2)")
-        .bind(endpoint)
-        .bind(source)
-        .execute(pool)
-        .await
-        .unwrap();
+    let source = subscribe_to_api(pool, endpoint).await;
     let built = |nodes: &[String]| {
         nodes.iter().filter(|n| matches!(n.as_str(), "Hash" | "Hash Join" | "Materialize")).cloned().collect::<Vec<_>>()
     };

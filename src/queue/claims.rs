@@ -359,9 +359,14 @@ pub async fn claim_fresh(
 /// columns beside others: the ingest statement that claims, `crate::store::events`).
 /// Refused when it broke [`crate::invariants::CLAIMED_ONCE`].
 pub(crate) fn fresh_claim_of(rows: &[sqlx::postgres::PgRow]) -> Result<FreshClaim, sqlx::Error> {
-    // Null where the function was not called (nothing to claim).
+    fresh_of(rows, claimed_in(rows)?)
+}
+
+/// The [`FreshClaim`] of `claimed`, read from `rows` (whose `candidates` column says how
+/// many deliveries there were to take: null where nothing was), once checked against
+/// [`crate::invariants::CLAIMED_ONCE`].
+fn fresh_of(rows: &[sqlx::postgres::PgRow], claimed: Vec<Claimed>) -> Result<FreshClaim, sqlx::Error> {
     let candidates = summary::<i64>(rows, "candidates")?.unwrap_or(0);
-    let claimed = claimed_in(rows)?;
     claimed_once(&claimed)?;
     Ok(FreshClaim { took_all: claimed.len() as i64 >= candidates, claimed })
 }
@@ -374,10 +379,7 @@ pub(crate) fn fresh_lease_of<'e>(
     rows: &[sqlx::postgres::PgRow],
     event_of: impl Fn(&sqlx::postgres::PgRow) -> Result<&'e EventColumns<'e>, sqlx::Error>,
 ) -> Result<FreshClaim, sqlx::Error> {
-    let candidates = summary::<i64>(rows, "candidates")?.unwrap_or(0);
-    let claimed = leased_in(rows, event_of)?;
-    claimed_once(&claimed)?;
-    Ok(FreshClaim { took_all: claimed.len() as i64 >= candidates, claimed })
+    fresh_of(rows, leased_in(rows, event_of)?)
 }
 
 /// The function that claims fresh deliveries ([`claim_fresh`]); a new version of it gets

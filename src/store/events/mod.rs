@@ -102,22 +102,34 @@ fn insert_ctes(fanout: &str) -> String {
     )
 }
 
-/// The ingest statement's answer: the new event with its deliveries, or the stored twin.
-///
-/// The duplicate branch usually answers in the same round trip. It reads the statement's
-/// snapshot, so a twin committed after our statement began is invisible there (ON
-/// CONFLICT still saw it): then zero rows come back and we look again.
-const INSERT_ANSWER: &str = "SELECT id, false AS duplicate, ARRAY(SELECT id FROM fan) AS deliveries FROM ev
-        UNION ALL
-        SELECT id, true, '{}'::uuid[] FROM events
-        WHERE source_id = $1 AND dedupe_key = $2 AND NOT EXISTS (SELECT 1 FROM ev)";
+/// The answer's row for a new event: its id and the deliveries `fan` created (a literal,
+/// so that [`LEASING_ANSWER`] and [`INSERT_ANSWER`] are built from one text).
+macro_rules! new_event_answer {
+    () => {
+        "SELECT id, false AS duplicate, ARRAY(SELECT id FROM fan) AS deliveries FROM ev"
+    };
+}
 
 /// The leasing statements' answer: the new event with its deliveries, and no row for a
 /// duplicate. [`INSERT_ANSWER`]'s lookup of the stored twin is a plan node set up at every
 /// execution (about 30,000 instructions, bench row 18) for the few webhooks that are
 /// copies; on this path a copy finds its twin with a second statement instead
 /// ([`find_twin`], as for a twin committed after the statement's snapshot).
-const LEASING_ANSWER: &str = "SELECT id, false AS duplicate, ARRAY(SELECT id FROM fan) AS deliveries FROM ev";
+const LEASING_ANSWER: &str = new_event_answer!();
+
+/// The ingest statement's answer: the new event with its deliveries ([`LEASING_ANSWER`]'s
+/// row), or the stored twin.
+///
+/// The duplicate branch usually answers in the same round trip. It reads the statement's
+/// snapshot, so a twin committed after our statement began is invisible there (ON
+/// CONFLICT still saw it): then zero rows come back and we look again.
+const INSERT_ANSWER: &str = concat!(
+    new_event_answer!(),
+    "
+        UNION ALL
+        SELECT id, true, '{}'::uuid[] FROM events
+        WHERE source_id = $1 AND dedupe_key = $2 AND NOT EXISTS (SELECT 1 FROM ev)"
+);
 
 /// The ingest statement that also leases the deliveries it creates ([`insert_and_claim`];
 /// `$11` most leases, `$12` lease in seconds, `$13` default max in flight): the answer's

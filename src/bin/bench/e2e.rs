@@ -55,6 +55,9 @@ struct Step {
     /// Context switches over the load's window per accepted webhook: the gateway's
     /// threads, and PostgreSQL's live processes (local cluster only).
     switches: (Option<f64>, Option<f64>),
+    /// PostgreSQL's cores over the load's window by process kind (local cluster only),
+    /// largest first.
+    pg_split: Vec<(&'static str, f64)>,
 }
 
 impl Step {
@@ -102,8 +105,15 @@ impl Step {
             (Some(gw), None) => format!("; context switches per webhook: gateway {gw:.1}"),
             _ => String::new(),
         };
+        let split = self
+            .pg_split
+            .iter()
+            .filter(|(_, secs)| *secs > 0.0)
+            .map(|(kind, cores)| format!("{kind} {:.0} µs", us(*cores)))
+            .collect::<Vec<_>>();
+        let split = if split.is_empty() { String::new() } else { format!(" (by process: {})", split.join(", ")) };
         Some(format!(
-            "server CPU per webhook, ingest and delivery: gateway {:.0} µs + PostgreSQL {:.0} µs{transactions}{wal}{switches}",
+            "server CPU per webhook, ingest and delivery: gateway {:.0} µs + PostgreSQL {:.0} µs{split}{transactions}{wal}{switches}",
             us(self.cpu.gateway?),
             us(self.cpu.postgres?)
         ))
@@ -418,6 +428,7 @@ async fn offer(
     let plan = loadgen::OpenLoop { addr: gw.addr, conns, rate: rate as f64, warmup, measure, first_seq: base };
     // The CPU window is the load's: ingest and the delivery that keeps pace with it.
     let mark = CpuMark::now(Some(gw.pid), postmaster);
+    let processes_before = postmaster.map(stats::PgProcesses::now);
     let switches_before = (stats::context_switches(gw.pid), postmaster.map(stats::children_context_switches));
     // Backends report their counts at most once a second: over a window of 10 s or more
     // the edges roughly cancel.
@@ -426,6 +437,11 @@ async fn offer(
     let lsn_before = if wal_by_relation == WalByRelation::Read { pg::wal::lsn(pool).await } else { None };
     let mut out = loadgen::open_loop(plan, make, on_due).await;
     let cpu = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
+    let window = mark.elapsed().as_secs_f64().max(1e-6);
+    let pg_split = processes_before
+        .zip(postmaster.map(stats::PgProcesses::now))
+        .map(|(before, after)| before.split(&after).into_iter().map(|(kind, secs)| (kind, secs / window)).collect())
+        .unwrap_or_default();
     let switches_after = (stats::context_switches(gw.pid), postmaster.map(stats::children_context_switches));
     let transactions_after = pg::transactions(pool).await.ok();
     let wal_after = pg::wal(pool).await.ok();
@@ -468,6 +484,7 @@ async fn offer(
         ),
         failures: out.failure_note(),
         cpu,
+        pg_split,
     };
     // Start the next rate on an empty queue.
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -142,6 +142,70 @@ fn live_children_ticks(parent: u32) -> u64 {
     live_children(parent).iter().map(|(_, f)| f[11] + f[12]).sum()
 }
 
+/// The kinds of a PostgreSQL cluster's auxiliary processes, as their titles name them; a
+/// child whose title names none is a client backend.
+const PG_PROCESS_KINDS: [&str; 9] = [
+    "walwriter",
+    "checkpointer",
+    "background writer",
+    "autovacuum launcher",
+    "autovacuum worker",
+    "logical replication launcher",
+    "walsender",
+    "archiver",
+    "stats collector",
+];
+
+/// The kind of a PostgreSQL child process, read from the title it sets (`/proc/PID/cmdline`,
+/// `postgres: walwriter`; a backend's is `postgres: user db host state`).
+fn pg_process_kind(pid: u32) -> &'static str {
+    let title = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let title = String::from_utf8_lossy(&title);
+    PG_PROCESS_KINDS.into_iter().find(|kind| title.contains(kind)).unwrap_or("backends")
+}
+
+/// Where a PostgreSQL cluster's CPU went, process kind by process kind: a snapshot to diff
+/// against a later one ([`PgProcesses::split`]). The whole-cluster figure
+/// ([`cluster_cpu`]) says how much; this says whether it was the statements' backends or
+/// the cluster's own upkeep (WAL writer, checkpointer, autovacuum).
+#[derive(Debug, Clone, Default)]
+pub struct PgProcesses {
+    /// The postmaster's own ticks and those of its reaped children (an autovacuum worker
+    /// or a backend that exited).
+    postmaster_and_exited: u64,
+    /// Each live child's kind and ticks.
+    live: std::collections::HashMap<u32, (&'static str, u64)>,
+}
+
+impl PgProcesses {
+    /// The cluster of `postmaster` now (empty when it is not a local process we can see).
+    pub fn now(postmaster: u32) -> PgProcesses {
+        let Some(own) = stat_fields(postmaster) else { return PgProcesses::default() };
+        let live = live_children(postmaster)
+            .into_iter()
+            .map(|(pid, f)| (pid, (pg_process_kind(pid), f[11] + f[12])))
+            .collect();
+        PgProcesses { postmaster_and_exited: own[11] + own[12] + own[13] + own[14], live }
+    }
+
+    /// CPU seconds by process kind between `self` and `later`, largest first. A child
+    /// that started in between counts whole; one that exited in between is in
+    /// "postmaster and exited processes", which holds its whole life's CPU (an
+    /// autovacuum worker's, mostly).
+    pub fn split(&self, later: &PgProcesses) -> Vec<(&'static str, f64)> {
+        let mut by_kind: std::collections::BTreeMap<&'static str, u64> = Default::default();
+        for (pid, (kind, ticks)) in &later.live {
+            let before = self.live.get(pid).filter(|(k, _)| k == kind).map_or(0, |(_, t)| *t);
+            *by_kind.entry(kind).or_default() += ticks.saturating_sub(before);
+        }
+        let exited = later.postmaster_and_exited.saturating_sub(self.postmaster_and_exited);
+        *by_kind.entry("postmaster and exited processes").or_default() += exited;
+        let mut split: Vec<_> = by_kind.into_iter().map(|(kind, t)| (kind, t as f64 / clock_ticks())).collect();
+        split.sort_by(|a, b| b.1.total_cmp(&a.1));
+        split
+    }
+}
+
 /// The postmaster's pid from `postmaster.pid` in a data directory.
 pub fn postmaster_pid(data_dir: &Path) -> Option<u32> {
     std::fs::read_to_string(data_dir.join("postmaster.pid")).ok()?.lines().next()?.trim().parse().ok()
@@ -256,6 +320,11 @@ impl CpuMark {
         }
     }
 
+    /// Wall time since the snapshot.
+    pub fn elapsed(&self) -> Duration {
+        self.at.elapsed()
+    }
+
     /// Cores used between `self` and `later`; `pgbench_secs` is pgbench's CPU time over
     /// the same window, if it ran.
     pub fn share(&self, later: &CpuMark, pgbench_secs: Option<f64>) -> CpuShare {
@@ -334,6 +403,30 @@ mod tests {
         .join()
         .map(|after| assert!(after >= before + 20, "{before} -> {after}"))
         .expect("sleeper");
+    }
+
+    /// A child that burns CPU shows under its kind ("backends": its title names no
+    /// auxiliary process), one that exits under the parent's reaped total.
+    #[test]
+    fn a_cluster_s_cpu_is_split_by_process_kind() {
+        let me = std::process::id();
+        let before = PgProcesses::now(me);
+        let burn = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done";
+        let mut live =
+            std::process::Command::new("sh").args(["-c", &format!("{burn}; sleep 30")]).spawn().expect("spawn");
+        let mut gone = std::process::Command::new("sh").args(["-c", burn]).spawn().expect("spawn");
+        gone.wait().expect("reap it");
+        std::thread::sleep(Duration::from_millis(100));
+        while stat_fields(live.id()).is_some_and(|f| f[11] + f[12] == 0) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let split = before.split(&PgProcesses::now(me));
+        let _ = live.kill();
+        let _ = live.wait();
+        let of = |kind: &str| split.iter().find(|(k, _)| *k == kind).map_or(0.0, |(_, s)| *s);
+        assert!(of("backends") > 0.0, "the live child: {split:?}");
+        // The reaped child burned a few hundred milliseconds; this process alone sleeps.
+        assert!(of("postmaster and exited processes") >= 0.1, "the reaped child: {split:?}");
     }
 
     #[test]

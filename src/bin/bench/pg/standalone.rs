@@ -45,6 +45,10 @@ impl Standalone {
     /// Run `script` under callgrind; `label` names its file.
     pub fn count(&self, script: &str, label: &str) -> anyhow::Result<Counted> {
         let file = self.out_dir.join(format!("callgrind.{label}"));
+        // Kept beside the count, so a statement can be run again or explained by hand.
+        std::fs::create_dir_all(&self.out_dir)
+            .and_then(|()| std::fs::write(self.out_dir.join(format!("script.{label}.sql")), script))
+            .with_context(|| format!("writing the script of {label}"))?;
         let wrapper =
             ["valgrind".to_owned(), "--tool=callgrind".to_owned(), format!("--callgrind-out-file={}", file.display())];
         self.exec(script, &wrapper, Some(&self.out_dir))?;

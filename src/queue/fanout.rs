@@ -24,17 +24,13 @@ macro_rules! takes_source {
 
 /// The condition that subscription `$s` takes events of type `$event_type`: it names no
 /// pattern, or one of its patterns (`LIKE` patterns: `crate::fanout::to_like`) matches.
+/// `LIKE ANY` is one expression; the `EXISTS` over `unnest` it replaced was a subplan and
+/// a function scan, set up at every execution of every ingest statement whether or not a
+/// subscription named a pattern (bench row 18). The two agree on every array: none
+/// matching, empty or holding a null is not a match.
 macro_rules! takes_type {
     ($s:literal, $event_type:literal) => {
-        concat!(
-            "(",
-            $s,
-            ".event_type_likes IS NULL OR EXISTS (SELECT 1 FROM unnest(",
-            $s,
-            ".event_type_likes) AS p(pattern) WHERE ",
-            $event_type,
-            " LIKE p.pattern))"
-        )
+        concat!("(", $s, ".event_type_likes IS NULL OR ", $event_type, " LIKE ANY (", $s, ".event_type_likes))")
     };
 }
 
@@ -146,16 +142,20 @@ macro_rules! fanout_sequenced {
 }
 
 /// The insert of the deliveries `$from` lists (`sequenced` or `numbered`, as
-/// [`fan_values`] reads them), every one pending, its first attempt due now.
+/// [`fan_values`] reads them; or the lean `numbered`, with [`fan_columns_lean`] and
+/// [`fan_values_lean`]), every one pending, its first attempt due now.
 macro_rules! fan_pending {
     ($from:literal) => {
+        fan_pending!($from, fan_columns!(), fan_values!())
+    };
+    ($from:literal, $columns:expr, $values:expr) => {
         concat!(
             ", fan AS (
             INSERT INTO deliveries (",
-            fan_columns!(),
+            $columns,
             ")
             SELECT ",
-            fan_values!(),
+            $values,
             "
             FROM ",
             $from,
@@ -173,16 +173,21 @@ macro_rules! fan_pending {
 /// out; the others pending, due now. One row version, where a claim after the insert
 /// wrote a second one with its index entries and constraint checks again (bench row 18).
 /// `fan` also returns what the claim's answer needs (`leased`, the token, the attempt).
-/// Shared by [`fan_leased`] and [`fan_leased_batch`], which differ in how they grant.
+/// Shared by [`fan_leased`] and [`fan_leased_batch`], which differ in how they grant;
+/// the columns and values of the fan-out's own part are [`fan_columns`] and
+/// [`fan_values`] unless given.
 macro_rules! fan_insert_leased {
     ($from:literal, $join:literal, $lease:literal) => {
+        fan_insert_leased!($from, $join, $lease, fan_columns!(), fan_values!())
+    };
+    ($from:literal, $join:literal, $lease:literal, $columns:expr, $values:expr) => {
         concat!(
             ", fan AS (
             INSERT INTO deliveries (",
-            fan_columns!(),
+            $columns,
             ", attempt_count, claim_token, leased_until, next_attempt_at)
             SELECT ",
-            fan_values!(),
+            $values,
             ",
                    CASE WHEN l.endpoint_id IS NULL THEN 0 ELSE 1 END,
                    CASE WHEN l.endpoint_id IS NULL THEN 0 ELSE 1 + floor(random() * 4294967296)::int8 END,
@@ -213,7 +218,8 @@ macro_rules! fan_insert_leased {
 /// seconds, `$13` default max in flight). An event has one delivery per endpoint, so one
 /// lease per endpoint is all it can take. `leases` is what the worker needs of each
 /// endpoint granted. The endpoints go to the function in any order: it locks them in id
-/// order itself (a sort here was a plan node set up at every execution).
+/// order itself (a sort here was a plan node set up at every execution). The lean form
+/// (`lean`) has no ordered delivery to leave out, and the lean columns.
 macro_rules! fan_leased {
     ($from:literal) => {
         concat!(
@@ -223,6 +229,21 @@ macro_rules! fan_leased {
                                   $11, $13) r
         )",
             fan_insert_leased!($from, "l.endpoint_id = n.endpoint_id AND n.ordering_key IS NULL", "$12")
+        )
+    };
+    (lean) => {
+        concat!(
+            ", leases AS MATERIALIZED (
+            SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets
+            FROM wg_lease_room_v3(ARRAY(SELECT n.endpoint_id FROM numbered n), $11, $13) r
+        )",
+            fan_insert_leased!(
+                "numbered",
+                "l.endpoint_id = n.endpoint_id",
+                "$12",
+                fan_columns_lean!(),
+                fan_values_lean!()
+            )
         )
     };
 }
@@ -286,9 +307,11 @@ pub const NEEDS_FULL_FANOUT: &str = concat!(
 /// The lean fan-out up to `numbered`: for events whose source no subscription filters,
 /// orders or transforms ([`NEEDS_FULL_FANOUT`]), so no document, no line, and no
 /// transformation to pick; one delivery per endpoint subscribed to the source and event
-/// type. About a fifth of the single ingest statement's instructions less than the full
-/// fan-out, nearly all of it the set-up of the plan nodes that serve what it leaves out
-/// (bench row 18). An endpoint subscribed twice is listed twice here: the insert's
+/// type, `numbered` holding only the event and the endpoint ([`fan_columns_lean`]: the
+/// rest are the columns' defaults, where constants carried through every node of the
+/// plan cost each node a column to set up, 2 % of the statement, bench row 18). About a
+/// fifth of the single ingest statement's instructions less than the full fan-out, nearly
+/// all of it the set-up of the plan nodes that serve what it leaves out (bench row 18). An endpoint subscribed twice is listed twice here: the insert's
 /// `ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING` keeps one delivery, where a
 /// `DISTINCT` cost a sort set up at every execution for a case that is rare (about
 /// 17,000 instructions a webhook, bench row 18;
@@ -298,9 +321,7 @@ macro_rules! fanout_lean_numbered {
         concat!(
             "
         numbered AS (
-            SELECT ev.id AS event_id, s.endpoint_id, NULL::text AS ordering_key, NULL::int8 AS line_seq,
-                   NULL::uuid AS head_id, false AS blocks_on_dead, NULL::uuid AS transform_by,
-                   wg_uuid_v7() AS delivery_id
+            SELECT ev.id AS event_id, s.endpoint_id
             FROM ev JOIN subscriptions s ON ",
             takes_source!("s", "ev.source_id"),
             "
@@ -312,8 +333,25 @@ macro_rules! fanout_lean_numbered {
     };
 }
 
+/// The columns the lean fan-out's insert writes: the others take their defaults (an id of
+/// its own, no line, no transformation, not waiting), what the full fan-out writes for a
+/// delivery that no line orders and no transformation shapes.
+macro_rules! fan_columns_lean {
+    () => {
+        "event_id, endpoint_id"
+    };
+}
+
+/// [`fan_columns_lean`]'s values, from a row `n` of the lean `numbered`.
+macro_rules! fan_values_lean {
+    () => {
+        "n.event_id, n.endpoint_id"
+    };
+}
+
 /// The lean fan-out ([`fanout_lean_numbered`]), every delivery pending.
-pub const FANOUT_LEAN: &str = concat!(fanout_lean_numbered!(), fan_pending!("numbered"));
+pub const FANOUT_LEAN: &str =
+    concat!(fanout_lean_numbered!(), fan_pending!("numbered", fan_columns_lean!(), fan_values_lean!()));
 
 /// The lean fan-out ([`fanout_lean_numbered`]), leasing as [`FANOUT_LEASED`] does.
-pub const FANOUT_LEAN_LEASED: &str = concat!(fanout_lean_numbered!(), fan_leased!("numbered"));
+pub const FANOUT_LEAN_LEASED: &str = concat!(fanout_lean_numbered!(), fan_leased!(lean));

@@ -8,8 +8,8 @@
 //! one, `ingest::batcher`) is stored and its deliveries leased in one statement
 //! ([`crate::store::events::insert_and_claim`]): each delivery whose endpoint has room is
 //! inserted already leased (one row version), with the endpoint locks, in-flight count,
-//! rate tokens and fencing token of any claim (`wg_lease_room_v3`, migrations 0028 and
-//! 0031). The leased deliveries go to this process's dispatcher with a worker slot each,
+//! rate tokens and fencing token of any claim (`wg_lease_room_v4`, migrations 0028, 0031
+//! and 0032). The leased deliveries go to this process's dispatcher with a worker slot each,
 //! reserved before the statement, so no lease waits for a slot.
 //!
 //! A writer's batch of two or more webhooks ([`store_batch`]) is leased the same way by

@@ -211,9 +211,11 @@ macro_rules! fan_insert_leased {
 }
 
 /// The insert of the deliveries `$from` lists (as [`fan_pending`]) where each unordered
-/// one whose endpoint `wg_lease_room_v3` grants room (migration 0031: `v1`'s of 0028,
-/// without the rate tokens' update where no endpoint locked has a rate limit; the
-/// endpoint row locked, its in-flight count read after the lock, its rate token paid) is
+/// one whose endpoint `wg_lease_room_v4` grants room (migration 0032: `v3`'s of 0031 with
+/// a path of its own for one endpoint, the lone webhook's most common case; `v3` is
+/// `v1`'s of 0028 without the rate tokens' update where no endpoint locked has a rate
+/// limit; the endpoint row locked, its in-flight count read after the lock, its rate
+/// token paid) is
 /// inserted already leased ([`fan_insert_leased`]; `$11` most leases, `$12` lease in
 /// seconds, `$13` default max in flight). An event has one delivery per endpoint, so one
 /// lease per endpoint is all it can take. `leases` is what the worker needs of each
@@ -225,7 +227,7 @@ macro_rules! fan_leased {
         concat!(
             ", leases AS MATERIALIZED (
             SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets
-            FROM wg_lease_room_v3(ARRAY(SELECT n.endpoint_id FROM numbered n WHERE n.ordering_key IS NULL),
+            FROM wg_lease_room_v4(ARRAY(SELECT n.endpoint_id FROM numbered n WHERE n.ordering_key IS NULL),
                                   $11, $13) r
         )",
             fan_insert_leased!($from, "l.endpoint_id = n.endpoint_id AND n.ordering_key IS NULL", "$12")
@@ -235,7 +237,7 @@ macro_rules! fan_leased {
         concat!(
             ", leases AS MATERIALIZED (
             SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets
-            FROM wg_lease_room_v3(ARRAY(SELECT n.endpoint_id FROM numbered n), $11, $13) r
+            FROM wg_lease_room_v4(ARRAY(SELECT n.endpoint_id FROM numbered n), $11, $13) r
         )",
             fan_insert_leased!(
                 "numbered",

@@ -335,7 +335,7 @@ async fn a_refused_leasing_statement_falls_back_to_the_plain_write() {
     app.source_none("shop").await;
     app.endpoint_for(&sink.url("/"), Some("shop")).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    sqlx::query("DROP FUNCTION wg_lease_room_v3").execute(&app.db.pool).await.expect("drop");
+    sqlx::query("DROP FUNCTION wg_lease_room_v4").execute(&app.db.pool).await.expect("drop");
     let (status, body) = app.ingest("shop", "refused-1", "order.created", "{}").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["duplicate"], false, "stored once, by the plain write: {body}");
@@ -504,12 +504,44 @@ async fn a_delivery_leased_by_its_ingest_statement_is_written_once() {
 /// rest are stored pending, and every lease has its own token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_leasing_statements_fill_each_endpoint_s_limit_and_never_pass_it() {
+    racing_leasing_statements_keep_the_limits(Fanned::ToAllFour).await;
+}
+
+/// The same race where each webhook goes to one endpoint (its event type names it), the
+/// most common lone webhook: its room is granted by `wg_lease_room_v4`'s path for one
+/// endpoint (migration 0032), and the same limits hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_leasing_statements_for_one_endpoint_each_fill_its_limit_and_never_pass_it() {
+    racing_leasing_statements_keep_the_limits(Fanned::OneEach).await;
+}
+
+/// Where the racing webhooks of [`racing_leasing_statements_keep_the_limits`] go.
+#[derive(Clone, Copy, PartialEq)]
+enum Fanned {
+    /// Every webhook to the four endpoints.
+    ToAllFour,
+    /// Each webhook to one of them, 16 webhooks each.
+    OneEach,
+}
+
+/// 16 webhooks a endpoint, stored by leasing statements racing on their own connections,
+/// for an endpoint capped at 3 in flight, one whose rate limit has a burst of 2, a paused
+/// one and one whose circuit is open: the cap and the burst are filled and never passed,
+/// nothing is leased for the other two, and each lease has a token of its own.
+async fn racing_leasing_statements_keep_the_limits(fanned: Fanned) {
     let app = TestApp::ingest_only().await;
     app.source_none("shop").await;
-    let capped = app.endpoint_for("http://127.0.0.1:9/capped", Some("shop")).await;
-    let rated = app.endpoint_for("http://127.0.0.1:9/rated", Some("shop")).await;
-    let paused = app.endpoint_for("http://127.0.0.1:9/paused", Some("shop")).await;
-    let open = app.endpoint_for("http://127.0.0.1:9/open", Some("shop")).await;
+    let names = ["capped", "rated", "paused", "open"];
+    let mut endpoints = Vec::new();
+    for name in names {
+        let url = format!("http://127.0.0.1:9/{name}");
+        let subscription = match fanned {
+            Fanned::ToAllFour => json!({"source": "shop"}),
+            Fanned::OneEach => json!({"source": "shop", "event_types": [name]}),
+        };
+        endpoints.push(app.endpoint_with(&url, subscription).await);
+    }
+    let [capped, rated, paused, open] = [0, 1, 2, 3].map(|i| endpoints[i].clone());
     let pool = &app.db.pool;
     for (sql, endpoint) in [
         ("UPDATE endpoints SET max_in_flight = 3 WHERE id = $1::uuid", &capped),
@@ -526,10 +558,15 @@ async fn racing_leasing_statements_fill_each_endpoint_s_limit_and_never_pass_it(
     }
     const RACERS: usize = 16;
     let headers = json!({});
-    let keys: Vec<String> = (0..RACERS).map(|i| format!("race-{i}")).collect();
+    let kinds: &[&str] = match fanned {
+        Fanned::ToAllFour => &["order.created"],
+        Fanned::OneEach => &names,
+    };
+    let keys: Vec<(String, &str)> =
+        kinds.iter().flat_map(|kind| (0..RACERS).map(move |i| (format!("race-{kind}-{i}"), *kind))).collect();
     let mut events = Vec::new();
-    for key in &keys {
-        events.push(shop_event(pool, key, &headers).await);
+    for (key, kind) in &keys {
+        events.push(NewEvent { event_type: kind, ..shop_event(pool, key, &headers).await });
     }
     let terms = webhook_gateway::store::events::ClaimTerms {
         limit: 8,
@@ -540,11 +577,12 @@ async fn racing_leasing_statements_fill_each_endpoint_s_limit_and_never_pass_it(
         events.iter().map(|event| webhook_gateway::store::events::insert_and_claim(pool, event, terms)),
     )
     .await;
+    let each = if fanned == Fanned::OneEach { 1 } else { 4 };
     let mut tokens = Vec::new();
     for result in stored {
         let (stored, fresh) = result.expect("stored");
         assert!(!stored.duplicate);
-        assert_eq!(stored.deliveries.len(), 4, "one delivery per endpoint");
+        assert_eq!(stored.deliveries.len(), each, "one delivery per endpoint the webhook goes to");
         tokens.extend(fresh.claimed.iter().map(|job| job.claim_token));
     }
     let leased = |endpoint: &str| {

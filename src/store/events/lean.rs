@@ -124,7 +124,7 @@ mod tests {
                 assert_eq!(uses, guard, "{part} only in the guard: {sql}");
             }
         }
-        assert!(insert_and_claim_sql().contains("wg_lease_room_v3"));
+        assert!(insert_and_claim_sql().contains("wg_lease_room_v4"));
         assert!(!insert_and_claim_sql().contains("tr.transform"), "no transformation to read");
         assert!(super::super::insert_and_claim_sql().contains("tr.transform"), "the full one reads it");
     }

@@ -138,7 +138,7 @@ const INSERT_ANSWER: &str = concat!(
 /// columns are null when none was), and `candidates`: the deliveries it created.
 ///
 /// The deliveries are inserted leased ([`FANOUT_LEASED`]: room granted by
-/// `wg_lease_room_v3`, migrations 0028 and 0031, with the endpoint locks, in-flight
+/// `wg_lease_room_v4`, migrations 0028, 0031 and 0032, with the endpoint locks, in-flight
 /// count, rate tokens and fencing token of any claim). The statement returns what only
 /// the database knows (the delivery's and the granted endpoint's columns); the event's
 /// own columns are the caller's (`crate::queue::EventColumns`): echoed back, with a

@@ -309,7 +309,8 @@ pub const NEEDS_FULL_FANOUT: &str = concat!(
 /// The lean fan-out up to `numbered`: for events whose source no subscription filters,
 /// orders or transforms ([`NEEDS_FULL_FANOUT`]), so no document, no line, and no
 /// transformation to pick; one delivery per endpoint subscribed to the source and event
-/// type, `numbered` holding only the event and the endpoint ([`fan_columns_lean`]: the
+/// type (`$1` and `$3`, the statement's own: `ev` returns only the event's id),
+/// `numbered` holding only the event and the endpoint ([`fan_columns_lean`]: the
 /// rest are the columns' defaults, where constants carried through every node of the
 /// plan cost each node a column to set up, 2 % of the statement, bench row 18). About a
 /// fifth of the single ingest statement's instructions less than the full fan-out, nearly
@@ -325,10 +326,10 @@ macro_rules! fanout_lean_numbered {
         numbered AS (
             SELECT ev.id AS event_id, s.endpoint_id
             FROM ev JOIN subscriptions s ON ",
-            takes_source!("s", "ev.source_id"),
+            takes_source!("s", "$1"),
             "
             WHERE ",
-            takes_type!("s", "ev.event_type"),
+            takes_type!("s", "$3"),
             "
         )"
         )

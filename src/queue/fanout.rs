@@ -17,7 +17,37 @@ macro_rules! takes_source {
             $s,
             ".source_id IS NULL AND ",
             $source,
-            " <> '00000000-0000-7000-8000-00000000ca7e'))"
+            " <> ",
+            gateway_source!(),
+            "))"
+        )
+    };
+}
+
+/// The gateway's own source (`_gateway`), whose events only subscriptions naming it take.
+macro_rules! gateway_source {
+    () => {
+        "'00000000-0000-7000-8000-00000000ca7e'"
+    };
+}
+
+/// [`takes_source`] for any of the sources in the array `$sources`: subscription `$s`
+/// takes the events of one of them (its own source's, or one of every source but the
+/// gateway's own while one of them is another).
+macro_rules! takes_any_source {
+    ($s:literal, $sources:literal) => {
+        concat!(
+            "(",
+            $s,
+            ".source_id = ANY (",
+            $sources,
+            ") OR (",
+            $s,
+            ".source_id IS NULL AND ",
+            gateway_source!(),
+            " <> ANY (",
+            $sources,
+            ")))"
         )
     };
 }
@@ -277,6 +307,24 @@ macro_rules! fan_leased_batch {
             )
         )
     };
+    (lean) => {
+        concat!(
+            ", leases AS MATERIALIZED (
+            SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets, r.granted
+            FROM wg_lease_room_v2(ARRAY(SELECT n.endpoint_id FROM numbered n ORDER BY n.endpoint_id), $14, $16) r
+        ), turns AS (
+            SELECT n.*, row_number() OVER (PARTITION BY n.endpoint_id ORDER BY n.ord) AS turn
+            FROM numbered n
+        )",
+            fan_insert_leased!(
+                "turns",
+                "l.endpoint_id = n.endpoint_id AND n.turn <= l.granted",
+                "$15",
+                fan_columns_lean!(),
+                fan_values_lean!()
+            )
+        )
+    };
 }
 
 /// The fan-out ([`fanout_sequenced`]) with every delivery inserted pending: the
@@ -291,20 +339,28 @@ pub const FANOUT_LEASED: &str = concat!(fanout_sequenced!(), fan_leased!("sequen
 /// (`store::events::insert_batch_and_claim`): [`fan_leased_batch`].
 pub const FANOUT_BATCH_LEASED: &str = concat!(fanout_sequenced!(), fan_leased_batch!("sequenced"));
 
+/// Whether a subscription `s` that `$takes` (a condition on `s`) filters, orders or
+/// transforms: [`NEEDS_FULL_FANOUT`] and [`NEEDS_FULL_FANOUT_BATCH`].
+macro_rules! needs_full_fanout {
+    ($takes:expr) => {
+        concat!(
+            "SELECT EXISTS (
+            SELECT 1 FROM subscriptions s
+            WHERE ",
+            $takes,
+            "
+              AND (s.filter IS NOT NULL OR s.ordered OR s.transform IS NOT NULL)
+        ) AS needed"
+        )
+    };
+}
+
 /// Whether an event of `ev`'s source `$1` needs the full fan-out: a subscription that may
 /// take it (its own source's, or one of every source but the gateway's own) filters,
 /// orders or transforms. The lean statements ([`FANOUT_LEAN`]) store nothing when it
 /// does, and say so (`store::events::lean`); read with the statement's snapshot, as the
 /// full fan-out reads the subscriptions.
-pub const NEEDS_FULL_FANOUT: &str = concat!(
-    "SELECT EXISTS (
-            SELECT 1 FROM subscriptions s
-            WHERE ",
-    takes_source!("s", "$1"),
-    "
-              AND (s.filter IS NOT NULL OR s.ordered OR s.transform IS NOT NULL)
-        ) AS needed"
-);
+pub const NEEDS_FULL_FANOUT: &str = needs_full_fanout!(takes_source!("s", "$1"));
 
 /// The lean fan-out up to `numbered`: for events whose source no subscription filters,
 /// orders or transforms ([`NEEDS_FULL_FANOUT`]), so no document, no line, and no
@@ -314,22 +370,36 @@ pub const NEEDS_FULL_FANOUT: &str = concat!(
 /// rest are the columns' defaults, where constants carried through every node of the
 /// plan cost each node a column to set up, 2 % of the statement, bench row 18). About a
 /// fifth of the single ingest statement's instructions less than the full fan-out, nearly
-/// all of it the set-up of the plan nodes that serve what it leaves out (bench row 18). An endpoint subscribed twice is listed twice here: the insert's
-/// `ON CONFLICT ON CONSTRAINT deliveries_once DO NOTHING` keeps one delivery, where a
-/// `DISTINCT` cost a sort set up at every execution for a case that is rare (about
-/// 17,000 instructions a webhook, bench row 18;
-/// `prelease::an_endpoint_subscribed_twice_is_delivered_and_leased_once`).
+/// all of it the set-up of the plan nodes that serve what it leaves out (bench row 18).
+/// An endpoint subscribed twice is listed twice here: the insert's `ON CONFLICT ON
+/// CONSTRAINT deliveries_once DO NOTHING` keeps one delivery, where a `DISTINCT` cost a
+/// sort set up at every execution for a case that is rare (about 17,000 instructions a
+/// webhook, bench row 18; `prelease::an_endpoint_subscribed_twice_is_delivered_and_leased_once`).
+///
+/// For a batch (`batch`): each new event's source and type (`ev`'s), and its place in the
+/// batch (`ord`, which orders the leases a batch grants one endpoint). The full batch
+/// fan-out sets up its documents, lines, sequence and sort at every execution; for a
+/// batch of sources that need none of them, this is 8 % of the statement's instructions
+/// less (bench row 18).
 macro_rules! fanout_lean_numbered {
     () => {
+        fanout_lean_numbered!("", "$1", "$3")
+    };
+    (batch) => {
+        fanout_lean_numbered!(" ev.ord,", "ev.source_id", "ev.event_type")
+    };
+    ($ord:literal, $source:literal, $event_type:literal) => {
         concat!(
             "
         numbered AS (
-            SELECT ev.id AS event_id, s.endpoint_id
+            SELECT ev.id AS event_id,",
+            $ord,
+            " s.endpoint_id
             FROM ev JOIN subscriptions s ON ",
-            takes_source!("s", "$1"),
+            takes_source!("s", $source),
             "
             WHERE ",
-            takes_type!("s", "$3"),
+            takes_type!("s", $event_type),
             "
         )"
         )
@@ -358,3 +428,16 @@ pub const FANOUT_LEAN: &str =
 
 /// The lean fan-out ([`fanout_lean_numbered`]), leasing as [`FANOUT_LEASED`] does.
 pub const FANOUT_LEAN_LEASED: &str = concat!(fanout_lean_numbered!(), fan_leased!(lean));
+
+/// Whether an event of any of the batch's sources (`$1`, one per event) needs the full
+/// fan-out: [`NEEDS_FULL_FANOUT`] for a batch. The lean batch statements
+/// (`store::events::lean_insert_batch_sql`) store nothing when it does, and say so.
+pub const NEEDS_FULL_FANOUT_BATCH: &str = needs_full_fanout!(takes_any_source!("s", "$1::uuid[]"));
+
+/// The lean batch fan-out ([`fanout_lean_numbered`]), every delivery pending.
+pub const FANOUT_LEAN_BATCH: &str =
+    concat!(fanout_lean_numbered!(batch), fan_pending!("numbered", fan_columns_lean!(), fan_values_lean!()));
+
+/// The lean batch fan-out ([`fanout_lean_numbered`]), leasing as
+/// [`FANOUT_BATCH_LEASED`] does: each endpoint's first `granted` deliveries by arrival.
+pub const FANOUT_LEAN_BATCH_LEASED: &str = concat!(fanout_lean_numbered!(batch), fan_leased_batch!(lean));

@@ -21,15 +21,7 @@ async fn fan_out_of(url: &str, sql: &str, event: &NewEvent<'_>) -> (Option<uuid:
     let rows = crate::support::bound_event(sql, event).fetch_all(&mut conn).await.expect("ingest statement");
     assert_eq!(rows.len(), 1, "one answer");
     let id: Option<uuid::Uuid> = rows[0].try_get(0).expect("id");
-    // An ordered delivery is marked, so it differs from the plain endpoint id expected.
-    let endpoints: Vec<String> = sqlx::query_scalar(
-        "SELECT endpoint_id::text || CASE WHEN ordering_key IS NULL THEN '' ELSE ' (ordered)' END
-         FROM deliveries WHERE event_id = $1 ORDER BY endpoint_id",
-    )
-    .bind(id)
-    .fetch_all(&mut conn)
-    .await
-    .expect("deliveries");
+    let endpoints = endpoints_of(&mut conn, id).await;
     let events: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE source_id = $1 AND dedupe_key = $2")
         .bind(event.source_id)
         .bind(event.dedupe_key)
@@ -39,6 +31,19 @@ async fn fan_out_of(url: &str, sql: &str, event: &NewEvent<'_>) -> (Option<uuid:
     assert_eq!(events, i64::from(id.is_some()), "an event stored exactly when the answer names one");
     sqlx::query("ROLLBACK").execute(&mut conn).await.expect("rollback");
     (id, endpoints)
+}
+
+/// The endpoints event `id` has deliveries to, sorted; an ordered delivery is marked, so
+/// it differs from the plain endpoint id expected.
+pub(crate) async fn endpoints_of(conn: &mut sqlx::PgConnection, id: Option<uuid::Uuid>) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT endpoint_id::text || CASE WHEN ordering_key IS NULL THEN '' ELSE ' (ordered)' END
+         FROM deliveries WHERE event_id = $1 ORDER BY endpoint_id",
+    )
+    .bind(id)
+    .fetch_all(conn)
+    .await
+    .expect("deliveries")
 }
 
 fn event<'a>(
@@ -70,28 +75,9 @@ fn event<'a>(
 #[tokio::test]
 async fn the_lean_fan_out_reaches_the_endpoints_the_full_one_reaches() {
     let app = TestApp::ingest_only().await;
-    app.source_none("shop").await;
-    app.source_none("other").await;
-    let all_of_shop = app.endpoint_for("http://127.0.0.1:9/all", Some("shop")).await;
-    let orders =
-        app.endpoint_with("http://127.0.0.1:9/orders", json!({"source": "shop", "event_types": ["order.*"]})).await;
-    let invoices =
-        app.endpoint_with("http://127.0.0.1:9/invoices", json!({"source": "shop", "event_types": ["invoice.*"]})).await;
-    let everywhere = app.endpoint_for("http://127.0.0.1:9/everywhere", None).await;
-    let twice = app.endpoint_for("http://127.0.0.1:9/twice", Some("shop")).await;
-    app.admin_post(
-        "/v1/subscriptions",
-        json!({"endpoint_id": twice, "source": "shop", "event_types": ["order.created"]}),
-        201,
-    )
-    .await;
-    app.endpoint_for("http://127.0.0.1:9/elsewhere", Some("other")).await;
+    let Plain { all_of_shop, orders, invoices, everywhere, twice, .. } = plain_subscriptions(&app).await;
     let shop = source_id(&app.db.pool, "shop").await;
     let headers = json!({});
-    let sorted = |mut ids: Vec<&String>| {
-        ids.sort();
-        ids.into_iter().cloned().collect::<Vec<String>>()
-    };
     let expected = [
         ("order.created", sorted(vec![&all_of_shop, &orders, &everywhere, &twice])),
         ("invoice.paid", sorted(vec![&all_of_shop, &invoices, &everywhere, &twice])),
@@ -107,6 +93,90 @@ async fn the_lean_fan_out_reaches_the_endpoints_the_full_one_reaches() {
     }
 }
 
+/// The endpoints of [`plain_subscriptions`].
+pub(crate) struct Plain {
+    /// Subscribed to `shop`.
+    pub(crate) all_of_shop: String,
+    /// To `shop`'s `order.*`.
+    pub(crate) orders: String,
+    /// To `shop`'s `invoice.*`.
+    pub(crate) invoices: String,
+    /// To every source.
+    pub(crate) everywhere: String,
+    /// To `shop`, and again to its `order.created`.
+    pub(crate) twice: String,
+    /// To `other`.
+    pub(crate) elsewhere: String,
+}
+
+/// Sources `shop` and `other`, and subscriptions of every plain kind: to the source with
+/// and without event-type patterns, to every source, two to one endpoint, one to another
+/// source.
+pub(crate) async fn plain_subscriptions(app: &TestApp) -> Plain {
+    app.source_none("shop").await;
+    app.source_none("other").await;
+    let all_of_shop = app.endpoint_for("http://127.0.0.1:9/all", Some("shop")).await;
+    let orders =
+        app.endpoint_with("http://127.0.0.1:9/orders", json!({"source": "shop", "event_types": ["order.*"]})).await;
+    let invoices =
+        app.endpoint_with("http://127.0.0.1:9/invoices", json!({"source": "shop", "event_types": ["invoice.*"]})).await;
+    let everywhere = app.endpoint_for("http://127.0.0.1:9/everywhere", None).await;
+    let twice = app.endpoint_for("http://127.0.0.1:9/twice", Some("shop")).await;
+    app.admin_post(
+        "/v1/subscriptions",
+        json!({"endpoint_id": twice, "source": "shop", "event_types": ["order.created"]}),
+        201,
+    )
+    .await;
+    let elsewhere = app.endpoint_for("http://127.0.0.1:9/elsewhere", Some("other")).await;
+    Plain { all_of_shop, orders, invoices, everywhere, twice, elsewhere }
+}
+
+/// `ids`, sorted.
+pub(crate) fn sorted(mut ids: Vec<&String>) -> Vec<String> {
+    ids.sort();
+    ids.into_iter().cloned().collect()
+}
+
+/// Subscriptions that need the full fan-out, by the source they are made on: one that
+/// filters (on `amount > 1000`), one that orders, one that transforms; and a plain one.
+pub(crate) fn needing_kinds() -> [(&'static str, Value); 4] {
+    [
+        ("filtered", json!({"filter": "$.payload.amount > 1000"})),
+        ("ordered", json!({"ordered": {"on_dead": "skip"}})),
+        ("transformed", json!({"transform": "function handler(w) { return w.payload; }"})),
+        ("plain", json!({})),
+    ]
+}
+
+/// The full fan-out's part that the lean one leaves out, seen in the deliveries of event
+/// `event` to `special` (the endpoint of source `name`'s subscription of
+/// [`needing_kinds`]): the filter (amount 5) drops it, the line numbers it, the
+/// transformation is named.
+pub(crate) async fn assert_full_fan_out(
+    pool: &webhook_gateway::db::Pool,
+    name: &str,
+    event: uuid::Uuid,
+    special: &str,
+) {
+    let row = sqlx::query(
+        "SELECT count(*) AS n, bool_or(line_seq IS NOT NULL) AS lined, bool_or(transform_by IS NOT NULL) AS transformed
+         FROM deliveries WHERE event_id = $1 AND endpoint_id = $2::uuid",
+    )
+    .bind(event)
+    .bind(special)
+    .fetch_one(pool)
+    .await
+    .expect("delivery");
+    let (n, lined, transformed): (i64, Option<bool>, Option<bool>) =
+        (row.get("n"), row.get("lined"), row.get("transformed"));
+    match name {
+        "filtered" => assert_eq!(n, 0, "the filter (amount > 1000) dropped it"),
+        "ordered" => assert_eq!((n, lined), (1, Some(true)), "in its line"),
+        _ => assert_eq!((n, transformed), (1, Some(true)), "its transformation named"),
+    }
+}
+
 /// A source with one subscription that filters, one that orders, or one that
 /// transforms (each on its own source, beside a plain one): the lean statement stores
 /// nothing and says so, with the subscription it read in its own snapshot; the gateway's
@@ -117,14 +187,8 @@ async fn the_lean_fan_out_reaches_the_endpoints_the_full_one_reaches() {
 #[tokio::test]
 async fn a_source_whose_subscription_filters_orders_or_transforms_is_stored_by_the_full_statement() {
     let app = TestApp::ingest_only().await;
-    let kinds = [
-        ("filtered", json!({"filter": "$.payload.amount > 1000"})),
-        ("ordered", json!({"ordered": {"on_dead": "skip"}})),
-        ("transformed", json!({"transform": "function handler(w) { return w.payload; }"})),
-        ("plain", json!({})),
-    ];
     let headers = json!({});
-    for (name, mut subscription) in kinds {
+    for (name, mut subscription) in needing_kinds() {
         app.admin_post(
             "/v1/sources",
             json!({"name": name, "kind": "none", "dedupe": {"header": "X-Delivery-Id"},
@@ -147,22 +211,7 @@ async fn a_source_whose_subscription_filters_orders_or_transforms_is_stored_by_t
 
         let stored = events::insert_with_fanout(&app.db.pool, &event).await.expect("stored");
         assert!(!stored.duplicate, "{name}");
-        let row = sqlx::query(
-            "SELECT count(*) AS n, bool_or(line_seq IS NOT NULL) AS lined, bool_or(transform_by IS NOT NULL) AS transformed
-             FROM deliveries WHERE event_id = $1 AND endpoint_id = $2::uuid",
-        )
-        .bind(stored.event_id)
-        .bind(&special)
-        .fetch_one(&app.db.pool)
-        .await
-        .expect("delivery");
-        let (n, lined, transformed): (i64, Option<bool>, Option<bool>) =
-            (row.get("n"), row.get("lined"), row.get("transformed"));
-        match name {
-            "filtered" => assert_eq!(n, 0, "the filter (amount > 1000) dropped it"),
-            "ordered" => assert_eq!((n, lined), (1, Some(true)), "in its line"),
-            _ => assert_eq!((n, transformed), (1, Some(true)), "its transformation named"),
-        }
+        assert_full_fan_out(&app.db.pool, name, stored.event_id.0, &special).await;
         assert_eq!(stored.deliveries.len(), if name == "filtered" { 1 } else { 2 }, "{name}");
         // Stored once: the same webhook again is a duplicate (now remembered as needing the
         // full fan-out, so the full statement answers).

@@ -26,6 +26,7 @@ mod ingest;
 mod isolation;
 mod janitor;
 mod lean;
+mod lean_batch;
 mod leases;
 mod lost_claims;
 mod metrics;

@@ -11,7 +11,9 @@ use sqlx::postgres::PgRow;
 use super::{ClaimTerms, OwnedEvent, Stored, insert_with_fanout};
 use crate::ids::{DeliveryId, EventId, SourceId};
 use crate::invariants::Broken;
-use crate::queue::fanout::{FANOUT, FANOUT_BATCH_LEASED};
+use crate::queue::fanout::{
+    FANOUT, FANOUT_BATCH_LEASED, FANOUT_LEAN_BATCH, FANOUT_LEAN_BATCH_LEASED, NEEDS_FULL_FANOUT_BATCH,
+};
 
 /// One event's answer in a batch statement's rows: `ord` (its place in the statement),
 /// its id (the twin's for a duplicate; none when the twin was invisible to the
@@ -42,7 +44,19 @@ fn answers_are_one_per_event(rows: &[BatchAnswer], events: usize) -> Result<(), 
 /// the bench's 1,000/s run, the statement's mean 2.9 ms, growing with the table
 /// (`tests/it/plans.rs`).
 pub fn insert_batch_sql() -> &'static str {
-    static SQL: LazyLock<String> = LazyLock::new(|| format!("{}\n        {BATCH_ANSWER}", batch_ctes(FANOUT)));
+    static SQL: LazyLock<String> = LazyLock::new(|| format!("{}\n        {BATCH_ANSWER}", batch_ctes(FANOUT, false)));
+    &SQL
+}
+
+/// The lean form of [`insert_batch_sql`] (the same parameters and answer), for a batch
+/// whose sources no subscription filters, orders or transforms ([`FANOUT_LEAN_BATCH`]).
+/// It decides for itself, as the lone webhook's lean statement does (`super::lean`):
+/// where a subscription of one of the batch's sources needs the full fan-out, it stores
+/// nothing, and its answer's fifth column, `needs_full`, is true (each row's answer then
+/// says nothing). Public so that tests and the benchmark can run it.
+pub fn lean_insert_batch_sql() -> &'static str {
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("{}\n        {LEAN_BATCH_ANSWER}", batch_ctes(FANOUT_LEAN_BATCH, true)));
     &SQL
 }
 
@@ -60,34 +74,66 @@ pub fn insert_batch_sql() -> &'static str {
 /// event's source joined for its name, they were about 35,000 instructions a webhook of
 /// a batch of 8 (bench row 18).
 pub fn insert_batch_and_claim_sql() -> &'static str {
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| leasing_batch_statement(&batch_ctes(FANOUT_BATCH_LEASED, false), BATCH_ANSWER, false, true));
+    &SQL
+}
+
+/// The lean form of [`insert_batch_and_claim_sql`] (its parameters and answer, and
+/// `stored_needs_full`, true when the batch needs the full fan-out and nothing was
+/// stored, as [`lean_insert_batch_sql`]): no transformation to read.
+pub fn lean_insert_batch_and_claim_sql() -> &'static str {
     static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "{ctes}, answer AS (
-            {BATCH_ANSWER}
-        )
-        SELECT a.ord AS stored_ord, a.id AS stored_id, a.duplicate AS stored_duplicate,
-               a.deliveries AS stored_deliveries, c.*, (SELECT count(*) FROM fan)::int8 AS candidates
-        FROM answer a LEFT JOIN (
-            SELECT f.id, f.event_id, f.endpoint_id, f.attempt_count AS attempt, f.attempts_base, f.claim_token,
-                   l.url, l.secret, l.previous_secrets,
-                   (SELECT tr.transform FROM subscriptions tr WHERE tr.id = f.transform_by) AS transform,
-                   CASE WHEN f.transform_by IS NOT NULL THEN i.headers::jsonb::text END AS event_headers
-            FROM fan f JOIN leases l ON l.endpoint_id = f.endpoint_id
-                 JOIN ev ON ev.id = f.event_id JOIN input i ON i.arrival = ev.ord
-            WHERE f.leased
-        ) c ON c.event_id = a.id AND NOT a.duplicate",
-            ctes = batch_ctes(FANOUT_BATCH_LEASED),
-        )
+        leasing_batch_statement(&batch_ctes(FANOUT_LEAN_BATCH_LEASED, true), LEAN_BATCH_ANSWER, true, false)
     });
     &SQL
 }
 
-/// The batch statements' `WITH` list: the input, the events, their bodies and the fan-out
-/// (`fanout`, [`FANOUT`] or [`FANOUT_BATCH_LEASED`]), and `fanned`: each new event's
-/// deliveries.
-fn batch_ctes(fanout: &str) -> String {
+/// A leasing batch statement from its `WITH` list and `answer`: each event's answer (and
+/// `stored_needs_full` where `guarded`), then the lease's columns; `transforms` when a
+/// delivery may carry a transformation (its text and the event's headers are read for it).
+fn leasing_batch_statement(ctes: &str, answer: &str, guarded: bool, transforms: bool) -> String {
+    let needs_full = if guarded { ", a.needs_full AS stored_needs_full" } else { "" };
+    let (transform, event_headers, joins) = if transforms {
+        (
+            "(SELECT tr.transform FROM subscriptions tr WHERE tr.id = f.transform_by)",
+            "CASE WHEN f.transform_by IS NOT NULL THEN i.headers::jsonb::text END",
+            " JOIN ev ON ev.id = f.event_id JOIN input i ON i.arrival = ev.ord",
+        )
+    } else {
+        ("NULL::text", "NULL::text", "")
+    };
     format!(
-        "WITH input AS (
+        "{ctes}, answer AS (
+            {answer}
+        )
+        SELECT a.ord AS stored_ord, a.id AS stored_id, a.duplicate AS stored_duplicate,
+               a.deliveries AS stored_deliveries{needs_full}, c.*, (SELECT count(*) FROM fan)::int8 AS candidates
+        FROM answer a LEFT JOIN (
+            SELECT f.id, f.event_id, f.endpoint_id, f.attempt_count AS attempt, f.attempts_base, f.claim_token,
+                   l.url, l.secret, l.previous_secrets, {transform} AS transform, {event_headers} AS event_headers
+            FROM fan f JOIN leases l ON l.endpoint_id = f.endpoint_id{joins}
+            WHERE f.leased
+        ) c ON c.event_id = a.id AND NOT a.duplicate"
+    )
+}
+
+/// The batch statements' `WITH` list: the input, the events, their bodies and the fan-out
+/// (`fanout`, [`FANOUT`] or [`FANOUT_BATCH_LEASED`], or a lean one), and `fanned`: each
+/// new event's deliveries. `guarded` (the lean statements): first whether the batch needs
+/// the full fan-out ([`NEEDS_FULL_FANOUT_BATCH`], read with the statement's snapshot),
+/// and the events inserted only when it does not.
+fn batch_ctes(fanout: &str, guarded: bool) -> String {
+    let (guard, only_when) = if guarded {
+        (
+            format!("full_fanout AS MATERIALIZED (\n            {NEEDS_FULL_FANOUT_BATCH}\n        ), "),
+            " WHERE NOT (SELECT needed FROM full_fanout)",
+        )
+    } else {
+        (String::new(), "")
+    };
+    format!(
+        "WITH {guard}input AS (
             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::int4[],
                                  $8::text[], $9::int4[], $10::text[], $11::text[], $13::int4[])
                 AS i(source_id, dedupe_key, event_type, content_type, headers, payload, ord, ordering_key, arrival,
@@ -98,7 +144,7 @@ fn batch_ctes(fanout: &str) -> String {
             SELECT source_id, dedupe_key, event_type, content_type, headers::jsonb, payload, ordering_key,
                    traceparent, tracestate,
                    ($12::int8[])[COALESCE(lag(term_end) OVER (ORDER BY ord), 0) + 1 : term_end]
-            FROM input ORDER BY ord
+            FROM input{only_when} ORDER BY ord
             ON CONFLICT ON CONSTRAINT events_dedupe DO NOTHING
             RETURNING id, source_id, dedupe_key, event_type, ordering_key
         ), ev AS (
@@ -114,9 +160,15 @@ fn batch_ctes(fanout: &str) -> String {
 }
 
 /// The batch statements' answer, one row per event of the input: `ord`, the event's id
-/// (or its stored twin's), whether it is a duplicate, its deliveries.
-const BATCH_ANSWER: &str = "SELECT i.ord, COALESCE(ev.id, old.id) AS id, ev.id IS NULL AS duplicate,
-               COALESCE(fanned.ids, '{}'::uuid[]) AS deliveries
+/// (or its stored twin's), whether it is a duplicate, its deliveries, and `$extra`
+/// columns.
+macro_rules! batch_answer {
+    ($extra:literal) => {
+        concat!(
+            "SELECT i.ord, COALESCE(ev.id, old.id) AS id, ev.id IS NULL AS duplicate,
+               COALESCE(fanned.ids, '{}'::uuid[]) AS deliveries",
+            $extra,
+            "
         FROM input i
         LEFT JOIN ev ON ev.source_id = i.source_id AND ev.dedupe_key = i.dedupe_key
         LEFT JOIN fanned ON fanned.event_id = ev.id
@@ -124,7 +176,19 @@ const BATCH_ANSWER: &str = "SELECT i.ord, COALESCE(ev.id, old.id) AS id, ev.id I
             SELECT o.id FROM events o
             WHERE ev.id IS NULL AND o.source_id = i.source_id AND o.dedupe_key = i.dedupe_key
             LIMIT 1
-        ) old ON true";
+        ) old ON true"
+        )
+    };
+}
+
+/// [`batch_answer`] as the full batch statements answer.
+const BATCH_ANSWER: &str = batch_answer!("");
+
+/// [`batch_answer`] as the lean ones answer: with `needs_full`, whether the batch needs
+/// the full fan-out (then nothing was stored, and the rows say nothing else). A flag
+/// beside the answer, where a row of its own put the answer under a `UNION ALL` and cost
+/// the leasing statement's join its plan: 4 % of its instructions (bench row 18).
+const LEAN_BATCH_ANSWER: &str = batch_answer!(", (SELECT needed FROM full_fanout) AS needs_full");
 
 /// A batch's columns, one array element per distinct event, as the batch statements bind
 /// them (`$1`-`$13`).
@@ -210,12 +274,42 @@ pub async fn insert_batch_with_fanout(
     use sqlx::Row as _;
     let plan = plan_batch(events);
     let columns = BatchColumns::of(events, &plan.unique);
-    let rows = columns.bound(insert_batch_sql()).fetch_all(pool).await?;
-    let answers = rows
-        .iter()
-        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?)))
-        .collect::<Result<Vec<BatchAnswer>, sqlx::Error>>()?;
+    let answers_of = |rows: Vec<PgRow>| {
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?)))
+            .collect::<Result<Vec<BatchAnswer>, sqlx::Error>>()
+    };
+    if lean_first(events) {
+        let rows = columns.bound(lean_insert_batch_sql()).fetch_all(pool).await?;
+        if !said_needs_full(&rows, "needs_full")? {
+            return answers_in_input_order(pool, events, &plan, answers_of(rows)?).await;
+        }
+        needs_full(events);
+    }
+    let answers = answers_of(columns.bound(insert_batch_sql()).fetch_all(pool).await?)?;
     answers_in_input_order(pool, events, &plan, answers).await
+}
+
+/// Whether to try a lean batch statement first: no source of the batch was found to need
+/// the full fan-out lately (`super::lean::worth_trying`).
+fn lean_first(events: &[OwnedEvent]) -> bool {
+    events.iter().all(|event| super::lean::worth_trying(event.source_id))
+}
+
+/// Whether a lean batch statement's `rows` say (in their column `flag`) that the batch
+/// needs the full fan-out.
+fn said_needs_full(rows: &[PgRow], flag: &str) -> Result<bool, sqlx::Error> {
+    use sqlx::Row as _;
+    rows.first().map_or(Ok(false), |row| row.try_get(flag))
+}
+
+/// A lean batch statement found that the batch needs the full fan-out: one of its
+/// sources does, and each is remembered (a source that does not is tried lean again
+/// after `super::lean::TRY_LEAN_AGAIN_AFTER`, a statement lost at most).
+fn needs_full(events: &[OwnedEvent]) {
+    for event in events {
+        super::lean::needs_full(event.source_id);
+    }
 }
 
 /// [`insert_batch_with_fanout`], with the deliveries it creates leased in the same
@@ -232,14 +326,31 @@ pub async fn insert_batch_and_claim(
 ) -> Result<(Vec<Stored>, crate::queue::FreshClaim), sqlx::Error> {
     let plan = plan_batch(events);
     let columns = BatchColumns::of(events, &plan.unique);
-    let rows = columns
-        .bound(insert_batch_and_claim_sql())
-        .bind(terms.limit)
-        .bind(terms.lease.as_secs_f64())
-        .bind(terms.default_max_in_flight)
-        .fetch_all(pool)
-        .await?;
-    let answers = answers_of_leasing_rows(&rows)?;
+    let run = |sql: &'static str| {
+        columns
+            .bound(sql)
+            .bind(terms.limit)
+            .bind(terms.lease.as_secs_f64())
+            .bind(terms.default_max_in_flight)
+            .fetch_all(pool)
+    };
+    let mut rows = Vec::new();
+    let mut answers = None;
+    if lean_first(events) {
+        rows = run(lean_insert_batch_and_claim_sql()).await?;
+        if said_needs_full(&rows, "stored_needs_full")? {
+            needs_full(events);
+        } else {
+            answers = Some(answers_of_leasing_rows(&rows)?);
+        }
+    }
+    let answers = match answers {
+        Some(answers) => answers,
+        None => {
+            rows = run(insert_batch_and_claim_sql()).await?;
+            answers_of_leasing_rows(&rows)?
+        }
+    };
     let fresh = leases_of_batch(&rows, events, &plan)?;
     let stored = answers_in_input_order(pool, events, &plan, answers).await?;
     Ok((stored, fresh))
@@ -410,5 +521,26 @@ mod tests {
             assert!(leasing.contains(column), "{column}");
         }
         assert!(plain.contains(BATCH_ANSWER) && leasing.contains(BATCH_ANSWER));
+    }
+
+    /// The lean batch statements guard their insert and leave out the full fan-out's
+    /// parts, as the lone webhook's lean statements do; the leasing one is the plain one
+    /// with leases, and reads no transformation.
+    #[test]
+    fn the_lean_batch_statements_keep_out_what_they_leave_to_the_full_one() {
+        let (plain, leasing) = (lean_insert_batch_sql(), lean_insert_batch_and_claim_sql());
+        for sql in [plain, leasing] {
+            assert!(sql.contains("FROM input WHERE NOT (SELECT needed FROM full_fanout)"), "guarded: {sql}");
+            assert!(sql.contains(NEEDS_FULL_FANOUT_BATCH) && sql.contains(LEAN_BATCH_ANSWER), "{sql}");
+            for part in ["order_lines", "wg_event_doc", "jsonb_path_match", "transform_by IS NOT NULL", "tr.transform"]
+            {
+                let uses = sql.matches(part).count();
+                let guard = NEEDS_FULL_FANOUT_BATCH.matches(part).count();
+                assert_eq!(uses, guard, "{part} only in the guard: {sql}");
+            }
+        }
+        assert!(!plain.contains("wg_lease_room"), "{plain}");
+        assert!(leasing.contains("wg_lease_room_v2(") && !leasing.contains("$17"), "{leasing}");
+        assert!(insert_batch_and_claim_sql().contains("tr.transform"), "the full one reads it");
     }
 }

@@ -13,7 +13,10 @@ use crate::queue::fanout::{FANOUT, FANOUT_LEASED};
 mod batch;
 pub mod lean;
 mod read;
-pub use batch::{insert_batch_and_claim, insert_batch_and_claim_sql, insert_batch_sql, insert_batch_with_fanout};
+pub use batch::{
+    insert_batch_and_claim, insert_batch_and_claim_sql, insert_batch_sql, insert_batch_with_fanout,
+    lean_insert_batch_and_claim_sql, lean_insert_batch_sql,
+};
 pub use read::*;
 
 /// An event about to be stored.

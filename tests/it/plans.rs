@@ -524,7 +524,8 @@ type IngestStatement = (&'static str, &'static str, &'static str, fn(Uuid, usize
 /// low load one webhook ([`webhook_gateway::store::events::insert_sql`]), or one webhook
 /// with its delivery leased ([`webhook_gateway::store::events::insert_and_claim_sql`],
 /// whose room function reads the endpoint's leases in flight), and the lean forms of the
-/// last two (`store::events::lean`, whose guard reads the source's subscriptions). A plan, generic
+/// batch and the last two (`store::events::lean` and `lean_insert_batch_sql`, whose
+/// guard reads the sources' subscriptions). A plan, generic
 /// or custom, built when `events` was nearly empty (a gateway's first minute on a new
 /// database, before any `ANALYZE`) must still find a duplicate by key, and touch nothing
 /// else of the table, when 30,000 events are stored. (The batch's duplicate lookup
@@ -535,15 +536,14 @@ type IngestStatement = (&'static str, &'static str, &'static str, fn(Uuid, usize
 #[tokio::test]
 async fn ingest_costs_the_same_at_any_table_size_with_a_plan_built_on_an_empty_database() {
     use sqlx::Connection as _;
-    use webhook_gateway::store::events::{insert_and_claim_sql, insert_batch_sql, insert_sql, lean};
-    let statements: [IngestStatement; 5] = [
-        (
-            "batch of 2 new + 1 duplicate",
-            insert_batch_sql(),
-            "uuid[], text[], text[], text[], text[], bytea[], int4[], text[], int4[], text[], text[], int8[], int4[]",
-            batch_args,
-            3,
-        ),
+    use webhook_gateway::store::events::{
+        insert_and_claim_sql, insert_batch_sql, insert_sql, lean, lean_insert_batch_sql,
+    };
+    const BATCH_TYPES: &str =
+        "uuid[], text[], text[], text[], text[], bytea[], int4[], text[], int4[], text[], text[], int8[], int4[]";
+    let statements: [IngestStatement; 6] = [
+        ("batch of 2 new + 1 duplicate", insert_batch_sql(), BATCH_TYPES, batch_args, 3),
+        ("batch of 2 new + 1 duplicate, lean", lean_insert_batch_sql(), BATCH_TYPES, batch_args, 3),
         ("one duplicate", insert_sql(), SINGLE_TYPES, single_args, 1),
         ("one new webhook, its delivery leased", insert_and_claim_sql(), LEASING_TYPES, leasing_args, 1),
         ("one duplicate, lean", lean::insert_sql(), SINGLE_TYPES, single_args, 1),

@@ -44,7 +44,8 @@ fn answers_are_one_per_event(rows: &[BatchAnswer], events: usize) -> Result<(), 
 /// the bench's 1,000/s run, the statement's mean 2.9 ms, growing with the table
 /// (`tests/it/plans.rs`).
 pub fn insert_batch_sql() -> &'static str {
-    static SQL: LazyLock<String> = LazyLock::new(|| format!("{}\n        {BATCH_ANSWER}", batch_ctes(FANOUT, false)));
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("{}\n        {}", batch_ctes(FANOUT, Form::Full), Form::Full.answer()));
     &SQL
 }
 
@@ -56,7 +57,7 @@ pub fn insert_batch_sql() -> &'static str {
 /// says nothing). Public so that tests and the benchmark can run it.
 pub fn lean_insert_batch_sql() -> &'static str {
     static SQL: LazyLock<String> =
-        LazyLock::new(|| format!("{}\n        {LEAN_BATCH_ANSWER}", batch_ctes(FANOUT_LEAN_BATCH, true)));
+        LazyLock::new(|| format!("{}\n        {}", batch_ctes(FANOUT_LEAN_BATCH, Form::Lean), Form::Lean.answer()));
     &SQL
 }
 
@@ -74,8 +75,7 @@ pub fn lean_insert_batch_sql() -> &'static str {
 /// event's source joined for its name, they were about 35,000 instructions a webhook of
 /// a batch of 8 (bench row 18).
 pub fn insert_batch_and_claim_sql() -> &'static str {
-    static SQL: LazyLock<String> =
-        LazyLock::new(|| leasing_batch_statement(&batch_ctes(FANOUT_BATCH_LEASED, false), BATCH_ANSWER, false, true));
+    static SQL: LazyLock<String> = LazyLock::new(|| leasing_batch_statement(FANOUT_BATCH_LEASED, Form::Full));
     &SQL
 }
 
@@ -83,25 +83,42 @@ pub fn insert_batch_and_claim_sql() -> &'static str {
 /// `stored_needs_full`, true when the batch needs the full fan-out and nothing was
 /// stored, as [`lean_insert_batch_sql`]): no transformation to read.
 pub fn lean_insert_batch_and_claim_sql() -> &'static str {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        leasing_batch_statement(&batch_ctes(FANOUT_LEAN_BATCH_LEASED, true), LEAN_BATCH_ANSWER, true, false)
-    });
+    static SQL: LazyLock<String> = LazyLock::new(|| leasing_batch_statement(FANOUT_LEAN_BATCH_LEASED, Form::Lean));
     &SQL
 }
 
-/// A leasing batch statement from its `WITH` list and `answer`: each event's answer (and
-/// `stored_needs_full` where `guarded`), then the lease's columns; `transforms` when a
-/// delivery may carry a transformation (its text and the event's headers are read for it).
-fn leasing_batch_statement(ctes: &str, answer: &str, guarded: bool, transforms: bool) -> String {
-    let needs_full = if guarded { ", a.needs_full AS stored_needs_full" } else { "" };
-    let (transform, event_headers, joins) = if transforms {
-        (
+/// Which fan-out a batch statement runs: the full one, or the lean one behind its guard,
+/// which answers `needs_full` beside each event's answer and reads no transformation (a
+/// source with one needs the full fan-out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Full,
+    Lean,
+}
+
+impl Form {
+    /// The statement's answer: [`BATCH_ANSWER`], or the lean one's with its flag.
+    fn answer(self) -> &'static str {
+        match self {
+            Form::Full => BATCH_ANSWER,
+            Form::Lean => LEAN_BATCH_ANSWER,
+        }
+    }
+}
+
+/// A leasing batch statement of `fanout` in `form`: each event's answer (and
+/// `stored_needs_full` for the lean form), then the lease's columns; in the full form a
+/// delivery may carry a transformation, whose text and the event's headers are read.
+fn leasing_batch_statement(fanout: &str, form: Form) -> String {
+    let (ctes, answer) = (batch_ctes(fanout, form), form.answer());
+    let (needs_full, transform, event_headers, joins) = match form {
+        Form::Full => (
+            "",
             "(SELECT tr.transform FROM subscriptions tr WHERE tr.id = f.transform_by)",
             "CASE WHEN f.transform_by IS NOT NULL THEN i.headers::jsonb::text END",
             " JOIN ev ON ev.id = f.event_id JOIN input i ON i.arrival = ev.ord",
-        )
-    } else {
-        ("NULL::text", "NULL::text", "")
+        ),
+        Form::Lean => (", a.needs_full AS stored_needs_full", "NULL::text", "NULL::text", ""),
     };
     format!(
         "{ctes}, answer AS (
@@ -120,17 +137,16 @@ fn leasing_batch_statement(ctes: &str, answer: &str, guarded: bool, transforms: 
 
 /// The batch statements' `WITH` list: the input, the events, their bodies and the fan-out
 /// (`fanout`, [`FANOUT`] or [`FANOUT_BATCH_LEASED`], or a lean one), and `fanned`: each
-/// new event's deliveries. `guarded` (the lean statements): first whether the batch needs
-/// the full fan-out ([`NEEDS_FULL_FANOUT_BATCH`], read with the statement's snapshot),
-/// and the events inserted only when it does not.
-fn batch_ctes(fanout: &str, guarded: bool) -> String {
-    let (guard, only_when) = if guarded {
-        (
+/// new event's deliveries. In the lean `form`: first whether the batch needs the full
+/// fan-out ([`NEEDS_FULL_FANOUT_BATCH`], read with the statement's snapshot), and the
+/// events inserted only when it does not.
+fn batch_ctes(fanout: &str, form: Form) -> String {
+    let (guard, only_when) = match form {
+        Form::Full => (String::new(), ""),
+        Form::Lean => (
             format!("full_fanout AS MATERIALIZED (\n            {NEEDS_FULL_FANOUT_BATCH}\n        ), "),
             " WHERE NOT (SELECT needed FROM full_fanout)",
-        )
-    } else {
-        (String::new(), "")
+        ),
     };
     format!(
         "WITH {guard}input AS (
@@ -279,21 +295,14 @@ pub async fn insert_batch_with_fanout(
             .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?)))
             .collect::<Result<Vec<BatchAnswer>, sqlx::Error>>()
     };
-    if lean_first(events) {
-        let rows = columns.bound(lean_insert_batch_sql()).fetch_all(pool).await?;
-        if !said_needs_full(&rows, "needs_full")? {
-            return answers_in_input_order(pool, events, &plan, answers_of(rows)?).await;
-        }
-        needs_full(events);
-    }
-    let answers = answers_of(columns.bound(insert_batch_sql()).fetch_all(pool).await?)?;
-    answers_in_input_order(pool, events, &plan, answers).await
-}
-
-/// Whether to try a lean batch statement first: no source of the batch was found to need
-/// the full fan-out lately (`super::lean::worth_trying`).
-fn lean_first(events: &[OwnedEvent]) -> bool {
-    events.iter().all(|event| super::lean::worth_trying(event.source_id))
+    let rows = super::lean::lean_first(
+        events.iter().map(|event| event.source_id),
+        (insert_batch_sql(), lean_insert_batch_sql()),
+        |rows| said_needs_full(rows, "needs_full"),
+        |sql| columns.bound(sql).fetch_all(pool),
+    )
+    .await?;
+    answers_in_input_order(pool, events, &plan, answers_of(rows)?).await
 }
 
 /// Whether a lean batch statement's `rows` say (in their column `flag`) that the batch
@@ -301,15 +310,6 @@ fn lean_first(events: &[OwnedEvent]) -> bool {
 fn said_needs_full(rows: &[PgRow], flag: &str) -> Result<bool, sqlx::Error> {
     use sqlx::Row as _;
     rows.first().map_or(Ok(false), |row| row.try_get(flag))
-}
-
-/// A lean batch statement found that the batch needs the full fan-out: one of its
-/// sources does, and each is remembered (a source that does not is tried lean again
-/// after `super::lean::TRY_LEAN_AGAIN_AFTER`, a statement lost at most).
-fn needs_full(events: &[OwnedEvent]) {
-    for event in events {
-        super::lean::needs_full(event.source_id);
-    }
 }
 
 /// [`insert_batch_with_fanout`], with the deliveries it creates leased in the same
@@ -334,23 +334,14 @@ pub async fn insert_batch_and_claim(
             .bind(terms.default_max_in_flight)
             .fetch_all(pool)
     };
-    let mut rows = Vec::new();
-    let mut answers = None;
-    if lean_first(events) {
-        rows = run(lean_insert_batch_and_claim_sql()).await?;
-        if said_needs_full(&rows, "stored_needs_full")? {
-            needs_full(events);
-        } else {
-            answers = Some(answers_of_leasing_rows(&rows)?);
-        }
-    }
-    let answers = match answers {
-        Some(answers) => answers,
-        None => {
-            rows = run(insert_batch_and_claim_sql()).await?;
-            answers_of_leasing_rows(&rows)?
-        }
-    };
+    let rows = super::lean::lean_first(
+        events.iter().map(|event| event.source_id),
+        (insert_batch_and_claim_sql(), lean_insert_batch_and_claim_sql()),
+        |rows| said_needs_full(rows, "stored_needs_full"),
+        run,
+    )
+    .await?;
+    let answers = answers_of_leasing_rows(&rows)?;
     let fresh = leases_of_batch(&rows, events, &plan)?;
     let stored = answers_in_input_order(pool, events, &plan, answers).await?;
     Ok((stored, fresh))

@@ -17,6 +17,8 @@ use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
+use sqlx::postgres::PgRow;
+
 use super::Transforms;
 use crate::ids::SourceId;
 use crate::queue::fanout::{FANOUT_LEAN, FANOUT_LEAN_LEASED, NEEDS_FULL_FANOUT};
@@ -46,6 +48,31 @@ pub(super) fn needs_full(source: SourceId) {
     if let Ok(mut found) = NEED_FULL.lock() {
         found.insert(source, Instant::now());
     }
+}
+
+/// Run one of an ingest's `statements` (full, lean) with `run`, for events of `sources`:
+/// the lean one first where every source is [`worth_trying`], and the full one when the
+/// lean one's rows say (`said_needs_full`) that a source needs it, each source then
+/// remembered ([`needs_full`]). The rows of the statement that ran last. Shared by the
+/// lone webhook's statements and group commit's batches.
+pub(super) async fn lean_first<F, Fut>(
+    sources: impl Iterator<Item = SourceId> + Clone,
+    (full, lean): (&'static str, &'static str),
+    said_needs_full: impl Fn(&[PgRow]) -> Result<bool, sqlx::Error>,
+    mut run: F,
+) -> Result<Vec<PgRow>, sqlx::Error>
+where
+    F: FnMut(&'static str) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<PgRow>, sqlx::Error>>,
+{
+    if sources.clone().all(worth_trying) {
+        let rows = run(lean).await?;
+        if !said_needs_full(&rows)? {
+            return Ok(rows);
+        }
+        sources.for_each(needs_full);
+    }
+    run(full).await
 }
 
 /// The lean statement's `WITH` list: whether the source needs the full fan-out, the event

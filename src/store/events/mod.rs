@@ -245,34 +245,27 @@ fn answer_of(rows: &[sqlx::postgres::PgRow], prefix: &str) -> Result<Answer, sql
     Ok(Answer::NeedsFull)
 }
 
-/// Run one of a lone webhook's ingest `statements` (full, lean) with `run`: the lean one
-/// first where [`lean::worth_trying`] says so, the full one when the lean one answers that
-/// the source needs it (remembered: [`lean::needs_full`]). The answer and the rows it
-/// came in (columns named as [`answer_of`] reads them with `prefix`); `None` when the
-/// statement saw no twin it could answer with (a twin committed after its snapshot, or
-/// any twin for the leasing statements, which do not look: [`LEASING_ANSWER`]).
+/// Run one of a lone webhook's ingest `statements` (full, lean) with `run`, lean first
+/// ([`lean::lean_first`]). The answer and the rows it came in (columns named as
+/// [`answer_of`] reads them with `prefix`); `None` when the statement saw no twin it could
+/// answer with (a twin committed after its snapshot, or any twin for the leasing
+/// statements, which do not look: [`LEASING_ANSWER`]).
 async fn lean_first<F, Fut>(
     source: SourceId,
-    (full, lean_sql): (&'static str, &'static str),
+    statements: (&'static str, &'static str),
     prefix: &str,
-    mut run: F,
+    run: F,
 ) -> Result<Option<(Stored, Vec<sqlx::postgres::PgRow>)>, sqlx::Error>
 where
     F: FnMut(&'static str) -> Fut,
     Fut: std::future::Future<Output = Result<Vec<sqlx::postgres::PgRow>, sqlx::Error>>,
 {
-    let mut lean = lean::worth_trying(source);
-    loop {
-        let rows = run(if lean { lean_sql } else { full }).await?;
-        match answer_of(&rows, prefix)? {
-            Answer::Stored(stored) => return Ok(Some((stored, rows))),
-            // Only a lean statement answers so (the full one always stores or finds).
-            Answer::NeedsFull if lean => {
-                lean::needs_full(source);
-                lean = false;
-            }
-            Answer::NeedsFull | Answer::Unseen => return Ok(None),
-        }
+    // Only a lean statement answers so (the full one always stores or finds).
+    let said_needs_full = |rows: &[sqlx::postgres::PgRow]| Ok(matches!(answer_of(rows, prefix)?, Answer::NeedsFull));
+    let rows = lean::lean_first(std::iter::once(source), statements, said_needs_full, run).await?;
+    match answer_of(&rows, prefix)? {
+        Answer::Stored(stored) => Ok(Some((stored, rows))),
+        Answer::NeedsFull | Answer::Unseen => Ok(None),
     }
 }
 

@@ -115,6 +115,7 @@ async fn publish_traced(
                 payload: payload.into(),
                 ordering_key,
                 trace: crate::telemetry::EventTrace::for_request(headers),
+                terms: None,
             },
             deadline,
         )

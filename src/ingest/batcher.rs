@@ -145,6 +145,11 @@ impl Batcher {
     /// with [`StoreError::Unconfirmed`] (or [`StoreError::Unavailable`] if it never got
     /// to a writer).
     pub async fn store(&self, event: OwnedEvent, deadline: Instant) -> Result<Stored, StoreError> {
+        // In the requester's task, before it takes a direct pass or queues the event: a
+        // writer stores one batch at a time while the next one waits for it, and
+        // computing each event's terms there (a parse of its body) kept the database
+        // waiting between two commits.
+        let event = event.with_terms();
         // Off: not even a clone of the current (request log) span.
         let span = if crate::telemetry::enabled() { tracing::Span::current() } else { tracing::Span::none() };
         if let Some(in_flight) = self.writers.write_directly(&self.jobs) {
@@ -418,6 +423,7 @@ mod tests {
             payload: bytes::Bytes::new(),
             ordering_key: None,
             trace: None,
+            terms: None,
         };
         let job = Job { event, span: tracing::Span::none(), deadline: Instant::now() + Duration::from_secs(60), reply };
         jobs.send(job).await.expect("queue open");

@@ -154,6 +154,7 @@ impl Intake {
             payload: body,
             ordering_key: verified.ordering_key,
             trace: crate::telemetry::EventTrace::for_request(headers),
+            terms: None,
         };
         let stored = self.accept(event, deadline).await.map_err(Refused::Store)?;
         Ok(Received::Stored(stored))

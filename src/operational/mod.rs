@@ -166,6 +166,7 @@ pub async fn publish(
         payload: &payload,
         ordering_key,
         trace: None,
+        terms: None,
     };
     let stored = crate::store::events::insert_in(tx, &event).await?;
     let new = stored.is_some_and(|s| !s.duplicate);

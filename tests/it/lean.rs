@@ -63,6 +63,7 @@ fn event<'a>(
         payload: br#"{"amount": 5}"#,
         ordering_key: Some("customer-1"),
         trace: None,
+        terms: None,
     }
 }
 

@@ -288,6 +288,7 @@ async fn a_batch_keeps_arrival_order_within_a_line() {
             payload: bytes::Bytes::from(dedupe.to_string()),
             ordering_key: Some("one".into()),
             trace: None,
+            terms: None,
         })
         .collect();
     insert_batch_with_fanout(&app.db.pool, &events).await.expect("batch");
@@ -335,6 +336,7 @@ async fn a_statement_that_waits_for_a_line_takes_its_place_after_the_line_s_head
         headers: json!({}),
         payload: bytes::Bytes::from(json!({"key": key, "i": i}).to_string()),
         ordering_key: Some(key.to_owned()),
+        terms: None,
         trace: None,
     };
     let batch = [event("k0-1", "k0", 1), event("k1-0", "k1", 0)];

@@ -59,6 +59,7 @@ pub(crate) async fn shop_event<'a>(
         payload: b"{}",
         ordering_key: None,
         trace: None,
+        terms: None,
     }
 }
 
@@ -683,6 +684,7 @@ async fn a_lease_taken_at_ingest_carries_its_event_as_the_database_holds_it() {
                 headers: &headers,
                 payload: body,
                 ordering_key: None,
+                terms: None,
                 trace: traced.then_some(&trace),
             };
             let (stored, fresh) = insert_and_claim(pool, &event, terms).await.expect("stored");

@@ -150,6 +150,7 @@ async fn each_event_of_a_large_batch_keeps_its_own_terms() {
         payload: body.into(),
         ordering_key: None,
         trace: None,
+        terms: None,
     };
     let mut batch = Vec::new();
     for i in 0..300 {
@@ -158,7 +159,10 @@ async fn each_event_of_a_large_batch_keeps_its_own_terms() {
             1 => format!("plain {i}").into_bytes(),
             _ => json!([i, {"i": i}]).to_string().into_bytes(),
         };
-        batch.push(event(format!("b-{i}"), body));
+        // Every other event with its terms computed ahead, as ingest's requesters do
+        // (`Batcher::store`): each keeps its own through the statement's reordering.
+        let e = event(format!("b-{i}"), body);
+        batch.push(if i % 2 == 0 { e.with_terms() } else { e });
     }
     batch.push(event("b-0".into(), b"{\"i\": -1}".to_vec()));
     insert_batch_with_fanout(&db.pool, &batch).await.expect("batch");
@@ -172,6 +176,50 @@ async fn each_event_of_a_large_batch_keeps_its_own_terms() {
         let expected = webhook_gateway::search::terms(&key, &json!({"x-n": "h"}), &payload);
         assert_eq!(stored, expected, "{key}: {}", String::from_utf8_lossy(&payload));
     }
+}
+
+/// Terms computed ahead are the ones stored, by the batch statement and the lone one
+/// alike: the writer does not compute them again (and so spends no time on them between
+/// two commits).
+#[tokio::test]
+async fn terms_computed_ahead_are_the_ones_stored() {
+    let db = TestDb::new().await;
+    let source: webhook_gateway::ids::SourceId =
+        sqlx::query_scalar("SELECT id FROM sources WHERE name = 'api'").fetch_one(&db.pool).await.expect("api");
+    let event = |key: &str, terms: Option<Vec<i64>>| OwnedEvent {
+        source_id: source,
+        source_name: "api".into(),
+        indexing: webhook_gateway::search::Indexing::Content,
+        dedupe_key: key.into(),
+        event_type: "t".into(),
+        content_type: None,
+        headers: json!({}),
+        payload: json!({"a": 1}).to_string().into_bytes().into(),
+        ordering_key: None,
+        trace: None,
+        terms,
+    };
+    // Marked terms, which no computation gives these events.
+    let batch = vec![event("ahead-b1", Some(vec![-7, 7])), event("ahead-b2", None), event("ahead-b3", Some(vec![3]))];
+    insert_batch_with_fanout(&db.pool, &batch).await.expect("batch");
+    webhook_gateway::store::events::insert_with_fanout(&db.pool, &event("ahead-lone", Some(vec![11])).as_new())
+        .await
+        .expect("lone");
+    let stored: Vec<(String, Vec<i64>)> =
+        sqlx::query_as("SELECT dedupe_key, search FROM events WHERE dedupe_key LIKE 'ahead-%' ORDER BY dedupe_key")
+            .fetch_all(&db.pool)
+            .await
+            .expect("rows");
+    let computed = webhook_gateway::search::terms("ahead-b2", &json!({}), br#"{"a":1}"#);
+    assert_eq!(
+        stored,
+        vec![
+            ("ahead-b1".to_owned(), vec![-7, 7]),
+            ("ahead-b2".to_owned(), computed),
+            ("ahead-b3".to_owned(), vec![3]),
+            ("ahead-lone".to_owned(), vec![11]),
+        ]
+    );
 }
 
 #[tokio::test]
@@ -209,6 +257,7 @@ fn paid(source: webhook_gateway::ids::SourceId, key: String, payload: serde_json
         headers: json!({}),
         payload: payload.to_string().into_bytes().into(),
         ordering_key: None,
+        terms: None,
         trace: None,
     }
 }

@@ -218,6 +218,7 @@ async fn searches(ctx: &Ctx, gw: &Gateway, pool: &sqlx::PgPool, url: &str) -> an
                             payload: crate::payload::body(seq).into_bytes().into(),
                             ordering_key: None,
                             trace: None,
+                            terms: None,
                         }
                     })
                     .collect();

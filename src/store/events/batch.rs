@@ -235,7 +235,7 @@ impl<'a> BatchColumns<'a> {
         let mut terms: Vec<i64> = Vec::new();
         let mut term_ends: Vec<i32> = Vec::with_capacity(unique.len());
         for e in each() {
-            terms.extend(e.indexing.terms(&e.dedupe_key, &e.headers, &e.payload));
+            terms.extend_from_slice(&e.as_new().search_terms());
             term_ends.push(i32::try_from(terms.len()).unwrap_or(i32::MAX));
         }
         BatchColumns {
@@ -482,6 +482,7 @@ mod tests {
             payload: bytes::Bytes::new(),
             ordering_key: None,
             trace: None,
+            terms: None,
         }
     }
 
@@ -494,6 +495,27 @@ mod tests {
         assert_eq!(plan.unique, vec![2, 1, 0]);
         assert_eq!(plan.representative, vec![0, 1, 2, 0, 1]);
         assert_eq!(plan_batch(&[]), BatchPlan { unique: vec![], representative: vec![] });
+    }
+
+    /// Terms computed ahead (by ingest's requesters) are what the batch would compute,
+    /// and go into the batch's columns as they are, at their event's place.
+    #[test]
+    fn terms_computed_ahead_are_what_the_batch_would_compute_and_stay_with_their_event() {
+        let source = SourceId(uuid::Uuid::from_u128(1));
+        let body =
+            |e: OwnedEvent, b: &'static str| OwnedEvent { payload: bytes::Bytes::from_static(b.as_bytes()), ..e };
+        let late = body(event(source, "k2"), r#"{"b": [1, 2]}"#);
+        let ahead = body(event(source, "k1"), r#"{"a": "x"}"#).with_terms();
+        let computed = crate::search::terms("k1", &serde_json::json!({}), br#"{"a": "x"}"#);
+        assert_eq!(ahead.terms.as_deref(), Some(&computed[..]));
+        let marked = OwnedEvent { terms: Some(vec![5]), ..event(source, "k0") };
+        let events = [late, ahead, marked];
+        let columns = BatchColumns::of(&events, &plan_batch(&events).unique);
+        // In key order: k0 (marked), k1 (ahead), k2 (computed by the batch).
+        let k2 = crate::search::terms("k2", &serde_json::json!({}), br#"{"b": [1, 2]}"#);
+        assert_eq!(columns.terms, [vec![5], computed.clone(), k2.clone()].concat());
+        let ends: Vec<i32> = [1, 1 + computed.len(), 1 + computed.len() + k2.len()].iter().map(|&n| n as i32).collect();
+        assert_eq!(columns.term_ends, ends);
     }
 
     /// The two batch statements differ only in how they insert the deliveries and what

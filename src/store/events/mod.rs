@@ -44,9 +44,21 @@ pub struct NewEvent<'a> {
     pub ordering_key: Option<&'a str>,
     /// The trace context the deliveries link to (`crate::telemetry::EventTrace`).
     pub trace: Option<&'a crate::telemetry::EventTrace>,
+    /// Its search terms when they were computed ahead ([`OwnedEvent::terms`]); `None`:
+    /// computed by the statement that stores it.
+    pub terms: Option<&'a [i64]>,
 }
 
 impl<'a> NewEvent<'a> {
+    /// What `events.search` holds for it (`crate::search::Indexing::terms`): the terms
+    /// computed ahead, or computed now.
+    pub fn search_terms(&self) -> std::borrow::Cow<'a, [i64]> {
+        match self.terms {
+            Some(terms) => std::borrow::Cow::Borrowed(terms),
+            None => std::borrow::Cow::Owned(self.indexing.terms(self.dedupe_key, self.headers, self.payload)),
+        }
+    }
+
     /// What a lease of one of its deliveries carries of it (`crate::queue::EventColumns`),
     /// its body `shared` when the caller holds it as `Bytes`.
     pub(crate) fn lease_columns(
@@ -291,7 +303,7 @@ pub async fn insert_with_fanout<'c, E>(db: E, event: &NewEvent<'_>) -> Result<St
 where
     E: PgExecutor<'c> + Copy,
 {
-    let terms = event.indexing.terms(event.dedupe_key, event.headers, event.payload);
+    let terms = event.search_terms();
     // Bounded: the only way round again is a twin that committed and was then deleted
     // (retention) between our two statements.
     for _ in 0..3 {
@@ -329,7 +341,7 @@ pub async fn insert_and_claim(
     event: &NewEvent<'_>,
     terms: ClaimTerms,
 ) -> Result<(Stored, crate::queue::FreshClaim), sqlx::Error> {
-    let search = event.indexing.terms(event.dedupe_key, event.headers, event.payload);
+    let search = event.search_terms();
     // Bounded as in `insert_with_fanout`.
     for _ in 0..3 {
         let statements = (insert_and_claim_sql(), lean::insert_and_claim_sql());
@@ -356,7 +368,7 @@ pub async fn insert_and_claim(
 /// transaction then holds nothing of it). For events the gateway publishes about itself
 /// (`crate::operational`), whose keys no producer races for.
 pub async fn insert_in(conn: &mut sqlx::PgConnection, event: &NewEvent<'_>) -> Result<Option<Stored>, sqlx::Error> {
-    let terms = event.indexing.terms(event.dedupe_key, event.headers, event.payload);
+    let terms = event.search_terms();
     let rows = bound_event(insert_sql(), event, &terms).fetch_all(conn).await?;
     match answer_of(&rows, "")? {
         Answer::Stored(stored) => Ok(Some(stored)),
@@ -404,6 +416,11 @@ pub struct OwnedEvent {
     pub ordering_key: Option<String>,
     /// The trace context its deliveries link to, when there is one.
     pub trace: Option<crate::telemetry::EventTrace>,
+    /// Its search terms, when computed ahead: ingest computes them in the request's own
+    /// task ([`OwnedEvent::with_terms`]), so that a batch's writer, which stores one
+    /// batch at a time while the next one waits, does not compute them for every event
+    /// of its batch between two commits. `None`: computed where it is stored.
+    pub terms: Option<Vec<i64>>,
 }
 
 impl OwnedEvent {
@@ -420,7 +437,16 @@ impl OwnedEvent {
             payload: &self.payload,
             ordering_key: self.ordering_key.as_deref(),
             trace: self.trace.as_ref(),
+            terms: self.terms.as_deref(),
         }
+    }
+
+    /// The event with its search terms computed now (see [`OwnedEvent::terms`]).
+    pub fn with_terms(mut self) -> Self {
+        if self.terms.is_none() {
+            self.terms = Some(self.indexing.terms(&self.dedupe_key, &self.headers, &self.payload));
+        }
+        self
     }
 }
 

@@ -665,5 +665,6 @@ pub fn owned_event(
         payload: format!("{{\"k\":\"{key}\"}}").into_bytes().into(),
         ordering_key: None,
         trace: None,
+        terms: None,
     }
 }

@@ -93,6 +93,10 @@ pub struct Args {
     /// Concurrent connections for the ingest scenarios and pgbench.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1, 16, 64])]
     pub concurrency: Vec<usize>,
+    /// Extra line items in every webhook's body (six scalars, about 110 bytes each); 0
+    /// sends the 1-2 KiB event as it is.
+    #[arg(long, default_value_t = 0)]
+    pub body_extra_items: usize,
     /// Pending deliveries for the drain and failing-subscriber scenarios.
     #[arg(long, default_value_t = 100_000)]
     pub drain_deliveries: u64,
@@ -212,6 +216,7 @@ impl Ctx {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    payload::set_extra_items(args.body_extra_items);
     match run(args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

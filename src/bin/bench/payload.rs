@@ -37,7 +37,37 @@ pub fn body(seq: u64) -> String {
     body_with(&seq.to_string())
 }
 
+/// Extra line items in every body (`--body-extra-items`; 0: the 1-2 KiB event as it is).
+static EXTRA_ITEMS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Make every body carry `items` more line items (six scalars and about 110 bytes each),
+/// for bodies larger than the default event: a provider's big payload (a GitHub push
+/// holds hundreds of values) costs its parse and its search terms per webhook.
+pub fn set_extra_items(items: usize) {
+    EXTRA_ITEMS.store(items, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn body_with(seq: &str) -> String {
+    let mut body = event_body(seq);
+    let extra = EXTRA_ITEMS.load(std::sync::atomic::Ordering::Relaxed);
+    if extra > 0 && body.pop() == Some('}') {
+        body.push_str(r#","more_items":["#);
+        for i in 0..extra {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(&format!(
+                r#"{{"id":"li_x{i}","sku":"SKU-{i:05}","description":"Item number {i}","quantity":{q},"unit_amount":{a},"tax_rate":"19%"}}"#,
+                q = 1 + i % 3,
+                a = 100 + i * 7
+            ));
+        }
+        body.push_str("]}");
+    }
+    body
+}
+
+fn event_body(seq: &str) -> String {
     // The sequence number appears in the ids too, like a real provider's unique ids, so
     // no two bodies are identical (matters for TOAST compression and hashing).
     format!(
@@ -131,6 +161,18 @@ pub fn find_seq(body: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extra_items_keep_the_body_one_json_document_with_its_seq() {
+        set_extra_items(3);
+        let b = body(9);
+        set_extra_items(0);
+        let v: serde_json::Value = serde_json::from_str(&b).expect("valid JSON");
+        assert_eq!(v["more_items"].as_array().map(Vec::len), Some(3));
+        assert_eq!(v["more_items"][2]["sku"], "SKU-00002");
+        assert_eq!(find_seq(b.as_bytes()), Some(9));
+        assert_eq!(v["type"], EVENT_TYPE);
+    }
 
     #[test]
     fn body_is_valid_json_of_one_to_two_kib_and_carries_its_seq() {

@@ -48,8 +48,12 @@ pub fn set_extra_items(items: usize) {
 }
 
 fn body_with(seq: &str) -> String {
+    with_items(seq, EXTRA_ITEMS.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// The event with `extra` more line items.
+fn with_items(seq: &str, extra: usize) -> String {
     let mut body = event_body(seq);
-    let extra = EXTRA_ITEMS.load(std::sync::atomic::Ordering::Relaxed);
     if extra > 0 && body.pop() == Some('}') {
         body.push_str(r#","more_items":["#);
         for i in 0..extra {
@@ -164,9 +168,7 @@ mod tests {
 
     #[test]
     fn extra_items_keep_the_body_one_json_document_with_its_seq() {
-        set_extra_items(3);
-        let b = body(9);
-        set_extra_items(0);
+        let b = with_items("9", 3);
         let v: serde_json::Value = serde_json::from_str(&b).expect("valid JSON");
         assert_eq!(v["more_items"].as_array().map(Vec::len), Some(3));
         assert_eq!(v["more_items"][2]["sku"], "SKU-00002");

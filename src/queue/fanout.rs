@@ -374,7 +374,7 @@ pub const NEEDS_FULL_FANOUT: &str = needs_full_fanout!(takes_source!("s", "$1"))
 /// An endpoint subscribed twice is listed twice here: the insert's `ON CONFLICT ON
 /// CONSTRAINT deliveries_once DO NOTHING` keeps one delivery, where a `DISTINCT` cost a
 /// sort set up at every execution for a case that is rare (about 17,000 instructions a
-/// webhook, bench row 18; `prelease::an_endpoint_subscribed_twice_is_delivered_and_leased_once`).
+/// webhook, bench row 18; `prelease_statement::an_endpoint_subscribed_twice_is_delivered_and_leased_once`).
 ///
 /// For a batch (`batch`): each new event's source and type (`ev`'s), and its place in the
 /// batch (`ord`, which orders the leases a batch grants one endpoint). The full batch

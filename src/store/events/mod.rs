@@ -444,7 +444,8 @@ impl OwnedEvent {
     /// The event with its search terms computed now (see [`OwnedEvent::terms`]).
     pub fn with_terms(mut self) -> Self {
         if self.terms.is_none() {
-            self.terms = Some(self.indexing.terms(&self.dedupe_key, &self.headers, &self.payload));
+            let terms = self.as_new().search_terms().into_owned();
+            self.terms = Some(terms);
         }
         self
     }

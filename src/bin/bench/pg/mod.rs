@@ -13,6 +13,7 @@ use webhook_gateway::db::embedded;
 mod pgbench;
 mod seed;
 mod standalone;
+pub mod waits;
 pub mod wal;
 pub use pgbench::*;
 pub use seed::*;

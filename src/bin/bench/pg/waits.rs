@@ -1,0 +1,127 @@
+//! What PostgreSQL's client backends do during a measured window: on the CPU, waiting
+//! for the WAL's flush, or waiting for something else, sampled from `pg_stat_activity`
+//! every 10 ms by a loop inside one server-side statement (the same as `bench/waits.sql`).
+//! A sampler that started a client per sample took a tenth of a core and halved the
+//! rate it measured; this one costs one sleeping backend.
+//!
+//! It says what bounds a rate when the CPU does not: at 16 connections pgbench's
+//! transactions queue for the WAL's flush, while the gateway's two group-commit batches
+//! take turns with under one statement in PostgreSQL at a time (bench/PROFILE.md,
+//! "Ingest at 16 connections: two batches taking turns").
+
+use std::time::Duration;
+
+/// Average client backends in each state over a window (the sampler's own left out).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Waits {
+    /// Active with no wait event: running, or runnable and waiting for a core.
+    pub cpu: f64,
+    /// Waiting for the WAL to reach the disk: its own flush, or the lock another
+    /// backend's flush holds.
+    pub wal_flush: f64,
+    /// Any other wait (a lock, a buffer, a data file, the client).
+    pub other: f64,
+}
+
+/// What a sample's `wait_event_type` and `wait_event` say a backend is doing.
+fn state(wait_event_type: Option<&str>, wait_event: Option<&str>) -> State {
+    match (wait_event_type, wait_event) {
+        (None, _) => State::Cpu,
+        (Some("IO"), Some("WALSync" | "WALWrite" | "WALInitSync" | "WALInitWrite")) => State::WalFlush,
+        (Some("LWLock"), Some("WALWrite")) => State::WalFlush,
+        _ => State::Other,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Cpu,
+    WalFlush,
+    Other,
+}
+
+/// Sample the client backends of the server `pool` reaches every 10 ms for about
+/// `window`, and average them. `pool` holds one connection (its temporary table lives in
+/// that session).
+pub async fn sample(pool: &sqlx::PgPool, window: Duration) -> anyhow::Result<Waits> {
+    use sqlx::Row as _;
+    let samples = (window.as_millis() / 10).max(1) as i32;
+    // One round trip, the loop inside it: a sample is a few hundred microseconds of this
+    // backend, which sleeps between them.
+    let rows = sqlx::raw_sql(&format!(
+        "CREATE TEMP TABLE IF NOT EXISTS wg_bench_waits (wait_event_type text, wait_event text);
+         TRUNCATE wg_bench_waits;
+         DO $$
+         BEGIN
+             FOR n IN 1..{samples} LOOP
+                 INSERT INTO wg_bench_waits
+                 SELECT wait_event_type, wait_event FROM pg_stat_activity
+                 WHERE state = 'active' AND backend_type = 'client backend' AND pid <> pg_backend_pid();
+                 PERFORM pg_stat_clear_snapshot();
+                 PERFORM pg_sleep(0.01);
+             END LOOP;
+         END $$;
+         SELECT wait_event_type, wait_event, count(*) AS n FROM wg_bench_waits GROUP BY 1, 2"
+    ))
+    .fetch_all(pool)
+    .await?;
+    let counts = rows
+        .iter()
+        .map(|row| Ok((row.try_get("wait_event_type")?, row.try_get("wait_event")?, row.try_get("n")?)))
+        .collect::<Result<Vec<(Option<String>, Option<String>, i64)>, sqlx::Error>>()?;
+    Ok(average(counts.iter().map(|(t, e, n)| (t.as_deref(), e.as_deref(), *n)), samples))
+}
+
+/// Counts of backends seen in each `(wait_event_type, wait_event)` over `samples`
+/// samples, as averages.
+fn average<'a>(counts: impl Iterator<Item = (Option<&'a str>, Option<&'a str>, i64)>, samples: i32) -> Waits {
+    let mut waits = Waits::default();
+    for (wait_event_type, wait_event, n) in counts {
+        let share = n as f64 / f64::from(samples.max(1));
+        match state(wait_event_type, wait_event) {
+            State::Cpu => waits.cpu += share,
+            State::WalFlush => waits.wal_flush += share,
+            State::Other => waits.other += share,
+        }
+    }
+    waits
+}
+
+impl Waits {
+    /// For a row's note.
+    pub fn note(&self) -> String {
+        format!(
+            "PostgreSQL's client backends on average (sampled every 10 ms): {:.2} on the CPU, {:.2} waiting for the \
+             WAL's flush, {:.2} in other waits",
+            self.cpu, self.wal_flush, self.other
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flush_is_told_from_the_cpu_and_from_other_waits() {
+        assert_eq!(state(None, None), State::Cpu);
+        assert_eq!(state(Some("IO"), Some("WALSync")), State::WalFlush);
+        assert_eq!(state(Some("LWLock"), Some("WALWrite")), State::WalFlush);
+        assert_eq!(state(Some("LWLock"), Some("WALInsert")), State::Other);
+        assert_eq!(state(Some("IO"), Some("DataFileRead")), State::Other);
+        assert_eq!(state(Some("Lock"), Some("transactionid")), State::Other);
+    }
+
+    #[test]
+    fn counts_become_backends_on_average() {
+        let counts = [
+            (None, None, 420),
+            (Some("IO"), Some("WALSync"), 300),
+            (Some("LWLock"), Some("WALWrite"), 30),
+            (Some("Lock"), Some("extend"), 50),
+        ];
+        let waits = average(counts.into_iter(), 1000);
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(near(waits.cpu, 0.42) && near(waits.wal_flush, 0.33) && near(waits.other, 0.05), "{waits:?}");
+    }
+}

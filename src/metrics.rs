@@ -40,6 +40,17 @@ pub const INVARIANT_VIOLATIONS: &str = crate::invariants::VIOLATIONS;
 /// `urgent`, `waiting`, `linger`, `closed`; `deliver::recorder::Ended`). Outcomes per
 /// write: `ATTEMPTS` over this.
 pub const OUTCOME_WRITES: &str = "webhook_gateway_outcome_writes_total";
+/// Group commit's writes (a statement and its commit, each holding one or more webhooks),
+/// by `kind`: `alone` (one webhook) or `batch`. Webhooks per write:
+/// `INGEST_WRITE_WEBHOOKS` over this.
+pub const INGEST_WRITES: &str = "webhook_gateway_ingest_writes_total";
+/// Webhooks written by group commit's writes (duplicates found by the statement
+/// included), by `kind` as [`INGEST_WRITES`].
+pub const INGEST_WRITE_WEBHOOKS: &str = "webhook_gateway_ingest_write_webhooks_total";
+/// How long a write took, statement and commit (the WAL's flush), seconds, by `kind`: what
+/// each webhook of it waited for the database. At moderate concurrency a webhook waits for
+/// about two writes (bench/PROFILE.md, "Ingest at 16 connections").
+pub const INGEST_WRITE_DURATION: &str = "webhook_gateway_ingest_write_seconds";
 /// Outcomes dropped because a newer claim took the lease over.
 pub const FENCED: &str = "webhook_gateway_outcomes_fenced_total";
 /// Outcomes recorded without their details (status and error kind only) because the
@@ -79,6 +90,10 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
             Matcher::Full(ATTEMPT_DURATION.to_owned()),
             &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0],
         )?
+        .set_buckets_for_metric(
+            Matcher::Full(INGEST_WRITE_DURATION.to_owned()),
+            &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
+        )?
         .install_recorder()
         .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))
 }
@@ -91,6 +106,14 @@ pub fn runtime_threads(threads: usize) {
 /// Count one outcome write, by why its batch stopped gathering.
 pub fn outcome_write(ended: &'static str) {
     counter!(OUTCOME_WRITES, "ended" => ended).increment(1);
+}
+
+/// Count one of group commit's writes of `webhooks` webhooks, which took `duration`.
+pub fn ingest_write(webhooks: usize, duration: Duration) {
+    let kind = if webhooks == 1 { "alone" } else { "batch" };
+    counter!(INGEST_WRITES, "kind" => kind).increment(1);
+    counter!(INGEST_WRITE_WEBHOOKS, "kind" => kind).increment(webhooks as u64);
+    histogram!(INGEST_WRITE_DURATION, "kind" => kind).record(duration.as_secs_f64());
 }
 
 /// Count one ingest outcome.

@@ -282,8 +282,10 @@ async fn write_in_flight(
     deadline: Instant,
     in_flight: InFlight,
 ) -> Vec<Result<Stored, StoreError>> {
+    let started = Instant::now();
     let written = tokio::time::timeout_at(deadline, write.instrument(span)).await;
     drop(in_flight);
+    crate::metrics::ingest_write(events, started.elapsed());
     written.unwrap_or_else(|_| {
         // The statement may have reached the server. The connection goes back through
         // sqlx's drain, out of the pool until the path answers or the kernel gives up on

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::support::sink::{Reply, Sink};
-use crate::support::{ADMIN_TOKEN, GatewayProcess, TestDb, count_status, eventually};
+use crate::support::{ADMIN_TOKEN, GatewayProcess, TestDb, count_status, eventually, wait_ready};
 
 /// `name{labels} value` lines, keyed by name plus sorted labels.
 pub(crate) fn parse(text: &str) -> BTreeMap<String, f64> {
@@ -32,13 +32,9 @@ async fn scraped_counters_match_a_scripted_sequence() {
     let db = TestDb::new().await;
     let sink = Sink::start(|r, _| if r.path == "/bad" { Reply::status(400) } else { Reply::status(200) }).await;
     let gw = GatewayProcess::start(&db.url, &["--metrics-sample-secs", "1"]);
+    wait_ready(gw.addr).await;
     let base = format!("http://{}", gw.addr);
     let http = reqwest::Client::new();
-    eventually(Duration::from_secs(30), "gateway ready", || async {
-        let r = http.get(format!("{base}/readyz")).send().await.ok()?;
-        r.status().is_success().then_some(())
-    })
-    .await;
     let admin = |path: &str, body: serde_json::Value| {
         http.post(format!("{base}{path}")).bearer_auth(ADMIN_TOKEN).json(&body).send()
     };
@@ -93,6 +89,13 @@ async fn scraped_counters_match_a_scripted_sequence() {
     assert_eq!(get(r#"webhook_gateway_attempts_total{class="2xx",outcome="delivered"}"#), 1.0);
     assert_eq!(get(r#"webhook_gateway_attempts_total{class="4xx",outcome="dead"}"#), 1.0);
     assert_eq!(get("webhook_gateway_attempt_duration_seconds_count"), 2.0);
+    // One request at a time: each webhook that reached the database was written alone
+    // (the duplicate may have been answered from the cache of recent keys).
+    let alone = get(r#"webhook_gateway_ingest_writes_total{kind="alone"}"#);
+    assert!((2.0..=3.0).contains(&alone), "writes alone: {alone}");
+    assert_eq!(get(r#"webhook_gateway_ingest_write_webhooks_total{kind="alone"}"#), alone);
+    assert_eq!(get(r#"webhook_gateway_ingest_write_seconds_count{kind="alone"}"#), alone);
+    assert!(!scraped.contains_key(r#"webhook_gateway_ingest_writes_total{kind="batch"}"#), "{scraped:#?}");
     // The two outcomes took one write or two, each counted once with why its batch ended.
     let writes: Vec<(&String, &f64)> =
         scraped.iter().filter(|(k, _)| k.starts_with("webhook_gateway_outcome_writes_total{")).collect();
@@ -113,6 +116,41 @@ async fn scraped_counters_match_a_scripted_sequence() {
     assert!((0.0..5.0).contains(&age), "stats age {age}");
     let accepted_series = scraped.keys().filter(|k| k.starts_with("webhook_gateway_ingest_requests_total")).count();
     assert_eq!(accepted_series, 3, "no other label values (bounded cardinality)");
+}
+
+/// Group commit's writes are counted with the webhooks they held: every accepted webhook
+/// of a burst in exactly one write, each batch of two or more, each write timed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_webhook_of_a_burst_is_counted_in_one_write() {
+    const BURST: usize = 48;
+    let db = TestDb::new().await;
+    let gw = GatewayProcess::start(&db.url, &["--role", "ingest"]);
+    wait_ready(gw.addr).await;
+    let base = format!("http://{}", gw.addr);
+    let http = reqwest::Client::new();
+    let src = json!({"name": "shop", "kind": "none", "dedupe": {"header": "x-id"}});
+    let created = http.post(format!("{base}/v1/sources")).bearer_auth(ADMIN_TOKEN).json(&src).send().await.unwrap();
+    assert_eq!(created.status(), 201);
+    let sends = (0..BURST).map(|i| {
+        let request = http.post(format!("{base}/ingest/shop")).header("x-id", format!("burst-{i}")).body("{}");
+        async move { request.send().await.map(|r| r.status().as_u16()) }
+    });
+    let statuses = futures_util::future::join_all(sends).await;
+    assert!(statuses.iter().all(|s| matches!(s, Ok(200))), "{statuses:?}");
+
+    let scraped = parse(&http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap());
+    let get = |k: String| scraped.get(&k).copied().unwrap_or(0.0);
+    let mut webhooks = 0.0;
+    for kind in ["alone", "batch"] {
+        let writes = get(format!(r#"webhook_gateway_ingest_writes_total{{kind="{kind}"}}"#));
+        let held = get(format!(r#"webhook_gateway_ingest_write_webhooks_total{{kind="{kind}"}}"#));
+        let timed = get(format!(r#"webhook_gateway_ingest_write_seconds_count{{kind="{kind}"}}"#));
+        assert_eq!(timed, writes, "{kind}: each write timed once");
+        let least = if kind == "alone" { 1.0 } else { 2.0 };
+        assert!(held >= least * writes, "{kind}: {held} webhooks in {writes} writes");
+        webhooks += held;
+    }
+    assert_eq!(webhooks, BURST as f64, "{scraped:#?}");
 }
 
 /// `--log-format json`: one JSON object per line, and a log line caused by a request

@@ -92,7 +92,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         pg::pgbench(&ctx.server, DB, &script, v, c, ctx.args.warmup_secs, None, None).await?;
         let mark = CpuMark::now(None, postmaster);
         let pgb_dir = ctx.work_dir.join(format!("pgbench-{c}"));
-        let watching = tokio::spawn(watch(url.to_owned(), std::time::Duration::ZERO, ctx.measure()));
+        let watching = tokio::spawn(watch(url.to_owned(), Duration::ZERO, ctx.measure()));
         let pgb = pg::pgbench(&ctx.server, DB, &script, v, c, ctx.args.measure_secs, None, Some(&pgb_dir)).await?;
         let share = mark.share(&CpuMark::now(None, postmaster), Some(pgb.cpu_secs));
         let ratio = gateway_rate / pgb.tps.max(1e-9);

@@ -58,6 +58,8 @@ struct Step {
     /// PostgreSQL's cores over the load's window by process kind (local cluster only),
     /// largest first.
     pg_split: Vec<(&'static str, f64)>,
+    /// What PostgreSQL's client backends did in the measured window ([`pg::waits`]).
+    waits: Option<String>,
 }
 
 impl Step {
@@ -79,9 +81,9 @@ impl Step {
         )
     }
 
-    /// [`Step::note`] and, where measured, [`Step::cpu_note`].
+    /// [`Step::note`] and, where measured, [`Step::cpu_note`] and the backends' waits.
     fn full_note(&self) -> String {
-        [Some(self.note()), self.cpu_note()].into_iter().flatten().collect::<Vec<_>>().join("; ")
+        [Some(self.note()), self.cpu_note(), self.waits.clone()].into_iter().flatten().collect::<Vec<_>>().join("; ")
     }
 
     /// Gateway and PostgreSQL CPU per webhook (ingest + its delivery), in µs, and the
@@ -158,7 +160,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         if statements {
             pg::reset_statements(&pool).await;
         }
-        let step = offer(ctx, &gw, &pool, rate, ctx.args.e2e_conns, WalByRelation::Read).await?;
+        let step = offer(ctx, &gw, (&pool, url), rate, ctx.args.e2e_conns, WalByRelation::Read).await?;
         if statements {
             let table = crate::ingest::statements_table(&pool).await;
             ctx.appendix(format!("pg_stat_statements: end to end, {}/s offered", thousands(rate)), table);
@@ -323,7 +325,7 @@ async fn sustained_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         if statements {
             pg::reset_statements(&pool).await;
         }
-        let step = offer(ctx, &gw, &pool, rate, ctx.args.sustained_conns, WalByRelation::Skip).await?;
+        let step = offer(ctx, &gw, (&pool, url), rate, ctx.args.sustained_conns, WalByRelation::Skip).await?;
         if statements {
             let table = crate::ingest::statements_table(&pool).await;
             ctx.appendix(format!("pg_stat_statements: sustained end to end, {}/s offered", thousands(rate)), table);
@@ -405,7 +407,7 @@ enum WalByRelation {
 async fn offer(
     ctx: &Ctx,
     gw: &Gateway,
-    pool: &PgPool,
+    (pool, url): (&PgPool, &str),
     rate: u64,
     conns: usize,
     wal_by_relation: WalByRelation,
@@ -435,6 +437,7 @@ async fn offer(
     let transactions_before = pg::transactions(pool).await.ok();
     let wal_before = pg::wal(pool).await.ok();
     let lsn_before = if wal_by_relation == WalByRelation::Read { pg::wal::lsn(pool).await } else { None };
+    let watching = pg::waits::watch(url, warmup, measure);
     let mut out = loadgen::open_loop(plan, make, on_due).await;
     let cpu = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
     let window = mark.elapsed().as_secs_f64().max(1e-6);
@@ -485,6 +488,7 @@ async fn offer(
         failures: out.failure_note(),
         cpu,
         pg_split,
+        waits: pg::waits::note(watching, out.rate(), "webhook").await,
     };
     // Start the next rate on an empty queue.
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -56,7 +56,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         if statements && c == top_c {
             pg::reset_statements(&pool).await;
         }
-        let watching = tokio::spawn(watch(url.to_owned(), ctx.warmup(), ctx.measure()));
+        let watching = pg::waits::watch(url, ctx.warmup(), ctx.measure());
         let (mut out, share) = unique_window(ctx, &gw, postmaster, c).await;
         let gateway_rate = out.rate();
         let gateway_share = share;
@@ -66,7 +66,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
             setting: format!("{c} conn"),
             result: format!("{} accepted", fmt_rate(gateway_rate)),
             cpu: share.cell(),
-            note: notes([Some(out.failure_note()), watched(watching, gateway_rate, "webhook").await]),
+            note: notes([Some(out.failure_note()), pg::waits::note(watching, gateway_rate, "webhook").await]),
             ..Row::default()
         };
         lat_cells(&mut row, &Latency::from_micros(&mut out.latencies));
@@ -92,7 +92,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         pg::pgbench(&ctx.server, DB, &script, v, c, ctx.args.warmup_secs, None, None).await?;
         let mark = CpuMark::now(None, postmaster);
         let pgb_dir = ctx.work_dir.join(format!("pgbench-{c}"));
-        let watching = tokio::spawn(watch(url.to_owned(), Duration::ZERO, ctx.measure()));
+        let watching = pg::waits::watch(url, Duration::ZERO, ctx.measure());
         let pgb = pg::pgbench(&ctx.server, DB, &script, v, c, ctx.args.measure_secs, None, Some(&pgb_dir)).await?;
         let share = mark.share(&CpuMark::now(None, postmaster), Some(pgb.cpu_secs));
         let ratio = gateway_rate / pgb.tps.max(1e-9);
@@ -106,7 +106,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
             note: notes([
                 cpu_per_webhook(&gateway_share, gateway_rate, &share, pgb.tps),
                 failed_note(pgb.failed),
-                watched(watching, pgb.tps, "transaction").await,
+                pg::waits::note(watching, pgb.tps, "transaction").await,
             ]),
             ..Row::default()
         };
@@ -182,41 +182,6 @@ fn cpu_per_webhook(gateway: &CpuShare, gateway_rate: f64, pgbench: &CpuShare, pg
 /// A row's note from its parts, the empty ones left out.
 fn notes<const N: usize>(parts: [Option<String>; N]) -> String {
     parts.into_iter().flatten().filter(|p| !p.is_empty()).collect::<Vec<_>>().join("; ")
-}
-
-/// What PostgreSQL's backends do in a measured window that begins after `delay` and
-/// lasts `window` (less a second at its end, so the sampler stops inside it): their
-/// average states ([`pg::waits`]) and the WAL's flushes a second.
-async fn watch(url: String, delay: Duration, window: Duration) -> Option<(pg::waits::Waits, Option<f64>)> {
-    tokio::time::sleep(delay + Duration::from_millis(300)).await;
-    let pool = pg::pool(&url, 1).await.ok()?;
-    let before = pg::wal(&pool).await.ok();
-    let started = std::time::Instant::now();
-    let waits = pg::waits::sample(&pool, window.saturating_sub(Duration::from_secs(1)).max(Duration::from_secs(1)))
-        .await
-        .inspect_err(|e| eprintln!("bench: sampling PostgreSQL's waits failed: {e:#}"))
-        .ok()?;
-    let after = pg::wal(&pool).await.ok();
-    pool.close().await;
-    let flushes = before.zip(after).map(|(b, a)| (a.syncs - b.syncs) / started.elapsed().as_secs_f64());
-    Some((waits, flushes))
-}
-
-/// [`watch`]'s finding as a note, with the flushes per `unit` at `rate` units a second;
-/// none when nothing was seen (a role that may not read other sessions' states).
-async fn watched(
-    watching: tokio::task::JoinHandle<Option<(pg::waits::Waits, Option<f64>)>>,
-    rate: f64,
-    unit: &str,
-) -> Option<String> {
-    let (waits, flushes) = watching.await.ok()??;
-    if waits == pg::waits::Waits::default() {
-        return None;
-    }
-    Some(match flushes {
-        Some(f) => format!("{}; {f:.0} WAL flushes a second, {:.2} a {unit}", waits.note(), f / rate.max(1e-9)),
-        None => waits.note(),
-    })
 }
 
 fn failed_note(failed: u64) -> Option<String> {

@@ -11,8 +11,53 @@
 
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
+
+/// What [`watch`] saw.
+#[derive(Debug, Clone)]
+pub struct Watched {
+    /// The backends' states.
+    pub waits: Waits,
+    /// The WAL's flushes a second over the same window (`pg_stat_wal`).
+    pub flushes: Option<f64>,
+}
+
+/// Watch the server `url` reaches in a measured window that begins after `delay` and
+/// lasts `window` (less a second at its end, so the sampler stops inside it), on a
+/// connection of its own: the backends' states ([`sample`]) and the WAL's flushes a
+/// second. `None` when it could not (said on stderr).
+pub fn watch(url: &str, delay: Duration, window: Duration) -> JoinHandle<Option<Watched>> {
+    let url = url.to_owned();
+    tokio::spawn(async move {
+        tokio::time::sleep(delay + Duration::from_millis(300)).await;
+        let pool = super::pool(&url, 1).await.ok()?;
+        let before = super::wal(&pool).await.ok();
+        let started = std::time::Instant::now();
+        let sampled = sample(&pool, window.saturating_sub(Duration::from_secs(1)).max(Duration::from_secs(1))).await;
+        let after = super::wal(&pool).await.ok();
+        pool.close().await;
+        let waits = sampled.inspect_err(|e| eprintln!("bench: sampling PostgreSQL's waits failed: {e:#}")).ok()?;
+        let flushes = before.zip(after).map(|(b, a)| (a.syncs - b.syncs) / started.elapsed().as_secs_f64());
+        Some(Watched { waits, flushes })
+    })
+}
+
+/// What `watching` saw, as a row's note, with the flushes per `unit` at `rate` units a
+/// second; none when nothing was seen (a role that may not read other sessions' states
+/// sees no backend).
+pub async fn note(watching: JoinHandle<Option<Watched>>, rate: f64, unit: &str) -> Option<String> {
+    let Watched { waits, flushes } = watching.await.ok()??;
+    if waits == Waits::default() {
+        return None;
+    }
+    Some(match flushes {
+        Some(f) => format!("{}; {f:.0} WAL flushes a second, {:.2} a {unit}", waits.note(), f / rate.max(1e-9)),
+        None => waits.note(),
+    })
+}
+
 /// Average client backends in each state over a window (the sampler's own left out).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Waits {
     /// Active with no wait event: running, or runnable and waiting for a core.
     pub cpu: f64,
@@ -21,6 +66,8 @@ pub struct Waits {
     pub wal_flush: f64,
     /// Any other wait (a lock, a buffer, a data file, the client).
     pub other: f64,
+    /// The largest of the other waits: `type:event` and its backends on average.
+    pub top_other: Option<(String, f64)>,
 }
 
 /// What a sample's `wait_event_type` and `wait_event` say a backend is doing.
@@ -81,7 +128,13 @@ fn average<'a>(counts: impl Iterator<Item = (Option<&'a str>, Option<&'a str>, i
         match state(wait_event_type, wait_event) {
             State::Cpu => waits.cpu += share,
             State::WalFlush => waits.wal_flush += share,
-            State::Other => waits.other += share,
+            State::Other => {
+                waits.other += share;
+                if waits.top_other.as_ref().is_none_or(|(_, top)| share > *top) {
+                    let name = format!("{}:{}", wait_event_type.unwrap_or("?"), wait_event.unwrap_or("?"));
+                    waits.top_other = Some((name, share));
+                }
+            }
         }
     }
     waits
@@ -90,9 +143,13 @@ fn average<'a>(counts: impl Iterator<Item = (Option<&'a str>, Option<&'a str>, i
 impl Waits {
     /// For a row's note.
     pub fn note(&self) -> String {
+        let top = match &self.top_other {
+            Some((name, share)) if *share >= 0.01 => format!(" (most {name}, {share:.2})"),
+            _ => String::new(),
+        };
         format!(
             "PostgreSQL's client backends on average (sampled every 10 ms): {:.2} on the CPU, {:.2} waiting for the \
-             WAL's flush, {:.2} in other waits",
+             WAL's flush, {:.2} in other waits{top}",
             self.cpu, self.wal_flush, self.other
         )
     }
@@ -123,5 +180,15 @@ mod tests {
         let waits = average(counts.into_iter(), 1000);
         let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
         assert!(near(waits.cpu, 0.42) && near(waits.wal_flush, 0.33) && near(waits.other, 0.05), "{waits:?}");
+        assert_eq!(waits.top_other, Some(("Lock:extend".to_owned(), 0.05)));
+        assert!(waits.note().ends_with("0.05 in other waits (most Lock:extend, 0.05)"), "{}", waits.note());
+    }
+
+    #[test]
+    fn the_largest_other_wait_is_named() {
+        let counts = [(Some("Lock"), Some("tuple"), 30), (Some("Lock"), Some("transactionid"), 120), (None, None, 5)];
+        let waits = average(counts.into_iter(), 100);
+        assert_eq!(waits.top_other, Some(("Lock:transactionid".to_owned(), 1.2)));
+        assert!((waits.other - 1.5).abs() < 1e-9, "{waits:?}");
     }
 }

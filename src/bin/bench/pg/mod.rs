@@ -206,17 +206,19 @@ pub struct StatementStats {
     pub query: String,
 }
 
-/// The statements of this database by total execution time.
+/// The statements of this database by total execution time, the bench's own reading of
+/// the statistics and its sampler of waits ([`waits::TABLE`]) left out.
 pub async fn top_statements(pool: &PgPool, limit: i64) -> Vec<StatementStats> {
     let rows: Result<Vec<StatementStats>, _> = sqlx::query_as(
         "SELECT calls, total_exec_time AS total_ms, mean_exec_time AS mean_ms, max_exec_time AS max_ms,
                 total_plan_time AS plan_ms, plans, rows, query
          FROM pg_stat_statements
          WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-           AND query NOT ILIKE '%pg_stat_statements%'
+           AND query NOT ILIKE '%pg_stat_statements%' AND query NOT ILIKE '%' || $2 || '%'
          ORDER BY total_exec_time DESC LIMIT $1",
     )
     .bind(limit)
+    .bind(waits::TABLE)
     .fetch_all(pool)
     .await;
     rows.unwrap_or_default()

@@ -13,6 +13,10 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
+/// The sampler's table (temporary, in its own session): every statement of the sampler
+/// names it, so the statement tables of a run can leave them out.
+pub const TABLE: &str = "wg_bench_waits";
+
 /// What [`watch`] saw.
 #[derive(Debug, Clone)]
 pub struct Watched {
@@ -96,19 +100,19 @@ pub async fn sample(pool: &sqlx::PgPool, window: Duration) -> anyhow::Result<Wai
     // One round trip, the loop inside it: a sample is a few hundred microseconds of this
     // backend, which sleeps between them.
     let rows = sqlx::raw_sql(&format!(
-        "CREATE TEMP TABLE IF NOT EXISTS wg_bench_waits (wait_event_type text, wait_event text);
-         TRUNCATE wg_bench_waits;
+        "CREATE TEMP TABLE IF NOT EXISTS {TABLE} (wait_event_type text, wait_event text);
+         TRUNCATE {TABLE};
          DO $$
          BEGIN
              FOR n IN 1..{samples} LOOP
-                 INSERT INTO wg_bench_waits
+                 INSERT INTO {TABLE}
                  SELECT wait_event_type, wait_event FROM pg_stat_activity
                  WHERE state = 'active' AND backend_type = 'client backend' AND pid <> pg_backend_pid();
                  PERFORM pg_stat_clear_snapshot();
                  PERFORM pg_sleep(0.01);
              END LOOP;
          END $$;
-         SELECT wait_event_type, wait_event, count(*) AS n FROM wg_bench_waits GROUP BY 1, 2"
+         SELECT wait_event_type, wait_event, count(*) AS n FROM {TABLE} GROUP BY 1, 2"
     ))
     .fetch_all(pool)
     .await?;

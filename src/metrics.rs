@@ -48,8 +48,9 @@ pub const INGEST_WRITES: &str = "webhook_gateway_ingest_writes_total";
 /// included), by `kind` as [`INGEST_WRITES`].
 pub const INGEST_WRITE_WEBHOOKS: &str = "webhook_gateway_ingest_write_webhooks_total";
 /// How long a write took, statement and commit (the WAL's flush) and any wait for a pooled
-/// connection, seconds, by `kind`: what each webhook of it waited for the database. At moderate concurrency a webhook waits for
-/// about two writes (bench/PROFILE.md, "Ingest at 16 connections").
+/// connection, seconds, by `kind`: what each webhook of it waited for the database. At
+/// moderate concurrency a webhook waits for about two writes (bench/PROFILE.md, "Ingest at
+/// 16 connections").
 pub const INGEST_WRITE_DURATION: &str = "webhook_gateway_ingest_write_seconds";
 /// Outcomes dropped because a newer claim took the lease over.
 pub const FENCED: &str = "webhook_gateway_outcomes_fenced_total";

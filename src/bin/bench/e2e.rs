@@ -83,7 +83,7 @@ impl Step {
 
     /// [`Step::note`] and, where measured, [`Step::cpu_note`] and the backends' waits.
     fn full_note(&self) -> String {
-        [Some(self.note()), self.cpu_note(), self.waits.clone()].into_iter().flatten().collect::<Vec<_>>().join("; ")
+        crate::ingest::notes([Some(self.note()), self.cpu_note(), self.waits.clone()])
     }
 
     /// Gateway and PostgreSQL CPU per webhook (ingest + its delivery), in µs, and the
@@ -160,7 +160,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         if statements {
             pg::reset_statements(&pool).await;
         }
-        let step = offer(ctx, &gw, (&pool, url), rate, ctx.args.e2e_conns, WalByRelation::Read).await?;
+        let step = offer(ctx, &gw, &pool, url, rate, ctx.args.e2e_conns, WalByRelation::Read).await?;
         if statements {
             let table = crate::ingest::statements_table(&pool).await;
             ctx.appendix(format!("pg_stat_statements: end to end, {}/s offered", thousands(rate)), table);
@@ -325,7 +325,7 @@ async fn sustained_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         if statements {
             pg::reset_statements(&pool).await;
         }
-        let step = offer(ctx, &gw, (&pool, url), rate, ctx.args.sustained_conns, WalByRelation::Skip).await?;
+        let step = offer(ctx, &gw, &pool, url, rate, ctx.args.sustained_conns, WalByRelation::Skip).await?;
         if statements {
             let table = crate::ingest::statements_table(&pool).await;
             ctx.appendix(format!("pg_stat_statements: sustained end to end, {}/s offered", thousands(rate)), table);
@@ -407,7 +407,8 @@ enum WalByRelation {
 async fn offer(
     ctx: &Ctx,
     gw: &Gateway,
-    (pool, url): (&PgPool, &str),
+    pool: &PgPool,
+    url: &str,
     rate: u64,
     conns: usize,
     wal_by_relation: WalByRelation,

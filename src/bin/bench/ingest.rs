@@ -180,7 +180,7 @@ fn cpu_per_webhook(gateway: &CpuShare, gateway_rate: f64, pgbench: &CpuShare, pg
 }
 
 /// A row's note from its parts, the empty ones left out.
-fn notes<const N: usize>(parts: [Option<String>; N]) -> String {
+pub fn notes<const N: usize>(parts: [Option<String>; N]) -> String {
     parts.into_iter().flatten().filter(|p| !p.is_empty()).collect::<Vec<_>>().join("; ")
 }
 

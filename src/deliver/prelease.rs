@@ -8,19 +8,26 @@
 //! one, `ingest::batcher`) is stored and its deliveries leased in one statement
 //! ([`crate::store::events::insert_and_claim`]): each delivery whose endpoint has room is
 //! inserted already leased (one row version), with the endpoint locks, in-flight count,
-//! rate tokens and fencing token of any claim (`wg_lease_room_v4`, migrations 0028, 0031
-//! and 0032). The leased deliveries go to this process's dispatcher with a worker slot each,
+//! rate tokens and fencing token of any claim (`wg_lease_room_v5`, migrations 0028, 0031,
+//! 0032 and 0033). The leased deliveries go to this process's dispatcher with a worker slot each,
 //! reserved before the statement, so no lease waits for a slot.
 //!
 //! A writer's batch of two or more webhooks ([`store_batch`]) is leased the same way by
 //! its batch statement ([`crate::store::events::insert_batch_and_claim`]): there one
-//! endpoint may take several leases at once (`wg_lease_room_v2`, migration 0029: its
+//! endpoint may take several leases at once (`wg_lease_room_v6`, migrations 0029 and 0033: its
 //! room, its whole rate tokens, an equal share of the slots held), with up to
 //! [`MOST_LEASED_PER_WEBHOOK`] slots reserved per webhook. Only a small batch (at most
 //! [`LARGEST_LEASED_BATCH`] webhooks: light or moderate load): a leasing statement holds
 //! its endpoints' rows until its commit, and under load the claims waited behind ingest's
 //! commits (bench/PROFILE.md). A batch holding an event with an ordering key is stored
 //! plainly too (the reason below).
+//!
+//! A leasing statement does not wait for an endpoint row that another transaction holds
+//! (a claim, another writer's lease, an update of the endpoint): it grants that endpoint
+//! nothing, and its deliveries are handed over by id as below. Waiting, every write to
+//! one endpoint went single file behind the commit of the one before it, and at 1,000/s
+//! on a slow spell of the bench's host the delivery p50 rose to 14-15 ms
+//! (bench/PROFILE.md, "Leasing skips a locked endpoint").
 //!
 //! It is not done (the deliveries are handed over by id, [`crate::wake::Handoff`], as
 //! before) when the dispatcher has no free slot, when it owes a general claim (due work

@@ -241,23 +241,25 @@ macro_rules! fan_insert_leased {
 }
 
 /// The insert of the deliveries `$from` lists (as [`fan_pending`]) where each unordered
-/// one whose endpoint `wg_lease_room_v4` grants room (migration 0032: `v3`'s of 0031 with
-/// a path of its own for one endpoint, the lone webhook's most common case; `v3` is
-/// `v1`'s of 0028 without the rate tokens' update where no endpoint locked has a rate
-/// limit; the endpoint row locked, its in-flight count read after the lock, its rate
-/// token paid) is
+/// one whose endpoint `wg_lease_room_v5` grants room (migration 0033: `v4`'s of 0032, which
+/// has a path of its own for one endpoint, the lone webhook's most common case, with an
+/// endpoint row another transaction holds skipped, not waited for; `v4` hands several
+/// endpoints to `v3`, which is `v1`'s of 0028 without the rate tokens' update where no
+/// endpoint locked has a rate limit; the endpoint row locked, its in-flight count read
+/// after the lock, its rate token paid) is
 /// inserted already leased ([`fan_insert_leased`]; `$11` most leases, `$12` lease in
 /// seconds, `$13` default max in flight). An event has one delivery per endpoint, so one
 /// lease per endpoint is all it can take. `leases` is what the worker needs of each
-/// endpoint granted. The endpoints go to the function in any order: it locks them in id
-/// order itself (a sort here was a plan node set up at every execution). The lean form
+/// endpoint granted. The endpoints go to the function in any order (it waits for no
+/// lock, so no order of locking can deadlock; a sort here was a plan node set up at every
+/// execution). The lean form
 /// (`lean`) has no ordered delivery to leave out, and the lean columns.
 macro_rules! fan_leased {
     ($from:literal) => {
         concat!(
             ", leases AS MATERIALIZED (
             SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets
-            FROM wg_lease_room_v4(ARRAY(SELECT n.endpoint_id FROM numbered n WHERE n.ordering_key IS NULL),
+            FROM wg_lease_room_v5(ARRAY(SELECT n.endpoint_id FROM numbered n WHERE n.ordering_key IS NULL),
                                   $11, $13) r
         )",
             fan_insert_leased!($from, "l.endpoint_id = n.endpoint_id AND n.ordering_key IS NULL", "$12")
@@ -267,7 +269,7 @@ macro_rules! fan_leased {
         concat!(
             ", leases AS MATERIALIZED (
             SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets
-            FROM wg_lease_room_v4(ARRAY(SELECT n.endpoint_id FROM numbered n), $11, $13) r
+            FROM wg_lease_room_v5(ARRAY(SELECT n.endpoint_id FROM numbered n), $11, $13) r
         )",
             fan_insert_leased!(
                 "numbered",
@@ -281,8 +283,9 @@ macro_rules! fan_leased {
 }
 
 /// The insert of a batch's deliveries (`$from` as in [`fan_pending`]) where each endpoint
-/// `wg_lease_room_v2` grants room for `granted` leases (migration 0029: as
-/// [`fan_leased`]'s room, but several per endpoint) has its first `granted` unordered
+/// `wg_lease_room_v6` grants room for `granted` leases (migration 0033: `v2`'s of 0029 for
+/// the endpoint rows no other transaction holds; as [`fan_leased`]'s room, but several per
+/// endpoint) has its first `granted` unordered
 /// deliveries, in the batch's arrival order, inserted already leased
 /// ([`fan_insert_leased`]; `$14` most leases, `$15` lease in seconds, `$16` default max
 /// in flight: the batch statement's own parameters come first).
@@ -291,8 +294,7 @@ macro_rules! fan_leased_batch {
         concat!(
             ", leases AS MATERIALIZED (
             SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets, r.granted
-            FROM wg_lease_room_v2(ARRAY(SELECT n.endpoint_id FROM numbered n
-                                        WHERE n.ordering_key IS NULL ORDER BY n.endpoint_id),
+            FROM wg_lease_room_v6(ARRAY(SELECT n.endpoint_id FROM numbered n WHERE n.ordering_key IS NULL),
                                   $14, $16) r
         ), turns AS (
             SELECT n.*, row_number() OVER (PARTITION BY n.endpoint_id, n.ordering_key IS NULL ORDER BY n.ord) AS turn
@@ -311,7 +313,7 @@ macro_rules! fan_leased_batch {
         concat!(
             ", leases AS MATERIALIZED (
             SELECT r.endpoint_id, r.url, r.secret, r.previous_secrets, r.granted
-            FROM wg_lease_room_v2(ARRAY(SELECT n.endpoint_id FROM numbered n ORDER BY n.endpoint_id), $14, $16) r
+            FROM wg_lease_room_v6(ARRAY(SELECT n.endpoint_id FROM numbered n), $14, $16) r
         ), turns AS (
             SELECT n.*, row_number() OVER (PARTITION BY n.endpoint_id ORDER BY n.ord) AS turn
             FROM numbered n

@@ -40,6 +40,7 @@ mod pooler;
 mod prelease;
 mod prelease_batch;
 mod prelease_dispatch;
+mod prelease_locked;
 mod prelease_statement;
 mod quickstart;
 mod refusals;

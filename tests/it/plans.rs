@@ -800,7 +800,7 @@ async fn a_lone_webhook_s_leasing_statement_builds_no_hash_table() {
         let nodes = leasing_plan_nodes(&mut conn, &pulled_up, source, mode).await;
         assert!(!built(&nodes).is_empty(), "control, pulled up, {mode}: {nodes:?}");
     }
-    sqlx::query("ALTER FUNCTION wg_lease_room_v4(uuid[], int8, int4) ROWS 1000").execute(pool).await.unwrap();
+    sqlx::query("ALTER FUNCTION wg_lease_room_v5(uuid[], int8, int4) ROWS 1000").execute(pool).await.unwrap();
     for (what, sql) in statements {
         for mode in MODES {
             let nodes = leasing_plan_nodes(&mut conn, sql, source, mode).await;

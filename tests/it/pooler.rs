@@ -373,7 +373,7 @@ async fn the_claim_by_key_and_the_recorder_work_through_pgbouncer_in_transaction
 /// Ingest's pre-leased hand-off behind PgBouncer in transaction mode (four server
 /// connections), in one gateway process that ingests and delivers (role `all`): twelve
 /// producers at once, so that group commit writes batches whose statement leases their
-/// deliveries (`wg_lease_room_v2`, run inside the pooled `BEGIN ... COMMIT`), beside lone
+/// deliveries (`wg_lease_room_v6`, run inside the pooled `BEGIN ... COMMIT`), beside lone
 /// webhooks leased by theirs. The subscribers hold each first request for eight seconds,
 /// so the leases are still as ingest's statements left them when they are counted:
 /// deliveries of batches of two or more, leased by their batch's own transaction, are

@@ -145,19 +145,39 @@ async fn a_fan_out_wider_than_the_free_workers_is_leased_up_to_them_and_the_rest
     assert!(sink.max_concurrent() <= 2, "never more requests than workers");
 }
 
-/// A transaction holding `endpoint`'s row locked (`FOR UPDATE`): a leasing statement for
-/// it waits until the transaction ends.
-pub(crate) async fn lock_endpoint(
+/// A transaction holding the row of the source named `source` (`FOR UPDATE`): a statement
+/// that stores a webhook of it waits until the transaction ends, at its foreign key
+/// check, which runs at the statement's end, after its leases are taken. (Holding the
+/// endpoint's row instead no longer makes a leasing statement wait: it leases nothing for
+/// an endpoint another transaction holds, `prelease_locked`.)
+pub(crate) async fn hold_source(
     pool: &webhook_gateway::db::Pool,
-    endpoint: &str,
+    source: &str,
 ) -> sqlx::Transaction<'static, sqlx::Postgres> {
     let mut holder = pool.begin().await.expect("begin");
-    sqlx::query("SELECT 1 FROM endpoints WHERE id = $1::uuid FOR UPDATE")
-        .bind(endpoint)
+    let held = sqlx::query("SELECT 1 FROM sources WHERE name = $1 FOR UPDATE")
+        .bind(source)
         .execute(&mut *holder)
         .await
-        .expect("lock the endpoint");
+        .expect("lock the source");
+    assert_eq!(held.rows_affected(), 1, "the source {source} held");
     holder
+}
+
+/// Claim by key, as the dispatcher does after a commit, the deliveries of `stored` that no
+/// statement leased (`leased`, their claim tokens' owners); the tokens of what it took.
+/// A leasing statement skips an endpoint row another transaction holds, so racing
+/// statements may leave an endpoint's room unfilled; the claim after them fills it.
+pub(crate) async fn claim_the_rest(
+    pool: &webhook_gateway::db::Pool,
+    stored: Vec<webhook_gateway::ids::DeliveryId>,
+    leased: &[webhook_gateway::ids::DeliveryId],
+) -> Vec<i64> {
+    let rest: Vec<_> = stored.into_iter().filter(|id| !leased.contains(id)).collect();
+    let claimed = webhook_gateway::queue::claim_fresh(pool, &rest, 1_000, Duration::from_secs(300), 100)
+        .await
+        .expect("claim by key");
+    claimed.claimed.iter().map(|job| job.claim_token).collect()
 }
 
 /// Backends of this test's database waiting for a lock.
@@ -173,9 +193,10 @@ pub(crate) async fn lock_waiters(pool: &webhook_gateway::db::Pool) -> i64 {
 /// A webhook that arrives while another's commit is in flight is written by a writer
 /// task, as a batch of one: its deliveries are leased by the statement that stores it
 /// too, not claimed by key after its commit. Here the first webhook's statement waits on
-/// its endpoint's row, locked by another transaction, while the second arrives; then the
-/// lock is let go. Control: the writer's batch of one stored plainly (as before), the
-/// second's delivery is leased by a claim after its commit.
+/// its source's row, locked by another transaction, while the second arrives (for an
+/// endpoint of its own: the first's statement holds its endpoint's row, which a second
+/// lease would skip); then the lock is let go. Control: the writer's batch of one stored
+/// plainly (as before), the second's delivery is leased by a claim after its commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_webhook_arriving_during_another_s_commit_is_leased_by_its_own_statement_too() {
     // Each statement reserves up to MOST_LEASED_PER_WEBHOOK worker slots while it runs:
@@ -185,26 +206,27 @@ async fn a_webhook_arriving_during_another_s_commit_is_leased_by_its_own_stateme
     let app = TestApp::spawn_with(TestDb::new().await, settings, 32).await;
     let sink = Sink::start(|_, _| Reply::Hold(Duration::from_secs(3))).await;
     app.source_none("shop").await;
-    let ep = app.endpoint_for(&sink.url("/"), Some("shop")).await;
+    for kind in ["order.first", "order.second"] {
+        app.endpoint_with(&sink.url("/"), json!({"source": "shop", "event_types": [kind]})).await;
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pool = &app.db.pool;
 
-    let holder = lock_endpoint(pool, &ep).await;
-    let first = app.ingest("shop", "during-0", "order.created", "{}");
+    let holder = hold_source(pool, "shop").await;
+    let first = app.ingest("shop", "during-0", "order.first", "{}");
     let second_then_let_go = async {
-        eventually(WAIT, "the first webhook's statement waits on the endpoint", || async {
+        eventually(WAIT, "the first webhook's statement waits on the source", || async {
             (lock_waiters(pool).await == 1).then_some(())
         })
         .await;
-        let second = app.ingest("shop", "during-1", "order.created", "{}");
+        let second = app.ingest("shop", "during-1", "order.second", "{}");
         let let_go = async {
-            // The second's statement waits on the endpoint too (leasing, for its lock;
-            // stored plainly, for its foreign key's share lock).
-            eventually(WAIT, "the second webhook's statement waits on the endpoint", || async {
+            // The second's statement waits on the source too, after its lease.
+            eventually(WAIT, "the second webhook's statement waits on the source", || async {
                 (lock_waiters(pool).await == 2).then_some(())
             })
             .await;
-            holder.commit().await.expect("let the endpoint go");
+            holder.commit().await.expect("let the source go");
         };
         tokio::join!(second, let_go).0
     };
@@ -336,7 +358,7 @@ async fn a_refused_leasing_statement_falls_back_to_the_plain_write() {
     app.source_none("shop").await;
     app.endpoint_for(&sink.url("/"), Some("shop")).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    sqlx::query("DROP FUNCTION wg_lease_room_v4").execute(&app.db.pool).await.expect("drop");
+    sqlx::query("DROP FUNCTION wg_lease_room_v5").execute(&app.db.pool).await.expect("drop");
     let (status, body) = app.ingest("shop", "refused-1", "order.created", "{}").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["duplicate"], false, "stored once, by the plain write: {body}");

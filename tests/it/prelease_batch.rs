@@ -11,7 +11,7 @@ use webhook_gateway::deliver::prelease::{self, Prelease};
 use webhook_gateway::ingest::batcher::{Batcher, StoreError};
 use webhook_gateway::store::events::{ClaimTerms, OwnedEvent, Stored, insert_batch_and_claim};
 
-use crate::prelease::{leased_by_ingest, lock_endpoint, lock_waiters};
+use crate::prelease::{claim_the_rest, hold_source, leased_by_ingest, lock_waiters};
 use crate::support::{TestApp, eventually, owned_event, source_id, test_settings};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -152,10 +152,11 @@ async fn a_batch_leases_no_more_than_its_slots_shared_between_its_endpoints() {
 /// its own connection, fanned out to four endpoints: one limited to three requests in
 /// flight, one whose rate limit has a burst of two tokens, one paused, one whose circuit
 /// is open. Each batch asks for four leases of each endpoint. The statements race for the
-/// endpoint rows, and each reads the leases in flight only once it holds the row: exactly
-/// three deliveries of the first are leased and two of the second (never more, and each
-/// limit filled), none of the paused or open one's; the rest are stored pending, and
-/// every lease has its own token.
+/// endpoint rows, and each reads the leases in flight only once it holds the row (one
+/// that another statement holds is skipped): at most three deliveries of the first are
+/// leased and two of the second, none of the paused or open one's; the rest are stored
+/// pending. A claim by key of the rest, as the dispatcher's after the commits, fills each
+/// limit exactly, and every lease has its own token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_leasing_batches_fill_each_endpoint_s_limit_and_never_pass_it() {
     let (app, endpoints) = shop_with_endpoints(&["/capped", "/rated", "/paused", "/open"]).await;
@@ -182,12 +183,17 @@ async fn racing_leasing_batches_fill_each_endpoint_s_limit_and_never_pass_it() {
     let terms = ClaimTerms { limit: 64, lease: Duration::from_secs(300), default_max_in_flight: 100 };
     let raced =
         futures_util::future::join_all(batches.iter().map(|batch| insert_batch_and_claim(pool, batch, terms))).await;
-    let mut tokens = Vec::new();
+    let (mut tokens, mut all, mut by_statements) = (Vec::new(), Vec::new(), Vec::new());
     for result in raced {
         let (stored, fresh) = result.expect("stored");
         assert!(stored.iter().all(|s| !s.duplicate && s.deliveries.len() == 4), "one delivery per endpoint");
         tokens.extend(fresh.claimed.iter().map(|job| job.claim_token));
+        by_statements.extend(fresh.claimed.iter().map(|job| job.id));
+        all.extend(stored.into_iter().flat_map(|s| s.deliveries));
     }
+    assert!(leased_of(pool, capped).await <= 3, "the in-flight limit not passed by the statements");
+    assert!(leased_of(pool, rated).await <= 2, "nor the burst's tokens");
+    tokens.extend(claim_the_rest(pool, all, &by_statements).await);
     assert_eq!(leased_of(pool, capped).await, 3, "the in-flight limit filled, not passed");
     assert_eq!(leased_of(pool, rated).await, 2, "the burst's tokens spent, no more");
     assert_eq!(leased_of(pool, paused).await, 0, "nothing leased for a paused endpoint");
@@ -206,37 +212,44 @@ async fn racing_leasing_batches_fill_each_endpoint_s_limit_and_never_pass_it() {
 }
 
 /// Five webhooks of the source `shop` stored through group commit (one writer, the
-/// hand-off `shared`) so that the last three go as one batch: `endpoint`'s row is held
+/// hand-off `shared`) so that the last three go as one batch: the source's row is held
 /// locked so that the first webhook's statement (a direct write) and the second's (a
-/// writer's batch of one) wait on it while three more queue up; once it is let go, the
-/// writer takes the three as one batch. The events and their answers, in order.
+/// writer's batch of one) wait on it (at their foreign key checks, their leases taken)
+/// while three more queue up; once it is let go, the writer takes the three as one
+/// batch. Each of the three parts goes to an endpoint of its own (a statement in flight
+/// holds its endpoints' rows, and a lease skips a row another transaction holds). The
+/// events and their answers, in order.
 async fn three_queued_behind_two_commits(
     app: &TestApp,
-    endpoint: &str,
     shared: Arc<Prelease>,
 ) -> (Vec<OwnedEvent>, Vec<Result<Stored, StoreError>>) {
     let pool = &app.db.pool;
-    let batcher = Batcher::start(pool.clone(), 1, Some(shared));
     let events = shop_events(pool, "queued", 5).await;
+    let kinds: Vec<&str> = events.iter().map(|event| event.event_type.as_str()).collect();
+    for (path, kinds) in [("/first", &kinds[..1]), ("/second", &kinds[1..2]), ("/batch", &kinds[2..])] {
+        let subscription = serde_json::json!({"source": "shop", "event_types": kinds});
+        app.endpoint_with(&format!("http://127.0.0.1:9{path}"), subscription).await;
+    }
+    let batcher = Batcher::start(pool.clone(), 1, Some(shared));
     let store = |event: &OwnedEvent| {
         let (batcher, event) = (batcher.clone(), event.clone());
         tokio::spawn(async move { batcher.store(event, tokio::time::Instant::now() + WAIT).await })
     };
 
-    let holder = lock_endpoint(pool, endpoint).await;
+    let holder = hold_source(pool, "shop").await;
     let mut answers = vec![store(&events[0])];
-    eventually(WAIT, "the direct write waits on the endpoint", || async {
+    eventually(WAIT, "the direct write waits on the source", || async {
         (lock_waiters(pool).await == 1).then_some(())
     })
     .await;
     answers.push(store(&events[1]));
-    eventually(WAIT, "the writer's batch of one waits on the endpoint", || async {
+    eventually(WAIT, "the writer's batch of one waits on the source", || async {
         (lock_waiters(pool).await == 2).then_some(())
     })
     .await;
     answers.extend(events[2..].iter().map(store));
     eventually(WAIT, "three webhooks queued behind them", || async { (batcher.queued() == 3).then_some(()) }).await;
-    holder.commit().await.expect("let the endpoint go");
+    holder.commit().await.expect("let the source go");
 
     let mut stored = Vec::new();
     for answer in answers {
@@ -258,10 +271,10 @@ async fn three_queued_behind_two_commits(
 /// left to claim, each delivery leased by the transaction that stored its webhook.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn webhooks_queued_behind_a_commit_are_leased_by_their_batch_s_statement() {
-    let (app, endpoints) = shop_with_endpoints(&["/"]).await;
+    let (app, _) = shop_with_endpoints(&[]).await;
     let pool = &app.db.pool;
     let (shared, mut received) = open_hand_off(64);
-    let (events, answers) = three_queued_behind_two_commits(&app, &endpoints[0], shared).await;
+    let (events, answers) = three_queued_behind_two_commits(&app, shared).await;
     for answer in answers {
         let stored = answer.expect("stored");
         assert!(!stored.duplicate && stored.deliveries.is_empty(), "leased, nothing left to claim: {stored:?}");
@@ -287,11 +300,11 @@ async fn webhooks_queued_behind_a_commit_are_leased_by_their_batch_s_statement()
 /// Control: without the fallback the three are answered with an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refused_leasing_batch_is_stored_the_plain_way() {
-    let (app, endpoints) = shop_with_endpoints(&["/"]).await;
+    let (app, _) = shop_with_endpoints(&[]).await;
     let pool = &app.db.pool;
-    sqlx::query("DROP FUNCTION wg_lease_room_v2").execute(pool).await.expect("drop");
+    sqlx::query("DROP FUNCTION wg_lease_room_v6").execute(pool).await.expect("drop");
     let (shared, _received) = open_hand_off(64);
-    let (events, answers) = three_queued_behind_two_commits(&app, &endpoints[0], shared).await;
+    let (events, answers) = three_queued_behind_two_commits(&app, shared).await;
     for (event, answer) in events.iter().zip(answers).skip(2) {
         let stored = answer.expect("stored the plain way");
         assert!(!stored.duplicate, "{}: stored once, as new", event.dedupe_key);
@@ -338,17 +351,17 @@ async fn an_ordered_or_large_batch_is_stored_plainly() {
 }
 
 /// A writer's leasing batch whose deadline passes while its statement is under way (here
-/// it waits on its endpoint's row, locked by another transaction): the three requesters
+/// it waits on its source's row, locked by another transaction): the three requesters
 /// are answered at their deadline that their webhooks may be stored (503, nothing known
 /// yet), and the statement is carried through all the same: once the row is let go the
 /// batch commits, and each of its leases reaches the dispatcher's end, not left to run
 /// out. The batch is made as in [`three_queued_behind_two_commits`], its three webhooks of
-/// a second source whose endpoint stays locked after the first's is let go. Control:
+/// a second source whose row stays locked after the first's is let go. Control:
 /// with the batch's statement awaited plainly by the writer (no finishing on drop), the
 /// three leases are committed and nothing receives them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_leasing_batch_past_its_deadline_mid_statement_still_hands_its_leases_over() {
-    let (app, endpoints) = shop_with_endpoints(&["/shop"]).await;
+    let (app, _) = shop_with_endpoints(&["/shop"]).await;
     app.source_none("late").await;
     let late_endpoint = app.endpoint_for("http://127.0.0.1:9/late", Some("late")).await;
     let pool = &app.db.pool;
@@ -360,16 +373,16 @@ async fn a_leasing_batch_past_its_deadline_mid_statement_still_hands_its_leases_
         tokio::spawn(async move { batcher.store(event, deadline).await })
     };
 
-    let shop_holder = lock_endpoint(pool, &endpoints[0]).await;
-    let late_holder = lock_endpoint(pool, &late_endpoint).await;
+    let shop_holder = hold_source(pool, "shop").await;
+    let late_holder = hold_source(pool, "late").await;
     let patient = tokio::time::Instant::now() + WAIT;
     let mut ahead = vec![store(owned_event(shop, "shop", "ahead-0", "order.created"), patient)];
-    eventually(WAIT, "the direct write waits on its endpoint", || async {
+    eventually(WAIT, "the direct write waits on its source", || async {
         (lock_waiters(pool).await == 1).then_some(())
     })
     .await;
     ahead.push(store(owned_event(shop, "shop", "ahead-1", "order.created"), patient));
-    eventually(WAIT, "the writer's batch of one waits on its endpoint", || async {
+    eventually(WAIT, "the writer's batch of one waits on its source", || async {
         (lock_waiters(pool).await == 2).then_some(())
     })
     .await;
@@ -378,11 +391,11 @@ async fn a_leasing_batch_past_its_deadline_mid_statement_still_hands_its_leases_
     let answers: Vec<_> =
         keys.iter().map(|key| store(owned_event(late, "late", key, "order.late"), deadline)).collect();
     eventually(WAIT, "three webhooks queued behind them", || async { (batcher.queued() == 3).then_some(()) }).await;
-    shop_holder.commit().await.expect("let the first endpoint go");
+    shop_holder.commit().await.expect("let the first source go");
     for answer in ahead {
         assert!(answer.await.expect("task").is_ok(), "the two ahead are stored");
     }
-    eventually(WAIT, "the batch of three waits on its endpoint", || async {
+    eventually(WAIT, "the batch of three waits on its source", || async {
         (lock_waiters(pool).await == 1).then_some(())
     })
     .await;
@@ -402,7 +415,7 @@ async fn a_leasing_batch_past_its_deadline_mid_statement_still_hands_its_leases_
             .expect("count")
     };
     assert_eq!(stored().await, 0, "answered while its statement still waited: nothing committed yet");
-    late_holder.commit().await.expect("let the second endpoint go");
+    late_holder.commit().await.expect("let the second source go");
 
     let mut handed = Vec::new();
     while handed.len() < keys.len() {

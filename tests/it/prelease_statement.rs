@@ -10,7 +10,7 @@ use serde_json::json;
 use webhook_gateway::deliver::prelease;
 use webhook_gateway::store::events::NewEvent;
 
-use crate::prelease::{hand_off_without_dispatcher, lease_of, lock_endpoint, shop_event};
+use crate::prelease::{claim_the_rest, hand_off_without_dispatcher, hold_source, lease_of, shop_event};
 use crate::support::{TestApp, owned_event, source_id};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -85,17 +85,18 @@ async fn a_delivery_leased_by_its_ingest_statement_is_written_once() {
 /// connection, fanned out to four endpoints: one limited to three requests in flight,
 /// one whose rate limit has a burst of two tokens, one paused, one whose circuit is open.
 /// The statements race for the endpoint rows, and each reads the leases in flight only
-/// after it holds the row: exactly three deliveries of the first are leased and two of
-/// the second (never more, and each limit filled), none of the paused or open one's; the
-/// rest are stored pending, and every lease has its own token.
+/// after it holds the row (one that another statement holds is skipped): at most three
+/// deliveries of the first are leased and two of the second, none of the paused or open
+/// one's; the rest are stored pending. A claim by key of the rest, as the dispatcher's
+/// after the commits, fills each limit exactly, and every lease has its own token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_leasing_statements_fill_each_endpoint_s_limit_and_never_pass_it() {
     racing_leasing_statements_keep_the_limits(Fanned::ToAllFour).await;
 }
 
 /// The same race where each webhook goes to one endpoint (its event type names it), the
-/// most common lone webhook: its room is granted by `wg_lease_room_v4`'s path for one
-/// endpoint (migration 0032), and the same limits hold.
+/// most common lone webhook: its room is granted by `wg_lease_room_v5`'s path for one
+/// endpoint (migrations 0032, 0033), and the same limits hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_leasing_statements_for_one_endpoint_each_fill_its_limit_and_never_pass_it() {
     racing_leasing_statements_keep_the_limits(Fanned::OneEach).await;
@@ -164,17 +165,22 @@ async fn racing_leasing_statements_keep_the_limits(fanned: Fanned) {
     )
     .await;
     let each = if fanned == Fanned::OneEach { 1 } else { 4 };
-    let mut tokens = Vec::new();
+    let (mut tokens, mut all, mut by_statements) = (Vec::new(), Vec::new(), Vec::new());
     for result in stored {
         let (stored, fresh) = result.expect("stored");
         assert!(!stored.duplicate);
         assert_eq!(stored.deliveries.len(), each, "one delivery per endpoint the webhook goes to");
         tokens.extend(fresh.claimed.iter().map(|job| job.claim_token));
+        by_statements.extend(fresh.claimed.iter().map(|job| job.id));
+        all.extend(stored.deliveries);
     }
     let leased = |endpoint: &str| {
         let endpoint = endpoint.to_owned();
         async move { lease_of(pool, &endpoint).await.iter().filter(|lease| lease.3).count() }
     };
+    assert!(leased(&capped).await <= 3, "the in-flight limit not passed by the statements");
+    assert!(leased(&rated).await <= 2, "nor the burst's tokens");
+    tokens.extend(claim_the_rest(pool, all, &by_statements).await);
     assert_eq!(leased(&capped).await, 3, "the in-flight limit filled, not passed");
     assert_eq!(leased(&rated).await, 2, "the burst's tokens spent, no more");
     assert_eq!(leased(&paused).await, 0, "nothing leased for a paused endpoint");
@@ -189,20 +195,20 @@ async fn racing_leasing_statements_keep_the_limits(fanned: Fanned) {
 /// A requester that stops waiting while its leasing statement is under way (its client
 /// gone, its deadline passed) drops the store; the statement is still carried through to
 /// the hand-off: its lease reaches the dispatcher's end, not left to run out. Here the
-/// statement waits on the endpoint's row, locked by another transaction, past the
-/// requester's patience; the lock is then let go. Control: awaiting the statement plainly
+/// statement, its lease taken, waits on its source's row, locked by another transaction,
+/// past the requester's patience; the lock is then let go. Control: awaiting the statement plainly
 /// in the requester (no finishing on drop), the lease is committed and nothing receives it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leasing_statement_whose_requester_stops_waiting_still_hands_its_lease_over() {
     let (app, ep, shared, mut received) = hand_off_without_dispatcher().await;
     let pool = &app.db.pool;
 
-    let holder = lock_endpoint(pool, &ep).await;
+    let holder = hold_source(pool, "shop").await;
     let event = owned_event(source_id(pool, "shop").await, "shop", "impatient-1", "order.created");
     let waited = tokio::time::timeout(Duration::from_millis(500), prelease::store(pool, event, shared.clone())).await;
-    assert!(waited.is_err(), "the statement waits on the locked endpoint past the requester's patience");
+    assert!(waited.is_err(), "the statement waits on the locked source past the requester's patience");
     assert_eq!(app.db.count("events").await, 0, "nothing committed yet");
-    holder.commit().await.expect("let the endpoint go");
+    holder.commit().await.expect("let the source go");
 
     let handed = tokio::time::timeout(WAIT, received.recv()).await.expect("the lease reaches the dispatcher's end");
     let handed = handed.expect("the hand-off is open");

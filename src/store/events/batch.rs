@@ -69,7 +69,7 @@ pub fn lean_insert_batch_sql() -> &'static str {
 /// the deliveries it created.
 ///
 /// The deliveries are inserted leased ([`FANOUT_BATCH_LEASED`]: room granted by
-/// `wg_lease_room_v2`, migration 0029, several leases per endpoint). The statement
+/// `wg_lease_room_v6`, migrations 0029 and 0033, several leases per endpoint). The statement
 /// returns the delivery's and the granted endpoint's columns (and the headers, for a
 /// transformation's input); the event's own are the caller's: echoed back, with each
 /// event's source joined for its name, they were about 35,000 instructions a webhook of
@@ -519,13 +519,13 @@ mod tests {
     }
 
     /// The two batch statements differ only in how they insert the deliveries and what
-    /// they answer: the leasing one asks `wg_lease_room_v2` for room, binds its three
+    /// they answer: the leasing one asks `wg_lease_room_v6` for room, binds its three
     /// claim terms after the batch's thirteen columns, and names its answer's columns.
     #[test]
     fn the_leasing_batch_statement_is_the_plain_one_with_leases() {
         let (plain, leasing) = (insert_batch_sql(), insert_batch_and_claim_sql());
         assert!(!plain.contains("wg_lease_room"), "{plain}");
-        assert!(leasing.contains("wg_lease_room_v2(") && !leasing.contains("wg_lease_room_v3"), "{leasing}");
+        assert!(leasing.contains("wg_lease_room_v6(") && !leasing.contains("wg_lease_room_v5"), "{leasing}");
         for param in ["$14", "$15", "$16"] {
             assert!(!plain.contains(param) && leasing.contains(param), "{param}");
         }
@@ -553,7 +553,7 @@ mod tests {
             }
         }
         assert!(!plain.contains("wg_lease_room"), "{plain}");
-        assert!(leasing.contains("wg_lease_room_v2(") && !leasing.contains("$17"), "{leasing}");
+        assert!(leasing.contains("wg_lease_room_v6(") && !leasing.contains("$17"), "{leasing}");
         assert!(insert_batch_and_claim_sql().contains("tr.transform"), "the full one reads it");
     }
 }

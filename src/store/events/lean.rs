@@ -153,7 +153,7 @@ mod tests {
                 assert_eq!(uses, guard, "{part} only in the guard: {sql}");
             }
         }
-        assert!(insert_and_claim_sql().contains("wg_lease_room_v4"));
+        assert!(insert_and_claim_sql().contains("wg_lease_room_v5"));
         assert!(!insert_and_claim_sql().contains("tr.transform"), "no transformation to read");
         assert!(super::super::insert_and_claim_sql().contains("tr.transform"), "the full one reads it");
     }

@@ -153,8 +153,9 @@ const INSERT_ANSWER: &str = concat!(
 /// columns are null when none was), and `candidates`: the deliveries it created.
 ///
 /// The deliveries are inserted leased ([`FANOUT_LEASED`]: room granted by
-/// `wg_lease_room_v4`, migrations 0028, 0031 and 0032, with the endpoint locks, in-flight
-/// count, rate tokens and fencing token of any claim). The statement returns what only
+/// `wg_lease_room_v5`, migrations 0028, 0031, 0032 and 0033, with the endpoint locks,
+/// in-flight count, rate tokens and fencing token of any claim; an endpoint whose row
+/// another transaction holds is skipped, not waited for). The statement returns what only
 /// the database knows (the delivery's and the granted endpoint's columns); the event's
 /// own columns are the caller's (`crate::queue::EventColumns`): echoed back, with a
 /// lookup of the source's name, they were about 70,000 of the statement's 1,320,000

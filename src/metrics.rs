@@ -52,6 +52,14 @@ pub const INGEST_WRITE_WEBHOOKS: &str = "webhook_gateway_ingest_write_webhooks_t
 /// moderate concurrency a webhook waits for about two writes (bench/PROFILE.md, "Ingest at
 /// 16 connections").
 pub const INGEST_WRITE_DURATION: &str = "webhook_gateway_ingest_write_seconds";
+/// Deliveries put on a lease, by what took them (`by`): `ingest` (the statement that
+/// stored their webhook, `deliver::prelease`), `claim_by_key` (handed over by id after
+/// that commit: what ingest's statement did not lease, an ordered line's next head),
+/// `claim` (the dispatcher's general claim of due work: retries, a backlog, another
+/// replica's webhooks) or `probe` (a half-open circuit's probe). In role `all` at light
+/// load most are `ingest`; `claim_by_key` grows when ingest finds no free worker, no room
+/// at the endpoint, or the endpoint's row held by another transaction at that moment.
+pub const LEASES: &str = "webhook_gateway_leases_total";
 /// Outcomes dropped because a newer claim took the lease over.
 pub const FENCED: &str = "webhook_gateway_outcomes_fenced_total";
 /// Outcomes recorded without their details (status and error kind only) because the
@@ -115,6 +123,13 @@ pub fn ingest_write(webhooks: usize, duration: Duration) {
     counter!(INGEST_WRITES, "kind" => kind).increment(1);
     counter!(INGEST_WRITE_WEBHOOKS, "kind" => kind).increment(webhooks as u64);
     histogram!(INGEST_WRITE_DURATION, "kind" => kind).record(duration.as_secs_f64());
+}
+
+/// Count `deliveries` put on a lease by `by` (see [`LEASES`]).
+pub fn leases(by: &'static str, deliveries: usize) {
+    if deliveries > 0 {
+        counter!(LEASES, "by" => by).increment(deliveries as u64);
+    }
 }
 
 /// Count one ingest outcome.

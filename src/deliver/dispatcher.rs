@@ -179,6 +179,7 @@ async fn run(
         } else {
             wakes.handoff.take()
         };
+        let by_key_claim = by_key.is_some();
         let claiming = async {
             match by_key {
                 Some(fresh) if fresh.is_empty() => Ok(Claim::default()),
@@ -249,6 +250,8 @@ async fn run(
         let drained = claimed.len() < want;
         let found = claimed.len();
         let probes = claimed.iter().filter(|job| job.probe_token.is_some()).count();
+        crate::metrics::leases(if by_key_claim { "claim_by_key" } else { "claim" }, found - probes);
+        crate::metrics::leases("probe", probes);
         let claim_span = crate::telemetry::claim_span(claim_started, claimed.len(), probes);
         // A claim takes at most `want` rows: each has its slot; the rest are freed below.
         let mut permits = permits.into_iter();

@@ -163,6 +163,7 @@ impl Prelease {
     /// Hand each of `leased` to the dispatcher with one of `slots` (the slots left over
     /// are freed); a lease it cannot take any more is given back.
     fn hand_over(&self, pool: &Pool, leased: Vec<Claimed>, slots: Vec<OwnedSemaphorePermit>, started: SystemTime) {
+        crate::metrics::leases("ingest", leased.len());
         let claim = crate::telemetry::claim_span(started, leased.len(), 0);
         let mut unsent = Vec::new();
         // At most `limit` were claimed, so each has a slot; one that had none would be

@@ -153,6 +153,61 @@ async fn every_webhook_of_a_burst_is_counted_in_one_write() {
     assert_eq!(webhooks, BURST as f64, "{scraped:#?}");
 }
 
+/// Every lease is counted once, by what took it: a webhook posted to an idle `role all`
+/// gateway is leased by the statement that stores it (`ingest`); one posted while a claim
+/// holds its endpoint's row is not (its statement skips the row) and is leased by the
+/// dispatcher after the row is let go (`claim_by_key`, or `claim` when the dispatcher
+/// owed a general claim). The leases add up to the attempts. Control: the dispatcher's
+/// leases counted under `ingest` fail it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_lease_is_counted_once_by_what_took_it() {
+    let db = TestDb::new().await;
+    let sink = Sink::ok().await;
+    let gw = GatewayProcess::start(&db.url, &[]);
+    wait_ready(gw.addr).await;
+    let base = format!("http://{}", gw.addr);
+    let http = reqwest::Client::new();
+    let admin = |path: &str, body: serde_json::Value| {
+        http.post(format!("{base}{path}")).bearer_auth(ADMIN_TOKEN).json(&body).send()
+    };
+    let src = json!({"name": "shop", "kind": "none", "dedupe": {"header": "x-id"}});
+    assert_eq!(admin("/v1/sources", src).await.unwrap().status(), 201);
+    let ep: serde_json::Value =
+        admin("/v1/endpoints", json!({"url": sink.url("/")})).await.unwrap().json().await.unwrap();
+    let ep = ep["id"].as_str().expect("endpoint id").to_owned();
+    let sub = json!({"endpoint_id": ep, "source": "shop"});
+    assert_eq!(admin("/v1/subscriptions", sub).await.unwrap().status(), 201);
+    // The dispatcher's first claim has run: it owes none, and ingest leases.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ingest = |id: &'static str| http.post(format!("{base}/ingest/shop")).header("x-id", id).body("{}").send();
+
+    assert_eq!(ingest("lease-1").await.unwrap().status(), 200);
+    eventually(Duration::from_secs(30), "the first delivered", || async {
+        (count_status(&db.pool, "delivered").await == 1).then_some(())
+    })
+    .await;
+    let holder = crate::prelease_locked::hold_as_a_claim(&db.pool, &[&ep]).await;
+    assert_eq!(ingest("lease-2").await.unwrap().status(), 200, "answered while the row is held");
+    holder.commit().await.expect("let the endpoint go");
+    eventually(Duration::from_secs(30), "the second delivered", || async {
+        (count_status(&db.pool, "delivered").await == 2).then_some(())
+    })
+    .await;
+
+    let scraped = parse(&http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap());
+    let get = |by: &str| scraped.get(&format!(r#"webhook_gateway_leases_total{{by="{by}"}}"#)).copied().unwrap_or(0.0);
+    assert_eq!(get("ingest"), 1.0, "the first leased by its own statement: {scraped:#?}");
+    assert_eq!(get("claim_by_key") + get("claim"), 1.0, "the second by the dispatcher: {scraped:#?}");
+    assert_eq!(get("probe"), 0.0);
+    let series = scraped.keys().filter(|k| k.starts_with("webhook_gateway_leases_total{")).count();
+    assert!(series <= 2, "no other label values: {scraped:#?}");
+    assert_eq!(
+        get("ingest") + get("claim_by_key") + get("claim"),
+        scraped.get(r#"webhook_gateway_attempts_total{class="2xx",outcome="delivered"}"#).copied().unwrap_or(0.0),
+        "one lease an attempt"
+    );
+}
+
 /// `--log-format json`: one JSON object per line, and a log line caused by a request
 /// carries that request's id (which the response echoes).
 #[tokio::test]

@@ -60,6 +60,8 @@ struct Step {
     pg_split: Vec<(&'static str, f64)>,
     /// What PostgreSQL's client backends did in the measured window ([`pg::waits`]).
     waits: Option<String>,
+    /// Who put the deliveries of the load's window on their leases ([`crate::leases`]).
+    leases: Option<String>,
 }
 
 impl Step {
@@ -81,9 +83,10 @@ impl Step {
         )
     }
 
-    /// [`Step::note`] and, where measured, [`Step::cpu_note`] and the backends' waits.
+    /// [`Step::note`] and, where measured, [`Step::cpu_note`], the backends' waits and
+    /// who took the leases.
     fn full_note(&self) -> String {
-        crate::ingest::notes([Some(self.note()), self.cpu_note(), self.waits.clone()])
+        crate::ingest::notes([Some(self.note()), self.cpu_note(), self.waits.clone(), self.leases.clone()])
     }
 
     /// Gateway and PostgreSQL CPU per webhook (ingest + its delivery), in µs, and the
@@ -439,6 +442,7 @@ async fn offer(
     let wal_before = pg::wal(pool).await.ok();
     let lsn_before = if wal_by_relation == WalByRelation::Read { pg::wal::lsn(pool).await } else { None };
     let watching = pg::waits::watch(url, warmup, measure);
+    let leases_before = crate::leases::scrape(gw).await;
     let mut out = loadgen::open_loop(plan, make, on_due).await;
     let cpu = mark.share(&CpuMark::now(Some(gw.pid), postmaster), None);
     let window = mark.elapsed().as_secs_f64().max(1e-6);
@@ -490,11 +494,14 @@ async fn offer(
         cpu,
         pg_split,
         waits: pg::waits::note(watching, out.rate(), "webhook").await,
+        leases: None,
     };
     // Start the next rate on an empty queue.
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline && pg::pending(pool).await? > 0 {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    Ok(step)
+    // Read once the queue is empty: the window's webhooks and their deliveries, all leased.
+    let leases = leases_before.zip(crate::leases::scrape(gw).await).and_then(|(before, after)| before.note(&after));
+    Ok(Step { leases, ..step })
 }

@@ -183,6 +183,16 @@ impl Gateway {
         rss
     }
 
+    /// The text of its `/metrics`, or `None` when it cannot be read.
+    pub async fn metrics(&self) -> Option<String> {
+        let url = format!("http://{}/metrics", self.addr);
+        let resp = self.http.get(url).timeout(Duration::from_secs(5)).send().await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        resp.text().await.ok()
+    }
+
     /// `POST` an admin call; anything but 201/200 is an error.
     pub async fn admin_post(&self, path: &str, body: serde_json::Value) -> anyhow::Result<serde_json::Value> {
         let resp = self

@@ -17,6 +17,7 @@ mod filters;
 mod fleet;
 mod gateway;
 mod ingest;
+mod leases;
 mod loadgen;
 mod memory;
 mod neighbours;

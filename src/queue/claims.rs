@@ -333,7 +333,12 @@ pub struct FreshClaim {
 /// snapshot, under the settings of [`Planning::Cached`](crate::db::Planning::Cached):
 /// its plans are cached per session and reach every row by key (`tests/it/plans.rs`).
 /// It commits by itself (one statement), so a claim that broke
-/// [`crate::invariants::CLAIMED_ONCE`] is refused inside it, before the commit.
+/// [`crate::invariants::CLAIMED_ONCE`] is refused inside it, before the commit. That
+/// commit does not wait for the WAL's flush (migration 0034): the endpoint rows it locked
+/// are let go, and the attempts start, a flush sooner. A crash that loses the claim leaves
+/// its rows due with their old tokens; the worker is fenced and the delivery is sent
+/// again (`tests/it/lost_claims.rs`). Call it alone, never inside a wider transaction: it
+/// makes the transaction it runs in asynchronous.
 ///
 /// It does not look at older due rows: the dispatcher uses it only when its last
 /// [`claim_batch`] left nothing due behind, and falls back to one whenever this claim did
@@ -383,12 +388,14 @@ pub(crate) fn fresh_lease_of<'e>(
 }
 
 /// The function that claims fresh deliveries ([`claim_fresh`]); a new version of it gets
-/// a new name (a release during a rolling deploy keeps calling the one it knows).
-pub const CLAIM_FRESH_FUNCTION: &str = "wg_claim_fresh_v2";
+/// a new name (a release during a rolling deploy keeps calling the one it knows). Since
+/// migration 0034 it commits without waiting for the WAL's flush: a claim a crash loses is
+/// fenced and claimed again (`wg_claim_fresh_v3`, which calls `v2`).
+pub const CLAIM_FRESH_FUNCTION: &str = "wg_claim_fresh_v3";
 
 /// [`claim_fresh`]'s call (`$1` the deliveries, `$2` limit, `$3` lease in seconds, `$4`
 /// default max in flight).
-pub const CLAIM_FRESH_SQL: &str = "SELECT * FROM wg_claim_fresh_v2($1, $2, $3, $4)";
+pub const CLAIM_FRESH_SQL: &str = "SELECT * FROM wg_claim_fresh_v3($1, $2, $3, $4)";
 
 /// Admit one probe for each of up to `limit` half-open endpoints: claim the endpoint row
 /// (its cool-down is over and no live probe holds it) together with its oldest pending

@@ -3,8 +3,10 @@
 //! for real on a private cluster at full durability: the lost claims are made by
 //! sessions that commit asynchronously, with the cluster's WAL writer stopped, so their
 //! commits stay in PostgreSQL's memory; then the WAL writer is killed, which is a crash
-//! (the postmaster ends every backend and replays the WAL on disk). The gateway's own
-//! claims commit durably; a claim made that way survives the same crash.
+//! (the postmaster ends every backend and replays the WAL on disk). The gateway's general
+//! claims commit durably and survive the same crash; its claims by key commit without
+//! waiting for the flush (migration 0034), so the crash loses one unless a durable commit
+//! (an outcome, a webhook stored) wrote the WAL out after it.
 
 use std::time::Duration;
 
@@ -64,11 +66,16 @@ async fn record_delivered(pool: &Pool, claim: &Claimed) -> Vec<DeliveryId> {
 }
 
 /// Four deliveries. One is claimed (by key) the gateway's way and its outcome recorded;
-/// three more are claimed by a session whose commits the crash will lose, one by each
-/// claim (by key, general, a half-open circuit's probe); then the database crashes before
-/// anything writes its WAL out.
+/// one more is claimed by key the gateway's way, on a durable session, with nothing
+/// durable after it; two more are claimed by a session whose commits the crash will lose
+/// (general, a half-open circuit's probe); then the database crashes before anything
+/// writes its WAL out.
 ///
-/// - The first survives whole: a claim and an outcome are durable commits.
+/// - The first survives whole: the outcome's durable commit wrote out the WAL before it,
+///   the claim's included.
+/// - The second claim by key is lost: it commits asynchronously by itself (control: the
+///   function of the release before, `wg_claim_fresh_v2`, commits durably, and its claim
+///   survives the crash).
 /// - The lost claims left their rows as before (token 0, no attempt counted, no lease):
 ///   due again, the probe admitted again.
 /// - Claimed again, each gets a token the lost claim did not hold, so the lost claims'
@@ -115,7 +122,8 @@ async fn a_claim_lost_with_the_database_is_fenced_and_its_delivery_claimed_again
     assert_eq!(claimed.len(), 1);
     assert_eq!(record_delivered(&pool, &claimed[0]).await, [kept], "the first outcome is written");
 
-    let lost_by_key = queue::claim_fresh(&losing, &[by_key], 10, LEASE, 10).await.expect("claim by key").claimed;
+    // On the durable session: the claim by key's own transaction is asynchronous.
+    let lost_by_key = queue::claim_fresh(&pool, &[by_key], 10, LEASE, 10).await.expect("claim by key").claimed;
     assert_eq!(lost_by_key.len(), 1);
     let lost_general = queue::claim(&losing, 10, LEASE).await.expect("general claim");
     assert_eq!(lost_general.iter().map(|c| c.id).collect::<Vec<_>>(), [by_general], "the only due row");

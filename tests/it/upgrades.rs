@@ -348,7 +348,8 @@ async fn head_moves_hot(db: &TestDb, key: &str) -> i64 {
 }
 
 /// Migration 0027 drops `wg_claim_fresh_v1`: the pinned previous release calls `_v2`
-/// (migration 0024), which stays, and this release calls it too (`queue::CLAIM_FRESH_FUNCTION`).
+/// (migration 0024), which stays; this release calls `_v3` (migration 0034,
+/// `queue::CLAIM_FRESH_FUNCTION`), which calls `_v2`.
 #[tokio::test]
 async fn the_claim_function_of_two_releases_ago_is_dropped_and_the_one_in_use_stays() {
     let db = TestDb::new().await;
@@ -363,6 +364,7 @@ async fn the_claim_function_of_two_releases_ago_is_dropped_and_the_one_in_use_st
         }
     };
     assert!(!exists("wg_claim_fresh_v1").await, "dropped");
-    assert!(exists("wg_claim_fresh_v2").await, "the one the releases call");
-    assert_eq!(webhook_gateway::queue::CLAIM_FRESH_FUNCTION, "wg_claim_fresh_v2");
+    assert!(exists("wg_claim_fresh_v2").await, "the one the release before calls");
+    assert!(exists("wg_claim_fresh_v3").await, "the one this release calls");
+    assert_eq!(webhook_gateway::queue::CLAIM_FRESH_FUNCTION, "wg_claim_fresh_v3");
 }

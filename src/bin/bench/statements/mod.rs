@@ -251,7 +251,7 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         "id",
     );
     let claim = Kind {
-        name: "claim by key, 16 deliveries (`wg_claim_fresh_v2`: the hand-off from ingest)",
+        name: "claim by key, 16 deliveries (`wg_claim_fresh_v3`: the hand-off from ingest)",
         tag: "claim",
         settings: String::new(),
         statements: Prepared::only(

@@ -9,13 +9,13 @@
 //! ([`crate::store::events::insert_and_claim`]): each delivery whose endpoint has room is
 //! inserted already leased (one row version), with the endpoint locks, in-flight count,
 //! rate tokens and fencing token of any claim (`wg_lease_room_v5`, migrations 0028, 0031,
-//! 0032 and 0033). The leased deliveries go to this process's dispatcher with a worker slot each,
-//! reserved before the statement, so no lease waits for a slot.
+//! 0032 and 0033). The leased deliveries go to this process's dispatcher with a worker
+//! slot each, reserved before the statement, so no lease waits for a slot.
 //!
 //! A writer's batch of two or more webhooks ([`store_batch`]) is leased the same way by
 //! its batch statement ([`crate::store::events::insert_batch_and_claim`]): there one
-//! endpoint may take several leases at once (`wg_lease_room_v6`, migrations 0029 and 0033: its
-//! room, its whole rate tokens, an equal share of the slots held), with up to
+//! endpoint may take several leases at once (`wg_lease_room_v6`, migrations 0029 and
+//! 0033: its room, its whole rate tokens, an equal share of the slots held), with up to
 //! [`MOST_LEASED_PER_WEBHOOK`] slots reserved per webhook. Only a small batch (at most
 //! [`LARGEST_LEASED_BATCH`] webhooks: light or moderate load): a leasing statement holds
 //! its endpoints' rows until its commit, and under load the claims waited behind ingest's

@@ -241,19 +241,18 @@ macro_rules! fan_insert_leased {
 }
 
 /// The insert of the deliveries `$from` lists (as [`fan_pending`]) where each unordered
-/// one whose endpoint `wg_lease_room_v5` grants room (migration 0033: `v4`'s of 0032, which
-/// has a path of its own for one endpoint, the lone webhook's most common case, with an
-/// endpoint row another transaction holds skipped, not waited for; `v4` hands several
-/// endpoints to `v3`, which is `v1`'s of 0028 without the rate tokens' update where no
-/// endpoint locked has a rate limit; the endpoint row locked, its in-flight count read
-/// after the lock, its rate token paid) is
-/// inserted already leased ([`fan_insert_leased`]; `$11` most leases, `$12` lease in
-/// seconds, `$13` default max in flight). An event has one delivery per endpoint, so one
-/// lease per endpoint is all it can take. `leases` is what the worker needs of each
-/// endpoint granted. The endpoints go to the function in any order (it waits for no
-/// lock, so no order of locking can deadlock; a sort here was a plan node set up at every
-/// execution). The lean form
-/// (`lean`) has no ordered delivery to leave out, and the lean columns.
+/// one whose endpoint `wg_lease_room_v5` grants room is inserted already leased
+/// ([`fan_insert_leased`]; `$11` most leases, `$12` lease in seconds, `$13` default max
+/// in flight). The room (migration 0033): the endpoint row locked unless another
+/// transaction holds it (then skipped, not waited for), its in-flight count read after
+/// the lock, its rate token paid; for one endpoint, the lone webhook's most common case,
+/// by `v4`'s path of its own (0032), for several by `v3` (0031: `v1`'s of 0028 without
+/// the rate tokens' update where no endpoint locked has a rate limit). An event has one
+/// delivery per endpoint, so one lease per endpoint is all it can take. `leases` is what
+/// the worker needs of each endpoint granted. The endpoints go to the function in any
+/// order (it waits for no lock, so no order of locking can deadlock; a sort here was a
+/// plan node set up at every execution). The lean form (`lean`) has no ordered delivery
+/// to leave out, and the lean columns.
 macro_rules! fan_leased {
     ($from:literal) => {
         concat!(
@@ -284,9 +283,9 @@ macro_rules! fan_leased {
 
 /// The insert of a batch's deliveries (`$from` as in [`fan_pending`]) where each endpoint
 /// `wg_lease_room_v6` grants room for `granted` leases (migration 0033: `v2`'s of 0029 for
-/// the endpoint rows no other transaction holds; as [`fan_leased`]'s room, but several per
-/// endpoint) has its first `granted` unordered
-/// deliveries, in the batch's arrival order, inserted already leased
+/// the endpoint rows no other transaction holds; as [`fan_leased`]'s room, but several
+/// per endpoint) has its first `granted` unordered deliveries, in the batch's arrival
+/// order, inserted already leased
 /// ([`fan_insert_leased`]; `$14` most leases, `$15` lease in seconds, `$16` default max
 /// in flight: the batch statement's own parameters come first).
 macro_rules! fan_leased_batch {

@@ -233,8 +233,8 @@ pub fn shorten(sql: &str, max: usize) -> String {
 /// What a statement of `pg_stat_statements` (normalized text) is in the gateway's path,
 /// for the appendices: the two lean ingest statements start alike and differ only in
 /// whether they lease (`wg_lease_room_v5`, or `v4`/`v3`/`v1` for a release before; the
-/// batch statements, `wg_lease_room_v6` or `v2`), and a table of truncated texts cannot tell them
-/// apart. Empty for a statement it does not know.
+/// batch statements, `wg_lease_room_v6` or `v2`), and a table of truncated texts cannot
+/// tell them apart. Empty for a statement it does not know.
 pub fn statement_kind(sql: &str) -> &'static str {
     let leases = sql.contains("wg_lease_room_");
     let inserts_events = sql.contains("INSERT INTO events");

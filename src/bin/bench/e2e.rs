@@ -86,7 +86,7 @@ impl Step {
     /// [`Step::note`] and, where measured, [`Step::cpu_note`], the backends' waits and
     /// who took the leases.
     fn full_note(&self) -> String {
-        crate::ingest::notes([Some(self.note()), self.cpu_note(), self.waits.clone(), self.leases.clone()])
+        crate::report::notes([Some(self.note()), self.cpu_note(), self.waits.clone(), self.leases.clone()])
     }
 
     /// Gateway and PostgreSQL CPU per webhook (ingest + its delivery), in µs, and the
@@ -475,7 +475,15 @@ async fn offer(
         .collect();
     // Webhooks accepted over the window the counters above span (the per-webhook divisor).
     let accepted = (out.rate() * (warmup + measure).as_secs_f64()).max(1.0);
-    let step = Step {
+    let waits = pg::waits::note(watching, out.rate(), "webhook").await;
+    // Start the next rate on an empty queue.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline && pg::pending(pool).await? > 0 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Read once the queue is empty: the window's webhooks and their deliveries, all leased.
+    let leases = leases_before.zip(crate::leases::scrape(gw).await).and_then(|(before, after)| before.note(&after));
+    Ok(Step {
         rate,
         accepted: out.rate(),
         delivered: e2e.len(),
@@ -493,15 +501,7 @@ async fn offer(
         failures: out.failure_note(),
         cpu,
         pg_split,
-        waits: pg::waits::note(watching, out.rate(), "webhook").await,
-        leases: None,
-    };
-    // Start the next rate on an empty queue.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline && pg::pending(pool).await? > 0 {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    // Read once the queue is empty: the window's webhooks and their deliveries, all leased.
-    let leases = leases_before.zip(crate::leases::scrape(gw).await).and_then(|(before, after)| before.note(&after));
-    Ok(Step { leases, ..step })
+        waits,
+        leases,
+    })
 }

@@ -97,14 +97,10 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
                 p99: fmt_dur(last.latency.p99),
                 max: fmt_dur(last.latency.max),
                 cpu: last.share.cell(),
-                note: [
+                note: crate::report::notes([
                     Some(last.share.per_item("webhook", last.rate)),
-                    Some(last.failures.clone()).filter(|n| !n.is_empty()),
-                ]
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>()
-                .join("; "),
+                    Some(last.failures.clone()),
+                ]),
             });
         }
     }

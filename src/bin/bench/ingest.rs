@@ -14,7 +14,7 @@ use crate::Ctx;
 use crate::gateway::{Gateway, Role};
 use crate::loadgen::{self, Expect, MakeRequest};
 use crate::pg::{self, PgbenchVars};
-use crate::report::{Row, verdict};
+use crate::report::{Row, notes, verdict};
 use crate::stats::{CpuMark, CpuShare, Latency, fmt_dur, fmt_rate};
 
 /// Keys the duplicate scenario cycles through (each stored once beforehand).
@@ -177,11 +177,6 @@ fn cpu_per_webhook(gateway: &CpuShare, gateway_rate: f64, pgbench: &CpuShare, pg
         us(pg, gateway_rate),
         limit / ours.max(1e-9)
     ))
-}
-
-/// A row's note from its parts, the empty ones left out.
-pub fn notes<const N: usize>(parts: [Option<String>; N]) -> String {
-    parts.into_iter().flatten().filter(|p| !p.is_empty()).collect::<Vec<_>>().join("; ")
 }
 
 fn failed_note(failed: u64) -> Option<String> {

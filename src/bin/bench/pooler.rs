@@ -59,14 +59,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
                 p99: fmt_dur(latency.p99),
                 max: fmt_dur(latency.max),
                 cpu: share.cell(),
-                note: [
-                    Some(share.per_item("webhook", rate)),
-                    (!out.failure_note().is_empty()).then(|| out.failure_note()),
-                ]
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>()
-                .join("; "),
+                note: crate::report::notes([Some(share.per_item("webhook", rate)), Some(out.failure_note())]),
                 ..Row::default()
             });
             if direct.is_none() {

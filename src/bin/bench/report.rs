@@ -49,6 +49,11 @@ pub fn verdict(met: bool, target: &str) -> String {
     format!("{} {target}", if met { "✅" } else { "❌" })
 }
 
+/// A row's note from its parts, the missing and empty ones left out.
+pub fn notes<const N: usize>(parts: [Option<String>; N]) -> String {
+    parts.into_iter().flatten().filter(|p| !p.is_empty()).collect::<Vec<_>>().join("; ")
+}
+
 fn cell(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
 }

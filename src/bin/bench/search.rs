@@ -113,11 +113,7 @@ async fn ingest_with_and_without_the_index(
                 p99: fmt_dur(latency.p99),
                 max: fmt_dur(latency.max),
                 cpu: share.cell(),
-                note: [Some(share.per_item("webhook", rate)), Some(out.failure_note()).filter(|n| !n.is_empty())]
-                    .into_iter()
-                    .flatten()
-                    .collect::<Vec<_>>()
-                    .join("; "),
+                note: crate::report::notes([Some(share.per_item("webhook", rate)), Some(out.failure_note())]),
                 ..Row::default()
             });
         }

@@ -119,8 +119,7 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT * FROM wg_lease_room_v2(ARRAY(SELECT w.id FROM unnest(wanted) AS w(id)
-                                         WHERE w.id = ANY(locked_ids) ORDER BY w.id),
+    SELECT * FROM wg_lease_room_v2(ARRAY(SELECT w.id FROM unnest(wanted) AS w(id) WHERE w.id = ANY(locked_ids)),
                                    claim_limit, default_max);
 END
 $$;

@@ -154,11 +154,13 @@ async fn every_webhook_of_a_burst_is_counted_in_one_write() {
 }
 
 /// Every lease is counted once, by what took it: a webhook posted to an idle `role all`
-/// gateway is leased by the statement that stores it (`ingest`); one posted while a claim
-/// holds its endpoint's row is not (its statement skips the row) and is leased by the
-/// dispatcher after the row is let go (`claim_by_key`, or `claim` when the dispatcher
-/// owed a general claim). The leases add up to the attempts. Control: the dispatcher's
-/// leases counted under `ingest` fail it.
+/// gateway is leased by the statement that stores it (`ingest`) once the dispatcher has
+/// opened the hand-off (its first claims at start-up keep it closed for a moment, so
+/// webhooks are posted one at a time until one is); one posted while a claim holds its
+/// endpoint's row is not (its statement skips the row) and is leased by the dispatcher
+/// after the row is let go (`claim_by_key`, or `claim` when the dispatcher owed a general
+/// claim). The leases add up to the attempts, under the four known labels only. Control:
+/// the dispatcher's leases counted under `ingest` fail it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_lease_is_counted_once_by_what_took_it() {
     let db = TestDb::new().await;
@@ -177,32 +179,57 @@ async fn every_lease_is_counted_once_by_what_took_it() {
     let ep = ep["id"].as_str().expect("endpoint id").to_owned();
     let sub = json!({"endpoint_id": ep, "source": "shop"});
     assert_eq!(admin("/v1/subscriptions", sub).await.unwrap().status(), 201);
-    // The dispatcher's first claim has run: it owes none, and ingest leases.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let ingest = |id: &'static str| http.post(format!("{base}/ingest/shop")).header("x-id", id).body("{}").send();
+    let ingest = |id: String| http.post(format!("{base}/ingest/shop")).header("x-id", id).body("{}").send();
+    let leases = || async {
+        let scraped = parse(&http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap());
+        let get =
+            |by: &str| scraped.get(&format!(r#"webhook_gateway_leases_total{{by="{by}"}}"#)).copied().unwrap_or(0.0);
+        let by = ["ingest", "claim_by_key", "claim", "probe"].map(get);
+        (by, scraped)
+    };
+    let delivered = |n: i64| {
+        let pool = db.pool.clone();
+        async move {
+            eventually(Duration::from_secs(30), "delivered", || async {
+                (count_status(&pool, "delivered").await == n).then_some(())
+            })
+            .await
+        }
+    };
 
-    assert_eq!(ingest("lease-1").await.unwrap().status(), 200);
-    eventually(Duration::from_secs(30), "the first delivered", || async {
-        (count_status(&db.pool, "delivered").await == 1).then_some(())
-    })
-    .await;
+    // One at a time until ingest leases one itself: each webhook is leased once.
+    let mut sent = 0;
+    loop {
+        sent += 1;
+        assert_eq!(ingest(format!("lease-{sent}")).await.unwrap().status(), 200);
+        delivered(sent).await;
+        let ([by_ingest, by_key, by_claim, probes], _) = leases().await;
+        assert_eq!(by_ingest + by_key + by_claim + probes, sent as f64, "each webhook leased once");
+        if by_ingest >= 1.0 {
+            break;
+        }
+        assert!(sent < 50, "no webhook leased by its own statement in {sent}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (before, _) = leases().await;
+
     let holder = crate::prelease_locked::hold_as_a_claim(&db.pool, &[&ep]).await;
-    assert_eq!(ingest("lease-2").await.unwrap().status(), 200, "answered while the row is held");
+    assert_eq!(ingest("held".to_owned()).await.unwrap().status(), 200, "answered while the row is held");
     holder.commit().await.expect("let the endpoint go");
-    eventually(Duration::from_secs(30), "the second delivered", || async {
-        (count_status(&db.pool, "delivered").await == 2).then_some(())
-    })
-    .await;
+    delivered(sent + 1).await;
 
-    let scraped = parse(&http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap());
-    let get = |by: &str| scraped.get(&format!(r#"webhook_gateway_leases_total{{by="{by}"}}"#)).copied().unwrap_or(0.0);
-    assert_eq!(get("ingest"), 1.0, "the first leased by its own statement: {scraped:#?}");
-    assert_eq!(get("claim_by_key") + get("claim"), 1.0, "the second by the dispatcher: {scraped:#?}");
-    assert_eq!(get("probe"), 0.0);
-    let series = scraped.keys().filter(|k| k.starts_with("webhook_gateway_leases_total{")).count();
-    assert!(series <= 2, "no other label values: {scraped:#?}");
+    let (after, scraped) = leases().await;
+    let taken = |i: usize| after[i] - before[i];
+    assert_eq!(taken(0), 0.0, "the held endpoint's webhook not leased by its own statement: {scraped:#?}");
+    assert_eq!(taken(1) + taken(2), 1.0, "but by the dispatcher: {scraped:#?}");
+    assert_eq!(after[3], 0.0, "no probe");
+    let known =
+        ["ingest", "claim_by_key", "claim", "probe"].map(|by| format!(r#"webhook_gateway_leases_total{{by="{by}"}}"#));
+    let unknown: Vec<&String> =
+        scraped.keys().filter(|k| k.starts_with("webhook_gateway_leases_total{") && !known.contains(k)).collect();
+    assert!(unknown.is_empty(), "no other label values: {unknown:?}");
     assert_eq!(
-        get("ingest") + get("claim_by_key") + get("claim"),
+        after.iter().sum::<f64>(),
         scraped.get(r#"webhook_gateway_attempts_total{class="2xx",outcome="delivered"}"#).copied().unwrap_or(0.0),
         "one lease an attempt"
     );

@@ -8,6 +8,7 @@ mod support;
 
 mod admin_api;
 mod binary;
+mod cascades;
 mod circuit;
 mod console;
 mod db_outage;

@@ -368,3 +368,55 @@ async fn the_claim_function_of_two_releases_ago_is_dropped_and_the_one_in_use_st
     assert!(exists("wg_claim_fresh_v3").await, "the one this release calls");
     assert_eq!(webhook_gateway::queue::CLAIM_FRESH_FUNCTION, "wg_claim_fresh_v3");
 }
+
+/// Migration 0035 replaces the foreign keys `deliveries.event_id` and
+/// `attempts.delivery_id` (their insert check cannot fail: each row is written by the
+/// statement that writes or locks its parent) with statement-level cascades. Dropping a
+/// key needs an ACCESS EXCLUSIVE lock on both of its tables: when a transaction of the
+/// running release holds `attempts` for more than 2 s, the keys stay (and cascade as they
+/// did), no trigger is left half made, and the upgrade goes on. Without the lock held,
+/// the keys go and the triggers cascade in their place (`cascades.rs` holds what they do).
+#[tokio::test]
+async fn the_foreign_keys_checked_by_construction_go_within_two_seconds_or_stay_and_never_fail_the_upgrade() {
+    let db = TestDb::new().await;
+    let schema = || async {
+        sqlx::query_as::<_, (i64, i64)>(
+            "SELECT (SELECT count(*) FROM pg_constraint
+                     WHERE conname IN ('deliveries_event_id_fkey', 'attempts_delivery_id_fkey')),
+                    (SELECT count(*) FROM pg_trigger
+                     WHERE tgname IN ('events_deleted_take_their_deliveries', 'deliveries_deleted_take_their_attempts',
+                                      'events_truncated_take_their_deliveries',
+                                      'deliveries_truncated_take_their_attempts'))",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(schema().await, (0, 4), "a new database: no keys, four triggers");
+    // The schema as the release before 0035 left it.
+    sqlx::raw_sql(
+        "DROP TRIGGER events_deleted_take_their_deliveries ON events;
+         DROP TRIGGER deliveries_deleted_take_their_attempts ON deliveries;
+         DROP TRIGGER events_truncated_take_their_deliveries ON events;
+         DROP TRIGGER deliveries_truncated_take_their_attempts ON deliveries;
+         DROP FUNCTION wg_delete_children_of_deleted_parents(), wg_truncate_children();
+         ALTER TABLE deliveries ADD CONSTRAINT deliveries_event_id_fkey
+             FOREIGN KEY (event_id) REFERENCES events (id) ON DELETE CASCADE;
+         ALTER TABLE attempts ADD CONSTRAINT attempts_delivery_id_fkey
+             FOREIGN KEY (delivery_id) REFERENCES deliveries (id) ON DELETE CASCADE;
+         DELETE FROM _sqlx_migrations WHERE version = 35;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(schema().await, (2, 0));
+
+    let waited = migrate_while_a_release_reads(&db, "attempts").await;
+    assert!(waited >= Duration::from_secs(2), "it waited for the lock, {waited:?}");
+    assert_eq!(schema().await, (2, 0), "the keys stay, and no trigger beside them");
+    assert!(recorded(&db, 35).await, "the migration is recorded");
+
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 35").execute(&db.pool).await.unwrap();
+    db::migrate(&db.pool).await.unwrap();
+    assert_eq!(schema().await, (0, 4), "the keys gone, the cascades in their place");
+}

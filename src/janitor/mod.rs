@@ -491,8 +491,8 @@ pub const DELIVERED_BATCH: &str = "
 /// The next `$2` expired events after the previous batch's last one (`$3`, `$4`: its
 /// `received_at` and id; NULL for the first batch), oldest first, deleted with all their
 /// deliveries and attempts unless one of their deliveries is pending. Deliveries and
-/// attempts are deleted here rather than by the foreign keys' cascade so they are counted,
-/// and so that what is deleted is decided on locked rows.
+/// attempts are deleted here rather than by the cascade (migration 0035) so they are
+/// counted, and so that what is deleted is decided on locked rows.
 ///
 /// `ev` is a plain walk of `events_received_at`: no per-event test in it, so a batch reads
 /// `$2` events whatever the table holds. `dl` locks every delivery of those events, which

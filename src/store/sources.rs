@@ -74,7 +74,8 @@ pub async fn event_count(db: impl PgExecutor<'_>, id: SourceId) -> Result<i64, s
     crate::db::query_scalar("SELECT count(*) FROM events WHERE source_id = $1").bind(id).fetch_one(db).await
 }
 
-/// Delete a source; its events, deliveries and attempts go with it (ON DELETE CASCADE).
+/// Delete a source; its events go with it (their foreign key's ON DELETE CASCADE), and
+/// their deliveries and attempts with them (statement triggers, migration 0035).
 pub async fn delete(db: impl PgExecutor<'_>, id: SourceId) -> Result<bool, sqlx::Error> {
     Ok(crate::db::query("DELETE FROM sources WHERE id = $1").bind(id).execute(db).await?.rows_affected() == 1)
 }

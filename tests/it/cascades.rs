@@ -96,9 +96,9 @@ async fn deleting_or_truncating_a_parent_takes_what_hangs_under_it() {
 }
 
 /// A source deleted while its webhooks are being ingested and delivered (half the
-/// subscriber's answers to it are 500, so attempts are recorded and retried): when it is over,
-/// nothing of the source is left, no delivery lacks its event, no attempt its delivery,
-/// and another source's webhooks were all delivered.
+/// subscriber's answers to it are 500, so attempts are recorded and retried): when it is
+/// over, nothing of the source is left, no delivery lacks its event, no attempt its
+/// delivery, and another source's webhooks were all delivered.
 #[tokio::test]
 async fn no_row_outlives_its_parent_while_a_source_is_deleted_under_load() {
     let app = TestApp::spawn().await;

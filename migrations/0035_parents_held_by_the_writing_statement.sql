@@ -35,11 +35,14 @@
 -- One function for both cascades (the child table and its key column are the trigger's
 -- arguments, the deleted parents its transition table `deleted_parents`), one for both
 -- truncations. A delete of parents is rare (retention, a source); its statement is
--- planned where it runs.
+-- planned where it runs. The child table is named in the parent's schema
+-- (`TG_TABLE_SCHEMA`), as the keys named it by identity: a session whose `search_path`
+-- does not lead to the gateway's tables still deletes the right rows.
 CREATE OR REPLACE FUNCTION wg_delete_children_of_deleted_parents() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    EXECUTE format('DELETE FROM %I WHERE %I = ANY(ARRAY(SELECT id FROM deleted_parents))', TG_ARGV[0], TG_ARGV[1]);
+    EXECUTE format('DELETE FROM %I.%I WHERE %I = ANY(ARRAY(SELECT id FROM deleted_parents))',
+                   TG_TABLE_SCHEMA, TG_ARGV[0], TG_ARGV[1]);
     RETURN NULL;
 END
 $$;
@@ -47,7 +50,7 @@ $$;
 CREATE OR REPLACE FUNCTION wg_truncate_children() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    EXECUTE format('TRUNCATE %I', TG_ARGV[0]);
+    EXECUTE format('TRUNCATE %I.%I', TG_TABLE_SCHEMA, TG_ARGV[0]);
     RETURN NULL;
 END
 $$;

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reqwest::Method;
+use sqlx::{Connection as _, PgConnection};
 
 use crate::support::sink::{Reply, Sink};
 use webhook_gateway::db::Pool;
@@ -71,6 +72,18 @@ async fn deleting_or_truncating_a_parent_takes_what_hangs_under_it() {
         .await
         .expect("delete a delivery");
     assert_eq!(counts(pool).await, (4, 3, 6));
+    assert_eq!(orphans(pool).await, (0, 0));
+
+    // From a session whose `search_path` leads to none of the gateway's tables (an
+    // operator's, a tool's), naming the table by its schema: the cascade still finds
+    // the children in the parent's schema.
+    let mut elsewhere = PgConnection::connect(&db.url).await.expect("a session of its own");
+    sqlx::query("SET search_path = pg_catalog").execute(&mut elsewhere).await.expect("set search_path");
+    sqlx::query("DELETE FROM public.events WHERE id = (SELECT event_id FROM public.deliveries ORDER BY id LIMIT 1)")
+        .execute(&mut elsewhere)
+        .await
+        .expect("delete an event from elsewhere");
+    assert_eq!(counts(pool).await, (3, 2, 4));
     assert_eq!(orphans(pool).await, (0, 0));
 
     // The built-in source `api` deleted by hand: its events go by their own foreign key,

@@ -180,11 +180,12 @@ async fn every_lease_is_counted_once_by_what_took_it() {
     let sub = json!({"endpoint_id": ep, "source": "shop"});
     assert_eq!(admin("/v1/subscriptions", sub).await.unwrap().status(), 201);
     let ingest = |id: String| http.post(format!("{base}/ingest/shop")).header("x-id", id).body("{}").send();
+    // The counter's series, one for each thing that takes a lease.
+    let series =
+        ["ingest", "claim_by_key", "claim", "probe"].map(|by| format!(r#"webhook_gateway_leases_total{{by="{by}"}}"#));
     let leases = || async {
         let scraped = parse(&http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap());
-        let get =
-            |by: &str| scraped.get(&format!(r#"webhook_gateway_leases_total{{by="{by}"}}"#)).copied().unwrap_or(0.0);
-        let by = ["ingest", "claim_by_key", "claim", "probe"].map(get);
+        let by = series.clone().map(|name| scraped.get(&name).copied().unwrap_or(0.0));
         (by, scraped)
     };
     let delivered = |n: i64| {
@@ -223,10 +224,8 @@ async fn every_lease_is_counted_once_by_what_took_it() {
     assert_eq!(taken(0), 0.0, "the held endpoint's webhook not leased by its own statement: {scraped:#?}");
     assert_eq!(taken(1) + taken(2), 1.0, "but by the dispatcher: {scraped:#?}");
     assert_eq!(after[3], 0.0, "no probe");
-    let known =
-        ["ingest", "claim_by_key", "claim", "probe"].map(|by| format!(r#"webhook_gateway_leases_total{{by="{by}"}}"#));
     let unknown: Vec<&String> =
-        scraped.keys().filter(|k| k.starts_with("webhook_gateway_leases_total{") && !known.contains(k)).collect();
+        scraped.keys().filter(|k| k.starts_with("webhook_gateway_leases_total{") && !series.contains(k)).collect();
     assert!(unknown.is_empty(), "no other label values: {unknown:?}");
     assert_eq!(
         after.iter().sum::<f64>(),

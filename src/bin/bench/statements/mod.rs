@@ -251,13 +251,13 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         "id",
     );
     let claim = Kind {
-        name: "claim by key, 16 deliveries (`wg_claim_fresh_v3`: the hand-off from ingest)",
+        name: "claim by key, 16 deliveries (`queue::CLAIM_FRESH_SQL`: the hand-off from ingest)",
         tag: "claim",
         settings: String::new(),
         statements: Prepared::only(
             "claim",
             &["uuid[]", "int8", "float8", "int4"],
-            &format!("SELECT * FROM {}($1, $2, $3, $4)", webhook_gateway::queue::CLAIM_FRESH_FUNCTION),
+            webhook_gateway::queue::CLAIM_FRESH_SQL,
         ),
         units: BATCH,
         unit: "delivery",

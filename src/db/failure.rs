@@ -92,6 +92,12 @@ impl Health {
         opened < stale_before
     }
 
+    /// Where the stale mark stands (it only moves forward): a connection taken when it
+    /// stood elsewhere may be stale ([`super::warm`]).
+    pub fn stale_mark(&self) -> u64 {
+        self.stale_before_ms.load(Ordering::Relaxed)
+    }
+
     /// The refusal seen within [`REFUSAL_MEMORY`], if any.
     pub fn refusing_writes(&self) -> Option<Refusal> {
         let at = self.refused_at_ms.load(Ordering::Relaxed);

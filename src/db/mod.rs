@@ -30,6 +30,7 @@ pub mod hosts;
 mod pool;
 pub mod tcp;
 mod text_enum;
+mod warm;
 mod wire;
 
 use std::sync::{Arc, LazyLock};
@@ -212,7 +213,7 @@ pub async fn open(config: &DbConfig) -> anyhow::Result<Pool> {
     if hosts.len() > 1 {
         tokio::spawn(hosts::follow_writable(inner.clone(), health.clone(), hosts, first));
     }
-    Ok(Pool::new(inner, health, config.pooler, session))
+    Ok(Pool::new(inner, health, config.pooler, session, config.pool_size))
 }
 
 /// A host's options as the gateway connects with them.

@@ -36,13 +36,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, BoxStream};
-use futures_util::{FutureExt, StreamExt, TryFutureExt, TryStreamExt};
+use futures_util::{FutureExt, StreamExt, TryStreamExt};
 use serde::Deserialize;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgQueryResult, PgRow, PgStatement, PgTypeInfo};
 use sqlx::query::{Query, QueryAs, QueryScalar};
-use sqlx::{Either, Execute, Executor, PgPool, Postgres, Transaction};
+use sqlx::{Connection, Either, Execute, Executor, PgPool, Postgres, Transaction};
 
 use super::failure::{Health, Unavailable};
+use super::warm::{Warm, WarmConn};
 
 /// What sits between the gateway and PostgreSQL (`--db-pooler`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
@@ -123,9 +124,12 @@ where
 ///
 /// It is an executor (`query.fetch_one(&pool)`) like sqlx's pool; behind a transaction
 /// pooler each such statement runs in its own transaction (see the module doc).
+///
+/// Every statement and transaction takes the connection returned last ([`super::warm`]).
 #[derive(Clone)]
 pub struct Pool {
     inner: PgPool,
+    warm: Arc<Warm>,
     health: Arc<Health>,
     pooler: Pooler,
     session: Option<Arc<PgConnectOptions>>,
@@ -138,11 +142,57 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    pub(super) fn new(inner: PgPool, health: Arc<Health>, pooler: Pooler, session: Option<PgConnectOptions>) -> Pool {
+    pub(super) fn new(
+        inner: PgPool,
+        health: Arc<Health>,
+        pooler: Pooler,
+        session: Option<PgConnectOptions>,
+        pool_size: u32,
+    ) -> Pool {
         if pooler == Pooler::Transaction {
             NAMED_STATEMENTS.store(false, Ordering::Relaxed);
         }
-        Pool { inner, health, pooler, session: session.map(Arc::new) }
+        Pool { inner, warm: Arc::new(Warm::new(pool_size)), health, pooler, session: session.map(Arc::new) }
+    }
+
+    /// The connection returned last, or one from sqlx's pool ([`super::warm`]).
+    async fn take(&self) -> Result<WarmConn, sqlx::Error> {
+        self.warm.take(&self.inner, &self.health).await
+    }
+
+    /// Keep `conn`, whose statement ran to the end, warm for the next caller.
+    fn give_back(&self, conn: WarmConn) {
+        self.warm.give_back(conn, &self.health);
+    }
+
+    /// A transaction begun with `begin` (sqlx's own `BEGIN` when `None`) on the connection
+    /// returned last. At its end the connection goes back to sqlx's pool.
+    async fn begin_on_warm(&self, begin: Option<&'static str>) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        let conn = self.take().await?.into_inner();
+        // What sqlx's own `Pool::begin_with` does with the connection it acquires.
+        Transaction::<'static, Postgres>::begin(conn, begin.map(Into::into)).await
+    }
+
+    /// Run `query` to its end on a warm connection ([`Self::take`]), inside a transaction
+    /// behind a transaction pooler; the whole answer is read before the connection is
+    /// given back (every statement of the gateway returns a bounded number of rows). A
+    /// failed statement's connection goes back to sqlx's pool (and its checks).
+    async fn run<'q, E>(&self, query: E) -> Result<Vec<Item>, sqlx::Error>
+    where
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let mut conn = self.take().await?;
+        let items: Vec<Item> = match self.pooler {
+            Pooler::None => conn.conn().fetch_many(query).try_collect().await?,
+            Pooler::Transaction => {
+                let mut tx = conn.conn().begin_with(super::POOLED_BEGIN).await?;
+                let items = (&mut *tx).fetch_many(Unnamed(query)).try_collect().await?;
+                tx.commit().await?;
+                items
+            }
+        };
+        self.give_back(conn);
+        Ok(items)
     }
 
     /// What sits between this pool and PostgreSQL.
@@ -184,8 +234,8 @@ impl Pool {
     /// `BEGIN` also sets the server-side bounds for the transaction (same round trip).
     pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         let result = match self.pooler {
-            Pooler::None => self.inner.begin().await,
-            Pooler::Transaction => self.inner.begin_with(super::POOLED_BEGIN).await,
+            Pooler::None => self.begin_on_warm(None).await,
+            Pooler::Transaction => self.begin_on_warm(Some(super::POOLED_BEGIN)).await,
         };
         result.inspect_err(|e| {
             self.note(e);
@@ -198,13 +248,14 @@ impl Pool {
         &self,
         planning: super::Planning,
     ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-        self.inner.begin_with(super::begin_sql(self.pooler, planning)).await.inspect_err(|e| {
+        self.begin_on_warm(Some(super::begin_sql(self.pooler, planning))).await.inspect_err(|e| {
             self.note(e);
         })
     }
 
     /// Close every connection and refuse new calls.
     pub async fn close(&self) {
+        self.warm.close();
         self.inner.close().await;
     }
 
@@ -213,9 +264,9 @@ impl Pool {
         self.inner.size()
     }
 
-    /// Idle connections.
+    /// Idle connections (sqlx's and those kept warm).
     pub fn num_idle(&self) -> usize {
-        self.inner.num_idle()
+        self.inner.num_idle() + self.warm.len()
     }
 }
 
@@ -250,29 +301,15 @@ impl<'p> Executor<'p> for &'_ Pool {
         'p: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
-        let health = self.health.clone();
-        let items = match self.pooler {
-            Pooler::None => self.inner.fetch_many(query),
-            Pooler::Transaction => {
-                // The whole result is read inside the transaction: every statement of the
-                // gateway returns a bounded number of rows.
-                let pool = self.clone();
-                stream::once(async move {
-                    let mut tx = pool.inner.begin_with(super::POOLED_BEGIN).await?;
-                    let items: Vec<Item> = (&mut *tx).fetch_many(Unnamed(query)).try_collect().await?;
-                    tx.commit().await?;
-                    Ok::<_, sqlx::Error>(items)
-                })
-                .map_ok(|items| stream::iter(items.into_iter().map(Ok)))
-                .try_flatten()
-                .boxed()
-            }
-        };
-        items
-            .inspect_err(move |e| {
-                health.note(e);
+        let pool = self.clone();
+        stream::once(async move {
+            pool.run(query).await.inspect_err(|e| {
+                pool.health.note(e);
             })
-            .boxed()
+        })
+        .map_ok(|items| stream::iter(items.into_iter().map(Ok)))
+        .try_flatten()
+        .boxed()
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(self, query: E) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
@@ -280,23 +317,13 @@ impl<'p> Executor<'p> for &'_ Pool {
         'p: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
-        let health = self.health.clone();
-        let row = match self.pooler {
-            Pooler::None => self.inner.fetch_optional(query),
-            Pooler::Transaction => {
-                let pool = self.clone();
-                async move {
-                    let mut tx = pool.inner.begin_with(super::POOLED_BEGIN).await?;
-                    let row = (&mut *tx).fetch_optional(Unnamed(query)).await?;
-                    tx.commit().await?;
-                    Ok(row)
-                }
-                .boxed()
-            }
-        };
-        row.inspect_err(move |e| {
-            health.note(e);
-        })
+        let pool = self.clone();
+        async move {
+            let items = pool.run(query).await.inspect_err(|e| {
+                pool.health.note(e);
+            })?;
+            Ok(items.into_iter().find_map(|item| item.right()))
+        }
         .boxed()
     }
 

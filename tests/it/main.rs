@@ -55,3 +55,4 @@ mod token_payloads;
 mod tokens;
 mod transforms;
 mod upgrades;
+mod warm_connections;

@@ -46,6 +46,7 @@ pub use failure::{
 };
 pub use pool::{Pool, Pooler, built_as, built_scalar, named_statements, query, query_as, query_scalar};
 pub(crate) use text_enum::text_enum;
+pub use warm::UNUSED_FOR as WARM_UNUSED_FOR;
 pub use wire::Int8Array;
 
 /// Default `--data-dir`: the embedded cluster lives in its `pg`, the generated admin

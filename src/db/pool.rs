@@ -268,6 +268,11 @@ impl Pool {
     pub fn num_idle(&self) -> usize {
         self.inner.num_idle() + self.warm.len()
     }
+
+    /// Idle connections kept warm ([`super::warm`]; counted in [`Self::num_idle`]).
+    pub fn num_warm(&self) -> usize {
+        self.warm.len()
+    }
 }
 
 /// A statement run as the unnamed statement, whatever its builder asked for.

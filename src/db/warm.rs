@@ -26,6 +26,9 @@
 //!   or departing node) is closed, as sqlx's check would close it.
 //! - **Closing** hands everything kept here back first, so sqlx's `close` does not wait
 //!   for connections nobody is using.
+//! - **A burst's connections do not stay open because they are kept here**: the one kept
+//!   longest goes back to sqlx's pool once unused for [`UNUSED_FOR`], and sqlx closes it
+//!   after its idle timeout. Tested: `warm_connections::connections_a_burst_left_warm_go_back_once_unused`.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -39,6 +42,11 @@ use super::failure::Health;
 /// checks) once.
 pub const REVETTED_AFTER: Duration = Duration::from_secs(60);
 
+/// How long a connection may stay warm unused before it goes back to sqlx's pool (which
+/// closes it after its own idle timeout, ten minutes): after a burst, the connections it
+/// opened do not stay open because they were kept here.
+pub const UNUSED_FOR: Duration = Duration::from_secs(5);
+
 /// Most connections kept warm: more than a trickle of statements uses at once, and at
 /// most half the pool (a pool of two keeps one), so that what sqlx's pool can hand out
 /// directly never falls to nothing because of this.
@@ -50,6 +58,8 @@ pub struct WarmConn {
     conn: PoolConnection<Postgres>,
     /// When it was taken from sqlx's pool.
     since: Instant,
+    /// When it was last kept warm.
+    kept_at: Instant,
     /// The pool's stale mark at that moment.
     stale_mark: u64,
 }
@@ -123,24 +133,37 @@ impl Warm {
         };
         let conn = pool.acquire().await;
         drop(waiting);
-        Ok(WarmConn { conn: conn?, since: Instant::now(), stale_mark: health.stale_mark() })
+        let now = Instant::now();
+        Ok(WarmConn { conn: conn?, since: now, kept_at: now, stale_mark: health.stale_mark() })
     }
 
     /// Keep `conn`, whose statement ran to the end, for the next caller, unless someone
     /// waits for sqlx's pool, enough are kept, or it is due back there (then it goes back
     /// to sqlx's pool).
-    pub(super) fn give_back(&self, conn: WarmConn, health: &Health) {
+    pub(super) fn give_back(&self, mut conn: WarmConn, health: &Health) {
         if !self.still_fresh(&conn, health) {
             let_go(conn, health);
             return;
         }
         let Ok(mut state) = self.state.lock() else { return };
-        if state.closed || state.waiting > 0 || state.kept.len() >= self.cap {
-            drop(state);
-            drop(conn);
-            return;
+        // The one kept longest without use goes back to sqlx's pool, which closes it after
+        // its idle timeout: what is kept shrinks to what the load uses.
+        let unused = match state.kept.first() {
+            Some(oldest) if oldest.kept_at.elapsed() > UNUSED_FOR => Some(state.kept.remove(0)),
+            _ => None,
+        };
+        let refused = if state.closed || state.waiting > 0 || state.kept.len() >= self.cap {
+            Some(conn)
+        } else {
+            conn.kept_at = Instant::now();
+            state.kept.push(conn);
+            None
+        };
+        drop(state);
+        drop(refused);
+        if let Some(unused) = unused {
+            let_go(unused, health);
         }
-        state.kept.push(conn);
     }
 
     /// Hand every kept connection back to sqlx's pool and keep none from now on.
@@ -160,9 +183,9 @@ impl Warm {
     }
 }
 
-/// A connection that may not be kept warm: closed if the pool's stale mark moved since it
-/// was taken (it was open then, so it was opened before the mark: a connection to a node
-/// that refused writes or went away), otherwise back to sqlx's pool.
+/// A connection that is not kept warm (any more): closed if the pool's stale mark moved
+/// since it was taken (it was open then, so it was opened before the mark: a connection to
+/// a node that refused writes or went away), otherwise back to sqlx's pool.
 fn let_go(mut warm: WarmConn, health: &Health) {
     if warm.stale_mark != health.stale_mark() {
         warm.conn.close_on_drop();

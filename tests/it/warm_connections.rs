@@ -142,3 +142,20 @@ async fn closing_the_pool_hands_back_the_connections_kept_warm() {
         .expect("close does not wait for kept connections");
     assert_eq!(pool.size(), 0, "every connection closed");
 }
+
+#[tokio::test]
+async fn connections_a_burst_left_warm_go_back_once_unused() {
+    let (_test_db, pool) = grown_pool().await;
+    assert_eq!(pool.num_warm(), 4, "the burst's four connections kept warm");
+    tokio::time::sleep(db::WARM_UNUSED_FOR + Duration::from_secs(1)).await;
+    // A trickle: one connection in use, each statement handing the oldest unused one back.
+    for _ in 0..4 {
+        backend(&pool).await;
+    }
+    assert_eq!(pool.num_warm(), 1, "only the connection the trickle uses stays warm");
+    // Handed back through sqlx's release task (a ping each).
+    crate::support::eventually(Duration::from_secs(10), "the others idle in sqlx's pool", || async {
+        (pool.num_idle() >= 4).then_some(())
+    })
+    .await;
+}

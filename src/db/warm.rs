@@ -8,7 +8,8 @@
 //! caches other processes have had the cores to overwrite, and pays a second round trip
 //! for the ping. So a statement run on the [`super::Pool`] takes the connection returned
 //! last ([`Warm::take`]) and, once it has read its whole answer, gives it back here
-//! ([`Warm::give_back`]): last in, first out, with no ping, at most [`MOST_KEPT`] of them (half the pool, for a small one).
+//! ([`Warm::give_back`]): last in, first out, with no ping, at most [`MOST_KEPT`] of them
+//! (half the pool, for a small one).
 //!
 //! A connection kept here is in use as far as sqlx's pool can tell, so nothing here may
 //! keep one from a caller that needs it, or keep one that sqlx would have discarded:
@@ -60,7 +61,7 @@ pub struct WarmConn {
     since: Instant,
     /// When it was last kept warm.
     kept_at: Instant,
-    /// The pool's stale mark at that moment.
+    /// The pool's stale mark when it was taken from sqlx's pool.
     stale_mark: u64,
 }
 
@@ -73,6 +74,12 @@ impl WarmConn {
     /// The pooled connection itself (it goes back to sqlx's pool when dropped).
     pub fn into_inner(self) -> PoolConnection<Postgres> {
         self.conn
+    }
+
+    /// Whether it may still be used without sqlx's checks: kept for less than
+    /// [`REVETTED_AFTER`], and no connection marked stale since it was taken.
+    fn fresh(&self, health: &Health) -> bool {
+        self.since.elapsed() < REVETTED_AFTER && self.stale_mark == health.stale_mark()
     }
 }
 
@@ -119,7 +126,7 @@ impl Warm {
         let waiting = loop {
             let Ok(mut state) = self.state.lock() else { break None };
             match state.kept.pop() {
-                Some(warm) if self.still_fresh(&warm, health) => return Ok(warm),
+                Some(warm) if warm.fresh(health) => return Ok(warm),
                 // Let go outside the lock.
                 Some(spent) => {
                     drop(state);
@@ -141,7 +148,7 @@ impl Warm {
     /// waits for sqlx's pool, enough are kept, or it is due back there (then it goes back
     /// to sqlx's pool).
     pub(super) fn give_back(&self, mut conn: WarmConn, health: &Health) {
-        if !self.still_fresh(&conn, health) {
+        if !conn.fresh(health) {
             let_go(conn, health);
             return;
         }
@@ -176,10 +183,6 @@ impl Warm {
             Err(_) => return,
         };
         drop(kept);
-    }
-
-    fn still_fresh(&self, warm: &WarmConn, health: &Health) -> bool {
-        warm.since.elapsed() < REVETTED_AFTER && warm.stale_mark == health.stale_mark()
     }
 }
 

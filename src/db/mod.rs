@@ -30,6 +30,7 @@ pub mod hosts;
 mod pool;
 pub mod tcp;
 mod text_enum;
+mod tx;
 mod warm;
 mod wire;
 
@@ -46,6 +47,7 @@ pub use failure::{
 };
 pub use pool::{Pool, Pooler, built_as, built_scalar, named_statements, query, query_as, query_scalar};
 pub(crate) use text_enum::text_enum;
+pub use tx::Tx;
 pub use warm::UNUSED_FOR as WARM_UNUSED_FOR;
 pub use wire::Int8Array;
 

@@ -40,9 +40,10 @@ use futures_util::{FutureExt, StreamExt, TryStreamExt};
 use serde::Deserialize;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgQueryResult, PgRow, PgStatement, PgTypeInfo};
 use sqlx::query::{Query, QueryAs, QueryScalar};
-use sqlx::{Connection, Either, Execute, Executor, PgPool, Postgres, Transaction};
+use sqlx::{Connection, Either, Execute, Executor, PgPool, Postgres};
 
 use super::failure::{Health, Unavailable};
+use super::tx::Tx;
 use super::warm::{Warm, WarmConn};
 
 /// What sits between the gateway and PostgreSQL (`--db-pooler`).
@@ -125,7 +126,8 @@ where
 /// It is an executor (`query.fetch_one(&pool)`) like sqlx's pool; behind a transaction
 /// pooler each such statement runs in its own transaction (see the module doc).
 ///
-/// Every statement and transaction takes the connection returned last ([`super::warm`]).
+/// Every statement and transaction takes the connection returned last ([`super::warm`]),
+/// and gives it back warm when it ends ([`Tx`]).
 #[derive(Clone)]
 pub struct Pool {
     inner: PgPool,
@@ -166,11 +168,10 @@ impl Pool {
     }
 
     /// A transaction begun with `begin` (sqlx's own `BEGIN` when `None`) on the connection
-    /// returned last. At its end the connection goes back to sqlx's pool.
-    async fn begin_on_warm(&self, begin: Option<&'static str>) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-        let conn = self.take().await?.into_inner();
-        // What sqlx's own `Pool::begin_with` does with the connection it acquires.
-        Transaction::<'static, Postgres>::begin(conn, begin.map(Into::into)).await
+    /// returned last; committed or rolled back, its connection is kept warm ([`Tx`]).
+    async fn begin_on_warm(&self, begin: Option<&'static str>) -> Result<Tx, sqlx::Error> {
+        let conn = self.take().await?;
+        Tx::begin(conn, begin, self.warm.clone(), self.health.clone()).await
     }
 
     /// Run `query` to its end on a warm connection ([`Self::take`]), inside a transaction
@@ -232,7 +233,7 @@ impl Pool {
 
     /// Begin a transaction on a pooled connection. Behind a transaction pooler its
     /// `BEGIN` also sets the server-side bounds for the transaction (same round trip).
-    pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
         let result = match self.pooler {
             Pooler::None => self.begin_on_warm(None).await,
             Pooler::Transaction => self.begin_on_warm(Some(super::POOLED_BEGIN)).await,
@@ -244,10 +245,7 @@ impl Pool {
 
     /// Begin a transaction whose statements are planned as `planning` says, set in the
     /// same round trip as its `BEGIN` (with the pooler's bounds, behind one).
-    pub async fn begin_planned(
-        &self,
-        planning: super::Planning,
-    ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    pub async fn begin_planned(&self, planning: super::Planning) -> Result<Tx, sqlx::Error> {
         self.begin_on_warm(Some(super::begin_sql(self.pooler, planning))).await.inspect_err(|e| {
             self.note(e);
         })

@@ -71,9 +71,9 @@ impl WarmConn {
         &mut self.conn
     }
 
-    /// The pooled connection itself (it goes back to sqlx's pool when dropped).
-    pub fn into_inner(self) -> PoolConnection<Postgres> {
-        self.conn
+    /// The connection, to read its state.
+    pub fn conn_ref(&self) -> &PgConnection {
+        &self.conn
     }
 
     /// Whether it may still be used without sqlx's checks: kept for less than

@@ -150,10 +150,7 @@ async fn a_fan_out_wider_than_the_free_workers_is_leased_up_to_them_and_the_rest
 /// check, which runs at the statement's end, after its leases are taken. (Holding the
 /// endpoint's row instead no longer makes a leasing statement wait: it leases nothing for
 /// an endpoint another transaction holds, `prelease_locked`.)
-pub(crate) async fn hold_source(
-    pool: &webhook_gateway::db::Pool,
-    source: &str,
-) -> sqlx::Transaction<'static, sqlx::Postgres> {
+pub(crate) async fn hold_source(pool: &webhook_gateway::db::Pool, source: &str) -> webhook_gateway::db::Tx {
     let mut holder = pool.begin().await.expect("begin");
     let held = sqlx::query("SELECT 1 FROM sources WHERE name = $1 FOR UPDATE")
         .bind(source)

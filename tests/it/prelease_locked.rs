@@ -20,10 +20,7 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// A transaction holding the rows of `endpoints` as a claim holds them (`FOR NO KEY
 /// UPDATE`, which leaves the foreign key checks of plain inserts free to pass).
-pub(crate) async fn hold_as_a_claim(
-    pool: &webhook_gateway::db::Pool,
-    endpoints: &[&str],
-) -> sqlx::Transaction<'static, sqlx::Postgres> {
+pub(crate) async fn hold_as_a_claim(pool: &webhook_gateway::db::Pool, endpoints: &[&str]) -> webhook_gateway::db::Tx {
     let mut holder = pool.begin().await.expect("begin");
     let ids: Vec<uuid::Uuid> = endpoints.iter().map(|id| id.parse().expect("endpoint id")).collect();
     let held: i64 = sqlx::query_scalar(

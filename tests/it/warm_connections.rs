@@ -159,3 +159,116 @@ async fn connections_a_burst_left_warm_go_back_once_unused() {
     })
     .await;
 }
+
+/// The backend that serves one transaction, ended by `commit` or else rolled back.
+async fn transaction_backend(pool: &Pool, commit: bool) -> i32 {
+    let mut tx = pool.begin().await.expect("begin");
+    let pid = db::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *tx).await.expect("backend pid");
+    if commit {
+        tx.commit().await.expect("commit");
+    } else {
+        tx.rollback().await.expect("rollback");
+    }
+    pid
+}
+
+#[tokio::test]
+async fn a_committed_transaction_s_connection_is_kept_warm() {
+    let (test_db, pool) = grown_pool().await;
+    let mut backends = Vec::new();
+    for i in 0..20 {
+        backends.push(transaction_backend(&pool, i % 3 != 0).await);
+        backends.push(backend(&pool).await);
+    }
+    backends.dedup();
+    assert_eq!(
+        backends.len(),
+        1,
+        "twenty transactions (committed or rolled back) and statements, one backend: {backends:?}"
+    );
+
+    // Control: sqlx's own transactions hand their connection back through sqlx's pool,
+    // which goes round its connections.
+    let plain = PgPoolOptions::new().max_connections(8).connect(&test_db.url).await.expect("sqlx pool");
+    let sleeps = (0..4).map(|_| sqlx::query("SELECT pg_sleep(0.2)").execute(&plain));
+    futures_util::future::join_all(sleeps).await;
+    let mut rotated = Vec::new();
+    for _ in 0..20 {
+        let mut tx = plain.begin().await.expect("begin");
+        rotated.push(sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()").fetch_one(&mut *tx).await.expect("pid"));
+        tx.commit().await.expect("commit");
+    }
+    rotated.sort_unstable();
+    rotated.dedup();
+    assert!(rotated.len() >= 2, "sqlx's transactions used {rotated:?}");
+}
+
+#[tokio::test]
+async fn a_transaction_left_open_rolls_back_and_leaves_no_answer_behind() {
+    let test_db = TestDb::new().await;
+    let pool = db::connect(&test_db.url, 4).await.expect("pool");
+    db::query("CREATE TABLE warm_probe (n int PRIMARY KEY)").execute(&pool).await.expect("table");
+    let count = || async { db::query_scalar::<i64>("SELECT count(*) FROM warm_probe").fetch_one(&pool).await };
+
+    // Dropped open: rolled back, and its connection is not kept warm with the rollback
+    // still owed.
+    assert_eq!(pool.num_warm(), 1, "the statement's connection kept warm");
+    {
+        let mut tx = pool.begin().await.expect("begin");
+        db::query("INSERT INTO warm_probe VALUES (1)").execute(&mut *tx).await.expect("insert");
+    }
+    assert_eq!(pool.num_warm(), 0, "the open transaction's connection is not kept warm");
+    assert_eq!(count().await.expect("count"), 0, "the dropped transaction was rolled back");
+
+    // A statement failed inside: the transaction is aborted; dropped, rolled back, and the
+    // next transaction on the pool begins clean.
+    {
+        let mut tx = pool.begin().await.expect("begin");
+        db::query("INSERT INTO warm_probe VALUES (2)").execute(&mut *tx).await.expect("insert");
+        let failed = db::query("SELECT 1 / 0").execute(&mut *tx).await;
+        assert!(failed.is_err(), "division by zero fails");
+    }
+    let mut tx = pool.begin().await.expect("begin after an aborted transaction");
+    db::query("INSERT INTO warm_probe VALUES (3)").execute(&mut *tx).await.expect("insert in a clean transaction");
+    tx.commit().await.expect("commit");
+    assert_eq!(count().await.expect("count"), 1, "only the committed row");
+
+    // A failed COMMIT (a deferred key check): the caller hears the error, nothing of the
+    // transaction stays, the next statements read their own answers.
+    db::query("CREATE TABLE warm_child (n int REFERENCES warm_probe (n) DEFERRABLE INITIALLY DEFERRED)")
+        .execute(&pool)
+        .await
+        .expect("table");
+    let mut tx = pool.begin().await.expect("begin");
+    db::query("INSERT INTO warm_child VALUES (99)").execute(&mut *tx).await.expect("deferred insert");
+    assert!(tx.commit().await.is_err(), "the deferred key check fails the commit");
+    for expected in 1..=10 {
+        let got: i32 = db::query_scalar("SELECT $1::int4").bind(expected).fetch_one(&pool).await.expect("statement");
+        assert_eq!(got, expected, "each statement reads its own answer");
+    }
+
+    // Abandoned mid-COMMIT (a deferred trigger makes it slow): the connection owes the
+    // commit's answer and is not kept warm; the statements after it read their own.
+    db::query(
+        "CREATE FUNCTION warm_slow() RETURNS trigger LANGUAGE plpgsql AS
+         $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$",
+    )
+    .execute(&pool)
+    .await
+    .expect("function");
+    db::query(
+        "CREATE CONSTRAINT TRIGGER warm_slow AFTER INSERT ON warm_probe DEFERRABLE INITIALLY DEFERRED
+         FOR EACH ROW EXECUTE FUNCTION warm_slow()",
+    )
+    .execute(&pool)
+    .await
+    .expect("trigger");
+    let mut tx = pool.begin().await.expect("begin");
+    db::query("INSERT INTO warm_probe VALUES (4)").execute(&mut *tx).await.expect("insert");
+    let abandoned = tokio::time::timeout(Duration::from_millis(100), tx.commit()).await;
+    assert!(abandoned.is_err(), "the caller stopped waiting for the commit");
+    for expected in 1..=20 {
+        let got: i32 = db::query_scalar("SELECT $1::int4").bind(expected).fetch_one(&pool).await.expect("statement");
+        assert_eq!(got, expected, "each statement reads its own answer");
+    }
+}

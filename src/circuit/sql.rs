@@ -139,6 +139,17 @@ pub struct EndpointTransition {
     pub transition: Transition,
 }
 
+/// Whether any circuit transition happened at or after `since` (one probe of its index).
+pub async fn any_transition_since(
+    db: impl sqlx::PgExecutor<'_>,
+    since: chrono::DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    crate::db::query_scalar("SELECT EXISTS (SELECT 1 FROM circuit_transitions WHERE at >= $1)")
+        .bind(since)
+        .fetch_one(db)
+        .await
+}
+
 /// Changes of every circuit at or after `since`, oldest first, at most `limit`.
 pub async fn transitions_since(
     db: impl sqlx::PgExecutor<'_>,

@@ -2,7 +2,10 @@
 //! is nothing to do), the replica that leads the
 //! `housekeeping` job parks the due deliveries of blocked endpoints (open circuit,
 //! paused) and releases the parked backlogs of endpoints that became runnable; its
-//! dispatcher also admits the half-open probes (it reads [`Housekeeping::leads`]).
+//! dispatcher also admits the half-open probes (it reads [`Housekeeping::looks_for_probes`]).
+//! A round first asks whether any endpoint is blocked, has a backlog to release or an
+//! open circuit ([`queue::endpoints_to_watch`], one statement): nearly always none is, and
+//! an idle fleet's leader then runs that one statement a second instead of three.
 //!
 //! Every worker replica runs this task, and one leads ([`crate::lease::Leadership`]): at
 //! twenty replicas the fleet runs these statements ten times a second, not two hundred.
@@ -36,16 +39,32 @@ pub const LEASE_TTL: Duration = Duration::from_secs(3);
 /// Name of the job's lease.
 pub const LEASE_NAME: &str = "housekeeping";
 
-/// Whether this process leads the housekeeping (shared with its dispatcher).
-#[derive(Debug, Clone, Default)]
+/// Whether this process leads the housekeeping, and whether its last round saw an open
+/// circuit (shared with its dispatcher).
+#[derive(Debug, Clone)]
 pub struct Housekeeping {
     leads: Arc<AtomicBool>,
+    open_circuits: Arc<AtomicBool>,
+}
+
+impl Default for Housekeeping {
+    fn default() -> Self {
+        // Open circuits assumed until a round looked.
+        Housekeeping { leads: Arc::default(), open_circuits: Arc::new(AtomicBool::new(true)) }
+    }
 }
 
 impl Housekeeping {
     /// Whether this process leads now (it admits the half-open probes then).
     pub fn leads(&self) -> bool {
         self.leads.load(Ordering::Relaxed)
+    }
+
+    /// Whether this process's dispatcher looks for half-open probes: it leads, and its
+    /// last round saw an open circuit (a circuit that opens after it is seen by the next
+    /// round, at most [`IDLE_TICK`] later, long before any cool-down ends).
+    pub fn looks_for_probes(&self) -> bool {
+        self.leads() && self.open_circuits.load(Ordering::Relaxed)
     }
 
     /// Run the rounds until `stop`: `release_per_sec` paces released backlogs, `wake` is
@@ -66,7 +85,7 @@ impl Housekeeping {
             let round = async {
                 let leads = leadership.leads(&pool).await;
                 self.leads.store(leads, Ordering::Relaxed);
-                if leads { round(&pool, release_per_sec, &wake).await } else { Ok(false) }
+                if leads { round(&pool, release_per_sec, &wake, &self.open_circuits).await } else { Ok(false) }
             };
             let done = tokio::select! {
                 done = round => done,
@@ -91,8 +110,19 @@ impl Housekeeping {
 }
 
 /// One round: park what blocked endpoints have due, release the backlogs of endpoints
-/// that became runnable; whether it did anything.
-async fn round(pool: &Pool, release_per_sec: u32, wake: &Notify) -> Result<bool, sqlx::Error> {
+/// that became runnable (when any endpoint is blocked or has a backlog to release);
+/// whether it did anything. `open_circuits` is told whether any circuit is open.
+async fn round(
+    pool: &Pool,
+    release_per_sec: u32,
+    wake: &Notify,
+    open_circuits: &AtomicBool,
+) -> Result<bool, sqlx::Error> {
+    let watch = queue::endpoints_to_watch(pool).await?;
+    open_circuits.store(watch.open_circuits, Ordering::Relaxed);
+    if !watch.blocked_or_releasing {
+        return Ok(false);
+    }
     let parked = queue::park_blocked(pool).await?;
     if parked > 0 {
         tracing::debug!(parked, "parked due deliveries of blocked endpoints");

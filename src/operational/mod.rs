@@ -137,10 +137,66 @@ pub async fn check_fleet(pool: &Pool, settings: &OperationalSettings) -> Result<
 }
 
 async fn fleet_checks(pool: &Pool, source: SourceId, settings: &OperationalSettings) -> Result<usize, sqlx::Error> {
-    Ok(circuits(pool, source).await?
-        + dead_letters(pool, source, settings).await?
-        + backlog(pool, source, settings).await?
-        + retention(pool, source, settings).await?)
+    let due = Due::read(pool, source, settings).await?;
+    let mut published = 0;
+    if due.circuits {
+        published += circuits(pool, source).await?;
+    }
+    if due.dead_letters {
+        published += dead_letters(pool, source, settings).await?;
+    }
+    if due.backlog {
+        published += backlog(pool, source, settings).await?;
+    }
+    if due.retention {
+        published += retention(pool, source, settings).await?;
+    }
+    Ok(published)
+}
+
+/// Which fleet checks have anything to do this round, read without a lock or a
+/// transaction: most rounds none has (no transition, the window still open, the backlog
+/// and retention conditions where they stood), and a check is a transaction of four or
+/// five round trips. A check that has something to do locks its state and reads
+/// everything again, so deciding on a stale read costs at most a round's delay (the
+/// next round reads again), never an event published twice or lost.
+#[derive(Debug, Default)]
+struct Due {
+    circuits: bool,
+    dead_letters: bool,
+    backlog: bool,
+    retention: bool,
+}
+
+impl Due {
+    async fn read(pool: &Pool, source: SourceId, settings: &OperationalSettings) -> Result<Due, sqlx::Error> {
+        let mut due = Due::default();
+        for (name, standing) in state::all(pool).await? {
+            match name.as_str() {
+                "circuits" => {
+                    let since = standing.until.unwrap_or(standing.now) - CIRCUIT_LOOKBACK;
+                    due.circuits = crate::circuit::sql::any_transition_since(pool, since).await?;
+                }
+                "dead_letters" => {
+                    let close = standing.now - chrono_of(DEAD_LETTER_LAG);
+                    due.dead_letters =
+                        standing.until.is_none_or(|from| close - from >= chrono_of(settings.dead_letter_window));
+                }
+                "backlog" => {
+                    let oldest = crate::queue::read::oldest_due(pool, source).await?;
+                    let late = oldest.is_some_and(|due| standing.now - due >= chrono_of(settings.backlog_after));
+                    due.backlog = late != standing.raised_at.is_some();
+                }
+                "retention" => {
+                    let limit = standing.now - chrono_of(settings.events_retention + settings.retention_grace);
+                    let behind = crate::store::events::oldest_expired(pool, limit).await?.is_some();
+                    due.retention = behind != standing.raised_at.is_some();
+                }
+                _ => {}
+            }
+        }
+        Ok(due)
+    }
 }
 
 /// Publish one operational event in `tx`; whether it is new (a repeat of its key is not).
@@ -237,6 +293,7 @@ async fn dead_letters(pool: &Pool, source: SourceId, settings: &OperationalSetti
         return Ok(0);
     };
     if close - from < chrono_of(settings.dead_letter_window) {
+        tx.rollback().await?;
         return Ok(0);
     }
     let counts = crate::queue::read::dead_between(&mut *tx, from, close, source).await?;

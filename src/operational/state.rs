@@ -25,6 +25,20 @@ pub async fn lock(tx: &mut PgConnection, name: &str) -> Result<Standing, sqlx::E
         .await
 }
 
+/// Every check's standing, read without a lock: what decides which checks have anything
+/// to do this round (each then locks and reads its own again).
+pub async fn all(db: impl sqlx::PgExecutor<'_>) -> Result<Vec<(String, Standing)>, sqlx::Error> {
+    #[derive(sqlx::FromRow)]
+    struct Named {
+        name: String,
+        #[sqlx(flatten)]
+        standing: Standing,
+    }
+    let rows: Vec<Named> =
+        crate::db::query_as("SELECT name, until, raised_at, now() AS now FROM operational_state").fetch_all(db).await?;
+    Ok(rows.into_iter().map(|r| (r.name, r.standing)).collect())
+}
+
 /// Record where check `name` now stands.
 pub async fn save(
     tx: &mut PgConnection,

@@ -113,6 +113,21 @@ impl ClaimBatch {
     }
 }
 
+/// Whether any delivery is due that a claim could take (pending, due, neither parked nor
+/// waiting in its line): one probe of the head of the due index, without a transaction
+/// or a lock. A claim that would find nothing costs three round trips (`BEGIN`, the
+/// lock, `COMMIT`); an idle dispatcher asks this first ([`crate::deliver`]'s claim loop)
+/// and claims only when it says yes. A row that comes due just after is one that came
+/// due just after the claim: the next poll takes it.
+pub async fn anything_due(db: impl PgExecutor<'_>) -> Result<bool, sqlx::Error> {
+    crate::db::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM deliveries d
+                        WHERE d.status = 'pending' AND NOT d.parked AND NOT d.waiting AND d.next_attempt_at <= now())",
+    )
+    .fetch_one(db)
+    .await
+}
+
 /// [`claim_fair`], also telling what the claim saw ([`ClaimBatch::took_all_due`]) and why
 /// it left what it left ([`ClaimBatch::held_by_room`]).
 pub async fn claim_batch(

@@ -48,6 +48,31 @@ pub const NEXT_CLAIM_TOKEN: &str = "claim_token + 1 + floor(random() * 429496729
 /// Rows one [`park_blocked`] call parks at most.
 pub const PARK_BATCH: i64 = 1_000;
 
+/// What the circuit housekeeping has to look after now ([`endpoints_to_watch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watch {
+    /// Some endpoint is blocked (open circuit, paused) or has a parked backlog to
+    /// release: [`park_blocked`] and [`release_parked`] may have work.
+    pub blocked_or_releasing: bool,
+    /// Some circuit is open: a half-open probe may come due ([`claim_probes`]).
+    pub open_circuits: bool,
+}
+
+/// Whether any endpoint needs the circuit housekeeping, in one statement without a lock
+/// (the partial indexes of open circuits and pending releases, the paused flag): nearly
+/// always none does, and the housekeeping's three statements then have nothing to do.
+/// What changes just after is seen by the next round, as it would be had the round run.
+pub async fn endpoints_to_watch(db: impl PgExecutor<'_>) -> Result<Watch, sqlx::Error> {
+    let (open, other): (bool, bool) = crate::db::query_as(
+        "SELECT EXISTS (SELECT 1 FROM endpoints WHERE circuit_state = 'open' AND deleted_at IS NULL),
+                EXISTS (SELECT 1 FROM endpoints WHERE release_pending AND deleted_at IS NULL)
+                OR EXISTS (SELECT 1 FROM endpoints WHERE paused AND deleted_at IS NULL)",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(Watch { blocked_or_releasing: open || other, open_circuits: open })
+}
+
 /// Park due deliveries of blocked endpoints (open circuit, paused): they leave the claim
 /// index without spending an attempt, so a dead endpoint's backlog costs claims nothing.
 /// Walks each blocked endpoint's own unparked rows (a per-endpoint partial index), so the

@@ -195,6 +195,41 @@ async fn racing_checks_publish_each_event_once() {
     }
 }
 
+/// An idle fleet's checks find nothing to do and write nothing (no transaction, no WAL
+/// every tick), and still publish what happens next.
+#[tokio::test]
+async fn checks_with_nothing_to_report_write_nothing() {
+    let db = TestDb::new().await;
+    let settings = webhook_gateway::operational::OperationalSettings::default();
+    let pool = webhook_gateway::db::connect(&db.url, 2).await.expect("pool");
+    let states = || async {
+        sqlx::query_as::<_, (String, String)>("SELECT name, xmin::text FROM operational_state ORDER BY name")
+            .fetch_all(&db.pool)
+            .await
+            .expect("states")
+    };
+    // The first round starts the windows.
+    assert_eq!(webhook_gateway::operational::check_fleet(&pool, &settings).await.expect("checks"), 0);
+    let after_first = states().await;
+    for _ in 0..3 {
+        assert_eq!(webhook_gateway::operational::check_fleet(&pool, &settings).await.expect("checks"), 0);
+    }
+    assert_eq!(states().await, after_first, "rounds with nothing to report changed no check's state");
+
+    // What happens next is still published, once.
+    let ep = crate::support::insert_endpoint(&db.pool, "http://127.0.0.1:9/").await;
+    sqlx::query(
+        "INSERT INTO circuit_transitions (endpoint_id, change, failures, open_count) VALUES ($1, 'opened', 5, 1)",
+    )
+    .bind(uuid::Uuid::parse_str(&ep).expect("id"))
+    .execute(&db.pool)
+    .await
+    .expect("transition");
+    assert_eq!(webhook_gateway::operational::check_fleet(&pool, &settings).await.expect("checks"), 1, "circuit opened");
+    assert_eq!(webhook_gateway::operational::check_fleet(&pool, &settings).await.expect("checks"), 0, "nothing new");
+    assert_eq!(stored(&db, "endpoint.circuit.opened").await, 1);
+}
+
 /// A source refusing many webhooks (bad signatures) is reported once per minute, with the
 /// reasons; a few refusals are not.
 #[tokio::test]

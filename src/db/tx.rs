@@ -14,7 +14,7 @@
 //! ping sends it; a failed `COMMIT` or `ROLLBACK` the same.
 //!
 //! Tested: `warm_connections::a_committed_transaction_s_connection_is_kept_warm` and
-//! `warm_connections::a_dropped_transaction_rolls_back`.
+//! `warm_connections::a_transaction_left_open_rolls_back_and_leaves_no_answer_behind`.
 
 use std::borrow::Cow;
 use std::ops::{Deref, DerefMut};
@@ -52,14 +52,14 @@ impl Tx {
 
     /// Commit; the connection is kept warm for the next caller.
     pub async fn commit(mut self) -> Result<(), sqlx::Error> {
-        PgTransactionManager::commit(self.connection()).await?;
+        PgTransactionManager::commit(&mut self).await?;
         self.end();
         Ok(())
     }
 
     /// Roll back; the connection is kept warm for the next caller.
     pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
-        PgTransactionManager::rollback(self.connection()).await?;
+        PgTransactionManager::rollback(&mut self).await?;
         self.end();
         Ok(())
     }
@@ -70,12 +70,6 @@ impl Tx {
         if let Some(conn) = self.conn.take() {
             self.warm.give_back(conn, &self.health);
         }
-    }
-
-    fn connection(&mut self) -> &mut PgConnection {
-        // Only `end` and `drop` take the connection, and both end the `Tx`.
-        #[allow(clippy::expect_used)]
-        self.conn.as_mut().expect("a transaction that has not ended has its connection").conn()
     }
 }
 
@@ -91,7 +85,9 @@ impl Deref for Tx {
 
 impl DerefMut for Tx {
     fn deref_mut(&mut self) -> &mut PgConnection {
-        self.connection()
+        // Only `end` and `drop` take the connection, and both end the `Tx`.
+        #[allow(clippy::expect_used)]
+        self.conn.as_mut().expect("a transaction that has not ended has its connection").conn()
     }
 }
 

@@ -174,21 +174,18 @@ impl Due {
         for (name, standing) in state::all(pool).await? {
             match name.as_str() {
                 "circuits" => {
-                    let since = standing.until.unwrap_or(standing.now) - CIRCUIT_LOOKBACK;
-                    due.circuits = crate::circuit::sql::any_transition_since(pool, since).await?;
+                    due.circuits = crate::circuit::sql::any_transition_since(pool, circuits_since(&standing)).await?;
                 }
                 "dead_letters" => {
-                    let close = standing.now - chrono_of(DEAD_LETTER_LAG);
-                    due.dead_letters =
-                        standing.until.is_none_or(|from| close - from >= chrono_of(settings.dead_letter_window));
+                    let close = dead_letters_close(&standing);
+                    due.dead_letters = standing.until.is_none_or(|from| window_closed(from, close, settings));
                 }
                 "backlog" => {
                     let oldest = crate::queue::read::oldest_due(pool, source).await?;
-                    let late = oldest.is_some_and(|due| standing.now - due >= chrono_of(settings.backlog_after));
-                    due.backlog = late != standing.raised_at.is_some();
+                    due.backlog = backlog_late(&standing, oldest, settings) != standing.raised_at.is_some();
                 }
                 "retention" => {
-                    let limit = standing.now - chrono_of(settings.events_retention + settings.retention_grace);
+                    let limit = retention_limit(&standing, settings);
                     let behind = crate::store::events::oldest_expired(pool, limit).await?.is_some();
                     due.retention = behind != standing.raised_at.is_some();
                 }
@@ -197,6 +194,32 @@ impl Due {
         }
         Ok(due)
     }
+}
+
+/// Where the circuit check looks from: its window's end, less [`CIRCUIT_LOOKBACK`] for
+/// transitions committed late.
+fn circuits_since(standing: &state::Standing) -> DateTime<Utc> {
+    standing.until.unwrap_or(standing.now) - CIRCUIT_LOOKBACK
+}
+
+/// Where the dead-letter check's current window ends: [`DEAD_LETTER_LAG`] before now.
+fn dead_letters_close(standing: &state::Standing) -> DateTime<Utc> {
+    standing.now - chrono_of(DEAD_LETTER_LAG)
+}
+
+/// Whether the dead-letter window from `from` to `close` is a whole window.
+fn window_closed(from: DateTime<Utc>, close: DateTime<Utc>, settings: &OperationalSettings) -> bool {
+    close - from >= chrono_of(settings.dead_letter_window)
+}
+
+/// Whether the longest-waiting due delivery (due at `oldest`) has waited past the threshold.
+fn backlog_late(standing: &state::Standing, oldest: Option<DateTime<Utc>>, settings: &OperationalSettings) -> bool {
+    oldest.is_some_and(|due| standing.now - due >= chrono_of(settings.backlog_after))
+}
+
+/// Events received before this should have been deleted by retention, grace included.
+fn retention_limit(standing: &state::Standing, settings: &OperationalSettings) -> DateTime<Utc> {
+    standing.now - chrono_of(settings.events_retention + settings.retention_grace)
 }
 
 /// Publish one operational event in `tx`; whether it is new (a repeat of its key is not).
@@ -250,8 +273,7 @@ fn line_of(id: EndpointId) -> String {
 async fn circuits(pool: &Pool, source: SourceId) -> Result<usize, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let standing = state::lock(&mut tx, "circuits").await?;
-    let since = standing.until.unwrap_or(standing.now) - CIRCUIT_LOOKBACK;
-    let transitions = crate::circuit::sql::transitions_since(&mut *tx, since, 500).await?;
+    let transitions = crate::circuit::sql::transitions_since(&mut *tx, circuits_since(&standing), 500).await?;
     let mut published = 0;
     for t in &transitions {
         use crate::circuit::Transitioned;
@@ -285,14 +307,14 @@ async fn circuits(pool: &Pool, source: SourceId) -> Result<usize, sqlx::Error> {
 async fn dead_letters(pool: &Pool, source: SourceId, settings: &OperationalSettings) -> Result<usize, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let standing = state::lock(&mut tx, "dead_letters").await?;
-    let close = standing.now - chrono_of(DEAD_LETTER_LAG);
+    let close = dead_letters_close(&standing);
     let Some(from) = standing.until else {
         // The first run starts counting now: what died before is not news.
         state::save(&mut tx, "dead_letters", Some(close), None).await?;
         tx.commit().await?;
         return Ok(0);
     };
-    if close - from < chrono_of(settings.dead_letter_window) {
+    if !window_closed(from, close, settings) {
         tx.rollback().await?;
         return Ok(0);
     }
@@ -322,7 +344,7 @@ async fn backlog(pool: &Pool, source: SourceId, settings: &OperationalSettings) 
     let standing = state::lock(&mut tx, "backlog").await?;
     let oldest = crate::queue::read::oldest_due(&mut *tx, source).await?;
     let waited = oldest.map(|due| standing.now - due);
-    let late = waited.is_some_and(|w| w >= chrono_of(settings.backlog_after));
+    let late = backlog_late(&standing, oldest, settings);
     let published = match (standing.raised_at, late) {
         (None, true) => {
             let data = json!({"oldest_due_at": oldest, "waited_secs": waited.map(|w| w.num_seconds()),
@@ -350,8 +372,7 @@ async fn backlog(pool: &Pool, source: SourceId, settings: &OperationalSettings) 
 async fn retention(pool: &Pool, source: SourceId, settings: &OperationalSettings) -> Result<usize, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let standing = state::lock(&mut tx, "retention").await?;
-    let limit = standing.now - chrono_of(settings.events_retention + settings.retention_grace);
-    let oldest = crate::store::events::oldest_expired(&mut *tx, limit).await?;
+    let oldest = crate::store::events::oldest_expired(&mut *tx, retention_limit(&standing, settings)).await?;
     let published = match (standing.raised_at, oldest) {
         (None, Some(oldest)) => {
             let data = json!({"oldest_expired_event_at": oldest, "retention_secs": settings.events_retention.as_secs(),

@@ -27,6 +27,23 @@ async fn grown_pool() -> (TestDb, Pool) {
     (test_db, pool)
 }
 
+/// The control: sqlx's own pool of 8 on `url`, grown the same way as [`grown_pool`].
+async fn grown_sqlx_pool(url: &str) -> sqlx::PgPool {
+    let plain = PgPoolOptions::new().max_connections(8).connect(url).await.expect("sqlx pool");
+    let sleeps = (0..4).map(|_| sqlx::query("SELECT pg_sleep(0.2)").execute(&plain));
+    for done in futures_util::future::join_all(sleeps).await {
+        done.expect("sleep");
+    }
+    plain
+}
+
+/// How many distinct backends served `pids`.
+fn distinct(mut pids: Vec<i32>) -> Vec<i32> {
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
 #[tokio::test]
 async fn statements_in_a_row_run_on_the_connection_used_last() {
     let (test_db, pool) = grown_pool().await;
@@ -39,15 +56,12 @@ async fn statements_in_a_row_run_on_the_connection_used_last() {
     assert_eq!(backends.len(), 1, "twenty statements in a row, one backend: {backends:?}");
 
     // Control: sqlx's pool alone, grown the same way, goes round its connections.
-    let plain = PgPoolOptions::new().max_connections(8).connect(&test_db.url).await.expect("sqlx pool");
-    let sleeps = (0..4).map(|_| sqlx::query("SELECT pg_sleep(0.2)").execute(&plain));
-    futures_util::future::join_all(sleeps).await;
+    let plain = grown_sqlx_pool(&test_db.url).await;
     let mut rotated = Vec::new();
     for _ in 0..20 {
         rotated.push(sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()").fetch_one(&plain).await.expect("pid"));
     }
-    rotated.sort_unstable();
-    rotated.dedup();
+    let rotated = distinct(rotated);
     assert!(rotated.len() >= 2, "sqlx's pool alone used {rotated:?}");
 }
 
@@ -189,17 +203,14 @@ async fn a_committed_transaction_s_connection_is_kept_warm() {
 
     // Control: sqlx's own transactions hand their connection back through sqlx's pool,
     // which goes round its connections.
-    let plain = PgPoolOptions::new().max_connections(8).connect(&test_db.url).await.expect("sqlx pool");
-    let sleeps = (0..4).map(|_| sqlx::query("SELECT pg_sleep(0.2)").execute(&plain));
-    futures_util::future::join_all(sleeps).await;
+    let plain = grown_sqlx_pool(&test_db.url).await;
     let mut rotated = Vec::new();
     for _ in 0..20 {
         let mut tx = plain.begin().await.expect("begin");
         rotated.push(sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()").fetch_one(&mut *tx).await.expect("pid"));
         tx.commit().await.expect("commit");
     }
-    rotated.sort_unstable();
-    rotated.dedup();
+    let rotated = distinct(rotated);
     assert!(rotated.len() >= 2, "sqlx's transactions used {rotated:?}");
 }
 

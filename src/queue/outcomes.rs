@@ -122,7 +122,8 @@ pub struct Recorded {
 ///
 /// An ordered delivery that this call finishes (delivered, or dead) moves its line on in
 /// the same transaction ([`lines::release_heads`], [`lines::promote`]); when the batch
-/// holds one and `conn` is not in a transaction, this call opens one.
+/// holds one and `conn` is not in a transaction, this call opens one (in the caller's
+/// transaction it adds no savepoint).
 ///
 /// Refused with a [`Broken`] invariant when the batch holds a delivery twice
 /// ([`invariants::ONE_OUTCOME_PER_CLAIM`], before anything is written) or the statement
@@ -143,18 +144,34 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
         recorded_from(&ids, &recorded)?;
         return Ok(recorded);
     }
+    // Inside the caller's transaction (the recorder's), no savepoint: an error ends that
+    // transaction anyway, and a savepoint cost two of an ordered write's round trips.
+    if conn.is_in_transaction() {
+        return record_moving_lines(conn, batch, &ids).await;
+    }
     let mut tx = conn.begin().await?;
-    let recorded = record_outcomes(&mut *tx, batch).await?;
-    recorded_from(&ids, &recorded)?;
+    let recorded = record_moving_lines(&mut tx, batch, &ids).await?;
+    tx.commit().await?;
+    Ok(recorded)
+}
+
+/// [`record`] of a batch that finishes ordered heads, inside a transaction: the outcomes,
+/// then the lines they move on.
+async fn record_moving_lines<R: std::borrow::Borrow<AttemptRecord>>(
+    conn: &mut sqlx::PgConnection,
+    batch: &[R],
+    ids: &std::collections::HashSet<DeliveryId>,
+) -> Result<Recorded, sqlx::Error> {
+    let recorded = record_outcomes(&mut *conn, batch).await?;
+    recorded_from(ids, &recorded)?;
     let finished: Vec<DeliveryId> = batch
         .iter()
         .map(|r| r.borrow())
         .filter(|r| r.ordered && r.outcome != Outcome::Retry && recorded.fresh.contains(&r.delivery_id))
         .map(|r| r.delivery_id)
         .collect();
-    let released = lines::release_heads(&mut tx, &finished).await?;
-    let promoted = lines::promote(&mut tx, &released).await?;
-    tx.commit().await?;
+    let released = lines::release_heads(conn, &finished).await?;
+    let promoted = lines::promote(conn, &released).await?;
     Ok(Recorded { promoted, ..recorded })
 }
 

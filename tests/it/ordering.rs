@@ -515,3 +515,54 @@ async fn the_recorder_hands_each_line_s_next_head_to_the_claim_by_key() {
     drop(tx);
     recorder.await.expect("recorder");
 }
+
+/// An ordered batch recorded in the caller's transaction (the recorder's) moves its lines
+/// on without a savepoint of its own (which cost two round trips of every ordered write):
+/// the rows it wrote carry the caller's transaction id, where a savepoint's would carry its
+/// subtransaction's. Outside a transaction the call opens one and commits it.
+#[tokio::test]
+async fn an_ordered_record_in_the_caller_s_transaction_takes_no_savepoint() {
+    use sqlx::Connection as _;
+    use webhook_gateway::queue::{self, Outcome};
+
+    let db = crate::support::TestDb::new().await;
+    let pool = &db.pool;
+    let endpoint = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/").await;
+    crate::support::seed_ordered_lines(pool, &endpoint, 2).await;
+    let heads = queue::claim(pool, 10, Duration::from_secs(60)).await.expect("claim");
+    assert_eq!(heads.len(), 2, "one head per line");
+    // Lines whose head is past the first delivery of each (`line_seq` 1 and 2).
+    let moved = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM order_lines l JOIN deliveries d ON d.id = l.head_id WHERE d.line_seq > 2",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("lines")
+    };
+
+    let mut tx = pool.begin().await.expect("begin");
+    let recorded =
+        queue::record(&mut tx, &[crate::support::attempt_record(&heads[0], Outcome::Delivered)]).await.expect("record");
+    assert_eq!((recorded.fresh.len(), recorded.promoted.len()), (1, 1), "{recorded:?}");
+    // Rows written in a subtransaction carry its id, not the transaction's.
+    let (written_by, top): (i64, i64) = sqlx::query_as(
+        "SELECT xmin::text::int8, pg_current_xact_id()::text::int8 % 4294967296 FROM deliveries WHERE id = $1",
+    )
+    .bind(heads[0].id)
+    .fetch_one(&mut *tx)
+    .await
+    .expect("xmin");
+    assert_eq!(written_by, top, "the outcome was written by the caller's transaction, not a subtransaction");
+    assert_eq!(moved().await, 0, "nothing visible before the caller commits");
+    tx.commit().await.expect("commit");
+    assert_eq!(moved().await, 1);
+
+    let mut alone = sqlx::PgConnection::connect_with(&pool.connect_options()).await.expect("connect");
+    let recorded = queue::record(&mut alone, &[crate::support::attempt_record(&heads[1], Outcome::Delivered)])
+        .await
+        .expect("record");
+    assert_eq!(recorded.promoted.len(), 1);
+    assert!(!alone.is_in_transaction(), "the transaction it opened is over");
+    assert_eq!(moved().await, 2, "and committed");
+}

@@ -40,6 +40,13 @@ pub const INVARIANT_VIOLATIONS: &str = crate::invariants::VIOLATIONS;
 /// `urgent`, `waiting`, `linger`, `closed`; `deliver::recorder::Ended`). Outcomes per
 /// write: `ATTEMPTS` over this.
 pub const OUTCOME_WRITES: &str = "webhook_gateway_outcome_writes_total";
+/// How long the recorder took over each batch, seconds: its outcomes' transaction (the
+/// statements, the commit's wait for the WAL's flush, any retry while the database was
+/// away) and the claims that sent nothing. A process has one recorder, writing one batch at
+/// a time, so the rate of its `_sum` is the share of the time it was writing: near 1, the
+/// recorder sets the pace at which worker slots are freed and ordering lines move on (an
+/// ordered drain of 100 keys on the bench's host: 0.88, bench/PROFILE.md).
+pub const OUTCOME_WRITE_DURATION: &str = "webhook_gateway_outcome_write_seconds";
 /// Group commit's writes (a statement and its commit, each holding one or more webhooks),
 /// by `kind`: `alone` (one webhook) or `batch`. Webhooks per write:
 /// `INGEST_WRITE_WEBHOOKS` over this.
@@ -103,6 +110,10 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
             Matcher::Full(INGEST_WRITE_DURATION.to_owned()),
             &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
         )?
+        .set_buckets_for_metric(
+            Matcher::Full(OUTCOME_WRITE_DURATION.to_owned()),
+            &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
+        )?
         .install_recorder()
         .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))
 }
@@ -112,9 +123,10 @@ pub fn runtime_threads(threads: usize) {
     gauge!(RUNTIME_THREADS).set(threads as f64);
 }
 
-/// Count one outcome write, by why its batch stopped gathering.
-pub fn outcome_write(ended: &'static str) {
+/// Count one outcome write, by why its batch stopped gathering, which took `duration`.
+pub fn outcome_write(ended: &'static str, duration: Duration) {
     counter!(OUTCOME_WRITES, "ended" => ended).increment(1);
+    histogram!(OUTCOME_WRITE_DURATION).record(duration.as_secs_f64());
 }
 
 /// Count one of group commit's writes of `webhooks` webhooks, which took `duration`.

@@ -74,7 +74,12 @@ async fn scraped_counters_match_a_scripted_sequence() {
     let scraped = eventually(Duration::from_secs(15), "sampled gauges caught up", || async {
         let text = http.get(format!("{base}/metrics")).send().await.ok()?.text().await.ok()?;
         let m = parse(&text);
-        (m.get(r#"webhook_gateway_queue_deliveries{state="dead"}"#) == Some(&1.0)).then_some(m)
+        // Each write is counted and timed once it has ended: both, or neither yet.
+        let writes: f64 =
+            m.iter().filter(|(k, _)| k.starts_with("webhook_gateway_outcome_writes_total{")).map(|(_, v)| *v).sum();
+        let timed = m.get("webhook_gateway_outcome_write_seconds_count").copied().unwrap_or(0.0);
+        (m.get(r#"webhook_gateway_queue_deliveries{state="dead"}"#) == Some(&1.0) && writes >= 1.0 && timed == writes)
+            .then_some(m)
     })
     .await;
     let get = |k: &str| scraped.get(k).copied().unwrap_or_else(|| panic!("{k} missing from {scraped:#?}"));
@@ -107,6 +112,9 @@ async fn scraped_counters_match_a_scripted_sequence() {
             .any(|e| **series == format!(r#"webhook_gateway_outcome_writes_total{{ended="{e}"}}"#));
         assert!(known, "an unknown reason: {series}");
     }
+    // Each write timed once.
+    assert_eq!(get("webhook_gateway_outcome_write_seconds_count"), total);
+    assert!(get("webhook_gateway_outcome_write_seconds_sum") > 0.0);
     assert_eq!(get(r#"webhook_gateway_queue_deliveries{state="dead"}"#), 1.0);
     assert_eq!(get(r#"webhook_gateway_queue_deliveries{state="pending"}"#), 0.0);
     assert!(scraped.keys().any(|k| k.starts_with("webhook_gateway_circuit_state{")));

@@ -112,6 +112,9 @@ pub(crate) struct Drained {
     /// Where the drain began and ended in the WAL, for [`pg::wal::by_relation`] (read by
     /// the scenarios that want it: seconds for a large drain).
     pub wal_window: Option<(pg::wal::Lsn, pg::wal::Lsn)>,
+    /// The worker's outcome writes by the drain's end: how many, and the seconds they took
+    /// (`webhook_gateway_outcome_write_seconds`; none from a build without it).
+    pub outcome_writes: Option<(f64, f64)>,
 }
 
 impl Drained {
@@ -156,6 +159,14 @@ impl Drained {
         }
         if let Some(s) = &self.fresh_claim_stats {
             parts.push(claims("claims by key", s));
+        }
+        if let Some((writes, seconds)) = self.outcome_writes.filter(|(writes, _)| *writes > 0.0) {
+            parts.push(format!(
+                "the recorder writing {:.0} % of the time ({} outcome writes, mean {:.2} ms)",
+                100.0 * seconds / self.elapsed.as_secs_f64().max(1e-9),
+                thousands(writes as u64),
+                1e3 * seconds / writes
+            ));
         }
         if self.redelivered > 0 {
             parts.push(format!("{} redeliveries", thousands(self.redelivered)));
@@ -239,6 +250,7 @@ pub(crate) async fn drain_with_worker(
     if let (Some(a), Some(b)) = (c.first_ok, c.last_ok) {
         out.sink_span = b.duration_since(a);
     }
+    out.outcome_writes = gw.metrics().await.as_deref().and_then(outcome_writes);
     out.rss = gw.stop(Duration::from_secs(40)).await;
     if let Some(path) = log_path {
         let mut d = pg::logged_claims(&path, log_offset);
@@ -254,6 +266,15 @@ pub(crate) async fn drain_with_worker(
         out.statements = Some(crate::ingest::statements_table(&setup.pool).await);
     }
     Ok(Ok(out))
+}
+
+/// The outcome writes' count and seconds in a `/metrics` text (a process has one
+/// recorder, writing one batch at a time: the seconds over a window are its busy share).
+fn outcome_writes(metrics: &str) -> Option<(f64, f64)> {
+    let value = |name: &str| {
+        metrics.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+    };
+    Some((value("webhook_gateway_outcome_write_seconds_count")?, value("webhook_gateway_outcome_write_seconds_sum")?))
 }
 
 pub(crate) fn not_available(id: &str, scenario: &str, setting: &str, why: &str) -> Row {
@@ -451,4 +472,21 @@ pub async fn failing(ctx: &Ctx) -> anyhow::Result<()> {
         ctx.appendix("pg_stat_statements: failing subscriber", s.clone());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The count and sum are read from their own lines, not from a bucket's or another
+    /// metric's whose name they start.
+    #[test]
+    fn outcome_writes_are_read_from_the_histogram_s_count_and_sum() {
+        let text = "# TYPE webhook_gateway_outcome_write_seconds histogram
+webhook_gateway_outcome_write_seconds_bucket{le=\"0.005\"} 3
+webhook_gateway_outcome_write_seconds_sum 0.125
+webhook_gateway_outcome_write_seconds_count 40
+webhook_gateway_outcome_writes_total{ended=\"full\"} 40
+";
+        assert_eq!(super::outcome_writes(text), Some((40.0, 0.125)));
+        assert_eq!(super::outcome_writes("webhook_gateway_outcome_writes_total{ended=\"full\"} 40\n"), None);
+    }
 }

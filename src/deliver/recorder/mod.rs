@@ -157,7 +157,7 @@ pub async fn run(
     let mut arrived = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.recv().await {
         let ended = gather(&mut rx, first, &mut arrived, |(done, _)| done.urgent(), &waiting).await;
-        crate::metrics::outcome_write(ended.as_str());
+        let began = std::time::Instant::now();
         // The slots are released only after the write (see above).
         let (done, _slots): (Vec<Done>, Vec<OwnedSemaphorePermit>) = arrived.drain(..).unzip();
         let (mut batch, mut unsent) = (Vec::with_capacity(done.len()), Vec::new());
@@ -175,6 +175,7 @@ pub async fn run(
         for u in &unsent {
             end_unsent(&pool, u, &patience).await;
         }
+        crate::metrics::outcome_write(ended.as_str(), began.elapsed());
         match promoted {
             // A claim given back is due again (and one buried may have moved its line
             // on); the heads an unsure write made are unknown: look at all due work.

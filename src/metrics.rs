@@ -99,6 +99,11 @@ pub const RUNTIME_THREADS: &str = "webhook_gateway_runtime_threads";
 /// pending), so not too often.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(15);
 
+/// Buckets of a database write's duration, seconds (ingest's and the recorder's): from
+/// half a millisecond (a commit on a fast disk) to seconds (a write retried through an
+/// outage).
+const WRITE_BUCKETS: &[f64] = &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
+
 /// Install the process-wide Prometheus recorder. Call once, in the binary.
 pub fn install() -> anyhow::Result<PrometheusHandle> {
     PrometheusBuilder::new()
@@ -106,14 +111,8 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
             Matcher::Full(ATTEMPT_DURATION.to_owned()),
             &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0],
         )?
-        .set_buckets_for_metric(
-            Matcher::Full(INGEST_WRITE_DURATION.to_owned()),
-            &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
-        )?
-        .set_buckets_for_metric(
-            Matcher::Full(OUTCOME_WRITE_DURATION.to_owned()),
-            &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
-        )?
+        .set_buckets_for_metric(Matcher::Full(INGEST_WRITE_DURATION.to_owned()), WRITE_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(OUTCOME_WRITE_DURATION.to_owned()), WRITE_BUCKETS)?
         .install_recorder()
         .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))
 }

@@ -271,10 +271,18 @@ pub(crate) async fn drain_with_worker(
 /// The outcome writes' count and seconds in a `/metrics` text (a process has one
 /// recorder, writing one batch at a time: the seconds over a window are its busy share).
 fn outcome_writes(metrics: &str) -> Option<(f64, f64)> {
-    let value = |name: &str| {
-        metrics.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+    use webhook_gateway::metrics::OUTCOME_WRITE_DURATION;
+    let value = |suffix: &str| {
+        metrics.lines().find_map(|line| {
+            line.strip_prefix(OUTCOME_WRITE_DURATION)?
+                .strip_prefix(suffix)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
     };
-    Some((value("webhook_gateway_outcome_write_seconds_count")?, value("webhook_gateway_outcome_write_seconds_sum")?))
+    Some((value("_count")?, value("_sum")?))
 }
 
 pub(crate) fn not_available(id: &str, scenario: &str, setting: &str, why: &str) -> Row {

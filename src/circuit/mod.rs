@@ -18,6 +18,7 @@ pub mod sql;
 
 use std::time::Duration;
 
+use crate::ids::EndpointId;
 use chrono::{DateTime, Utc};
 
 /// Breaker settings.
@@ -155,6 +156,13 @@ pub struct Observation {
 }
 
 impl Observation {
+    /// Whether this can change even a circuit at rest (closed, no failures on record):
+    /// it ends in failures, or holds a probe. Otherwise [`apply`] changes only a circuit
+    /// that is not at rest (`sql::circuit_unsettled`).
+    pub fn stirs(&self) -> bool {
+        self.trailing_failures > 0 || self.probe.is_some()
+    }
+
     /// Fold one attempt into the observation.
     pub fn add(&mut self, signal: Signal, probe_token: Option<i64>) {
         if let Some(token) = probe_token {
@@ -210,6 +218,16 @@ impl Change {
             Change::Updated | Change::None => None,
         }
     }
+}
+
+/// Whether `observations` can change any circuit, given the endpoints among them whose
+/// circuit is not at rest (`unsettled`, as the outcome write read them): when not, the
+/// recorder skips [`sql::observe`] and its round trip.
+pub fn can_change(
+    observations: &std::collections::BTreeMap<EndpointId, Observation>,
+    unsettled: &[EndpointId],
+) -> bool {
+    observations.iter().any(|(id, seen)| seen.stirs() || unsettled.contains(id))
 }
 
 /// The transition function.
@@ -276,6 +294,40 @@ mod tests {
 
     fn now() -> DateTime<Utc> {
         DateTime::from_timestamp(1_700_000_000, 0).unwrap()
+    }
+
+    /// What lets the recorder skip the circuit's update: every batch of up to six
+    /// attempts that does not [`Observation::stirs`] leaves a circuit at rest as it is,
+    /// under any threshold; and one that stirs, or a circuit not at rest, is looked at.
+    #[test]
+    fn only_a_stirring_batch_or_an_unsettled_circuit_can_change() {
+        let signals = [Signal::Healthy, Signal::Failure, Signal::Neutral];
+        let endpoint = EndpointId(uuid::Uuid::from_u128(1));
+        let (mut quiet, mut stirring) = (0, 0);
+        for len in 0..=6u32 {
+            for code in 0..3usize.pow(len) {
+                let batch: Vec<Signal> = (0..len).map(|i| signals[code / 3usize.pow(i) % 3]).collect();
+                let seen = seen(&batch);
+                let one = std::collections::BTreeMap::from([(endpoint, seen.clone())]);
+                assert!(can_change(&one, &[endpoint]), "an unsettled circuit is always looked at");
+                if seen.stirs() {
+                    stirring += 1;
+                    assert!(can_change(&one, &[]), "{batch:?}");
+                    continue;
+                }
+                quiet += 1;
+                assert!(!can_change(&one, &[]), "{batch:?}");
+                for threshold in [1, 2, 5] {
+                    let c = CircuitConfig { failure_threshold: threshold, ..cfg() };
+                    let (_, change) = apply(&Circuit::closed(), &seen, now(), &c);
+                    assert_eq!(change, Change::None, "{batch:?} changed a circuit at rest");
+                }
+            }
+        }
+        assert!(quiet > 0 && stirring > 0, "{quiet} quiet, {stirring} stirring batches");
+        let mut probe = Observation::default();
+        probe.add(Signal::Healthy, Some(7));
+        assert!(probe.stirs(), "a probe is always looked at");
     }
 
     #[test]

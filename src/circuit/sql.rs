@@ -10,6 +10,18 @@ use crate::ids::EndpointId;
 const CIRCUIT_COLUMNS: &str =
     "circuit_state, consecutive_failures, open_count, opened_at, reopen_at, probe_token, probe_until";
 
+/// Whether the endpoint aliased `$e` has a circuit that is not at rest: failures on
+/// record, or open. Outcomes that saw only healthy attempts change no other circuit
+/// ([`super::apply`]), so [`observe`] reads and locks only these and the endpoints a
+/// batch saw fail or probe; the outcome write reports which of its endpoints are such
+/// (`queue::RECORD_SQL`), so a healthy batch skips [`observe`] altogether.
+macro_rules! circuit_unsettled {
+    ($e:literal) => {
+        concat!("(", $e, ".consecutive_failures > 0 OR ", $e, ".circuit_state = 'open')")
+    };
+}
+pub(crate) use circuit_unsettled;
+
 /// Apply each endpoint's observation, inside the caller's transaction (the one that
 /// records the outcomes). Endpoints are locked in id order, so two recorders never
 /// deadlock. Endpoints that only saw healthy attempts and have no failures on record
@@ -26,13 +38,17 @@ pub async fn observe(
     cfg: &CircuitConfig,
 ) -> Result<Vec<EndpointId>, sqlx::Error> {
     let all: Vec<EndpointId> = observations.keys().copied().collect();
-    let attention: Vec<EndpointId> =
-        observations.iter().filter(|(_, o)| o.trailing_failures > 0 || o.probe.is_some()).map(|(id, _)| *id).collect();
+    let attention: Vec<EndpointId> = observations.iter().filter(|(_, o)| o.stirs()).map(|(id, _)| *id).collect();
     let rows: Vec<(EndpointId, Circuit)> = crate::db::query_as::<CircuitRow>(&format!(
-        "SELECT id, {CIRCUIT_COLUMNS} FROM endpoints
-         WHERE id = ANY($1) AND (id = ANY($2) OR consecutive_failures > 0 OR circuit_state = 'open')
-         ORDER BY id
-         FOR UPDATE"
+        concat!(
+            "SELECT id, {columns} FROM endpoints e
+             WHERE id = ANY($1) AND (id = ANY($2) OR ",
+            circuit_unsettled!("e"),
+            ")
+             ORDER BY id
+             FOR UPDATE"
+        ),
+        columns = CIRCUIT_COLUMNS
     ))
     .bind(&all)
     .bind(&attention)

@@ -45,6 +45,36 @@ macro_rules! done_with_line {
         )
     };
 }
+pub(crate) use done_with_line;
+
+/// The release's join and filter, for the finished deliveries aliased `$d` (with their
+/// `id`, `endpoint_id`, `ordering_key`, `status` and `blocks_on_dead`): each line whose
+/// head `$d` is and is done with, locked `FOR NO KEY UPDATE` (as `l`). Shared by
+/// [`RELEASE_HEADS_SQL`] and the outcome write, which releases the lines of the heads it
+/// finishes in its own statement ([`super::RECORD_SQL`]).
+macro_rules! lines_released_by {
+    ($d:literal) => {
+        concat!(
+            "CROSS JOIN LATERAL (
+                 SELECT l.endpoint_id, l.ordering_key FROM order_lines l
+                 WHERE l.endpoint_id = ",
+            $d,
+            ".endpoint_id AND l.ordering_key = ",
+            $d,
+            ".ordering_key AND l.head_id = ",
+            $d,
+            ".id
+                 LIMIT 1
+                 FOR NO KEY UPDATE
+             ) l
+             WHERE ",
+            $d,
+            ".ordering_key IS NOT NULL AND ",
+            $crate::queue::lines::done_with_line!($d)
+        )
+    };
+}
+pub(crate) use lines_released_by;
 
 /// Lock the lines whose heads are among `finished` and done with their line (delivered,
 /// or dead without blocking it) until the transaction ends; returns them, for
@@ -73,18 +103,8 @@ pub async fn release_heads(conn: &mut PgConnection, finished: &[DeliveryId]) -> 
 ///   the drain (nothing delivered yet, so an estimate of one row) the planner read every
 ///   delivered row for each batch: 8-9 ms per batch and growing in the bench's ordered
 ///   drain (auto_explain: 13,040 rows read and dropped for 48).
-pub const RELEASE_HEADS_SQL: &str = concat!(
-    "SELECT l.endpoint_id, l.ordering_key
-     FROM deliveries d
-     CROSS JOIN LATERAL (
-         SELECT l.endpoint_id, l.ordering_key FROM order_lines l
-         WHERE l.endpoint_id = d.endpoint_id AND l.ordering_key = d.ordering_key AND l.head_id = d.id
-         LIMIT 1
-         FOR NO KEY UPDATE
-     ) l
-     WHERE d.id = ANY($1) AND d.ordering_key IS NOT NULL AND ",
-    done_with_line!("d")
-);
+pub const RELEASE_HEADS_SQL: &str =
+    concat!("SELECT l.endpoint_id, l.ordering_key FROM deliveries d ", lines_released_by!("d"), " AND d.id = ANY($1)");
 
 /// Make the next waiting delivery of each idle line among `lines` (no head, or a head done
 /// with the line: delivered, or dead without blocking it) its head, and delete the idle

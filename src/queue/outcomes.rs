@@ -109,6 +109,10 @@ pub struct Recorded {
     /// Deliveries this call made their lines' heads (the outcomes finished the heads
     /// before them): claimable now.
     pub promoted: Vec<DeliveryId>,
+    /// Endpoints of the outcomes written now whose circuit was not at rest when read
+    /// (failures on record, or open): the circuit's update must look at them
+    /// ([`RECORD_SQL`]).
+    pub unsettled: Vec<EndpointId>,
 }
 
 /// Record a batch of outcomes, each fenced by its claim token, in one statement.
@@ -121,9 +125,10 @@ pub struct Recorded {
 /// claim) and nothing about it was written.
 ///
 /// An ordered delivery that this call finishes (delivered, or dead) moves its line on in
-/// the same transaction ([`lines::release_heads`], [`lines::promote`]); when the batch
-/// holds one and `conn` is not in a transaction, this call opens one (in the caller's
-/// transaction it adds no savepoint).
+/// the same transaction: the outcome statement releases the line ([`RECORD_SQL`]) and
+/// [`lines::promote`] makes its next delivery the head. When the batch holds one and
+/// `conn` is not in a transaction, this call opens one (in the caller's transaction it
+/// adds no savepoint). A batch that finishes no head is one statement.
 ///
 /// Refused with a [`Broken`] invariant when the batch holds a delivery twice
 /// ([`invariants::ONE_OUTCOME_PER_CLAIM`], before anything is written) or the statement
@@ -139,14 +144,13 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     }
     let ids =
         invariants::distinct_set(batch.iter().map(|r| r.borrow().delivery_id), invariants::ONE_OUTCOME_PER_CLAIM)?;
-    if !batch.iter().any(|r| r.borrow().ordered && r.borrow().outcome != Outcome::Retry) {
-        let recorded = record_outcomes(conn, batch).await?;
-        recorded_from(&ids, &recorded)?;
-        return Ok(recorded);
-    }
-    // Inside the caller's transaction (the recorder's), no savepoint: an error ends that
-    // transaction anyway, and a savepoint cost two of an ordered write's round trips.
-    if conn.is_in_transaction() {
+    // A batch that finishes ordered heads releases their lines in its statement and
+    // promotes their next heads in another: one transaction, so the lines stay locked
+    // in between. Inside the caller's transaction (the recorder's) that adds no
+    // savepoint: an error ends that transaction anyway, and a savepoint cost two of an
+    // ordered write's round trips.
+    let finishes_heads = batch.iter().any(|r| r.borrow().ordered && r.borrow().outcome != Outcome::Retry);
+    if !finishes_heads || conn.is_in_transaction() {
         return record_moving_lines(conn, batch, &ids).await;
     }
     let mut tx = conn.begin().await?;
@@ -155,22 +159,15 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     Ok(recorded)
 }
 
-/// [`record`] of a batch that finishes ordered heads, inside a transaction: the outcomes,
-/// then the lines they move on.
+/// [`record`]'s statements: the outcomes (which release the lines of the heads they
+/// finish), then the promotion of those lines' next heads, when there are any.
 async fn record_moving_lines<R: std::borrow::Borrow<AttemptRecord>>(
     conn: &mut sqlx::PgConnection,
     batch: &[R],
     ids: &std::collections::HashSet<DeliveryId>,
 ) -> Result<Recorded, sqlx::Error> {
-    let recorded = record_outcomes(&mut *conn, batch).await?;
+    let (recorded, released) = record_outcomes(&mut *conn, batch).await?;
     recorded_from(ids, &recorded)?;
-    let finished: Vec<DeliveryId> = batch
-        .iter()
-        .map(|r| r.borrow())
-        .filter(|r| r.ordered && r.outcome != Outcome::Retry && recorded.fresh.contains(&r.delivery_id))
-        .map(|r| r.delivery_id)
-        .collect();
-    let released = lines::release_heads(conn, &finished).await?;
     let promoted = lines::promote(conn, &released).await?;
     Ok(Recorded { promoted, ..recorded })
 }
@@ -189,56 +186,94 @@ pub fn recorded_from(ids: &std::collections::HashSet<DeliveryId>, recorded: &Rec
 /// numbers, `$4` start times, `$5` durations, `$6` status codes, `$7` error kinds, `$8`
 /// outcomes, `$9` statuses, `$10` reasons, `$11` response excerpts, `$12` next attempt
 /// times, `$13` their reasons, `$14` sent excerpts), public so `tests/it/plans.rs` holds
-/// its plans to the backlog.
+/// its plans to the backlog. Each row it returns is `(kind, id, ordering_key)`:
 ///
-/// `prior` reads the statement's snapshot, before `upd`: the rows an earlier write of this
-/// same claim recorded. Only `deliveries` is read, by primary key; `attempts_once` (one
-/// row per delivery and attempt number) backs it up.
-pub const RECORD_SQL: &str = "WITH o AS (
-             SELECT * FROM unnest($1::uuid[], $2::int8[], $3::int4[], $4::timestamptz[], $5::int4[],
-                                  $6::int4[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
-                                  $12::timestamptz[], $13::text[], $14::text[])
-                 AS o(id, token, attempt, started_at, duration_ms, status_code, error_kind, outcome,
-                      status, reason, excerpt, next_at, next_why, sent)
-         ), upd AS (
-             UPDATE deliveries d
-             SET status = o.status,
-                 next_attempt_at = COALESCE(o.next_at, d.next_attempt_at),
-                 leased_until = NULL,
-                 recorded_token = o.token,
-                 dead_reason = CASE WHEN o.status = 'dead' THEN o.reason END,
-                 finished_at = CASE WHEN o.status = 'pending' THEN NULL ELSE now() END,
-                 updated_at = now()
-             FROM o
-             WHERE d.id = o.id AND d.claim_token = o.token AND d.status = 'pending'
-               AND d.recorded_token IS DISTINCT FROM o.token
-             RETURNING d.id, o.attempt, o.started_at, o.duration_ms, o.status_code, o.error_kind, o.outcome,
-                       o.reason, o.excerpt, o.next_at, o.next_why, o.sent
-         ), ins AS (
-             -- From `upd` alone, which carries the outcome: joined back to `o`, under the
-             -- recorder's settings (no hash join), each written row rescanned the whole
-             -- batch (65,280 rows dropped by the join filter for 256 outcomes, half the
-             -- statement's time).
-             INSERT INTO attempts (delivery_id, attempt_number, started_at, duration_ms, status_code, error_kind,
-                                   outcome, reason, response_excerpt, next_attempt_at, next_attempt_reason,
-                                   sent_excerpt)
-             SELECT upd.id, upd.attempt, upd.started_at, upd.duration_ms, upd.status_code, upd.error_kind,
-                    upd.outcome, upd.reason, upd.excerpt, upd.next_at, upd.next_why, upd.sent
-             FROM upd
-             RETURNING delivery_id
-         ), prior AS (
-             SELECT o.id FROM o JOIN deliveries d ON d.id = o.id
-             WHERE d.claim_token = o.token AND d.recorded_token = o.token
-         )
-         SELECT delivery_id, true FROM ins
-         UNION ALL
-         SELECT id, false FROM prior";
+/// - `fresh`, a delivery: its outcome written now;
+/// - `already`, a delivery: its outcome was on record (`prior` reads the statement's
+///   snapshot, before `upd`: the rows an earlier write of this same claim recorded);
+/// - `released`, an endpoint and an ordering key: a line whose head this write finished
+///   (delivered, or dead without blocking it), locked until the transaction ends, as
+///   [`lines::release_heads`] would in a statement of its own: [`record`] then promotes
+///   its next head, in a later statement, whose snapshot sees every delivery that joined
+///   the line before the lock;
+/// - `unsettled`, an endpoint of an outcome written now whose circuit is not at rest
+///   (`circuit::sql::circuit_unsettled`): read, not locked. The recorder runs the
+///   circuit's update only when some endpoint is unsettled or its batch saw a failure
+///   or a probe; outcomes that saw only healthy attempts change no settled circuit. An
+///   endpoint that becomes unsettled after this snapshot (a failure another replica
+///   commits meanwhile) is not reset by these successes: as if they had been observed
+///   just before that failure, an order the two could have had.
+///
+/// Both folded in here to spare the recorder's transaction a round trip each (a
+/// statement of its own for the release, one for the circuits' read): on a host whose
+/// cores are busy, each round trip is a wait for the scheduler on both sides.
+/// Only `deliveries` is read by primary key from the batch; `order_lines` and
+/// `endpoints` by theirs, from the written rows. `attempts_once` (one row per delivery
+/// and attempt number) backs up `prior`.
+pub const RECORD_SQL: &str = concat!(
+    "WITH o AS (
+         SELECT * FROM unnest($1::uuid[], $2::int8[], $3::int4[], $4::timestamptz[], $5::int4[],
+                              $6::int4[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
+                              $12::timestamptz[], $13::text[], $14::text[])
+             AS o(id, token, attempt, started_at, duration_ms, status_code, error_kind, outcome,
+                  status, reason, excerpt, next_at, next_why, sent)
+     ), upd AS (
+         UPDATE deliveries d
+         SET status = o.status,
+             next_attempt_at = COALESCE(o.next_at, d.next_attempt_at),
+             leased_until = NULL,
+             recorded_token = o.token,
+             dead_reason = CASE WHEN o.status = 'dead' THEN o.reason END,
+             finished_at = CASE WHEN o.status = 'pending' THEN NULL ELSE now() END,
+             updated_at = now()
+         FROM o
+         WHERE d.id = o.id AND d.claim_token = o.token AND d.status = 'pending'
+           AND d.recorded_token IS DISTINCT FROM o.token
+         RETURNING d.id, d.endpoint_id, d.ordering_key, d.status, d.blocks_on_dead,
+                   o.attempt, o.started_at, o.duration_ms, o.status_code, o.error_kind, o.outcome,
+                   o.reason, o.excerpt, o.next_at, o.next_why, o.sent
+     ), ins AS (
+         -- From `upd` alone, which carries the outcome: joined back to `o`, under the
+         -- recorder's settings (no hash join), each written row rescanned the whole
+         -- batch (65,280 rows dropped by the join filter for 256 outcomes, half the
+         -- statement's time).
+         INSERT INTO attempts (delivery_id, attempt_number, started_at, duration_ms, status_code, error_kind,
+                               outcome, reason, response_excerpt, next_attempt_at, next_attempt_reason,
+                               sent_excerpt)
+         SELECT upd.id, upd.attempt, upd.started_at, upd.duration_ms, upd.status_code, upd.error_kind,
+                upd.outcome, upd.reason, upd.excerpt, upd.next_at, upd.next_why, upd.sent
+         FROM upd
+         RETURNING delivery_id
+     ), prior AS (
+         SELECT o.id FROM o JOIN deliveries d ON d.id = o.id
+         WHERE d.claim_token = o.token AND d.recorded_token = o.token
+     ), released AS (
+         SELECT l.endpoint_id, l.ordering_key FROM upd ",
+    lines::lines_released_by!("upd"),
+    "
+     ), unsettled AS (
+         SELECT e.id FROM (SELECT DISTINCT endpoint_id FROM upd) u
+         CROSS JOIN LATERAL (
+             SELECT e.id FROM endpoints e WHERE e.id = u.endpoint_id AND ",
+    crate::circuit::sql::circuit_unsettled!("e"),
+    "
+             LIMIT 1
+         ) e
+     )
+     SELECT 'fresh' AS kind, delivery_id AS id, NULL::text AS ordering_key FROM ins
+     UNION ALL
+     SELECT 'already', id, NULL FROM prior
+     UNION ALL
+     SELECT 'released', endpoint_id, ordering_key FROM released
+     UNION ALL
+     SELECT 'unsettled', id, NULL FROM unsettled"
+);
 
-/// The outcomes of [`record`], in one statement.
+/// The outcomes of [`record`], in one statement; with the lines they released.
 async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
     db: impl PgExecutor<'_>,
     batch: &[R],
-) -> Result<Recorded, sqlx::Error> {
+) -> Result<(Recorded, Vec<lines::Line>), sqlx::Error> {
     fn col<'a, R: std::borrow::Borrow<AttemptRecord>, T>(batch: &'a [R], f: impl Fn(&'a AttemptRecord) -> T) -> Vec<T> {
         batch.iter().map(|r| f(r.borrow())).collect()
     }
@@ -257,7 +292,7 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
     let next_at: Vec<Option<DateTime<Utc>>> = col(batch, |r| r.next_attempt_at);
     let next_why: Vec<Option<&str>> = col(batch, |r| r.next_attempt_reason.map(|why| why.as_str()));
 
-    let rows: Vec<(DeliveryId, bool)> = crate::db::query_as(RECORD_SQL)
+    let rows: Vec<(String, uuid::Uuid, Option<String>)> = crate::db::query_as(RECORD_SQL)
         .bind(ids)
         .bind(tokens)
         .bind(attempts)
@@ -275,10 +310,19 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
         .fetch_all(db)
         .await?;
     let mut recorded = Recorded::default();
-    for (id, fresh) in rows {
-        if fresh { recorded.fresh.push(id) } else { recorded.already.push(id) }
+    let mut released = Vec::new();
+    for (kind, id, ordering_key) in rows {
+        match (kind.as_str(), ordering_key) {
+            ("fresh", _) => recorded.fresh.push(DeliveryId(id)),
+            ("already", _) => recorded.already.push(DeliveryId(id)),
+            ("released", Some(key)) => released.push((EndpointId(id), key)),
+            ("unsettled", _) => recorded.unsettled.push(EndpointId(id)),
+            (kind, key) => invariants::ensure(false, invariants::RECORDED_FROM_BATCH, || {
+                format!("the outcome write returned a row it does not write: {kind} {id} {key:?}")
+            })?,
+        }
     }
-    Ok(recorded)
+    Ok((recorded, released))
 }
 
 /// Give a claim back without spending its attempt (e.g. the circuit opened between the
@@ -379,12 +423,15 @@ mod tests {
     fn a_record_reports_only_its_batch_each_once() {
         let batch: std::collections::HashSet<DeliveryId> =
             [record(1), record(2), record(3)].iter().map(|r| r.delivery_id).collect();
-        let ok = Recorded { fresh: vec![id(1), id(3)], already: vec![id(2)], promoted: vec![] };
+        let ok = Recorded { fresh: vec![id(1), id(3)], already: vec![id(2)], ..Default::default() };
         assert_eq!(recorded_from(&batch, &ok), Ok(()));
         for (what, bad) in [
-            ("not in the batch", Recorded { fresh: vec![id(1), id(4)], already: vec![], promoted: vec![] }),
-            ("twice as written", Recorded { fresh: vec![id(1), id(1)], already: vec![], promoted: vec![] }),
-            ("written and already written", Recorded { fresh: vec![id(2)], already: vec![id(2)], promoted: vec![] }),
+            ("not in the batch", Recorded { fresh: vec![id(1), id(4)], already: vec![], ..Default::default() }),
+            ("twice as written", Recorded { fresh: vec![id(1), id(1)], already: vec![], ..Default::default() }),
+            (
+                "written and already written",
+                Recorded { fresh: vec![id(2)], already: vec![id(2)], ..Default::default() },
+            ),
         ] {
             let broken = recorded_from(&batch, &bad).expect_err(what);
             assert_eq!(broken.invariant, invariants::RECORDED_FROM_BATCH, "{what}");

@@ -341,3 +341,91 @@ async fn the_circuit_s_openings_and_closing_are_kept_and_shown_on_the_endpoint_p
     assert!(table.contains(">opened<") && table.contains(">closed<"), "{table}");
     assert!(table.contains(&format!("{} failures in a row", changes[0].1)), "{table}");
 }
+
+/// The recorder skips the circuit's read and update for a batch that only saw healthy
+/// attempts, unless an endpoint of it has a circuit not at rest, which the outcome write
+/// reports (`Recorded::unsettled`). Here: one endpoint at rest, one with failures that
+/// another replica recorded, one whose circuit opened while its delivery was in flight.
+/// A healthy batch to all three reports exactly the two, resets their failures, and
+/// leaves the settled endpoint's row unwritten (its `xmin` unchanged). An outcome already
+/// on record reports nothing.
+#[tokio::test]
+async fn a_healthy_batch_settles_the_circuits_another_replica_stirred_and_writes_no_other() {
+    use webhook_gateway::circuit::{CircuitConfig, Signal};
+    use webhook_gateway::deliver::recorder;
+    use webhook_gateway::queue::{self, Outcome};
+
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    let settled = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/settled").await;
+    let failing = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/failing").await;
+    let opened = crate::support::insert_endpoint(pool, "http://127.0.0.1:9/opened").await;
+    for endpoint in [&settled, &failing, &opened] {
+        seed_deliveries(pool, endpoint, 2).await;
+    }
+    let claimed = queue::claim(pool, 10, Duration::from_secs(60)).await.expect("claim");
+    assert_eq!(claimed.len(), 6, "two deliveries of each endpoint claimed");
+    // What other replicas' recorders wrote meanwhile.
+    sqlx::query("UPDATE endpoints SET consecutive_failures = 3 WHERE id = $1::uuid")
+        .bind(&failing)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE endpoints SET circuit_state = 'open', consecutive_failures = 5, open_count = 1, opened_at = now(),
+                              reopen_at = now() + interval '1 hour'
+         WHERE id = $1::uuid",
+    )
+    .bind(&opened)
+    .execute(pool)
+    .await
+    .unwrap();
+    let endpoint_row = |id: String| async move {
+        sqlx::query_as::<_, (String, String, i32)>(
+            "SELECT xmin::text, circuit_state, consecutive_failures FROM endpoints WHERE id = $1::uuid",
+        )
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    let settled_before = endpoint_row(settled.clone()).await;
+
+    // The outcome write reports the unsettled endpoints of what it wrote.
+    let mut first: Vec<&queue::Claimed> = Vec::new();
+    for c in &claimed {
+        if !first.iter().any(|f| f.endpoint_id == c.endpoint_id) {
+            first.push(c);
+        }
+    }
+    assert_eq!(first.len(), 3, "one delivery of each endpoint");
+    let rows: Vec<_> = first.iter().map(|c| crate::support::attempt_record(c, Outcome::Delivered)).collect();
+    let mut tx = pool.begin().await.unwrap();
+    let recorded = queue::record(&mut tx, &rows).await.expect("record");
+    let mut unsettled: Vec<String> = recorded.unsettled.iter().map(ToString::to_string).collect();
+    unsettled.sort();
+    let mut expected = vec![failing.clone(), opened.clone()];
+    expected.sort();
+    assert_eq!(unsettled, expected, "the stirred endpoints, and only those");
+    let again = queue::record(&mut tx, &rows).await.expect("record again");
+    assert_eq!((again.already.len(), again.unsettled.len()), (3, 0), "already on record: nothing to observe");
+    tx.rollback().await.unwrap();
+
+    // The recorder: healthy attempts, no probe.
+    let batch: Vec<_> = claimed
+        .iter()
+        .map(|c| recorder::Finished {
+            record: crate::support::attempt_record(c, Outcome::Delivered),
+            signal: Signal::Healthy,
+            probe_token: None,
+            span: tracing::Span::none(),
+        })
+        .collect();
+    recorder::write(pool, &batch, &CircuitConfig::default(), &recorder::Patience::of(Duration::from_secs(60))).await;
+    assert_eq!(count_status(pool, "delivered").await, 6, "every outcome recorded");
+    let (_, state, failures) = endpoint_row(failing).await;
+    assert_eq!((state.as_str(), failures), ("closed", 0), "the failures another replica recorded are reset");
+    let (_, state, failures) = endpoint_row(opened).await;
+    assert_eq!((state.as_str(), failures), ("open", 0), "open until its probe, its failures reset");
+    assert_eq!(endpoint_row(settled).await, settled_before, "the settled endpoint's row was not written");
+}

@@ -307,7 +307,9 @@ pub async fn end_unsent(pool: &Pool, unsent: &Unsent, patience: &Patience) {
 
 /// One transaction: the fenced outcomes, then the circuits of their endpoints (only for
 /// outcomes this call wrote: an already-recorded one was observed by the write that
-/// recorded it).
+/// recorded it), when any of them can change: the batch saw a failure or a probe there,
+/// or the outcome write found its circuit not at rest ([`Recorded::unsettled`]). A
+/// healthy batch to healthy endpoints is `BEGIN`, one statement and `COMMIT`.
 /// A failure is reported to the pool's health (a read-only node, a departing one).
 async fn write_once(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
     let written = async {
@@ -318,7 +320,9 @@ async fn write_once(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig) -> Res
         for f in batch.iter().filter(|f| fresh.contains(&f.record.delivery_id)) {
             observations.entry(f.record.endpoint_id).or_default().add(f.signal, f.probe_token);
         }
-        circuit::sql::observe(&mut tx, &observations, cfg).await?;
+        if circuit::can_change(&observations, &recorded.unsettled) {
+            circuit::sql::observe(&mut tx, &observations, cfg).await?;
+        }
         tx.commit().await?;
         Ok(recorded)
     }

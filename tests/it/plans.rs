@@ -276,6 +276,112 @@ async fn moving_lines_on_handles_the_batch_even_with_statistics_from_before_the_
     }
 }
 
+/// Lines a cached promotion is planned on, and lines it then runs among.
+const FEW_LINES: i64 = 4;
+const MANY_LINES: i64 = 10_000;
+
+/// Finish the heads of the lines whose keys start with `prefix` (the last
+/// [`LINE_BATCH`] of them by key: a scan of the lines in key order reaches them last) and promote their next deliveries with the prepared
+/// statement `promote` on `conn`, under the recorder's settings, in a transaction that
+/// is rolled back. Returns the `EXPLAIN (ANALYZE, BUFFERS)` of the promotion.
+async fn promote_prepared(conn: &mut sqlx::PgConnection, prefix: &str) -> Value {
+    sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
+    plan_as(conn, Planning::Cached).await;
+    let lines: Vec<(Uuid, String)> = sqlx::query_as(
+        "SELECT endpoint_id, ordering_key FROM order_lines WHERE starts_with(ordering_key, $1)
+         ORDER BY ordering_key DESC LIMIT $2",
+    )
+    .bind(prefix)
+    .bind(LINE_BATCH)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE deliveries d SET status = 'delivered', finished_at = now()
+         FROM order_lines l WHERE d.id = l.head_id AND l.ordering_key = ANY($1)",
+    )
+    .bind(lines.iter().map(|(_, k)| k.clone()).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let endpoints = sql_array(lines.iter().map(|(e, _)| e.to_string()).collect());
+    let keys = sql_array(lines.iter().map(|(_, k)| k.clone()).collect());
+    let (explain, buffers) = explain_measured(
+        conn,
+        sqlx::query_scalar(&format!(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE promote({endpoints}::uuid[], {keys}::text[])"
+        )),
+    )
+    .await;
+    eprintln!("promotion of {} lines ({prefix}): {buffers} buffers", lines.len());
+    sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
+    assert_eq!(explain[0]["Plan"]["Actual Rows"], lines.len(), "every line moved on: {explain}");
+    explain
+}
+
+/// The recorder's promotion keeps the generic plan its connection built at its first
+/// call (`db::Planning::Cached`), perhaps when there were a few lines and the statistics
+/// said so: run among 10,000 lines, that plan still reaches each line by its key. One
+/// that joined the batch to `order_lines` scanned every line for each of the batch's
+/// (a plan built on 4 lines: 42,414 rows dropped by the join filter, 2,415 buffers and
+/// 14 ms for 16 lines at 10,004, against 0.9 ms and ~180 buffers planned for them), until
+/// an `ANALYZE` of `order_lines` made the connection plan it again.
+#[tokio::test]
+async fn a_promotion_planned_among_a_few_lines_handles_the_batch_among_many() {
+    use sqlx::Connection as _;
+    use webhook_gateway::queue::lines;
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    for table in ["deliveries", "order_lines", "events"] {
+        sqlx::query(&format!("ALTER TABLE {table} SET (autovacuum_enabled = false)")).execute(pool).await.unwrap();
+    }
+    let endpoint = insert_endpoint(pool, "http://127.0.0.1:9/").await;
+    crate::support::seed_ordered_lines(pool, &endpoint, FEW_LINES).await;
+    sqlx::query("ANALYZE").execute(pool).await.unwrap();
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query(&format!("PREPARE promote(uuid[], text[]) AS {}", lines::PROMOTE_SQL))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let few = rows_handled(&promote_prepared(&mut conn, "k").await[0]["Plan"]);
+
+    // Many more lines, each a head and one delivery waiting, the statistics untouched.
+    sqlx::query(
+        "WITH ev AS (
+             INSERT INTO events (source_id, dedupe_key, event_type, headers, payload, ordering_key)
+             SELECT (SELECT id FROM sources WHERE name = 'api'), 'many-' || g, 't', '{}', '\\x7b7d',
+                    'm' || lpad((g % $1)::text, 5, '0')
+             FROM generate_series(0, 2 * $1 - 1) g
+             RETURNING id, dedupe_key, ordering_key)
+         INSERT INTO deliveries (event_id, endpoint_id, ordering_key, line_seq, waiting)
+         SELECT id, $2::uuid, ordering_key, 1000000 + substr(dedupe_key, 6)::int8, substr(dedupe_key, 6)::int8 >= $1
+         FROM ev",
+    )
+    .bind(MANY_LINES)
+    .bind(&endpoint)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO order_lines (endpoint_id, ordering_key, head_id)
+         SELECT endpoint_id, ordering_key, id FROM deliveries WHERE starts_with(ordering_key, 'm') AND NOT waiting",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let plan = promote_prepared(&mut conn, "m").await;
+    conn.close().await.unwrap();
+    let many = rows_handled(&plan[0]["Plan"]);
+    eprintln!(
+        "a promotion of {LINE_BATCH} lines planned among {FEW_LINES}: {few} rows there, {many} among {MANY_LINES}"
+    );
+    assert!(
+        many <= 30.0 * LINE_BATCH as f64,
+        "the promotion of {LINE_BATCH} lines handled {many} rows among {MANY_LINES} lines ({few} among \
+         {FEW_LINES}): its cached plan reads every line\n{plan}"
+    );
+}
+
 /// A new database whose queue tables autovacuum never analyzes (their statistics stay
 /// those of an empty queue, as on a new database in its first minute), an endpoint, and a
 /// connection of its own, which keeps the plans prepared on it.

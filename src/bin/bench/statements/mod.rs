@@ -318,8 +318,10 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(args.len() == MANY + FEW, "only {} leases were left for outcomes alone", args.len());
     counts.push(count(ctx, &pg, &alone, &args)?);
 
-    // An ordered line's step: its head finished, the line is released and the delivery
-    // waiting behind it becomes the head, in the recorder's transaction.
+    // An ordered line's step: its head finished, the line is released (in the recorder,
+    // by its outcome statement: `queue::RECORD_SQL`; here by the same lookups in a
+    // statement of their own, so that the step's cost stays apart from the outcome's)
+    // and the delivery waiting behind it becomes the head, in the recorder's transaction.
     let printed = pg.run(&format!(
         "SELECT id, ordering_key FROM deliveries WHERE endpoint_id = '{}' AND status = 'delivered' ORDER BY id;\n\n",
         seeded.ordered_endpoint
@@ -327,7 +329,7 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
     let heads: Vec<(String, String)> =
         pg::column(&printed, "id").into_iter().zip(pg::column(&printed, "ordering_key")).collect();
     let line_step = Kind {
-        name: "an ordered line's step, 16 lines (`lines::RELEASE_HEADS_SQL` then `PROMOTE_SQL`: what the recorder adds for finished heads)",
+        name: "an ordered line's step, 16 lines (the release, `lines::RELEASE_HEADS_SQL`, which the recorder's outcome statement does itself since 2026-12-06, then `PROMOTE_SQL`: what the recorder adds for finished heads)",
         tag: "line_step",
         settings: recorder_settings(),
         statements: vec![

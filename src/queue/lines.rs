@@ -8,8 +8,10 @@
 //! - a delivery **joins** its line with an upsert ([`super::fanout::FANOUT`], in the ingest statement; [`rejoin`]),
 //!   which always works on the row's latest version: it becomes the head of an idle line,
 //!   or waits;
-//! - when a head **finishes** (delivered, or dead when its line skips the dead),
-//!   [`release_heads`] locks the row, and [`promote`], a later statement of the same
+//! - when a head **finishes** (delivered, or dead when its line skips the dead), the
+//!   statement that records it locks the row (the recorder's outcome statement,
+//!   `super::RECORD_SQL`; [`release_heads`] for a burial, both by `lines_released_by!`),
+//!   and [`promote`], a later statement of the same
 //!   transaction and so with a snapshot taken after that lock, makes the line's next
 //!   waiting delivery (lowest `line_seq`) its head, or deletes the line when none waits
 //!   (a line whose head is done with it is as idle as one without a head; the release

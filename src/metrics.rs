@@ -61,7 +61,9 @@ pub const INGEST_WRITE_WEBHOOKS: &str = "webhook_gateway_ingest_write_webhooks_t
 pub const INGEST_WRITE_DURATION: &str = "webhook_gateway_ingest_write_seconds";
 /// Deliveries put on a lease, by what took them (`by`): `ingest` (the statement that
 /// stored their webhook, `deliver::prelease`), `claim_by_key` (handed over by id after
-/// that commit: what ingest's statement did not lease, an ordered line's next head),
+/// that commit: what ingest's statement did not lease, an ordered line's next head the
+/// outcome write did not lease), `promotion` (an ordered line's next head, leased by the
+/// outcome write that moved the line on, `queue::lines::promote_leasing`),
 /// `claim` (the dispatcher's general claim of due work: retries, a backlog, another
 /// replica's webhooks) or `probe` (a half-open circuit's probe). In role `all` at light
 /// load most are `ingest`; `claim_by_key` grows when ingest finds no free worker, no room

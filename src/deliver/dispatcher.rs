@@ -106,8 +106,14 @@ async fn run(
     // The recorder wakes the claim loop too: each write frees slots and endpoint room
     // (leases end), work that a claim which came back short (an endpoint at its limit)
     // left due; the ordered deliveries it makes their lines' heads it hands over by id.
-    let written =
-        recorder::Written { due: wakes.general.clone(), heads: wakes.handoff.clone(), room: wakes.room.clone() };
+    // It leases the next heads of the lines it moves on itself, with the finished heads'
+    // slots, while this dispatcher owes no general claim.
+    let written = recorder::Written {
+        due: wakes.general.clone(),
+        heads: wakes.handoff.clone(),
+        room: wakes.room.clone(),
+        leases: Some(wakes.prelease.clone()),
+    };
     // Whether this dispatcher waits for a slot or room, which ends the recorder's linger.
     let waiting = Arc::new(recorder::Waiting::default());
     let recorder =

@@ -132,6 +132,23 @@ impl Prelease {
         self.open.store(!owed, Ordering::Release);
     }
 
+    /// Whether deliveries may be leased ahead of the dispatcher's claims now: it owes no
+    /// general claim (due work older than theirs may be waiting otherwise, and that goes
+    /// first) and has not stopped. The recorder asks this before it leases the next heads
+    /// of the lines it moves on (`crate::deliver::recorder`).
+    pub fn leases_ahead(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// The terms on which the next heads of lines are leased with `slots` worker slots.
+    pub fn line_terms(&self, slots: usize) -> queue::lines::LeaseTerms {
+        queue::lines::LeaseTerms {
+            limit: slots as i64,
+            lease: self.lease,
+            default_max_in_flight: self.default_max_in_flight,
+        }
+    }
+
     /// Whether ingest may lease the deliveries of `event` now. (A dispatcher that stops
     /// closes the hand-off first; one that is gone without doing so gets leases that are
     /// given back at once.)
@@ -161,9 +178,17 @@ impl Prelease {
     }
 
     /// Hand each of `leased` to the dispatcher with one of `slots` (the slots left over
-    /// are freed); a lease it cannot take any more is given back.
-    fn hand_over(&self, pool: &Pool, leased: Vec<Claimed>, slots: Vec<OwnedSemaphorePermit>, started: SystemTime) {
-        crate::metrics::leases("ingest", leased.len());
+    /// are freed); a lease it cannot take any more is given back. `by` names the leaser
+    /// in the leases' metric (`ingest`, `promotion`).
+    pub fn hand_over(
+        &self,
+        pool: &Pool,
+        leased: Vec<Claimed>,
+        slots: Vec<OwnedSemaphorePermit>,
+        started: SystemTime,
+        by: &'static str,
+    ) {
+        crate::metrics::leases(by, leased.len());
         let claim = crate::telemetry::claim_span(started, leased.len(), 0);
         let mut unsent = Vec::new();
         // At most `limit` were claimed, so each has a slot; one that had none would be
@@ -274,7 +299,7 @@ pub async fn store_leasing(pool: &Pool, event: &NewEvent<'_>, prelease: &Preleas
     let started = SystemTime::now();
     let (mut stored, fresh) = crate::db::retry_conflicts(|| events::insert_and_claim(pool, event, terms)).await?;
     stored.deliveries.retain(|id| !fresh.claimed.iter().any(|job| job.id == *id));
-    prelease.hand_over(pool, fresh.claimed, slots, started);
+    prelease.hand_over(pool, fresh.claimed, slots, started, "ingest");
     Ok(stored)
 }
 
@@ -312,7 +337,7 @@ pub async fn store_batch_leasing(
     for one in &mut stored {
         one.deliveries.retain(|id| !leased.contains(id));
     }
-    prelease.hand_over(pool, fresh.claimed, slots, started);
+    prelease.hand_over(pool, fresh.claimed, slots, started, "ingest");
     Ok(stored)
 }
 

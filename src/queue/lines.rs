@@ -11,7 +11,8 @@
 //! - when a head **finishes** (delivered, or dead when its line skips the dead), the
 //!   statement that records it locks the row (the recorder's outcome statement,
 //!   `super::RECORD_SQL`; [`release_heads`] for a burial, both by `lines_released_by!`),
-//!   and [`promote`], a later statement of the same
+//!   and [`promote`] (or [`promote_leasing`], the recorder's, which also leases the new
+//!   heads whose endpoints have room), a later statement of the same
 //!   transaction and so with a snapshot taken after that lock, makes the line's next
 //!   waiting delivery (lowest `line_seq`) its head, or deletes the line when none waits
 //!   (a line whose head is done with it is as idle as one without a head; the release
@@ -26,7 +27,9 @@
 //! unblocks it ([`unblock`]).
 
 use sqlx::PgConnection;
+use sqlx::Row as _;
 
+use super::claimed::{Claimed, claimed_in};
 use crate::ids::{DeliveryId, EndpointId};
 
 /// A line: the endpoint and the ordering key.
@@ -63,6 +66,44 @@ macro_rules! next_waiting {
             ".ordering_key
              ORDER BY w.line_seq
              LIMIT 1"
+        )
+    };
+}
+
+/// The promotion's common part, up to the deliveries' update: CTEs `idle` (the batch's
+/// idle lines, by address), `next` (each with its next delivery), `heads` (the lines
+/// moved on: `head_id`, `endpoint_id`) and `gone` (the lines deleted). `$1` endpoints,
+/// `$2` ordering keys. Shared by [`PROMOTE_SQL`] and [`PROMOTE_LEASING_SQL`].
+macro_rules! promotion {
+    () => {
+        concat!(
+            "WITH idle AS (
+                 SELECT l.line, l.endpoint_id, l.ordering_key
+                 FROM unnest($1::uuid[], $2::text[]) AS t(endpoint_id, ordering_key)
+                 CROSS JOIN LATERAL (
+                     SELECT l.ctid AS line, l.endpoint_id, l.ordering_key FROM order_lines l
+                     WHERE l.endpoint_id = t.endpoint_id AND l.ordering_key = t.ordering_key
+                       AND (l.head_id IS NULL OR NOT EXISTS (
+                           SELECT 1 FROM deliveries h WHERE h.id = l.head_id AND NOT ",
+            done_with_line!("h"),
+            "))
+                     LIMIT 1
+                 ) l
+             ), next AS (
+                 -- Every idle line, with its next delivery or NULL (no one waits).
+                 SELECT idle.line, n.id
+                 FROM idle LEFT JOIN LATERAL (",
+            next_waiting!("idle"),
+            ") n ON true
+             ), heads AS (
+                 UPDATE order_lines l SET head_id = (",
+            next_waiting!("l"),
+            ")
+                 WHERE l.ctid = ANY(ARRAY(SELECT line FROM next WHERE id IS NOT NULL))
+                 RETURNING l.head_id, l.endpoint_id
+             ), gone AS (
+                 DELETE FROM order_lines l WHERE l.ctid = ANY(ARRAY(SELECT line FROM next WHERE id IS NULL))
+             )"
         )
     };
 }
@@ -166,37 +207,121 @@ pub async fn promote(conn: &mut PgConnection, lines: &[Line]) -> Result<Vec<Deli
 /// the `UPDATE` itself, so the statement reads each promoted line's next delivery twice
 /// (the same row: one snapshot), rather than match each line against the batch.
 pub const PROMOTE_SQL: &str = concat!(
-    "WITH idle AS (
-         SELECT l.line, l.endpoint_id, l.ordering_key
-         FROM unnest($1::uuid[], $2::text[]) AS t(endpoint_id, ordering_key)
-         CROSS JOIN LATERAL (
-             SELECT l.ctid AS line, l.endpoint_id, l.ordering_key FROM order_lines l
-             WHERE l.endpoint_id = t.endpoint_id AND l.ordering_key = t.ordering_key
-               AND (l.head_id IS NULL OR NOT EXISTS (
-                   SELECT 1 FROM deliveries h WHERE h.id = l.head_id AND NOT ",
-    done_with_line!("h"),
-    "))
-             LIMIT 1
-         ) l
-     ), next AS (
-         -- Every idle line, with its next delivery or NULL (no one waits).
-         SELECT idle.line, n.id
-         FROM idle LEFT JOIN LATERAL (",
-    next_waiting!("idle"),
-    ") n ON true
-     ), heads AS (
-         UPDATE order_lines l SET head_id = (",
-    next_waiting!("l"),
-    ")
-         WHERE l.ctid = ANY(ARRAY(SELECT line FROM next WHERE id IS NOT NULL))
-         RETURNING l.head_id
-     ), gone AS (
-         DELETE FROM order_lines l WHERE l.ctid = ANY(ARRAY(SELECT line FROM next WHERE id IS NULL))
-     )
-     UPDATE deliveries d SET waiting = false, updated_at = now()
+    promotion!(),
+    " UPDATE deliveries d SET waiting = false, updated_at = now()
      WHERE d.id = ANY(ARRAY(SELECT head_id FROM heads))
      RETURNING d.id"
 );
+
+/// [`promote_leasing`]'s statement (`$1` endpoints, `$2` ordering keys, pairwise; `$3`
+/// most leases, `$4` the lease in seconds, `$5` the default in-flight limit), public so
+/// that tests can read its plan. [`PROMOTE_SQL`]'s promotion, whose update of the new
+/// heads also leases those their endpoints have room for: the room, the endpoint locks
+/// (`SKIP LOCKED`: the write never waits for a claim's row) and the rate tokens are
+/// `wg_lease_room_v6`'s, as for ingest's leasing statements (migrations 0029, 0033), and
+/// the lease (a new fencing token, an attempt counted) is any claim's. One row each: the
+/// heads leased carry a claim's columns (`leased` true), the others only their `id`.
+pub fn promote_leasing_sql() -> &'static str {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let claimed = super::claimed::CLAIMED_COLUMNS;
+        let token = super::NEXT_CLAIM_TOKEN;
+        format!(
+            "{promotion}, room AS (
+                 SELECT r.endpoint_id, r.granted
+                 FROM wg_lease_room_v6(ARRAY(SELECT endpoint_id FROM heads), $3, $5) r
+             ), leasing AS (
+                 -- Each endpoint's granted leases go to its heads in id order.
+                 SELECT t.head_id FROM (
+                     SELECT h.head_id, h.endpoint_id,
+                            row_number() OVER (PARTITION BY h.endpoint_id ORDER BY h.head_id) AS turn
+                     FROM heads h
+                 ) t JOIN room ON room.endpoint_id = t.endpoint_id
+                 WHERE t.turn <= room.granted
+             ), lz AS MATERIALIZED (
+                 -- Once: inlined, each of the update's uses of it was an initplan of its own.
+                 SELECT ARRAY(SELECT head_id FROM leasing) AS ids
+             ), moved AS (
+                 UPDATE deliveries d
+                 SET waiting = false, updated_at = now(),
+                     next_attempt_at = CASE WHEN d.id = ANY(lz.ids)
+                                            THEN now() + make_interval(secs => $4) ELSE d.next_attempt_at END,
+                     leased_until = CASE WHEN d.id = ANY(lz.ids)
+                                         THEN now() + make_interval(secs => $4) ELSE d.leased_until END,
+                     claim_token = CASE WHEN d.id = ANY(lz.ids) THEN d.{token} ELSE d.claim_token END,
+                     attempt_count = CASE WHEN d.id = ANY(lz.ids) THEN d.attempt_count + 1 ELSE d.attempt_count END
+                 FROM lz
+                 WHERE d.id = ANY(ARRAY(SELECT head_id FROM heads))
+                 RETURNING d.id, d.id = ANY(lz.ids) AS leased, d.event_id, d.endpoint_id, d.attempt_count,
+                           d.attempts_base, d.claim_token, d.ordering_key, d.transform_by
+             )
+             SELECT d.leased, {claimed}, NULL::int8 AS probe_token
+             FROM moved d
+             LEFT JOIN events e ON d.leased AND e.id = d.event_id
+             LEFT JOIN endpoints ep ON d.leased AND ep.id = d.endpoint_id
+             LEFT JOIN sources s ON s.id = e.source_id",
+            promotion = promotion!(),
+        )
+    });
+    &SQL
+}
+
+/// How [`promote_leasing`] leases: at most `limit` of the new heads (the worker slots the
+/// caller holds for them), for `lease`, within each endpoint's room (`default_max_in_flight`
+/// where it sets no `max_in_flight`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTerms {
+    /// Most heads to lease.
+    pub limit: i64,
+    /// The lease.
+    pub lease: std::time::Duration,
+    /// An endpoint's in-flight limit when it sets none.
+    pub default_max_in_flight: i32,
+}
+
+/// What [`promote_leasing`] did: the new heads it leased, and those it left to claim.
+#[derive(Debug, Default)]
+pub struct Promotion {
+    /// New heads leased to the caller (each with a fresh fencing token, its attempt
+    /// counted): the caller starts them, or gives them back.
+    pub leased: Vec<Claimed>,
+    /// New heads not leased (no room, no slot, their endpoint's row held elsewhere):
+    /// claimable now.
+    pub promoted: Vec<DeliveryId>,
+}
+
+/// [`promote`], leasing the new heads whose endpoints have room in the same `UPDATE`:
+/// one row version a line step instead of two (the promotion's, then the claim's). The
+/// lines must be locked by this transaction and this a later statement than the one
+/// that locked them, as for [`promote`]. The endpoints' rows it leases for stay locked
+/// until the transaction ends (taken with `SKIP LOCKED`: it never waits for one).
+pub async fn promote_leasing(
+    conn: &mut PgConnection,
+    lines: &[Line],
+    terms: LeaseTerms,
+) -> Result<Promotion, sqlx::Error> {
+    if lines.is_empty() {
+        return Ok(Promotion::default());
+    }
+    let (endpoints, keys): (Vec<EndpointId>, Vec<&str>) = lines.iter().map(|(e, k)| (*e, k.as_str())).unzip();
+    let rows = crate::db::query(promote_leasing_sql())
+        .bind(&endpoints)
+        .bind(&keys)
+        .bind(terms.limit)
+        .bind(terms.lease.as_secs_f64())
+        .bind(terms.default_max_in_flight)
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut leased_rows = Vec::new();
+    let mut promoted = Vec::new();
+    for row in rows {
+        if row.try_get::<bool, _>("leased")? {
+            leased_rows.push(row);
+        } else {
+            promoted.push(row.try_get::<DeliveryId, _>("id")?);
+        }
+    }
+    Ok(Promotion { leased: claimed_in(&leased_rows)?, promoted })
+}
 
 /// Lock `lines` (creating missing ones, idle) until the transaction ends.
 pub async fn lock(conn: &mut PgConnection, lines: &[Line]) -> Result<(), sqlx::Error> {

@@ -142,8 +142,6 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     if batch.is_empty() {
         return Ok(Recorded::default());
     }
-    let ids =
-        invariants::distinct_set(batch.iter().map(|r| r.borrow().delivery_id), invariants::ONE_OUTCOME_PER_CLAIM)?;
     // A batch that finishes ordered heads releases their lines in its statement and
     // promotes their next heads in another: one transaction, so the lines stay locked
     // in between. Inside the caller's transaction (the recorder's) that adds no
@@ -151,10 +149,10 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     // ordered write's round trips.
     let finishes_heads = batch.iter().any(|r| r.borrow().ordered && r.borrow().outcome != Outcome::Retry);
     if !finishes_heads || conn.is_in_transaction() {
-        return record_moving_lines(conn, batch, &ids).await;
+        return record_moving_lines(conn, batch).await;
     }
     let mut tx = conn.begin().await?;
-    let recorded = record_moving_lines(&mut tx, batch, &ids).await?;
+    let recorded = record_moving_lines(&mut tx, batch).await?;
     tx.commit().await?;
     Ok(recorded)
 }
@@ -164,12 +162,29 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
 async fn record_moving_lines<R: std::borrow::Borrow<AttemptRecord>>(
     conn: &mut sqlx::PgConnection,
     batch: &[R],
-    ids: &std::collections::HashSet<DeliveryId>,
 ) -> Result<Recorded, sqlx::Error> {
-    let (recorded, released) = record_outcomes(&mut *conn, batch).await?;
-    recorded_from(ids, &recorded)?;
+    let (recorded, released) = record_releasing(&mut *conn, batch).await?;
     let promoted = lines::promote(conn, &released).await?;
     Ok(Recorded { promoted, ..recorded })
+}
+
+/// [`record`]'s first statement alone, for a caller that moves the lines on itself: the
+/// outcomes written, and the lines whose heads they finished, released (locked until the
+/// transaction ends). The caller promotes their next heads ([`lines::promote`],
+/// [`lines::promote_leasing`]) in a later statement of the same transaction, before it
+/// commits: a released line left unpromoted would stall. Refused as [`record`] is.
+pub async fn record_releasing<R: std::borrow::Borrow<AttemptRecord>>(
+    conn: &mut sqlx::PgConnection,
+    batch: &[R],
+) -> Result<(Recorded, Vec<lines::Line>), sqlx::Error> {
+    if batch.is_empty() {
+        return Ok(Default::default());
+    }
+    let ids =
+        invariants::distinct_set(batch.iter().map(|r| r.borrow().delivery_id), invariants::ONE_OUTCOME_PER_CLAIM)?;
+    let (recorded, released) = record_outcomes(&mut *conn, batch).await?;
+    recorded_from(&ids, &recorded)?;
+    Ok((recorded, released))
 }
 
 /// [`invariants::RECORDED_FROM_BATCH`]: every delivery `recorded` reports is one of

@@ -29,6 +29,7 @@ mod janitor;
 mod lean;
 mod lean_batch;
 mod leases;
+mod line_leases;
 mod lost_claims;
 mod metrics;
 mod openapi;

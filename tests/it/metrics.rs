@@ -167,7 +167,7 @@ async fn every_webhook_of_a_burst_is_counted_in_one_write() {
 /// webhooks are posted one at a time until one is); one posted while a claim holds its
 /// endpoint's row is not (its statement skips the row) and is leased by the dispatcher
 /// after the row is let go (`claim_by_key`, or `claim` when the dispatcher owed a general
-/// claim). The leases add up to the attempts, under the four known labels only. Control:
+/// claim). The leases add up to the attempts, under the five known labels only. Control:
 /// the dispatcher's leases counted under `ingest` fail it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_lease_is_counted_once_by_what_took_it() {
@@ -189,8 +189,8 @@ async fn every_lease_is_counted_once_by_what_took_it() {
     assert_eq!(admin("/v1/subscriptions", sub).await.unwrap().status(), 201);
     let ingest = |id: String| http.post(format!("{base}/ingest/shop")).header("x-id", id).body("{}").send();
     // The counter's series, one for each thing that takes a lease.
-    let series =
-        ["ingest", "claim_by_key", "claim", "probe"].map(|by| format!(r#"webhook_gateway_leases_total{{by="{by}"}}"#));
+    let series = ["ingest", "claim_by_key", "claim", "probe", "promotion"]
+        .map(|by| format!(r#"webhook_gateway_leases_total{{by="{by}"}}"#));
     let leases = || async {
         let scraped = parse(&http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap());
         let by = series.clone().map(|name| scraped.get(&name).copied().unwrap_or(0.0));
@@ -212,8 +212,8 @@ async fn every_lease_is_counted_once_by_what_took_it() {
         sent += 1;
         assert_eq!(ingest(format!("lease-{sent}")).await.unwrap().status(), 200);
         delivered(sent).await;
-        let ([by_ingest, by_key, by_claim, probes], _) = leases().await;
-        assert_eq!(by_ingest + by_key + by_claim + probes, sent as f64, "each webhook leased once");
+        let ([by_ingest, by_key, by_claim, probes, by_promotion], _) = leases().await;
+        assert_eq!(by_ingest + by_key + by_claim + probes + by_promotion, sent as f64, "each webhook leased once");
         if by_ingest >= 1.0 {
             break;
         }
@@ -232,6 +232,7 @@ async fn every_lease_is_counted_once_by_what_took_it() {
     assert_eq!(taken(0), 0.0, "the held endpoint's webhook not leased by its own statement: {scraped:#?}");
     assert_eq!(taken(1) + taken(2), 1.0, "but by the dispatcher: {scraped:#?}");
     assert_eq!(after[3], 0.0, "no probe");
+    assert_eq!(after[4], 0.0, "no line, so no next head leased by an outcome write");
     let unknown: Vec<&String> =
         scraped.keys().filter(|k| k.starts_with("webhook_gateway_leases_total{") && !series.contains(k)).collect();
     assert!(unknown.is_empty(), "no other label values: {unknown:?}");

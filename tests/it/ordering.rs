@@ -455,6 +455,7 @@ async fn the_recorder_hands_each_line_s_next_head_to_the_claim_by_key() {
         due: Arc::new(tokio::sync::Notify::new()),
         heads: Arc::new(Handoff::default()),
         room: Arc::new(tokio::sync::Notify::new()),
+        leases: None,
     };
     let (due, handed, room) = (written.due.clone(), written.heads.clone(), written.room.clone());
     let patience = recorder::Patience::of(Duration::from_secs(60));

@@ -37,7 +37,7 @@ pub(crate) async fn hold_as_a_claim(pool: &webhook_gateway::db::Pool, endpoints:
 /// A pool on `db` whose sessions give up any lock wait after a second (`lock_timeout`,
 /// error 55P03): a statement that waited for a held row fails instead of passing. It
 /// measures only time spent waiting for a lock, so a slow machine cannot trip it.
-async fn pool_that_never_waits_for_locks(db: &TestDb) -> webhook_gateway::db::Pool {
+pub(crate) async fn pool_that_never_waits_for_locks(db: &TestDb) -> webhook_gateway::db::Pool {
     let name: String = sqlx::query_scalar("SELECT current_database()").fetch_one(&db.pool).await.expect("name");
     sqlx::query(&format!("ALTER DATABASE \"{name}\" SET lock_timeout = '1s'"))
         .execute(&db.pool)

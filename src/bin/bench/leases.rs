@@ -11,8 +11,9 @@ use crate::gateway::Gateway;
 const LEASES: &str = "webhook_gateway_leases_total";
 
 /// What took the leases, in the order a note names them, with the words it uses.
-const KINDS: [(&str, &str); 4] = [
+const KINDS: [(&str, &str); 5] = [
     ("ingest", "by ingest's statements"),
+    ("promotion", "by the outcome writes that moved their lines on"),
     ("claim_by_key", "claimed by key"),
     ("claim", "by the general claim"),
     ("probe", "as probes"),

@@ -35,10 +35,12 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
 use tracing::Instrument as _;
 
+use super::prelease::Prelease;
 use crate::circuit::{self, CircuitConfig, Observation, Signal};
 use crate::db;
 use crate::ids::{DeliveryId, EndpointId};
-use crate::queue::{self, AttemptRecord, Burial, Recorded};
+use crate::queue::lines::LeaseTerms;
+use crate::queue::{self, AttemptRecord, Burial, Claimed, Recorded};
 use crate::sanitize;
 
 mod gather;
@@ -158,19 +160,38 @@ pub async fn run(
     while let Some(first) = rx.recv().await {
         let ended = gather(&mut rx, first, &mut arrived, |(done, _)| done.urgent(), &waiting).await;
         let began = std::time::Instant::now();
-        // The slots are released only after the write (see above).
-        let (done, _slots): (Vec<Done>, Vec<OwnedSemaphorePermit>) = arrived.drain(..).unzip();
-        let (mut batch, mut unsent) = (Vec::with_capacity(done.len()), Vec::new());
-        for d in done {
+        // The slots are released only after the write (see above), but for those of the
+        // ordered heads it finishes, which may go to the next heads it leases.
+        let (mut batch, mut unsent) = (Vec::with_capacity(arrived.len()), Vec::new());
+        let (mut _slots, mut head_slots) = (Vec::with_capacity(arrived.len()), Vec::new());
+        for (d, slot) in arrived.drain(..) {
             match d {
-                Done::Attempted(f) => batch.push(f),
-                Done::Unsent(u) => unsent.push(u),
+                Done::Attempted(f) => {
+                    if f.record.ordered && f.record.outcome != queue::Outcome::Retry {
+                        head_slots.push(slot);
+                    } else {
+                        _slots.push(slot);
+                    }
+                    batch.push(f);
+                }
+                Done::Unsent(u) => {
+                    unsent.push(u);
+                    _slots.push(slot);
+                }
             }
         }
         let mut promoted = Promoted::Known(Vec::new());
         if !batch.is_empty() {
             let span = crate::telemetry::record_span(batch.iter().map(|f: &Finished| &f.span), batch.len());
-            promoted = write(&pool, &batch, &cfg, &patience).instrument(span).await;
+            // Only while the dispatcher owes no general claim: older due work goes first.
+            let leaser = written.leases.as_ref().filter(|p| !head_slots.is_empty() && p.leases_ahead());
+            let terms = leaser.map(|p| p.line_terms(head_slots.len()));
+            let started = std::time::SystemTime::now();
+            let leased;
+            (promoted, leased) = write_leasing(&pool, &batch, &cfg, &patience, terms).instrument(span).await;
+            if let Some(leaser) = leaser {
+                leaser.hand_over(&pool, leased, std::mem::take(&mut head_slots), started, "promotion");
+            }
         }
         for u in &unsent {
             end_unsent(&pool, u, &patience).await;
@@ -198,6 +219,10 @@ pub struct Written {
     pub heads: Arc<crate::wake::Handoff>,
     /// Told otherwise: slots and endpoint room were freed.
     pub room: Arc<Notify>,
+    /// The dispatcher's hand-off of leased work, when the write may lease the next heads
+    /// of the lines it moves on itself ([`write_leasing`]) with the slots of the heads it
+    /// finishes; `None`: it never does, and hands every new head over by id.
+    pub leases: Option<Arc<Prelease>>,
 }
 
 /// The deliveries a write made their lines' heads.
@@ -215,10 +240,28 @@ pub enum Promoted {
 /// its lease; returns the deliveries the write made their lines' heads, when it knows
 /// them. Public so tests can drive it with batches they build.
 pub async fn write(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig, patience: &Patience) -> Promoted {
-    match write_retrying(pool, batch, cfg, patience).await {
-        Ok(recorded) => {
+    write_leasing(pool, batch, cfg, patience, None).await.0
+}
+
+/// [`write`], and with `lease`, the write also leases the next heads of the lines it
+/// moves on where their endpoints have room (`queue::lines::promote_leasing`: one row
+/// version a line step instead of the promotion's and then a claim's): returned beside
+/// the heads it made and did not lease. Only a batch written whole leases; the caller
+/// holds a worker slot for each of `lease.limit`, and hands each lease to a worker or
+/// gives it back. A lease whose commit went unconfirmed (the write is then tried again,
+/// and finds its outcomes already on record) is not returned: it ends by itself, and
+/// its delivery is claimed again.
+pub async fn write_leasing(
+    pool: &Pool,
+    batch: &[Finished],
+    cfg: &CircuitConfig,
+    patience: &Patience,
+    lease: Option<LeaseTerms>,
+) -> (Promoted, Vec<Claimed>) {
+    match retrying(patience, batch.len(), || write_once(pool, batch, cfg, lease)).await {
+        Ok((recorded, leased)) => {
             report(batch, &recorded);
-            return Promoted::Known(recorded.promoted);
+            return (Promoted::Known(recorded.promoted), leased);
         }
         // A bug, already logged and counted where it was found: nothing was written, and
         // writing the rows one by one would only go round the check.
@@ -236,7 +279,7 @@ pub async fn write(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig, patienc
             }
         }
     }
-    Promoted::Unknown
+    (Promoted::Unknown, Vec::new())
 }
 
 /// Errors worth trying the same write again for: the database unreachable or refusing
@@ -253,7 +296,7 @@ async fn write_retrying(
     cfg: &CircuitConfig,
     patience: &Patience,
 ) -> Result<Recorded, sqlx::Error> {
-    retrying(patience, batch.len(), || write_once(pool, batch, cfg)).await
+    retrying(patience, batch.len(), || async { Ok(write_once(pool, batch, cfg, None).await?.0) }).await
 }
 
 /// `once`, tried again with a doubling pause (up to [`MAX_RETRY_PAUSE`]) while the error
@@ -305,16 +348,23 @@ pub async fn end_unsent(pool: &Pool, unsent: &Unsent, patience: &Patience) {
     }
 }
 
-/// One transaction: the fenced outcomes, then the circuits of their endpoints (only for
-/// outcomes this call wrote: an already-recorded one was observed by the write that
-/// recorded it), when any of them can change: the batch saw a failure or a probe there,
-/// or the outcome write found its circuit not at rest ([`Recorded::unsettled`]). A
-/// healthy batch to healthy endpoints is `BEGIN`, one statement and `COMMIT`.
+/// One transaction: the fenced outcomes (releasing the lines of the ordered heads they
+/// finish), then the circuits of their endpoints (only for outcomes this call wrote: an
+/// already-recorded one was observed by the write that recorded it), when any of them can
+/// change: the batch saw a failure or a probe there, or the outcome write found its
+/// circuit not at rest ([`Recorded::unsettled`]); then the released lines' next heads,
+/// leased on `lease`'s terms where their endpoints have room. A healthy unordered batch
+/// to healthy endpoints is `BEGIN`, one statement and `COMMIT`.
 /// A failure is reported to the pool's health (a read-only node, a departing one).
-async fn write_once(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig) -> Result<Recorded, sqlx::Error> {
+async fn write_once(
+    pool: &Pool,
+    batch: &[Finished],
+    cfg: &CircuitConfig,
+    lease: Option<LeaseTerms>,
+) -> Result<(Recorded, Vec<Claimed>), sqlx::Error> {
     let written = async {
         let mut tx = pool.begin_planned(crate::db::Planning::Cached).await?;
-        let recorded = queue::record(&mut tx, batch).await?;
+        let (mut recorded, released) = queue::record_releasing(&mut tx, batch).await?;
         let fresh: HashSet<DeliveryId> = recorded.fresh.iter().copied().collect();
         let mut observations: BTreeMap<EndpointId, Observation> = BTreeMap::new();
         for f in batch.iter().filter(|f| fresh.contains(&f.record.delivery_id)) {
@@ -323,8 +373,22 @@ async fn write_once(pool: &Pool, batch: &[Finished], cfg: &CircuitConfig) -> Res
         if circuit::can_change(&observations, &recorded.unsettled) {
             circuit::sql::observe(&mut tx, &observations, cfg).await?;
         }
+        // The lines move on last: a lease locks endpoint rows (never waiting for one), so
+        // it comes after the circuits' update, which waits for its rows. Taken in the
+        // other order, two writes (or a write and a claim) could each hold a row the
+        // other waits for.
+        let promotion = match lease {
+            Some(terms) if terms.limit > 0 && !released.is_empty() => {
+                queue::lines::promote_leasing(&mut tx, &released, terms).await?
+            }
+            _ => queue::lines::Promotion {
+                promoted: queue::lines::promote(&mut tx, &released).await?,
+                leased: Vec::new(),
+            },
+        };
+        recorded.promoted = promotion.promoted;
         tx.commit().await?;
-        Ok(recorded)
+        Ok((recorded, promotion.leased))
     }
     .await;
     if let Err(e) = &written {

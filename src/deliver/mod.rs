@@ -12,7 +12,8 @@
 //!   the recorder (its decisions are pure functions: [`attempt::judge`],
 //!   [`attempt::schedule`]);
 //! - [`prelease`]: a lone webhook's deliveries leased by the statement that stores it
-//!   (role `all`), handed to the dispatcher with their worker slots;
+//!   (role `all`), handed to the dispatcher with their worker slots; the recorder hands
+//!   over the same way the next heads of ordered lines its write leased;
 //! - [`recorder`]: batched, fenced, idempotent outcome writes;
 //! - [`policy`] and [`backoff`] (pure), [`request`] and [`sign`] (the outbound request),
 //!   [`urls`] (endpoint URLs parsed once).

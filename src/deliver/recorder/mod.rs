@@ -24,6 +24,13 @@
 //! endpoint's secret cannot be read here, or its attempt budget was spent by workers that
 //! died) is handed over too ([`Done::Unsent`]) and given back or dead-lettered here, fenced
 //! and retried while the database is away like any outcome.
+//!
+//! **Lines move on in the write.** A batch that finishes ordered heads makes their lines'
+//! next deliveries the heads, and while the dispatcher owes no general claim it leases
+//! them in the same `UPDATE` where their endpoints have room
+//! ([`queue::lines::promote_leasing`]), with the worker slots of the heads it finished:
+//! the leases go straight to the dispatcher ([`Written::leases`]); the other new heads go
+//! by id to its claim by key.
 
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;

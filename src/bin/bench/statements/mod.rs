@@ -38,8 +38,8 @@ const FEW: usize = 20;
 const MANY: usize = 100;
 /// Delivered webhooks in the database before the count.
 const HISTORY: u64 = 20_000;
-/// Ordered lines (one per line step counted).
-const LINES: usize = (FEW + MANY) * BATCH;
+/// Ordered lines: one per line step counted, for each of the two kinds of line step.
+const LINES: usize = 2 * (FEW + MANY) * BATCH;
 /// Webhooks or deliveries in a batch statement.
 const BATCH: usize = 16;
 /// The lease the claims take: a millisecond, so the claims of one run never fill the
@@ -348,23 +348,54 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
         unit: "line step",
         effect: "SELECT count(*) AS n FROM deliveries WHERE ordering_key IS NOT NULL AND status = 'pending' AND NOT waiting",
     };
+    // The same step with the next heads leased by the promotion's own `UPDATE` (the
+    // recorder's while its dispatcher owes no general claim): against the step above, what
+    // the lease adds; against the claim by key above, what it saves. Its own lines (the
+    // second half): a line's head can be promoted once.
+    let leased_step = Kind {
+        name: "an ordered line's step, leased, 16 lines (the release, then `lines::promote_leasing_sql`: the next heads leased by the promotion's own `UPDATE`)",
+        tag: "line_step_leased",
+        settings: recorder_settings(),
+        statements: vec![
+            Prepared {
+                name: "release",
+                types: &["uuid[]"],
+                sql: webhook_gateway::queue::lines::RELEASE_HEADS_SQL.to_owned(),
+            },
+            Prepared {
+                name: "promote_leasing",
+                types: &["uuid[]", "text[]", "int8", "float8", "int4"],
+                sql: webhook_gateway::queue::lines::promote_leasing_sql().to_owned(),
+            },
+        ],
+        units: BATCH,
+        unit: "line step",
+        effect: line_step.effect,
+    };
     let endpoint = lit(&seeded.ordered_endpoint);
-    let steps: Vec<Vec<String>> = heads
-        .chunks(BATCH)
-        .filter(|c| c.len() == BATCH)
-        .map(|c| {
-            vec![
-                array(c.iter().map(|(id, _)| lit(id)), "uuid"),
-                format!(
-                    "{}, {}",
-                    array(c.iter().map(|_| endpoint.clone()), "uuid"),
-                    array(c.iter().map(|(_, key)| lit(key)), "text")
-                ),
-            ]
-        })
-        .collect();
-    anyhow::ensure!(steps.len() == MANY + FEW, "only {} line heads were seeded", heads.len());
-    counts.push(count(ctx, &pg, &line_step, &steps)?);
+    let steps = |heads: &[(String, String)], extra: &str| -> Vec<Vec<String>> {
+        heads
+            .chunks(BATCH)
+            .filter(|c| c.len() == BATCH)
+            .map(|c| {
+                vec![
+                    array(c.iter().map(|(id, _)| lit(id)), "uuid"),
+                    format!(
+                        "{}, {}{extra}",
+                        array(c.iter().map(|_| endpoint.clone()), "uuid"),
+                        array(c.iter().map(|(_, key)| lit(key)), "text")
+                    ),
+                ]
+            })
+            .collect()
+    };
+    let (plain_heads, leased_heads) = heads.split_at(heads.len() / 2);
+    let plain_steps = steps(plain_heads, "");
+    anyhow::ensure!(plain_steps.len() == MANY + FEW, "only {} line heads were seeded", heads.len());
+    counts.push(count(ctx, &pg, &line_step, &plain_steps)?);
+    let leased_steps = steps(leased_heads, &format!(", {BATCH}, {LEASE_SECS}, {BATCH}"));
+    anyhow::ensure!(leased_steps.len() == MANY + FEW, "only {} line heads were seeded", heads.len());
+    counts.push(count(ctx, &pg, &leased_step, &leased_steps)?);
 
     // A batch stored with its deliveries leased: group commit's path in role `all`, for
     // batches of up to `prelease::LARGEST_LEASED_BATCH`. Last, with an endpoint limit that

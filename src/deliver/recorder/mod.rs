@@ -170,20 +170,20 @@ pub async fn run(
         // The slots are released only after the write (see above), but for those of the
         // ordered heads it finishes, which may go to the next heads it leases.
         let (mut batch, mut unsent) = (Vec::with_capacity(arrived.len()), Vec::new());
-        let (mut _slots, mut head_slots) = (Vec::with_capacity(arrived.len()), Vec::new());
+        let (mut held_slots, mut head_slots) = (Vec::with_capacity(arrived.len()), Vec::new());
         for (d, slot) in arrived.drain(..) {
             match d {
                 Done::Attempted(f) => {
                     if f.record.ordered && f.record.outcome != queue::Outcome::Retry {
                         head_slots.push(slot);
                     } else {
-                        _slots.push(slot);
+                        held_slots.push(slot);
                     }
                     batch.push(f);
                 }
                 Done::Unsent(u) => {
                     unsent.push(u);
-                    _slots.push(slot);
+                    held_slots.push(slot);
                 }
             }
         }

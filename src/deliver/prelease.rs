@@ -140,15 +140,6 @@ impl Prelease {
         self.open.load(Ordering::Acquire)
     }
 
-    /// The terms on which the next heads of lines are leased with `slots` worker slots.
-    pub fn line_terms(&self, slots: usize) -> queue::lines::LeaseTerms {
-        queue::lines::LeaseTerms {
-            limit: slots as i64,
-            lease: self.lease,
-            default_max_in_flight: self.default_max_in_flight,
-        }
-    }
-
     /// Whether ingest may lease the deliveries of `event` now. (A dispatcher that stops
     /// closes the hand-off first; one that is gone without doing so gets leases that are
     /// given back at once.)
@@ -172,8 +163,9 @@ impl Prelease {
             .collect()
     }
 
-    /// How a statement holding `slots` worker slots leases.
-    fn terms(&self, slots: &[OwnedSemaphorePermit]) -> ClaimTerms {
+    /// How a statement holding `slots` worker slots leases (ingest's, and the recorder's
+    /// promotion).
+    pub(super) fn terms(&self, slots: &[OwnedSemaphorePermit]) -> ClaimTerms {
         ClaimTerms { limit: slots.len() as i64, lease: self.lease, default_max_in_flight: self.default_max_in_flight }
     }
 

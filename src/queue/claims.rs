@@ -323,6 +323,19 @@ fn claim_sql_text() -> String {
     )
 }
 
+/// How a statement that leases deliveries beside its own work leases them (ingest's
+/// leasing statements, `crate::store::events::insert_and_claim`; the recorder's promotion,
+/// [`super::lines::promote_leasing`]): as [`claim_fresh`] would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimTerms {
+    /// Most deliveries to lease (the worker slots the caller holds for them).
+    pub limit: i64,
+    /// The lease.
+    pub lease: Duration,
+    /// An endpoint's in-flight limit when it sets none.
+    pub default_max_in_flight: i32,
+}
+
 /// What [`claim_fresh`] took.
 #[derive(Debug, Default)]
 pub struct FreshClaim {

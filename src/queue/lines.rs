@@ -29,6 +29,7 @@
 use sqlx::PgConnection;
 use sqlx::Row as _;
 
+use super::ClaimTerms;
 use super::claimed::{Claimed, claimed_in};
 use crate::ids::{DeliveryId, EndpointId};
 
@@ -100,7 +101,7 @@ macro_rules! promotion {
              ), heads AS (
                  UPDATE order_lines l
                  SET head_id = (SELECT m.ids[array_position(m.lines, l.ctid)] FROM moving m)
-                 WHERE l.ctid = ANY(ARRAY(SELECT line FROM next WHERE id IS NOT NULL))
+                 WHERE l.ctid = ANY((SELECT m.lines FROM moving m)::tid[])
                  RETURNING l.head_id, l.endpoint_id
              ), gone AS (
                  DELETE FROM order_lines l WHERE l.ctid = ANY(ARRAY(SELECT line FROM next WHERE id IS NULL))
@@ -268,19 +269,6 @@ pub fn promote_leasing_sql() -> &'static str {
     &SQL
 }
 
-/// How [`promote_leasing`] leases: at most `limit` of the new heads (the worker slots the
-/// caller holds for them), for `lease`, within each endpoint's room (`default_max_in_flight`
-/// where it sets no `max_in_flight`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseTerms {
-    /// Most heads to lease.
-    pub limit: i64,
-    /// The lease.
-    pub lease: std::time::Duration,
-    /// An endpoint's in-flight limit when it sets none.
-    pub default_max_in_flight: i32,
-}
-
 /// What [`promote_leasing`] did: the new heads it leased, and those it left to claim.
 #[derive(Debug, Default)]
 pub struct Promotion {
@@ -292,7 +280,8 @@ pub struct Promotion {
     pub promoted: Vec<DeliveryId>,
 }
 
-/// [`promote`], leasing the new heads whose endpoints have room in the same `UPDATE`:
+/// [`promote`], leasing the new heads whose endpoints have room in the same `UPDATE`, at
+/// most `terms.limit` of them (the worker slots the caller holds for them):
 /// one row version a line step instead of two (the promotion's, then the claim's). The
 /// lines must be locked by this transaction and this a later statement than the one
 /// that locked them, as for [`promote`]. The endpoints' rows it leases for stay locked
@@ -300,7 +289,7 @@ pub struct Promotion {
 pub async fn promote_leasing(
     conn: &mut PgConnection,
     lines: &[Line],
-    terms: LeaseTerms,
+    terms: ClaimTerms,
 ) -> Result<Promotion, sqlx::Error> {
     if lines.is_empty() {
         return Ok(Promotion::default());

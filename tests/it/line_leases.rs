@@ -11,16 +11,15 @@ use serde_json::json;
 use webhook_gateway::circuit::{CircuitConfig, Signal};
 use webhook_gateway::deliver::recorder::{self, Finished, Patience, Promoted};
 use webhook_gateway::ids::DeliveryId;
-use webhook_gateway::queue::lines::LeaseTerms;
-use webhook_gateway::queue::{self, Claimed, Outcome};
+use webhook_gateway::queue::{self, ClaimTerms, Claimed, Outcome};
 
 use crate::support::sink::Sink;
 use crate::support::{GatewayProcess, TestApp, TestDb, eventually, wait_ready};
 
 const LEASE: Duration = Duration::from_secs(60);
 
-fn terms(limit: i64) -> LeaseTerms {
-    LeaseTerms { limit, lease: LEASE, default_max_in_flight: 8 }
+fn terms(limit: i64) -> ClaimTerms {
+    ClaimTerms { limit, lease: LEASE, default_max_in_flight: 8 }
 }
 
 fn delivered(claims: &[&Claimed]) -> Vec<Finished> {

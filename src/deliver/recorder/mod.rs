@@ -46,8 +46,7 @@ use super::prelease::Prelease;
 use crate::circuit::{self, CircuitConfig, Observation, Signal};
 use crate::db;
 use crate::ids::{DeliveryId, EndpointId};
-use crate::queue::lines::LeaseTerms;
-use crate::queue::{self, AttemptRecord, Burial, Claimed, Recorded};
+use crate::queue::{self, AttemptRecord, Burial, ClaimTerms, Claimed, Recorded};
 use crate::sanitize;
 
 mod gather;
@@ -192,7 +191,7 @@ pub async fn run(
             let span = crate::telemetry::record_span(batch.iter().map(|f: &Finished| &f.span), batch.len());
             // Only while the dispatcher owes no general claim: older due work goes first.
             let leaser = written.leases.as_ref().filter(|p| !head_slots.is_empty() && p.leases_ahead());
-            let terms = leaser.map(|p| p.line_terms(head_slots.len()));
+            let terms = leaser.map(|p| p.terms(&head_slots));
             let started = std::time::SystemTime::now();
             let leased;
             (promoted, leased) = write_leasing(&pool, &batch, &cfg, &patience, terms).instrument(span).await;
@@ -263,7 +262,7 @@ pub async fn write_leasing(
     batch: &[Finished],
     cfg: &CircuitConfig,
     patience: &Patience,
-    lease: Option<LeaseTerms>,
+    lease: Option<ClaimTerms>,
 ) -> (Promoted, Vec<Claimed>) {
     match retrying(patience, batch.len(), || write_once(pool, batch, cfg, lease)).await {
         Ok((recorded, leased)) => {
@@ -367,7 +366,7 @@ async fn write_once(
     pool: &Pool,
     batch: &[Finished],
     cfg: &CircuitConfig,
-    lease: Option<LeaseTerms>,
+    lease: Option<ClaimTerms>,
 ) -> Result<(Recorded, Vec<Claimed>), sqlx::Error> {
     let written = async {
         let mut tx = pool.begin_planned(crate::db::Planning::Cached).await?;
@@ -385,9 +384,7 @@ async fn write_once(
         // other order, two writes (or a write and a claim) could each hold a row the
         // other waits for.
         let promotion = match lease {
-            Some(terms) if terms.limit > 0 && !released.is_empty() => {
-                queue::lines::promote_leasing(&mut tx, &released, terms).await?
-            }
+            Some(terms) if terms.limit > 0 => queue::lines::promote_leasing(&mut tx, &released, terms).await?,
             _ => queue::lines::Promotion {
                 promoted: queue::lines::promote(&mut tx, &released).await?,
                 leased: Vec::new(),

@@ -320,16 +320,9 @@ where
     Err(sqlx::Error::Protocol("event neither inserted nor found after 3 tries (concurrent deletion)".into()))
 }
 
-/// How [`insert_and_claim`] leases: as [`crate::queue::claim_fresh`] would.
-#[derive(Debug, Clone, Copy)]
-pub struct ClaimTerms {
-    /// Most deliveries to claim (the worker slots the caller holds for them).
-    pub limit: i64,
-    /// The lease.
-    pub lease: std::time::Duration,
-    /// An endpoint's in-flight limit when it sets none.
-    pub default_max_in_flight: i32,
-}
+/// How [`insert_and_claim`] leases: as [`crate::queue::claim_fresh`] would (the terms
+/// every leasing statement takes, `crate::queue::lines::promote_leasing`'s too).
+pub use crate::queue::ClaimTerms;
 
 /// [`insert_with_fanout`], with the deliveries it creates leased in the same statement
 /// (one round trip, one commit, one row version each): every unordered delivery whose

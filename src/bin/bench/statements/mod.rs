@@ -328,9 +328,10 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
     ))?;
     let heads: Vec<(String, String)> =
         pg::column(&printed, "id").into_iter().zip(pg::column(&printed, "ordering_key")).collect();
-    let line_step = Kind {
-        name: "an ordered line's step, 16 lines (the release, `lines::RELEASE_HEADS_SQL`, which the recorder's outcome statement does itself since 2026-12-06, then `PROMOTE_SQL`: what the recorder adds for finished heads)",
-        tag: "line_step",
+    // A line's step: the release, then a promotion (`promote`).
+    let step_of = |name: &'static str, tag: &'static str, promote: Prepared| Kind {
+        name,
+        tag,
         settings: recorder_settings(),
         statements: vec![
             Prepared {
@@ -338,40 +339,34 @@ async fn run_in(ctx: &Ctx, dir: &Path) -> anyhow::Result<()> {
                 types: &["uuid[]"],
                 sql: webhook_gateway::queue::lines::RELEASE_HEADS_SQL.to_owned(),
             },
-            Prepared {
-                name: "promote",
-                types: &["uuid[]", "text[]"],
-                sql: webhook_gateway::queue::lines::PROMOTE_SQL.to_owned(),
-            },
+            promote,
         ],
         units: BATCH,
         unit: "line step",
         effect: "SELECT count(*) AS n FROM deliveries WHERE ordering_key IS NOT NULL AND status = 'pending' AND NOT waiting",
     };
+    let line_step = step_of(
+        "an ordered line's step, 16 lines (the release, `lines::RELEASE_HEADS_SQL`, which the recorder's outcome statement does itself since 2026-12-06, then `PROMOTE_SQL`: what the recorder adds for finished heads)",
+        "line_step",
+        Prepared {
+            name: "promote",
+            types: &["uuid[]", "text[]"],
+            sql: webhook_gateway::queue::lines::PROMOTE_SQL.to_owned(),
+        },
+    );
     // The same step with the next heads leased by the promotion's own `UPDATE` (the
     // recorder's while its dispatcher owes no general claim): against the step above, what
     // the lease adds; against the claim by key above, what it saves. Its own lines (the
     // second half): a line's head can be promoted once.
-    let leased_step = Kind {
-        name: "an ordered line's step, leased, 16 lines (the release, then `lines::promote_leasing_sql`: the next heads leased by the promotion's own `UPDATE`)",
-        tag: "line_step_leased",
-        settings: recorder_settings(),
-        statements: vec![
-            Prepared {
-                name: "release",
-                types: &["uuid[]"],
-                sql: webhook_gateway::queue::lines::RELEASE_HEADS_SQL.to_owned(),
-            },
-            Prepared {
-                name: "promote_leasing",
-                types: &["uuid[]", "text[]", "int8", "float8", "int4"],
-                sql: webhook_gateway::queue::lines::promote_leasing_sql().to_owned(),
-            },
-        ],
-        units: BATCH,
-        unit: "line step",
-        effect: line_step.effect,
-    };
+    let leased_step = step_of(
+        "an ordered line's step, leased, 16 lines (the release, then `lines::promote_leasing_sql`: the next heads leased by the promotion's own `UPDATE`)",
+        "line_step_leased",
+        Prepared {
+            name: "promote_leasing",
+            types: &["uuid[]", "text[]", "int8", "float8", "int4"],
+            sql: webhook_gateway::queue::lines::promote_leasing_sql().to_owned(),
+        },
+    );
     let endpoint = lit(&seeded.ordered_endpoint);
     let steps = |heads: &[(String, String)], extra: &str| -> Vec<Vec<String>> {
         heads

@@ -145,6 +145,7 @@ pub async fn bind(listen: SocketAddr) -> anyhow::Result<tokio::net::TcpListener>
 /// workers, janitor and background tasks of `settings.role`.
 pub async fn start_on(pool: Pool, settings: Settings, listener: tokio::net::TcpListener) -> anyhow::Result<Running> {
     crate::db::migrate(&pool).await?;
+    crate::db::kept_plans::install(&pool, &kept_statements()).await;
     crate::telemetry::describe_database(&pool);
     crate::secrets::check_stored(&pool, &settings.secrets).await?;
     log_secrets_at_rest(&settings.secrets);
@@ -153,6 +154,26 @@ pub async fn start_on(pool: Pool, settings: Settings, listener: tokio::net::TcpL
         tracing::debug!(open_files = limit, "open-file limit");
     }
     serve(pool, settings, listener, sources).await
+}
+
+/// The statements whose plans are kept behind a transaction pooler
+/// ([`crate::db::kept_plans`]): those of every webhook and every outcome write, whose
+/// planning at each call cost as much as their work.
+fn kept_statements() -> Vec<&'static str> {
+    use crate::store::events;
+    vec![
+        events::insert_sql(),
+        events::insert_and_claim_sql(),
+        events::lean::insert_sql(),
+        events::lean::insert_and_claim_sql(),
+        events::insert_batch_sql(),
+        events::insert_batch_and_claim_sql(),
+        events::lean_insert_batch_sql(),
+        events::lean_insert_batch_and_claim_sql(),
+        crate::queue::RECORD_SQL,
+        crate::queue::lines::PROMOTE_SQL,
+        crate::queue::lines::promote_leasing_sql(),
+    ]
 }
 
 /// Whether secrets are encrypted at rest, and with which keys.

@@ -113,6 +113,7 @@ impl Health {
 
     /// Classify `err` (see [`unavailable`]) and note what it says about the node.
     pub fn note(&self, err: &sqlx::Error) -> Option<Unavailable> {
+        super::kept_plans::note(err);
         let (committed, refusal) = classify(err)?;
         self.failures.notify_one();
         if let Some(refusal) = refusal {

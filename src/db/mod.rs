@@ -27,6 +27,7 @@
 pub mod embedded;
 mod failure;
 pub mod hosts;
+pub mod kept_plans;
 mod pool;
 pub mod tcp;
 mod text_enum;

@@ -72,11 +72,13 @@ pub fn named_statements() -> bool {
     NAMED_STATEMENTS.load(Ordering::Relaxed)
 }
 
-/// `sqlx::query`, prepared the way this process's database allows (see the module doc).
-/// Every statement of the gateway is built with this or its two siblings.
+/// `sqlx::query`, prepared the way this process's database allows (see the module doc);
+/// behind a transaction pooler, a statement whose plan is kept in a function
+/// ([`super::kept_plans`]) calls that function instead. Every statement of the gateway is
+/// built with this or its two siblings.
 #[allow(clippy::disallowed_methods)]
 pub fn query(sql: &str) -> Query<'_, Postgres, PgArguments> {
-    sqlx::query(sql).persistent(named_statements())
+    sqlx::query(super::kept_plans::wrapped(sql).unwrap_or(sql)).persistent(named_statements())
 }
 
 /// `sqlx::query_as`, prepared as [`query`] is.
@@ -85,7 +87,7 @@ pub fn query_as<'q, O>(sql: &'q str) -> QueryAs<'q, Postgres, O, PgArguments>
 where
     O: for<'r> sqlx::FromRow<'r, PgRow>,
 {
-    sqlx::query_as(sql).persistent(named_statements())
+    sqlx::query_as(super::kept_plans::wrapped(sql).unwrap_or(sql)).persistent(named_statements())
 }
 
 /// `sqlx::query_scalar`, prepared as [`query`] is.
@@ -94,7 +96,7 @@ pub fn query_scalar<'q, O>(sql: &'q str) -> QueryScalar<'q, Postgres, O, PgArgum
 where
     (O,): for<'r> sqlx::FromRow<'r, PgRow>,
 {
-    sqlx::query_scalar(sql).persistent(named_statements())
+    sqlx::query_scalar(super::kept_plans::wrapped(sql).unwrap_or(sql)).persistent(named_statements())
 }
 
 /// `QueryBuilder::build_query_as`, prepared as [`query`] is (a built statement is named

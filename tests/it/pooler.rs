@@ -455,3 +455,135 @@ async fn batches_leased_by_their_own_statement_work_behind_pgbouncer_in_transact
     assert!(session_state_errors(&log).is_empty(), "a statement met session state: {:?}", session_state_errors(&log));
     drop(bouncer);
 }
+
+/// Behind the pooler the largest statements keep their plans in functions
+/// (`db::kept_plans`): a gateway creates one function a statement at start-up, a second
+/// one starting on the same schema finds them and creates none (they are named by their
+/// content), and webhooks are stored, their outcomes written and their lines moved on
+/// through those functions (`pg_stat_user_functions` counts the calls), each webhook
+/// stored once and delivered in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_largest_statements_keep_their_plans_in_functions_behind_pgbouncer() {
+    let db = TestDb::empty().await;
+    sqlx::query(&format!("ALTER DATABASE \"{}\" SET track_functions = 'pl'", db.name()))
+        .execute(&db.pool)
+        .await
+        .expect("count function calls");
+    let bouncer = PgBouncer::start(&db.url, 3);
+    let pooled = bouncer.url(&db.name(), &db.url);
+    let ready = |gateway: &GatewayProcess| {
+        let url = format!("http://{}/readyz", gateway.addr);
+        async move {
+            eventually(Duration::from_secs(30), "the gateway ready behind the pooler", || async {
+                let ready = reqwest::get(&url).await.ok()?;
+                (ready.status() == 200).then_some(())
+            })
+            .await
+        }
+    };
+    let first = GatewayProcess::start(&pooled, &["--db-pooler", "transaction"]);
+    ready(&first).await;
+    let kept = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_proc WHERE proname LIKE 'wg\\_plan\\_%'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count functions")
+    };
+    let functions = kept().await;
+    assert_eq!(functions, 11, "one function for each kept statement");
+    let second = GatewayProcess::start(&pooled, &["--db-pooler", "transaction", "--role", "worker"]);
+    ready(&second).await;
+    assert_eq!(kept().await, functions, "the second process found them all");
+    let log = std::fs::read_to_string(&second.log).unwrap_or_default();
+    assert!(log.contains("wrapped=11") && log.contains("created=0"), "{log}");
+
+    let sink = Sink::ok().await;
+    let base = format!("http://{}", first.addr);
+    let http = reqwest::Client::new();
+    create(
+        &http,
+        &base,
+        "/v1/sources",
+        json!({"name": "shop", "kind": "none", "dedupe": {"header": "X-Delivery-Id"},
+               "event_type": {"header": "X-Event-Type"}, "ordering_key": {"header": "X-Event-Type"}}),
+    )
+    .await;
+    let endpoint = create(&http, &base, "/v1/endpoints", json!({"url": sink.url("/hook")})).await;
+    create(
+        &http,
+        &base,
+        "/v1/subscriptions",
+        json!({"endpoint_id": endpoint["id"], "source": "shop", "ordered": {"on_dead": "block"}}),
+    )
+    .await;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let ids: Vec<String> = (0..60).map(|i| format!("kept-{i:02}")).collect();
+    produce(base.clone(), "shop", ids.clone(), 1, seen.clone()).await;
+    assert_eq!(seen.lock().unwrap().acknowledged.len(), ids.len(), "every webhook acknowledged");
+    eventually(Duration::from_secs(60), "every webhook delivered", || async {
+        (sink.received().len() >= ids.len()).then_some(())
+    })
+    .await;
+    let order = |r: &crate::support::sink::Received| {
+        let body: serde_json::Value = serde_json::from_slice(&r.body).expect("a JSON body");
+        body["order"].as_str().expect("the order's id").to_owned()
+    };
+    let mut once: Vec<String> = sink.received().iter().map(order).collect();
+    once.dedup();
+    // One producer task posts the ids from the last: that is the line's order.
+    let posted: Vec<String> = ids.iter().rev().cloned().collect();
+    assert_eq!(once, posted, "each once, in order (one line: one event type)");
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE dedupe_key LIKE 'kept-%'")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
+    assert_eq!(stored, ids.len() as i64, "each webhook stored once");
+
+    // Each webhook's statement and each outcome write went through a function; the
+    // server processes report their counts when they go idle.
+    eventually(Duration::from_secs(30), "the functions' calls counted", || async {
+        let calls: Option<i64> = sqlx::query_scalar(
+            "SELECT sum(calls)::int8 FROM pg_stat_user_functions WHERE funcname LIKE 'wg\\_plan\\_%'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("calls");
+        (calls.unwrap_or(0) >= 2 * ids.len() as i64).then_some(())
+    })
+    .await;
+
+    // The functions dropped under the running processes: the statement that meets one
+    // missing fails once, and the processes go on with the statements as they are.
+    sqlx::raw_sql(
+        "DO $$ DECLARE f regprocedure; BEGIN
+             FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname LIKE 'wg\\_plan\\_%' LOOP
+                 EXECUTE 'DROP FUNCTION ' || f;
+             END LOOP;
+         END $$",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("drop the functions");
+    assert_eq!(kept().await, 0);
+    let more: Vec<String> = (0..5).map(|i| format!("after-{i}")).collect();
+    produce(base.clone(), "shop", more.clone(), 1, seen.clone()).await;
+    eventually(Duration::from_secs(60), "the later webhooks delivered", || async {
+        let received: HashSet<String> = sink.received().iter().map(order).collect();
+        more.iter().all(|id| received.contains(id)).then_some(())
+    })
+    .await;
+    let log = std::fs::read_to_string(&first.log).unwrap_or_default();
+    assert!(log.contains("function is gone"), "the ingest process met a missing function and said so");
+
+    for gateway in [first, second] {
+        let mut gateway = gateway;
+        assert!(gateway.terminate(), "clean exit");
+        let log = std::fs::read_to_string(&gateway.log).unwrap_or_default();
+        assert!(
+            session_state_errors(&log).is_empty(),
+            "a statement met session state: {:?}",
+            session_state_errors(&log)
+        );
+    }
+    drop(bouncer);
+}

@@ -57,16 +57,26 @@ pub fn wrapped(sql: &str) -> Option<&'static str> {
     KEPT.get()?.get(sql).copied()
 }
 
-/// A failed call's error: one that says a kept statement's function does not exist turns
-/// the functions off for this process (the statement that met it fails once; its caller
-/// retries as after any failure, with the statement itself).
+/// A failed call's error: one that says a kept statement's function does not exist, or no
+/// longer returns what its statement does (a column's type changed under a running
+/// release), turns the functions off for this process (the statement that met it fails
+/// once; its caller retries as after any failure, with the statement itself). An error of
+/// the statement inside (a constraint, a lock) changes nothing.
 pub fn note(err: &sqlx::Error) {
-    if let sqlx::Error::Database(db) = err
-        && db.code().as_deref() == Some("42883")
-        && db.message().contains("wg_plan_")
-        && !GONE.swap(true, Ordering::Relaxed)
-    {
-        tracing::warn!(error = %db, "a kept statement's function is gone: statements are sent as they are until restart");
+    let sqlx::Error::Database(db) = err else { return };
+    let wrapper_failed = match db.code().as_deref() {
+        Some("42883") => db.message().contains("wg_plan_"),
+        Some("42804") => {
+            db.message().contains("function result type")
+                && db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .and_then(|pg| pg.r#where())
+                    .is_some_and(|context| context.contains("wg_plan_"))
+        }
+        _ => false,
+    };
+    if wrapper_failed && !GONE.swap(true, Ordering::Relaxed) {
+        tracing::warn!(error = %db, "a kept statement's function is gone or out of date: statements are sent as they are until restart");
     }
 }
 
@@ -96,6 +106,13 @@ pub async fn install(pool: &Pool, statements: &[&'static str]) -> Installed {
                 installed.wrapped += 1;
                 installed.created += usize::from(created);
             }
+            Err(e) if denied(&e) => {
+                tracing::warn!(
+                    error = %e,
+                    "this database role may not create functions: behind the pooler every statement is planned at every call"
+                );
+                break;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "a statement's plan is not kept behind the pooler: it is planned at every call");
             }
@@ -108,6 +125,13 @@ pub async fn install(pool: &Pool, statements: &[&'static str]) -> Installed {
     );
     let _ = KEPT.set(kept);
     installed
+}
+
+/// Whether `e` is the database refusing this role the creation of a function.
+fn denied(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<sqlx::Error>()
+        .and_then(|e| e.as_database_error())
+        .is_some_and(|db| db.code().as_deref() == Some("42501"))
 }
 
 /// A statement's function, found or created: the call that replaces it, and whether it

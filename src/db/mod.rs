@@ -358,11 +358,12 @@ pub enum Planning {
     Cached,
 }
 
-/// Plan the rest of the current transaction's statements [`Planning::EachCall`] (when its
-/// first statements keep their cached plans; otherwise set it in the `BEGIN`:
-/// [`Pool::begin_planned`](pool::Pool::begin_planned)).
-pub async fn plan_each_time(tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
-    query("SET LOCAL plan_cache_mode = force_custom_plan").execute(tx).await.map(|_| ())
+/// Plan the rest of the current transaction's statements [`Planning::Cached`] (when its
+/// first statements keep the plans they have; otherwise set it in the `BEGIN`:
+/// [`Pool::begin_planned`](pool::Pool::begin_planned)), in one round trip.
+pub async fn plan_cached(tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    use sqlx::Executor as _;
+    tx.execute(sqlx::raw_sql(cached!())).await.map(|_| ())
 }
 
 /// The migrations, applied by [`migrate`] under its own transaction-level lock.

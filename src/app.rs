@@ -157,8 +157,8 @@ pub async fn start_on(pool: Pool, settings: Settings, listener: tokio::net::TcpL
 }
 
 /// The statements whose plans are kept behind a transaction pooler
-/// ([`crate::db::kept_plans`]): those of every webhook and every outcome write, whose
-/// planning at each call cost as much as their work.
+/// ([`crate::db::kept_plans`]): those of every webhook, every outcome write and the
+/// general claim, whose planning at each call cost as much as their work.
 fn kept_statements() -> Vec<&'static str> {
     use crate::store::events;
     vec![
@@ -173,6 +173,7 @@ fn kept_statements() -> Vec<&'static str> {
         crate::queue::RECORD_SQL,
         crate::queue::lines::PROMOTE_SQL,
         crate::queue::lines::promote_leasing_sql(),
+        crate::queue::claim_sql(),
     ]
 }
 

@@ -80,31 +80,21 @@ pub fn note(err: &sqlx::Error) {
     }
 }
 
-/// What [`install`] did.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Installed {
-    /// Statements wrapped (their functions found or created).
-    pub wrapped: usize,
-    /// Of those, functions this call created.
-    pub created: usize,
-}
-
 /// Behind a transaction pooler, wrap each of `statements` in a function of its own
 /// (created if missing) and route it through that function from now on; with no pooler,
 /// nothing. Only the first call of a process takes effect. Never fails: a statement it
-/// cannot wrap stays as it is.
-pub async fn install(pool: &Pool, statements: &[&'static str]) -> Installed {
+/// cannot wrap stays as it is; the log says how many were wrapped and created.
+pub async fn install(pool: &Pool, statements: &[&'static str]) {
     if pool.pooler() != Pooler::Transaction || KEPT.get().is_some() {
-        return Installed::default();
+        return;
     }
     let mut kept = HashMap::new();
-    let mut installed = Installed::default();
+    let mut created = 0;
     for &sql in statements {
         match keep(pool, sql).await {
-            Ok((call, created)) => {
+            Ok((call, new)) => {
                 kept.insert(sql, call);
-                installed.wrapped += 1;
-                installed.created += usize::from(created);
+                created += usize::from(new);
             }
             Err(e) if denied(&e) => {
                 tracing::warn!(
@@ -119,12 +109,11 @@ pub async fn install(pool: &Pool, statements: &[&'static str]) -> Installed {
         }
     }
     tracing::info!(
-        wrapped = installed.wrapped,
-        created = installed.created,
+        wrapped = kept.len(),
+        created,
         "behind a transaction pooler: the largest statements run through functions that keep their plans"
     );
     let _ = KEPT.set(kept);
-    installed
 }
 
 /// Whether `e` is the database refusing this role the creation of a function.

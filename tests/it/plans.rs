@@ -72,15 +72,20 @@ async fn explain_prepared(conn: &mut sqlx::PgConnection, sql: &str, types: &str,
     measured
 }
 
+/// The first statement of the claim, as `queue::claim_batch` runs it: it locks the
+/// endpoints at the head of the due index, here `endpoint` alone.
+async fn lock_the_endpoint(conn: &mut sqlx::PgConnection, endpoint: Uuid) {
+    let (locked, _head_rows): (Vec<Uuid>, i64) =
+        sqlx::query_as(queue::CLAIM_LOCK_SQL).bind(CLAIM_ROWS * 2).bind(false).fetch_one(&mut *conn).await.unwrap();
+    assert_eq!(locked, vec![endpoint], "the head of the due index is the one endpoint's");
+}
+
 /// Run the claim the workers run, prepared and executed in `mode`, inside a transaction
 /// that is rolled back.
 async fn claim_cost(pool: &Pool, mode: &str, endpoint: Uuid) -> Cost {
     let mut tx = pool.begin().await.unwrap();
     sqlx::query(&format!("SET LOCAL plan_cache_mode = {mode}")).execute(&mut *tx).await.unwrap();
-    // The first statement of the claim, as `claim_fair` runs it: it locks the endpoints.
-    let (locked, _head_rows): (Vec<Uuid>, i64) =
-        sqlx::query_as(queue::CLAIM_LOCK_SQL).bind(CLAIM_ROWS * 2).bind(false).fetch_one(&mut *tx).await.unwrap();
-    assert_eq!(locked, vec![endpoint], "the head of the due index is the one endpoint's");
+    lock_the_endpoint(&mut tx, endpoint).await;
     let (explain, buffers) = explain_prepared(
         &mut tx,
         queue::claim_sql(),
@@ -501,9 +506,7 @@ async fn a_fresh_claim_costs_the_same_at_any_backlog_with_a_plan_built_on_an_emp
 /// the session as `claim` the first time and kept), in a transaction that is rolled back.
 async fn cached_claim_cost(conn: &mut sqlx::PgConnection, endpoint: Uuid) -> (Cost, Value) {
     sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
-    let (locked, _head_rows): (Vec<Uuid>, i64) =
-        sqlx::query_as(queue::CLAIM_LOCK_SQL).bind(CLAIM_ROWS * 2).bind(false).fetch_one(&mut *conn).await.unwrap();
-    assert_eq!(locked, vec![endpoint], "the head of the due index is the one endpoint's");
+    lock_the_endpoint(conn, endpoint).await;
     webhook_gateway::db::plan_cached(&mut *conn).await.unwrap();
     let prepared: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_prepared_statements WHERE name = 'claim')")

@@ -91,6 +91,14 @@ async fn a_fleet_behind_pgbouncer_in_transaction_mode_stores_once_and_delivers_e
     // A second worker without a session URL: it polls, and says so once.
     let polling =
         GatewayProcess::start(&pooled, &[&pooler[..], &["--role", "worker", "--poll-interval-ms", "200"]].concat());
+    // Up before the pooler is restarted below: a start-up that meets the restart exits (the
+    // supervisor's to restart), which is not what this test is about.
+    let url = format!("http://{}/readyz", polling.addr);
+    eventually(Duration::from_secs(30), "the polling worker ready behind the pooler", || async {
+        let ready = http.get(&url).send().await.ok()?;
+        (ready.status() == 200).then_some(())
+    })
+    .await;
 
     // Load, and the pooler killed and restarted in the middle of it.
     let ids: Vec<String> = (0..400).map(|i| format!("load-{i}")).collect();

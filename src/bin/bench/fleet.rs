@@ -24,6 +24,9 @@ const DB: &str = "bench_fleet";
 const REPLICAS: [usize; 3] = [1, 4, 8];
 const RATE: f64 = 1000.0;
 const WORKERS: [usize; 3] = [1, 2, 4];
+/// The spread variant: this many replicas, their webhooks spread over this many sources,
+/// each with an endpoint of its own (no endpoint shared by every replica's ingest).
+const SPREAD: (usize, usize) = (4, 16);
 /// Events of each worker drain (4 endpoints each: four times as many deliveries).
 const DRAIN_EVENTS: u64 = 12_500;
 
@@ -33,6 +36,9 @@ struct Window {
     gw_cores: f64,
     tx_per_sec: f64,
     accepted: f64,
+    /// The loaded window's statements by kind (empty when idle or without
+    /// `pg_stat_statements`).
+    statements: String,
 }
 
 /// Run scenario 13.
@@ -127,10 +133,9 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         }
         // Past the start-up (first janitor and metrics looks, leaders settled).
         tokio::time::sleep(ctx.warmup().max(Duration::from_secs(5))).await;
-        let idle = measure(ctx, &pool, &gateways, None).await?;
-        let loaded = measure(ctx, &pool, &gateways, Some(RATE)).await?;
+        let idle = measure(ctx, &pool, &gateways, None, &[]).await?;
+        let loaded = measure(ctx, &pool, &gateways, Some(RATE), &[]).await?;
         idle_pg.push((n, idle.pg_cores));
-        let per = |cores: Option<f64>, rate: f64| cores.map(|c| format!("{:.0} µs", c / rate.max(1e-9) * 1e6));
         ctx.row(Row {
             id: "13".into(),
             scenario: "Fleet on one database, idle".into(),
@@ -143,23 +148,12 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
             ),
             ..Row::default()
         });
-        ctx.row(Row {
-            id: "13".into(),
-            scenario: "Fleet on one database, 1,000/s offered".into(),
-            setting: format!("{n} replicas"),
-            result: format!(
-                "{} accepted · CPU per webhook: PostgreSQL {} · replicas {} · {:.0} transactions/s",
-                fmt_rate(loaded.accepted),
-                per(loaded.pg_cores, loaded.accepted).unwrap_or_else(|| "n/a".into()),
-                per(Some(loaded.gw_cores), loaded.accepted).unwrap_or_default(),
-                loaded.tx_per_sec
-            ),
-            ..Row::default()
-        });
+        ctx.row(loaded_row(format!("{n} replicas"), &loaded));
         for gw in gateways {
             gw.stop(Duration::from_secs(30)).await;
         }
     }
+    spread(ctx, url, &pool).await?;
     ctx.note(format!(
         "Row 13: {} replicas of `--role all` with the defaults on one database; idle is a {} s window with nothing \
          offered, loaded is 1,000 webhooks/s spread evenly over the replicas (delivered to the sink). Idle \
@@ -178,11 +172,67 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The loaded row of `setting`.
+fn loaded_row(setting: String, loaded: &Window) -> Row {
+    let per = |cores: Option<f64>, rate: f64| cores.map(|c| format!("{:.0} µs", c / rate.max(1e-9) * 1e6));
+    Row {
+        id: "13".into(),
+        scenario: "Fleet on one database, 1,000/s offered".into(),
+        setting,
+        result: format!(
+            "{} accepted · CPU per webhook: PostgreSQL {} · replicas {} · {:.0} transactions/s",
+            fmt_rate(loaded.accepted),
+            per(loaded.pg_cores, loaded.accepted).unwrap_or_else(|| "n/a".into()),
+            per(Some(loaded.gw_cores), loaded.accepted).unwrap_or_default(),
+            loaded.tx_per_sec
+        ),
+        note: if loaded.statements.is_empty() {
+            String::new()
+        } else {
+            format!("statements (pg_stat_statements, the loaded window): {}", loaded.statements)
+        },
+        ..Row::default()
+    }
+}
+
+/// [`SPREAD`]: the fleet's load over endpoints of their own (a source each), so that no
+/// endpoint's row is wanted by every replica's leases and claims: what of the fleet's cost
+/// is one endpoint shared by all.
+async fn spread(ctx: &Ctx, url: &str, pool: &sqlx::PgPool) -> anyhow::Result<()> {
+    let (n, endpoints) = SPREAD;
+    let mut gateways = Vec::new();
+    for i in 0..n {
+        let log = ctx.work_dir.join(format!("gateway-fleet-spread-{i}.log"));
+        gateways.push(Gateway::start(&ctx.gateway_bin, url, Role::All, &ctx.gateway_args(), &log).await?);
+    }
+    let mut sources = Vec::new();
+    for e in 0..endpoints {
+        let name = format!("{}-{e}", crate::payload::SOURCE);
+        gateways[0].admin_post("/v1/sources", crate::payload::source_spec_named(&name)).await?;
+        gateways[0].subscribe_to(&name, &ctx.sink.ok_url(e + 1)).await?;
+        sources.push(name);
+    }
+    tokio::time::sleep(ctx.warmup().max(Duration::from_secs(5))).await;
+    let loaded = measure(ctx, pool, &gateways, Some(RATE), &sources).await?;
+    ctx.row(loaded_row(format!("{n} replicas, {endpoints} endpoints (a source each)"), &loaded));
+    for gw in gateways {
+        gw.stop(Duration::from_secs(30)).await;
+    }
+    Ok(())
+}
+
 /// One measured window: idle (`rate` none) or with `rate` webhooks/s spread over the
 /// gateways.
-async fn measure(ctx: &Ctx, pool: &sqlx::PgPool, gateways: &[Gateway], rate: Option<f64>) -> anyhow::Result<Window> {
+async fn measure(
+    ctx: &Ctx,
+    pool: &sqlx::PgPool,
+    gateways: &[Gateway],
+    rate: Option<f64>,
+    sources: &[String],
+) -> anyhow::Result<Window> {
     let postmaster = ctx.server.postmaster();
     let gw_cpu = || gateways.iter().filter_map(|g| pid_cpu(g.pid, false)).sum::<f64>();
+    let statements = rate.is_some() && ctx.server.stat_statements && pg::reset_statements(pool).await;
     let pg_before = postmaster.and_then(cluster_cpu);
     let (gw_before, tx_before, started) = (gw_cpu(), pg::transactions(pool).await?, Instant::now());
     let accepted = match rate {
@@ -197,7 +247,11 @@ async fn measure(ctx: &Ctx, pool: &sqlx::PgPool, gateways: &[Gateway], rate: Opt
                 let per_gw = (share * ctx.measure().as_secs_f64()).ceil() as u64 + 1;
                 let base = ctx.reserve(per_gw);
                 let (h, run) = (gw.addr.to_string(), ctx.run_id.clone());
-                let make = Arc::new(move |seq: u64| crate::payload::http_request(&h, &run, seq));
+                let sources: Vec<String> = sources.to_vec();
+                let make = Arc::new(move |seq: u64| match sources.len() {
+                    0 => crate::payload::http_request(&h, &run, seq),
+                    n => crate::payload::http_request_to(&h, &sources[seq as usize % n], &run, seq),
+                });
                 let plan = OpenLoop {
                     addr: gw.addr,
                     conns: 8,
@@ -217,10 +271,47 @@ async fn measure(ctx: &Ctx, pool: &sqlx::PgPool, gateways: &[Gateway], rate: Opt
     };
     let secs = started.elapsed().as_secs_f64();
     let pg_after = postmaster.and_then(cluster_cpu);
+    let tx_per_sec = (pg::transactions(pool).await? - tx_before) / secs;
+    let statements = if statements { by_kind(&pg::top_statements(pool, 40).await, secs) } else { String::new() };
     Ok(Window {
         pg_cores: pg_before.zip(pg_after).map(|(b, a)| (a - b) / secs),
         gw_cores: (gw_cpu() - gw_before) / secs,
-        tx_per_sec: (pg::transactions(pool).await? - tx_before) / secs,
+        tx_per_sec,
         accepted,
+        statements,
     })
+}
+
+/// The gateway's statements of a window by kind ([`pg::statement_kind`]): calls a second,
+/// mean execution (waits for locks included) and planning per call. A general claim is two
+/// statements: the endpoint rows locked (its lock), then the claim.
+fn by_kind(statements: &[pg::StatementStats], secs: f64) -> String {
+    let mut kinds: Vec<(&str, i64, f64, f64)> = Vec::new();
+    for s in statements {
+        let kind = pg::statement_kind(&s.query);
+        if kind.is_empty() {
+            continue;
+        }
+        match kinds.iter_mut().find(|k| k.0 == kind) {
+            Some(k) => {
+                k.1 += s.calls;
+                k.2 += s.total_ms;
+                k.3 += s.plan_ms;
+            }
+            None => kinds.push((kind, s.calls, s.total_ms, s.plan_ms)),
+        }
+    }
+    kinds
+        .iter()
+        .map(|(kind, calls, exec, plan)| {
+            let per = |ms: f64| ms / (*calls).max(1) as f64;
+            format!(
+                "{kind} {:.0}/s, {:.2} ms executing + {:.2} ms planning a call",
+                *calls as f64 / secs.max(1e-9),
+                per(*exec),
+                per(*plan)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }

@@ -230,10 +230,14 @@ impl Gateway {
 
     /// Create an endpoint for `url` subscribed to the bench source; returns its id.
     pub async fn subscribe(&self, url: &str) -> anyhow::Result<String> {
+        self.subscribe_to(crate::payload::SOURCE, url).await
+    }
+
+    /// [`Gateway::subscribe`] an endpoint at `url` to the source named `source`.
+    pub async fn subscribe_to(&self, source: &str, url: &str) -> anyhow::Result<String> {
         let ep = self.admin_post("/v1/endpoints", serde_json::json!({"url": url})).await?;
         let id = ep["id"].as_str().context("endpoint without id")?.to_owned();
-        self.admin_post("/v1/subscriptions", serde_json::json!({"endpoint_id": id, "source": crate::payload::SOURCE}))
-            .await?;
+        self.admin_post("/v1/subscriptions", serde_json::json!({"endpoint_id": id, "source": source})).await?;
         Ok(id)
     }
 }

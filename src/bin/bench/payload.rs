@@ -17,8 +17,13 @@ pub const SEQ_PLACEHOLDER: &str = "__SEQ__";
 
 /// The `POST /v1/sources` body for the bench source.
 pub fn source_spec() -> serde_json::Value {
+    source_spec_named(SOURCE)
+}
+
+/// [`source_spec`] under another name (its secret and settings the same).
+pub fn source_spec_named(name: &str) -> serde_json::Value {
     serde_json::json!({
-        "name": SOURCE,
+        "name": name,
         "kind": "hmac",
         "secrets": [SECRET],
         "hmac": {"header": "X-Signature", "algorithm": "sha256", "encoding": "hex", "prefix": "sha256="},
@@ -115,9 +120,14 @@ pub fn request_id(run: &str, seq: u64) -> String {
 
 /// A complete HTTP/1.1 request for webhook `seq`, ready to write to a keep-alive connection.
 pub fn http_request(host: &str, run: &str, seq: u64) -> Vec<u8> {
+    http_request_to(host, SOURCE, run, seq)
+}
+
+/// [`http_request`] to the source named `source` (one made with [`source_spec_named`]).
+pub fn http_request_to(host: &str, source: &str, run: &str, seq: u64) -> Vec<u8> {
     let body = body(seq);
     let head = format!(
-        "POST /ingest/{SOURCE} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: wg-bench\r\nContent-Type: application/json\r\n\
+        "POST /ingest/{source} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: wg-bench\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nX-Request-Id: {}\r\nX-Signature: {}\r\n\r\n",
         body.len(),
         request_id(run, seq),

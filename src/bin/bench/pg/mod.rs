@@ -250,8 +250,10 @@ pub fn statement_kind(sql: &str) -> &'static str {
         "claim by key"
     } else if sql.contains("INSERT INTO attempts") {
         "outcome write"
-    } else if sql.contains("room_n AS") || sql.trim_start().starts_with("WITH head AS") {
+    } else if sql.contains("room_n AS") {
         "general claim"
+    } else if sql.trim_start().starts_with("WITH head AS") {
+        "general claim's lock"
     } else if sql.contains("gin_clean_pending_list") {
         "search index merge"
     } else {
@@ -395,7 +397,7 @@ mod tests {
             (events::insert_batch_sql(), "ingest, batch, plain"),
             (queue::CLAIM_FRESH_SQL, "claim by key"),
             (queue::RECORD_SQL, "outcome write"),
-            (queue::CLAIM_LOCK_SQL, "general claim"),
+            (queue::CLAIM_LOCK_SQL, "general claim's lock"),
             (queue::claim_sql(), "general claim"),
             ("SELECT gin_clean_pending_list($1::regclass)", "search index merge"),
         ];

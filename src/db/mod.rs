@@ -18,6 +18,7 @@
 //! | `statement_timeout` ([`STATEMENT_TIMEOUT`], server side) | 30 s | work the server does for a statement nobody may be waiting for any more (the janitor sets its own; migrations run without one) |
 //! | `idle_in_transaction_session_timeout` ([`IDLE_IN_TRANSACTION_TIMEOUT`], server side) | 60 s | a transaction whose client went silent holds its row locks no longer than this (no transaction of the gateway waits on anything but its own statements) |
 //! | server TCP keepalives ([`SERVER_KEEPALIVE`]) | ≈ 25 s | the server notices a gateway it cannot reach and ends its sessions, releasing their locks |
+//! | `jit` off ([`NO_JIT`], server side) | none | a statement's own time: PostgreSQL compiles a statement whose estimated cost passes `jit_above_cost`, at every execution (50-80 ms). A cached generic plan is estimated from a whole table (its `LIMIT`s are parameters): the general claim's at 1,000,000 pending compiled 125 functions for each claim of 256 rows, 59 ms a claim against 6 ms (bench/PROFILE.md, "A claim compiled at every call") |
 //!
 //! The server-side settings travel as startup `options`; a setting already given in the
 //! URL's `options` parameter wins (`?options=-c%20statement_timeout%3D120s`). A pooler in
@@ -90,9 +91,17 @@ pub const SERVER_KEEPALIVE: (u32, u32, u32) = (10, 5, 3);
 /// of [`begin_sql`] is one literal built at compile time).
 macro_rules! pooled_bounds {
     () => {
-        "SET LOCAL statement_timeout = '30000ms'; SET LOCAL idle_in_transaction_session_timeout = '60000ms'"
+        "SET LOCAL statement_timeout = '30000ms'; SET LOCAL idle_in_transaction_session_timeout = '60000ms'; \
+         SET LOCAL jit = off"
     };
 }
+
+/// Whether the gateway's sessions let PostgreSQL compile statements (JIT): never. Every
+/// statement of the gateway is small and bounded, and compiling one takes tens of
+/// milliseconds at every execution; only an estimate inflated by a generic plan (a
+/// `LIMIT` or an array it cannot see) makes PostgreSQL choose it. Set as a startup option
+/// on a direct connection, by every transaction's `BEGIN` behind a pooler.
+pub const NO_JIT: &str = "off";
 
 /// The `BEGIN` of every transaction behind a transaction pooler: the server-side bounds
 /// of [`STATEMENT_TIMEOUT`] and [`IDLE_IN_TRANSACTION_TIMEOUT`] for the transaction (a
@@ -323,9 +332,10 @@ fn with_server_bounds(options: PgConnectOptions) -> PgConnectOptions {
         ("tcp_keepalives_idle", idle.to_string()),
         ("tcp_keepalives_interval", interval.to_string()),
         ("tcp_keepalives_count", count.to_string()),
+        ("jit", NO_JIT.to_owned()),
     ];
     let given = options.get_options().unwrap_or_default().to_owned();
-    let missing: Vec<_> = wanted.into_iter().filter(|(name, _)| !given.contains(name)).collect();
+    let missing: Vec<_> = wanted.into_iter().filter(|(name, _)| !given.contains(&format!("{name}="))).collect();
     if missing.is_empty() { options } else { options.options(missing) }
 }
 
@@ -504,6 +514,7 @@ mod tests {
             "idle_in_transaction_session_timeout = '{}ms'",
             IDLE_IN_TRANSACTION_TIMEOUT.as_millis()
         )));
+        assert!(POOLED_BEGIN.contains(&format!("SET LOCAL jit = {NO_JIT}")));
     }
 
     #[test]
@@ -526,6 +537,7 @@ mod tests {
         assert!(added.contains("-c statement_timeout=30000ms"), "{added}");
         assert!(added.contains("-c idle_in_transaction_session_timeout=60000ms"), "{added}");
         assert!(added.contains("-c tcp_keepalives_idle=10"), "{added}");
+        assert!(added.contains("-c jit=off"), "{added}");
 
         let options: PgConnectOptions =
             "postgres://u@h/db?options=-c%20statement_timeout%3D120s".parse().expect("url with options");
@@ -534,5 +546,12 @@ mod tests {
         assert!(kept.contains("statement_timeout=120s"), "{kept}");
         assert!(!kept.contains("statement_timeout=30000ms"), "{kept}");
         assert!(kept.contains("-c idle_in_transaction_session_timeout=60000ms"), "{kept}");
+
+        // A setting whose name holds another's is not taken for it.
+        let options: PgConnectOptions =
+            "postgres://u@h/db?options=-c%20jit_above_cost%3D500000".parse().expect("url with options");
+        let kept = with_server_bounds(options);
+        let kept = kept.get_options().expect("options");
+        assert!(kept.contains("jit_above_cost=500000") && kept.contains("-c jit=off"), "{kept}");
     }
 }

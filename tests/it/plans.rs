@@ -1007,3 +1007,52 @@ async fn a_lone_webhook_s_leasing_statement_builds_no_hash_table() {
         }
     }
 }
+
+/// Whether `EXPLAIN (ANALYZE, FORMAT JSON)` of a count of `deliveries`, run on `db`, says
+/// the statement was compiled (its `JIT` section).
+async fn compiled<'c, E: sqlx::PgExecutor<'c>>(db: E) -> bool {
+    let explain: Value =
+        webhook_gateway::db::query_scalar("EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM deliveries")
+            .fetch_one(db)
+            .await
+            .unwrap();
+    explain[0].get("JIT").is_some()
+}
+
+/// PostgreSQL compiles a statement (JIT) whose estimated cost passes `jit_above_cost`, at
+/// every execution: 50-80 ms. A cached generic plan is estimated from the whole table (its
+/// `LIMIT`s are parameters), and the general claim's at 1,000,000 pending was compiled for
+/// every claim of 256 rows (59 ms a claim against 6 ms, bench row 6). The gateway's
+/// sessions never compile, whatever the estimate, straight to PostgreSQL (a startup
+/// option) and behind a transaction pooler (each transaction's `BEGIN`): here the database
+/// asks for every statement to be compiled (`jit_above_cost = 0`), and a plain session
+/// does it where the server can.
+#[tokio::test]
+async fn the_gateway_s_sessions_never_compile_a_statement_whatever_its_estimate() {
+    use sqlx::Connection as _;
+    use webhook_gateway::db::DbConfig;
+    let db = TestDb::new().await;
+    sqlx::query(&format!("ALTER DATABASE {} SET jit_above_cost = 0", db.name())).execute(&db.pool).await.unwrap();
+    let endpoint = insert_endpoint(&db.pool, "http://127.0.0.1:9/").await;
+    seed_deliveries(&db.pool, &endpoint, 100).await;
+
+    let mut plain = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let available: bool = sqlx::query_scalar("SELECT pg_jit_available()").fetch_one(&mut plain).await.unwrap();
+    let plain_compiles = compiled(&mut plain).await;
+    plain.close().await.unwrap();
+    eprintln!("JIT available on this server: {available}; a plain session compiled the count: {plain_compiles}");
+    assert_eq!(plain_compiles, available, "the control: a plain session compiles where the server can");
+
+    for pooler in [Pooler::None, Pooler::Transaction] {
+        let config = DbConfig { url: db.url.clone(), pool_size: 2, pooler, session_url: None };
+        let pool = webhook_gateway::db::open(&config).await.unwrap();
+        let setting: String =
+            webhook_gateway::db::query_scalar("SELECT current_setting('jit')").fetch_one(&pool).await.unwrap();
+        assert_eq!(setting, "off", "{pooler:?}");
+        assert!(!compiled(&pool).await, "{pooler:?}: the gateway's session compiled a statement");
+        let mut tx = pool.begin_planned(Planning::Cached).await.unwrap();
+        assert!(!compiled(&mut *tx).await, "{pooler:?}: a planned transaction compiled a statement");
+        tx.rollback().await.unwrap();
+        pool.close().await;
+    }
+}

@@ -104,8 +104,9 @@ macro_rules! pooled_bounds {
 pub const NO_JIT: &str = "off";
 
 /// The `BEGIN` of every transaction behind a transaction pooler: the server-side bounds
-/// of [`STATEMENT_TIMEOUT`] and [`IDLE_IN_TRANSACTION_TIMEOUT`] for the transaction (a
-/// direct connection gets them once, as startup options), in the same round trip.
+/// of [`STATEMENT_TIMEOUT`] and [`IDLE_IN_TRANSACTION_TIMEOUT`], and [`NO_JIT`], for the
+/// transaction (a direct connection gets them once, as startup options), in the same round
+/// trip.
 const POOLED_BEGIN: &str = concat!("BEGIN; ", pooled_bounds!());
 
 /// [`Planning::EachCall`]'s settings.

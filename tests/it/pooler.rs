@@ -14,7 +14,7 @@ use serde_json::json;
 use crate::support::pgbouncer::PgBouncer;
 use crate::support::producer::{Seen, produce};
 use crate::support::sink::Sink;
-use crate::support::{ADMIN_TOKEN, GatewayProcess, TestDb, eventually};
+use crate::support::{ADMIN_TOKEN, GatewayProcess, TestDb, eventually, wait_ready};
 
 /// Lines of a process log that say a statement met another client's session state.
 fn session_state_errors(log: &str) -> Vec<&str> {
@@ -93,12 +93,7 @@ async fn a_fleet_behind_pgbouncer_in_transaction_mode_stores_once_and_delivers_e
         GatewayProcess::start(&pooled, &[&pooler[..], &["--role", "worker", "--poll-interval-ms", "200"]].concat());
     // Up before the pooler is restarted below: a start-up that meets the restart exits (the
     // supervisor's to restart), which is not what this test is about.
-    let url = format!("http://{}/readyz", polling.addr);
-    eventually(Duration::from_secs(30), "the polling worker ready behind the pooler", || async {
-        let ready = http.get(&url).send().await.ok()?;
-        (ready.status() == 200).then_some(())
-    })
-    .await;
+    wait_ready(polling.addr).await;
 
     // Load, and the pooler killed and restarted in the middle of it.
     let ids: Vec<String> = (0..400).map(|i| format!("load-{i}")).collect();
@@ -479,18 +474,8 @@ async fn the_largest_statements_keep_their_plans_in_functions_behind_pgbouncer()
         .expect("count function calls");
     let bouncer = PgBouncer::start(&db.url, 3);
     let pooled = bouncer.url(&db.name(), &db.url);
-    let ready = |gateway: &GatewayProcess| {
-        let url = format!("http://{}/readyz", gateway.addr);
-        async move {
-            eventually(Duration::from_secs(30), "the gateway ready behind the pooler", || async {
-                let ready = reqwest::get(&url).await.ok()?;
-                (ready.status() == 200).then_some(())
-            })
-            .await
-        }
-    };
     let first = GatewayProcess::start(&pooled, &["--db-pooler", "transaction"]);
-    ready(&first).await;
+    wait_ready(first.addr).await;
     let kept = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_proc WHERE proname LIKE 'wg\\_plan\\_%'")
             .fetch_one(&db.pool)
@@ -500,7 +485,7 @@ async fn the_largest_statements_keep_their_plans_in_functions_behind_pgbouncer()
     let functions = kept().await;
     assert_eq!(functions, 12, "one function for each kept statement");
     let second = GatewayProcess::start(&pooled, &["--db-pooler", "transaction", "--role", "worker"]);
-    ready(&second).await;
+    wait_ready(second.addr).await;
     assert_eq!(kept().await, functions, "the second process found them all");
     let log = std::fs::read_to_string(&second.log).unwrap_or_default();
     assert!(log.contains("wrapped=12") && log.contains("created=0"), "{log}");

@@ -105,7 +105,7 @@ pub struct Args {
     #[arg(long, default_value_t = 50_000)]
     pub ordered_deliveries: u64,
     /// Offered loads (webhooks/s) for the end-to-end scenario.
-    #[arg(long, value_delimiter = ',', default_values_t = vec![500, 1000, 2000])]
+    #[arg(long, value_delimiter = ',', default_values_t = vec![300, 500, 1000, 2000])]
     pub rates: Vec<u64>,
     /// Offered loads (webhooks/s) the sustained scenario steps through, until one does not hold.
     #[arg(long, value_delimiter = ',', default_values_t = vec![2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000])]

@@ -311,12 +311,16 @@ async fn serve(
             stop.clone(),
         )));
     }
+    // Every role that delivers listens: a `--role all` replica beside `--role ingest` ones
+    // would otherwise find their webhooks only at its poll (its own ingest hands over
+    // directly, and sends nothing).
     let wake_task = match settings.role {
         Role::Ingest => {
             Some(tokio::spawn(crate::wake::notify_others(state.pool.clone(), state.wake.clone(), stop.clone())))
         }
-        Role::Worker => Some(tokio::spawn(crate::wake::listen(state.pool.clone(), state.wake.clone(), stop.clone()))),
-        Role::All => None,
+        Role::Worker | Role::All => {
+            Some(tokio::spawn(crate::wake::listen(state.pool.clone(), state.wake.clone(), settings.role, stop.clone())))
+        }
     };
     background.extend(wake_task);
     let console = (settings.console && settings.role != Role::Worker).then(crate::console::router);

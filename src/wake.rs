@@ -92,20 +92,27 @@ pub async fn notify_others(pool: Pool, wake: Arc<Notify>, mut stop: watch::Recei
     }
 }
 
-/// Worker side: wake the local dispatcher on every notification until `stop`. The
-/// listener reconnects by itself after a connection loss.
+/// Delivering side (roles `worker` and `all`): wake the local dispatcher on every
+/// notification until `stop`. The listener reconnects by itself after a connection loss.
+/// Role `all` listens too, for `--role ingest` replicas beside it: its own ingest hands
+/// its deliveries over directly and notifies nobody, so in a fleet of `all` replicas
+/// alone nothing arrives and the listener costs one idle session.
 ///
 /// `LISTEN` needs a session of its own: behind a transaction pooler the registration
 /// would stay on a server connection the listener no longer holds, and no notification
 /// would ever arrive (with no error). There it listens through the direct session URL
 /// (`--db-session-url`), and without one it does not listen: the workers poll (every
-/// `--poll-interval-ms`), which the log says once.
-pub async fn listen(pool: Pool, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
+/// `--poll-interval-ms`), which the log says once (a warning for a worker, which
+/// delivers nothing else; a note for role `all`, whose own webhooks need no wake-up).
+pub async fn listen(pool: Pool, wake: Arc<Notify>, role: crate::role::Role, mut stop: watch::Receiver<bool>) {
     let Some(session) = pool.session_pool() else {
-        tracing::warn!(
-            "behind a transaction pooler without --db-session-url: no LISTEN for wake-ups from ingest processes; \
-             workers find new deliveries by polling"
-        );
+        const NO_LISTEN: &str = "behind a transaction pooler without --db-session-url: no LISTEN for wake-ups from \
+                                 ingest processes; workers find new deliveries by polling";
+        if role == crate::role::Role::Worker {
+            tracing::warn!("{NO_LISTEN}");
+        } else {
+            tracing::info!("{NO_LISTEN}");
+        }
         return;
     };
     let mut listener = match PgListener::connect_with(&session).await {

@@ -228,29 +228,48 @@ async fn concurrent_claims_are_disjoint() {
 /// notification can deliver within the 30 s this test waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_roles_wake_workers_by_notification() {
+    let latencies = delivered_by_notification("worker", 5).await;
+    println!("split roles, ingest-to-first-attempt via NOTIFY: {latencies:?}");
+}
+
+/// A fleet that mixes roles: `--role ingest` replicas in front, a `--role all` replica
+/// that delivers. The `all` replica's own ingest hands its deliveries over in-process,
+/// but the webhooks the ingest replica stores reach it only by the ingest replica's
+/// NOTIFY, which it must LISTEN for as a worker does (before role `all` listened, each
+/// of these webhooks waited for its 60 s poll and the test failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_all_role_replica_is_woken_by_an_ingest_replica_s_notification() {
+    delivered_by_notification("all", 3).await;
+}
+
+/// `count` webhooks posted one at a time to an ingest-only gateway, each delivered by a
+/// process of `role` whose poll interval is 60 s: only the ingest process's NOTIFY can
+/// have it delivered within the 30 s each is waited for. What each took, from its post
+/// to the sink's receipt.
+async fn delivered_by_notification(role: &str, count: usize) -> Vec<Duration> {
     let app = TestApp::ingest_only().await;
     let sink = Sink::ok().await;
     app.source_none("shop").await;
     app.endpoint_for(&sink.url("/"), Some("shop")).await;
-    let _worker = GatewayProcess::start(&app.db.url, &["--role", "worker", "--poll-interval-ms", "60000"]);
-    // Let the worker finish its start-up claim and go idle.
+    let _delivering = GatewayProcess::start(&app.db.url, &["--role", role, "--poll-interval-ms", "60000"]);
+    // Let it finish its start-up claim and go idle.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut latencies = Vec::new();
-    for i in 0..5 {
+    for i in 0..count {
         let start = std::time::Instant::now();
         let (status, _) = app.ingest("shop", &format!("n-{i}"), "order.created", "{}").await;
         assert_eq!(status, 200);
-        let at = eventually(Duration::from_secs(30), "woken worker delivers", || async {
+        let at = eventually(Duration::from_secs(30), "the delivering process, woken, delivers", || async {
             (sink.count() > i).then(|| sink.received()[i].at)
         })
         .await;
         latencies.push(at.duration_since(start));
     }
-    println!("split roles, ingest-to-first-attempt via NOTIFY: {latencies:?}");
     eventually(Duration::from_secs(10), "all recorded", || async {
-        (count_status(&app.db.pool, "delivered").await == 5).then_some(())
+        (count_status(&app.db.pool, "delivered").await == count as i64).then_some(())
     })
     .await;
+    latencies
 }
 
 /// Claims of fresh deliveries by key (ingest's hand-off, `queue::claim_fresh`) racing

@@ -27,6 +27,9 @@ const WORKERS: [usize; 3] = [1, 2, 4];
 /// The spread variant: this many replicas, their webhooks spread over this many sources,
 /// each with an endpoint of its own (no endpoint shared by every replica's ingest).
 const SPREAD: (usize, usize) = (4, 16);
+/// The placed variant: these fleets again, PostgreSQL on cores of its own and the replicas
+/// (and the load generator) on the others, as production places them ([`crate::pinning`]).
+const PLACED: [usize; 2] = [1, 4];
 /// Events of each worker drain (4 endpoints each: four times as many deliveries).
 const DRAIN_EVENTS: u64 = 12_500;
 
@@ -154,12 +157,16 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
         }
     }
     spread(ctx, url, &pool).await?;
+    placed(ctx, url, &pool).await?;
     ctx.note(format!(
         "Row 13: {} replicas of `--role all` with the defaults on one database; idle is a {} s window with nothing \
          offered, loaded is 1,000 webhooks/s spread evenly over the replicas (delivered to the sink). Idle \
          PostgreSQL CPU by replicas: {}. What an idle replica still costs is its claim poll (every 250 ms, \
          slowing to 1 s, one look at the due index each) and, for the leaders, their lease renewals and the \
-         housekeeping round (every 1 s while idle, one statement when no endpoint is blocked).",
+         housekeeping round (every 1 s while idle, one statement when no endpoint is blocked). The placed rows \
+         run the loaded window again with PostgreSQL held to half the cores and the replicas and the load \
+         generator to the other half (CPU affinity), as production places them: on the bench every process \
+         shares every core.",
         REPLICAS.map(|n| n.to_string()).join(", "),
         ctx.args.measure_secs,
         idle_pg
@@ -217,6 +224,54 @@ async fn spread(ctx: &Ctx, url: &str, pool: &sqlx::PgPool) -> anyhow::Result<()>
     ctx.row(loaded_row(format!("{n} replicas, {endpoints} endpoints (a source each)"), &loaded));
     for gw in gateways {
         gw.stop(Duration::from_secs(30)).await;
+    }
+    Ok(())
+}
+
+/// [`PLACED`]: the loaded window again with PostgreSQL held to cores of its own and
+/// everything else to the rest, for what a fleet costs PostgreSQL when its replicas do not
+/// run on the database's cores. Skipped on one core, or with a server the bench did not
+/// start (its processes unknown).
+async fn placed(ctx: &Ctx, url: &str, pool: &sqlx::PgPool) -> anyhow::Result<()> {
+    let (Some(postmaster), Some((pg_cores, rest)), Some(all)) =
+        (ctx.server.postmaster(), crate::pinning::split(), crate::pinning::current())
+    else {
+        ctx.note("Row 13's placed variant skipped: it needs two cores and the bench's own PostgreSQL cluster.");
+        return Ok(());
+    };
+    crate::pinning::hold_cluster(postmaster, &pg_cores);
+    crate::pinning::hold_self(&rest);
+    let result = placed_fleets(ctx, url, pool, &pg_cores, &rest).await;
+    // Let everything go again, whatever happened: the scenarios after this one share the cores.
+    crate::pinning::hold_cluster(postmaster, &all);
+    crate::pinning::hold_self(&all);
+    result
+}
+
+async fn placed_fleets(
+    ctx: &Ctx,
+    url: &str,
+    pool: &sqlx::PgPool,
+    pg_cores: &[usize],
+    rest: &[usize],
+) -> anyhow::Result<()> {
+    let cores = |set: &[usize]| set.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
+    for n in PLACED {
+        let mut gateways = Vec::new();
+        for i in 0..n {
+            let log = ctx.work_dir.join(format!("gateway-fleet-placed-{n}-{i}.log"));
+            let gw = Gateway::start(&ctx.gateway_bin, url, Role::All, &ctx.gateway_args(), &log).await?;
+            crate::pinning::hold_process(gw.pid, rest);
+            gateways.push(gw);
+        }
+        tokio::time::sleep(ctx.warmup().max(Duration::from_secs(5))).await;
+        let loaded = measure(ctx, pool, &gateways, Some(RATE), &[]).await?;
+        let setting =
+            format!("{n} replicas, placed: PostgreSQL on core {}, the rest on {}", cores(pg_cores), cores(rest));
+        ctx.row(loaded_row(setting, &loaded));
+        for gw in gateways {
+            gw.stop(Duration::from_secs(30)).await;
+        }
     }
     Ok(())
 }

@@ -23,6 +23,7 @@ mod memory;
 mod neighbours;
 mod payload;
 mod pg;
+mod pinning;
 mod pooler;
 mod report;
 mod search;

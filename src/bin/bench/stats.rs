@@ -127,7 +127,7 @@ pub fn cluster_cpu(postmaster: u32) -> Option<f64> {
 }
 
 /// The `/proc/PID/stat` fields of every live child of `parent`.
-fn live_children(parent: u32) -> Vec<(u32, Vec<u64>)> {
+pub fn live_children(parent: u32) -> Vec<(u32, Vec<u64>)> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     entries
         .flatten()

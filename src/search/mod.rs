@@ -87,7 +87,7 @@ impl Indexing {
     pub fn terms(self, dedupe_key: &str, headers: &Value, payload: &[u8]) -> Vec<i64> {
         match self {
             Indexing::Content => terms(dedupe_key, headers, payload),
-            Indexing::KeyOnly => vec![key_hash(dedupe_key)],
+            Indexing::KeyOnly => vec![key_hash(&mut Vec::new(), dedupe_key)],
         }
     }
 
@@ -99,44 +99,50 @@ impl Indexing {
 
 /// The hashed terms of an event, sorted and without repeats: what `events.search` holds.
 pub fn terms(dedupe_key: &str, headers: &Value, payload: &[u8]) -> Vec<i64> {
-    let mut out = vec![key_hash(dedupe_key)];
-    if let Value::Object(headers) = headers {
-        for (name, value) in headers {
-            match value {
-                Value::String(v) if v != crate::ingest::REDACTED => out.push(header_hash(name, v)),
-                _ => {}
-            }
-        }
-    }
+    // The payload's terms first: their vector, sized for them, takes the others too (the
+    // order does not matter before the sort), where growing a vector of the key's and
+    // the headers' terms reallocated it several times a webhook.
     // Only a body that is JSON has paths. The cheap first-byte test spares the parse of
     // bodies that are plainly not (form posts, XML, binary).
     let first = payload.iter().find(|b| !b.is_ascii_whitespace());
-    if payload.len() <= MAX_INDEXED_PAYLOAD_BYTES
-        && matches!(first, Some(b'{' | b'['))
-        && let Some(hashed) = payload::document_terms(payload, &[Kind::Payload as u8], MAX_PAYLOAD_TERMS)
-    {
-        out.extend(hashed);
+    let mut out = if payload.len() <= MAX_INDEXED_PAYLOAD_BYTES && matches!(first, Some(b'{' | b'[')) {
+        payload::document_terms(payload, &[Kind::Payload as u8], MAX_PAYLOAD_TERMS).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    // One buffer for the key's and every header's bytes, hashed in one call each.
+    let mut buf = Vec::with_capacity(128);
+    out.push(key_hash(&mut buf, dedupe_key));
+    if let Value::Object(headers) = headers {
+        for (name, value) in headers {
+            match value {
+                Value::String(v) if v != crate::ingest::REDACTED => out.push(header_hash(&mut buf, name, v)),
+                _ => {}
+            }
+        }
     }
     out.sort_unstable();
     out.dedup();
     out
 }
 
-/// The dedupe key's term (the payload's path has a buffer of its own, `payload`).
-fn key_hash(dedupe_key: &str) -> i64 {
-    let mut buf = Vec::with_capacity(1 + dedupe_key.len());
+/// The dedupe key's term, its bytes written into `buf` (the payload's path has a buffer
+/// of its own, `payload`).
+fn key_hash(buf: &mut Vec<u8>, dedupe_key: &str) -> i64 {
+    buf.clear();
     buf.push(Kind::Key as u8);
     buf.extend_from_slice(dedupe_key.as_bytes());
-    hash(&buf)
+    hash(buf)
 }
 
-fn header_hash(name: &str, value: &str) -> i64 {
-    let mut buf = Vec::with_capacity(2 + name.len() + value.len());
+/// A header's term, its bytes written into `buf`.
+fn header_hash(buf: &mut Vec<u8>, name: &str, value: &str) -> i64 {
+    buf.clear();
     buf.push(Kind::Header as u8);
     buf.extend_from_slice(name.as_bytes());
     buf.push(SEPARATOR);
     buf.extend_from_slice(value.as_bytes());
-    hash(&buf)
+    hash(buf)
 }
 
 /// One thing to look for in an event.
@@ -197,8 +203,8 @@ impl Condition {
     /// that is a number is also looked for as JSON writes it (`1.50` as `1.5`).
     pub fn alternatives(&self) -> Vec<i64> {
         match self {
-            Condition::Key(key) => vec![key_hash(key)],
-            Condition::Header { name, value } => vec![header_hash(name, value)],
+            Condition::Key(key) => vec![key_hash(&mut Vec::new(), key)],
+            Condition::Header { name, value } => vec![header_hash(&mut Vec::new(), name, value)],
             Condition::Payload { path, value } => {
                 let mut buf = vec![Kind::Payload as u8];
                 for token in path {

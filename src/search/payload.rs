@@ -36,15 +36,22 @@ struct Terms {
 /// than copied after the path and hashed in one call, which is cheaper for short ones.
 pub(super) const COPIED_SCALAR_BYTES: usize = 256;
 
+/// The path buffer's first size: the paths of most webhooks' documents fit.
+const PATH_CAPACITY: usize = 128;
+
 /// The hashes of the first `budget` scalars of the JSON document `payload`, each under
 /// its path after `prefix`; `None` when `payload` is not one JSON document.
 pub(super) fn document_terms(payload: &[u8], prefix: &[u8], budget: usize) -> Option<Vec<i64>> {
+    // Sized for a usual document at once: grown from empty, the path and the term buffer
+    // were reallocated four or five times a webhook.
+    let mut path = Vec::with_capacity(PATH_CAPACITY);
+    path.extend_from_slice(prefix);
     let mut terms = Terms {
-        path: prefix.to_vec(),
+        path,
         budget,
         out: Vec::with_capacity(budget.min(128)),
         number: String::new(),
-        term: Vec::new(),
+        term: Vec::with_capacity(PATH_CAPACITY + COPIED_SCALAR_BYTES),
     };
     // JSON text is UTF-8: checked once for the whole body, rather than string by string
     // as a parser of bytes does.

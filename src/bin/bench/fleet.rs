@@ -125,11 +125,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
     let pool = pg::pool(url, 2).await?;
     let mut idle_pg = Vec::new();
     for n in REPLICAS {
-        let mut gateways = Vec::new();
-        for i in 0..n {
-            let log = ctx.work_dir.join(format!("gateway-fleet-{n}-{i}.log"));
-            gateways.push(Gateway::start(&ctx.gateway_bin, url, Role::All, &ctx.gateway_args(), &log).await?);
-        }
+        let gateways = start_replicas(ctx, url, n, &format!("fleet-{n}")).await?;
         if n == REPLICAS[0] {
             gateways[0].admin_post("/v1/sources", crate::payload::source_spec()).await?;
             gateways[0].subscribe(&ctx.sink.ok_url(0)).await?;
@@ -152,9 +148,7 @@ async fn run_on(ctx: &Ctx, url: &str) -> anyhow::Result<()> {
             ..Row::default()
         });
         ctx.row(loaded_row(format!("{n} replicas"), &loaded));
-        for gw in gateways {
-            gw.stop(Duration::from_secs(30)).await;
-        }
+        stop_replicas(gateways).await;
     }
     spread(ctx, url, &pool).await?;
     placed(ctx, url, &pool).await?;
@@ -207,11 +201,7 @@ fn loaded_row(setting: String, loaded: &Window) -> Row {
 /// is one endpoint shared by all.
 async fn spread(ctx: &Ctx, url: &str, pool: &sqlx::PgPool) -> anyhow::Result<()> {
     let (n, endpoints) = SPREAD;
-    let mut gateways = Vec::new();
-    for i in 0..n {
-        let log = ctx.work_dir.join(format!("gateway-fleet-spread-{i}.log"));
-        gateways.push(Gateway::start(&ctx.gateway_bin, url, Role::All, &ctx.gateway_args(), &log).await?);
-    }
+    let gateways = start_replicas(ctx, url, n, "fleet-spread").await?;
     let mut sources = Vec::new();
     for e in 0..endpoints {
         let name = format!("{}-{e}", crate::payload::SOURCE);
@@ -222,9 +212,7 @@ async fn spread(ctx: &Ctx, url: &str, pool: &sqlx::PgPool) -> anyhow::Result<()>
     tokio::time::sleep(ctx.warmup().max(Duration::from_secs(5))).await;
     let loaded = measure(ctx, pool, &gateways, Some(RATE), &sources).await?;
     ctx.row(loaded_row(format!("{n} replicas, {endpoints} endpoints (a source each)"), &loaded));
-    for gw in gateways {
-        gw.stop(Duration::from_secs(30)).await;
-    }
+    stop_replicas(gateways).await;
     Ok(())
 }
 
@@ -233,9 +221,8 @@ async fn spread(ctx: &Ctx, url: &str, pool: &sqlx::PgPool) -> anyhow::Result<()>
 /// run on the database's cores. Skipped on one core, or with a server the bench did not
 /// start (its processes unknown).
 async fn placed(ctx: &Ctx, url: &str, pool: &sqlx::PgPool) -> anyhow::Result<()> {
-    let (Some(postmaster), Some((pg_cores, rest)), Some(all)) =
-        (ctx.server.postmaster(), crate::pinning::split(), crate::pinning::current())
-    else {
+    let all = crate::pinning::current().unwrap_or_default();
+    let (Some(postmaster), Some((pg_cores, rest))) = (ctx.server.postmaster(), crate::pinning::split(&all)) else {
         ctx.note("Row 13's placed variant skipped: it needs two cores and the bench's own PostgreSQL cluster.");
         return Ok(());
     };
@@ -257,23 +244,34 @@ async fn placed_fleets(
 ) -> anyhow::Result<()> {
     let cores = |set: &[usize]| set.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
     for n in PLACED {
-        let mut gateways = Vec::new();
-        for i in 0..n {
-            let log = ctx.work_dir.join(format!("gateway-fleet-placed-{n}-{i}.log"));
-            let gw = Gateway::start(&ctx.gateway_bin, url, Role::All, &ctx.gateway_args(), &log).await?;
+        let gateways = start_replicas(ctx, url, n, &format!("fleet-placed-{n}")).await?;
+        for gw in &gateways {
             crate::pinning::hold_process(gw.pid, rest);
-            gateways.push(gw);
         }
         tokio::time::sleep(ctx.warmup().max(Duration::from_secs(5))).await;
         let loaded = measure(ctx, pool, &gateways, Some(RATE), &[]).await?;
         let setting =
             format!("{n} replicas, placed: PostgreSQL on core {}, the rest on {}", cores(pg_cores), cores(rest));
         ctx.row(loaded_row(setting, &loaded));
-        for gw in gateways {
-            gw.stop(Duration::from_secs(30)).await;
-        }
+        stop_replicas(gateways).await;
     }
     Ok(())
+}
+
+/// `n` replicas of `--role all` on `url`, their logs named `gateway-{label}-{i}.log`.
+async fn start_replicas(ctx: &Ctx, url: &str, n: usize, label: &str) -> anyhow::Result<Vec<Gateway>> {
+    let mut gateways = Vec::with_capacity(n);
+    for i in 0..n {
+        let log = ctx.work_dir.join(format!("gateway-{label}-{i}.log"));
+        gateways.push(Gateway::start(&ctx.gateway_bin, url, Role::All, &ctx.gateway_args(), &log).await?);
+    }
+    Ok(gateways)
+}
+
+async fn stop_replicas(gateways: Vec<Gateway>) {
+    for gw in gateways {
+        gw.stop(Duration::from_secs(30)).await;
+    }
 }
 
 /// One measured window: idle (`rate` none) or with `rate` webhooks/s spread over the

@@ -9,15 +9,14 @@
 
 use std::collections::BTreeSet;
 
-/// The cores this process may run on, split in two: PostgreSQL's and everyone else's.
-/// `None` with fewer than two.
-pub fn split() -> Option<(Vec<usize>, Vec<usize>)> {
-    let mine = allowed(0)?;
-    if mine.len() < 2 {
+/// `cores` (those this process may run on, [`current`]) split in two: PostgreSQL's and
+/// everyone else's. `None` with fewer than two.
+pub fn split(cores: &[usize]) -> Option<(Vec<usize>, Vec<usize>)> {
+    if cores.len() < 2 {
         return None;
     }
-    let half = mine.len() / 2;
-    Some((mine[..half].to_vec(), mine[half..].to_vec()))
+    let (pg, rest) = cores.split_at(cores.len() / 2);
+    Some((pg.to_vec(), rest.to_vec()))
 }
 
 /// The cores this process may run on now.
@@ -104,7 +103,7 @@ mod tests {
     #[test]
     fn the_split_gives_each_side_at_least_one_core_and_no_core_to_both() {
         let mine = current().expect("this thread's cores");
-        match split() {
+        match split(&mine) {
             None => assert!(mine.len() < 2),
             Some((pg, rest)) => {
                 assert!(!pg.is_empty() && !rest.is_empty());

@@ -47,7 +47,7 @@ pub use failure::{
     CONFLICT_TRIES, Health, REFUSAL_MEMORY, Refusal, Unavailable, classify, classify_sqlstate, is_conflict,
     is_unavailable, no_answer, retry_conflicts, unavailable,
 };
-pub use pool::{Pool, Pooler, built_as, built_scalar, named_statements, query, query_as, query_scalar};
+pub use pool::{Pool, Pooler, built_as, built_scalar, named_statements, query, query_as, query_scalar, query_sized};
 pub(crate) use text_enum::text_enum;
 pub use tx::Tx;
 pub use warm::UNUSED_FOR as WARM_UNUSED_FOR;

@@ -81,6 +81,18 @@ pub fn query(sql: &str) -> Query<'_, Postgres, PgArguments> {
     sqlx::query(super::kept_plans::wrapped(sql).unwrap_or(sql)).persistent(named_statements())
 }
 
+/// [`query`] with room for `params` bind parameters of `bytes` encoded bytes in all, so
+/// binding a large batch writes into one buffer instead of growing it from empty (a
+/// batch's bodies were copied over again at every doubling: about 7,000 instructions an
+/// ingest request; bench/PROFILE.md, "A batch's parameters bound into one buffer"). An
+/// estimate off either way only changes how often the buffer grows.
+#[allow(clippy::disallowed_methods)]
+pub fn query_sized(sql: &str, params: usize, bytes: usize) -> Query<'_, Postgres, PgArguments> {
+    let mut arguments = PgArguments::default();
+    sqlx::Arguments::reserve(&mut arguments, params, bytes);
+    sqlx::query_with(super::kept_plans::wrapped(sql).unwrap_or(sql), arguments).persistent(named_statements())
+}
+
 /// `sqlx::query_as`, prepared as [`query`] is.
 #[allow(clippy::disallowed_methods)]
 pub fn query_as<'q, O>(sql: &'q str) -> QueryAs<'q, Postgres, O, PgArguments>

@@ -224,23 +224,31 @@ struct BatchColumns<'a> {
     term_ends: Vec<i32>,
 }
 
+/// The parameters of the batch statements (`$1`-`$13`, [`BatchColumns::bound`]).
+const BATCH_PARAMS: usize = 13;
+
 /// The search terms a batch's column is first sized for, per event (the bench's webhook
 /// has 17; a larger document grows the column once or twice).
 const TERMS_PER_EVENT: usize = 32;
+
+/// About the length of `headers` (an event's stored headers, a map of strings) as JSON
+/// text: each member its quoted name and value, a colon and a comma, and an eighth more
+/// for escapes; more escapes than that cost one growth.
+pub(super) fn json_text_size(headers: &serde_json::Value) -> usize {
+    let size = match headers {
+        serde_json::Value::Object(map) => {
+            2 + map.iter().map(|(k, v)| k.len() + v.as_str().map_or(16, str::len) + 6).sum::<usize>()
+        }
+        _ => 64,
+    };
+    size + size / 8
+}
 
 /// `headers` as JSON text, written into a string sized for it at once. (`to_string`
 /// grew the string from empty through `Display`: five or six allocations for a
 /// webhook's headers.)
 fn json_text(headers: &serde_json::Value) -> String {
-    let size = match headers {
-        serde_json::Value::Object(map) => {
-            // Each member: its quoted name and value, a colon and a comma; escapes may
-            // add a little, which one growth covers.
-            2 + map.iter().map(|(k, v)| k.len() + v.as_str().map_or(16, str::len) + 6).sum::<usize>()
-        }
-        _ => 64,
-    };
-    let mut text = Vec::with_capacity(size + size / 8);
+    let mut text = Vec::with_capacity(json_text_size(headers));
     match serde_json::to_writer(&mut text, headers) {
         // serde_json writes UTF-8 only.
         Ok(()) => String::from_utf8(text).unwrap_or_else(|_| headers.to_string()),
@@ -282,9 +290,31 @@ impl<'a> BatchColumns<'a> {
         }
     }
 
+    /// The bytes these columns take bound: PostgreSQL's binary array format, a header
+    /// per array and a length before each element.
+    fn encoded_bytes(&self) -> usize {
+        const ARRAY_HEADER: usize = 24;
+        const ELEMENT_LENGTH: usize = 4;
+        let text = |column: &[&str]| column.iter().map(|s| s.len()).sum::<usize>();
+        let optional = |column: &[Option<&str>]| column.iter().flatten().map(|s| s.len()).sum::<usize>();
+        let events = self.ords.len();
+        BATCH_PARAMS * ARRAY_HEADER
+            + (BATCH_PARAMS - 1) * events * ELEMENT_LENGTH
+            + events * (16 + 3 * 4)
+            + text(&self.keys)
+            + text(&self.types)
+            + optional(&self.content_types)
+            + self.headers.iter().map(String::len).sum::<usize>()
+            + self.payloads.iter().map(|p| p.len()).sum::<usize>()
+            + optional(&self.ordering_keys)
+            + optional(&self.traceparents)
+            + optional(&self.tracestates)
+            + self.terms.len() * (ELEMENT_LENGTH + 8)
+    }
+
     /// `sql` (a batch statement) with these columns bound as `$1`-`$13`.
     fn bound<'q>(&'q self, sql: &'q str) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
-        crate::db::query(sql)
+        crate::db::query_sized(sql, BATCH_PARAMS, self.encoded_bytes())
             .bind(&self.source_ids)
             .bind(&self.keys)
             .bind(&self.types)
@@ -508,6 +538,69 @@ mod tests {
         for headers in cases {
             assert_eq!(json_text(&headers), headers.to_string(), "{headers}");
         }
+    }
+
+    /// The bytes `value` takes bound: its length, then what it encodes to.
+    fn encoded<'q, T: sqlx::Encode<'q, Postgres>>(value: &T) -> usize {
+        let mut buffer = sqlx::postgres::PgArgumentBuffer::default();
+        let _ = value.encode_by_ref(&mut buffer);
+        4 + buffer.len()
+    }
+
+    /// An event with every column filled, escapes in its headers and a trace.
+    fn full_event(source: SourceId, key: &str) -> OwnedEvent {
+        OwnedEvent {
+            content_type: Some("application/json; charset=utf-8".to_owned()),
+            headers: serde_json::json!({"user-agent": "Stripe/1.0", "x-quoted": "a \"b\" \\ c\n é", "x-n": "42"}),
+            payload: bytes::Bytes::from(format!(r#"{{"id": "{key}", "items": [1, 2.5, null, "x"]}}"#)),
+            ordering_key: Some("customer-7".to_owned()),
+            trace: Some(crate::telemetry::EventTrace {
+                traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
+                tracestate: Some("vendor=value".to_owned()),
+            }),
+            ..event(source, key)
+        }
+    }
+
+    /// The room reserved for a statement's parameters holds them as sqlx encodes them, so
+    /// binding never grows the buffer, and is not far off (a column left out of the
+    /// estimate, or counted twice, fails this).
+    #[test]
+    fn the_room_reserved_for_the_parameters_holds_them() {
+        let source = SourceId(uuid::Uuid::from_u128(1));
+        let events: Vec<OwnedEvent> = (0..5).map(|i| full_event(source, &format!("k{i}"))).collect();
+        let columns = BatchColumns::of(&events, &plan_batch(&events).unique);
+        let bound = encoded(&columns.source_ids)
+            + encoded(&columns.keys)
+            + encoded(&columns.types)
+            + encoded(&columns.content_types)
+            + encoded(&columns.headers)
+            + encoded(&columns.payloads)
+            + encoded(&columns.ords)
+            + encoded(&columns.ordering_keys)
+            + encoded(&columns.arrivals)
+            + encoded(&columns.traceparents)
+            + encoded(&columns.tracestates)
+            + encoded(&crate::db::Int8Array(&columns.terms))
+            + encoded(&columns.term_ends);
+        let estimate = columns.encoded_bytes();
+        assert!(estimate >= bound && estimate <= bound + bound / 8, "batch: estimate {estimate}, bound {bound}");
+
+        let event = &events[0];
+        let new = event.as_new();
+        let terms = new.search_terms();
+        let bound = encoded(&new.source_id)
+            + encoded(&new.dedupe_key)
+            + encoded(&new.event_type)
+            + encoded(&new.content_type)
+            + encoded(&sqlx::types::Json(new.headers))
+            + encoded(&new.payload)
+            + encoded(&new.ordering_key)
+            + encoded(&new.trace.map(|t| t.traceparent.as_str()))
+            + encoded(&new.trace.and_then(|t| t.tracestate.as_deref()))
+            + encoded(&crate::db::Int8Array(&terms));
+        let estimate = super::super::event_encoded_bytes(&new, &terms);
+        assert!(estimate >= bound && estimate <= bound + bound / 8, "one event: estimate {estimate}, bound {bound}");
     }
 
     fn event(source: SourceId, key: &str) -> OwnedEvent {

@@ -210,6 +210,28 @@ fn leasing_statement(ctes: &str, answer: &str, transforms: Transforms) -> String
     )
 }
 
+/// The parameters [`bound_event`] binds.
+const EVENT_PARAMS: usize = 10;
+
+/// About the bytes `event` and its `terms` take bound by [`bound_event`]: each
+/// parameter's length, then its bytes; jsonb a version byte before its text, an array a
+/// header and a length per element (`crate::db::Int8Array`).
+fn event_encoded_bytes(event: &NewEvent<'_>, terms: &[i64]) -> usize {
+    let optional = |s: Option<&str>| s.map_or(0, str::len);
+    EVENT_PARAMS * 4
+        + 16
+        + event.dedupe_key.len()
+        + event.event_type.len()
+        + optional(event.content_type)
+        + 1
+        + batch::json_text_size(event.headers)
+        + event.payload.len()
+        + optional(event.ordering_key)
+        + event.trace.map_or(0, |t| t.traceparent.len() + optional(t.tracestate.as_deref()))
+        + 20
+        + terms.len() * 12
+}
+
 /// `sql` (the ingest statement, [`insert_sql`] or [`insert_and_claim_sql`]) with `event`
 /// and its search `terms` bound, in the statement's order.
 fn bound_event<'q>(
@@ -217,7 +239,7 @@ fn bound_event<'q>(
     event: &'q NewEvent<'q>,
     terms: &'q [i64],
 ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
-    crate::db::query(sql)
+    crate::db::query_sized(sql, EVENT_PARAMS, event_encoded_bytes(event, terms))
         .bind(event.source_id)
         .bind(event.dedupe_key)
         .bind(event.event_type)
@@ -227,7 +249,7 @@ fn bound_event<'q>(
         .bind(event.ordering_key)
         .bind(event.trace.map(|t| t.traceparent.as_str()))
         .bind(event.trace.and_then(|t| t.tracestate.as_deref()))
-        .bind(terms)
+        .bind(crate::db::Int8Array(terms))
 }
 
 /// What an ingest statement's rows say: the event's answer (its own row or its stored

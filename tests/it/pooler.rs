@@ -420,7 +420,11 @@ async fn batches_leased_by_their_own_statement_work_behind_pgbouncer_in_transact
 
     let seen = Arc::new(Mutex::new(Seen::default()));
     let ids: Vec<String> = (0..240).map(|i| format!("pooled-{i}")).collect();
-    produce(base.clone(), "shop", ids.clone(), 12, seen.clone()).await;
+    // At most LARGEST_LEASED_BATCH (8) producers at once, so no batch is too large to
+    // lease however slowly the machine runs. (With 12, a clean-clone run beside a
+    // release build once leased none; batches of 9 to 12 are stored plainly.)
+    produce(base.clone(), "shop", ids.clone(), webhook_gateway::deliver::prelease::LARGEST_LEASED_BATCH, seen.clone())
+        .await;
     let batch_leased: i64 = sqlx::query_scalar(
         "WITH batches AS (SELECT xmin::text AS tx FROM events WHERE dedupe_key LIKE 'pooled-%'
                           GROUP BY 1 HAVING count(*) >= 2)

@@ -11,6 +11,7 @@ use crate::ids::{DeliveryId, EndpointId, EventId, SourceId};
 use crate::queue::fanout::{FANOUT, FANOUT_LEASED};
 
 mod batch;
+mod columns;
 pub mod lean;
 mod read;
 pub use batch::{
@@ -224,7 +225,7 @@ fn event_encoded_bytes(event: &NewEvent<'_>, terms: &[i64]) -> usize {
         + event.event_type.len()
         + optional(event.content_type)
         + 1
-        + batch::json_text_size(event.headers)
+        + columns::json_text_size(event.headers)
         + event.payload.len()
         + optional(event.ordering_key)
         + event.trace.map_or(0, |t| t.traceparent.len() + optional(t.tracestate.as_deref()))

@@ -182,7 +182,7 @@ pub fn operational_event(event_type: &'static str) {
 }
 
 /// Count and time one attempt.
-pub fn attempt(outcome: &'static str, class: String, duration: Duration) {
+pub fn attempt(outcome: &'static str, class: &'static str, duration: Duration) {
     counter!(ATTEMPTS, "outcome" => outcome, "class" => class).increment(1);
     histogram!(ATTEMPT_DURATION).record(duration.as_secs_f64());
 }

@@ -196,8 +196,16 @@ pub struct Judgement {
     pub signal: Signal,
     /// The error kind stored with the attempt (no response came back).
     pub error_kind: Option<ErrorKind>,
-    /// The metrics class: `2xx` ... `5xx`, or the error kind.
-    pub class: String,
+    /// The metrics class: `2xx` ... `5xx`, or the error kind. A static label: the
+    /// metrics registry then keys the counter without allocating (a `format!` and a
+    /// clone of it at every attempt before).
+    pub class: &'static str,
+}
+
+/// A status code's class, `1xx` to `9xx` (the codes HTTP can carry, 100 to 999).
+fn status_class(status: u16) -> &'static str {
+    const CLASSES: [&str; 10] = ["other", "1xx", "2xx", "3xx", "4xx", "5xx", "6xx", "7xx", "8xx", "9xx"];
+    CLASSES.get(usize::from(status / 100)).copied().unwrap_or("other")
 }
 
 /// Judge an attempt: an egress refusal says nothing about the endpoint; otherwise the
@@ -213,9 +221,9 @@ pub fn judge(observed: &Observed, verdict: &Verdict) -> Judgement {
         Observed::Response { .. } => None,
     };
     let class = match (observed, error_kind) {
-        (Observed::Response { status, .. }, _) => format!("{}xx", status / 100),
-        (_, Some(kind)) => kind.as_str().to_owned(),
-        (_, None) => "other".to_owned(),
+        (Observed::Response { status, .. }, _) => status_class(*status),
+        (_, Some(kind)) => kind.as_str(),
+        (_, None) => "other",
     };
     Judgement { signal, error_kind, class }
 }
@@ -324,15 +332,16 @@ mod tests {
     fn judgement_follows_what_was_observed() {
         let response = |status| Observed::Response { status, retry_after: None, location: None };
         let ok = judge(&response(204), &verdict(Decision::Delivered, false));
-        assert_eq!(ok, Judgement { signal: Signal::Healthy, error_kind: None, class: "2xx".into() });
+        assert_eq!(ok, Judgement { signal: Signal::Healthy, error_kind: None, class: "2xx" });
         let down = judge(&response(503), &verdict(Decision::Dead, true));
-        assert_eq!((down.signal, down.class.as_str()), (Signal::Failure, "5xx"));
+        assert_eq!((down.signal, down.class), (Signal::Failure, "5xx"));
+        // Every class is the status's first digit and `xx`, as `format!` wrote it.
+        for status in [100, 199, 200, 302, 404, 500, 599, 600, 999] {
+            assert_eq!(judge(&response(status), &verdict(Decision::Dead, true)).class, format!("{}xx", status / 100));
+        }
         let timeout = Observed::Transport { kind: ErrorKind::Timeout, message: "timeout: slow".into() };
         let t = judge(&timeout, &verdict(Decision::Dead, true));
-        assert_eq!(
-            t,
-            Judgement { signal: Signal::Failure, error_kind: Some(ErrorKind::Timeout), class: "timeout".into() }
-        );
+        assert_eq!(t, Judgement { signal: Signal::Failure, error_kind: Some(ErrorKind::Timeout), class: "timeout" });
         // A refusal is not the endpoint's doing, whatever the verdict says.
         let refused =
             Observed::Refused { kind: ErrorKind::ForbiddenAddress, message: "forbidden_address: 10.0.0.1".into() };
@@ -342,7 +351,7 @@ mod tests {
             Judgement {
                 signal: Signal::Neutral,
                 error_kind: Some(ErrorKind::ForbiddenAddress),
-                class: "forbidden_address".into()
+                class: "forbidden_address"
             }
         );
     }

@@ -268,6 +268,7 @@ async fn start_replicas(ctx: &Ctx, url: &str, n: usize, label: &str) -> anyhow::
     Ok(gateways)
 }
 
+/// Stop `gateways`, each within 30 s.
 async fn stop_replicas(gateways: Vec<Gateway>) {
     for gw in gateways {
         gw.stop(Duration::from_secs(30)).await;

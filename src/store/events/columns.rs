@@ -99,7 +99,8 @@ impl<'a> BatchColumns<'a> {
         let text = |column: &[&str]| column.iter().map(|s| s.len()).sum::<usize>();
         let optional = |column: &[Option<&str>]| column.iter().flatten().map(|s| s.len()).sum::<usize>();
         let events = self.ords.len();
-        BATCH_PARAMS * ARRAY_HEADER
+        // The terms' array says its own size (`Int8Array`); the others a header each.
+        (BATCH_PARAMS - 1) * ARRAY_HEADER
             + (BATCH_PARAMS - 1) * events * ELEMENT_LENGTH
             + events * (16 + 3 * 4)
             + text(&self.keys)
@@ -110,7 +111,8 @@ impl<'a> BatchColumns<'a> {
             + optional(&self.ordering_keys)
             + optional(&self.traceparents)
             + optional(&self.tracestates)
-            + self.terms.len() * (ELEMENT_LENGTH + 8)
+            + 4
+            + sqlx::Encode::<Postgres>::size_hint(&crate::db::Int8Array(&self.terms))
     }
 
     /// `sql` (a batch statement) with these columns bound as `$1`-`$13`.

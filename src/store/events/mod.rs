@@ -215,8 +215,8 @@ fn leasing_statement(ctes: &str, answer: &str, transforms: Transforms) -> String
 const EVENT_PARAMS: usize = 10;
 
 /// About the bytes `event` and its `terms` take bound by [`bound_event`]: each
-/// parameter's length, then its bytes; jsonb a version byte before its text, an array a
-/// header and a length per element (`crate::db::Int8Array`).
+/// parameter's length, then its bytes; jsonb a version byte before its text; the terms
+/// as `crate::db::Int8Array` writes them.
 fn event_encoded_bytes(event: &NewEvent<'_>, terms: &[i64]) -> usize {
     let optional = |s: Option<&str>| s.map_or(0, str::len);
     EVENT_PARAMS * 4
@@ -229,8 +229,7 @@ fn event_encoded_bytes(event: &NewEvent<'_>, terms: &[i64]) -> usize {
         + event.payload.len()
         + optional(event.ordering_key)
         + event.trace.map_or(0, |t| t.traceparent.len() + optional(t.tracestate.as_deref()))
-        + 20
-        + terms.len() * 12
+        + sqlx::Encode::<Postgres>::size_hint(&crate::db::Int8Array(terms))
 }
 
 /// `sql` (the ingest statement, [`insert_sql`] or [`insert_and_claim_sql`]) with `event`

@@ -130,8 +130,10 @@ impl Intake {
         if spec.kind == Kind::Internal {
             return Err(Refused::NotIngestible);
         }
+        // The body's search terms are hashed by the walk that reads its event type.
+        let mut scan = crate::search::PayloadScan::new(self.indexing);
         let verified = crate::telemetry::step("verify").in_scope(|| {
-            verify::verify(spec, headers, &body, chrono::Utc::now().timestamp()).map_err(|e| {
+            verify::verify_scanning(spec, headers, &body, chrono::Utc::now().timestamp(), &mut scan).map_err(|e| {
                 // Counted under the stored name (the source exists), logged rate-limited.
                 rejections::record(&source.name, &e);
                 Refused::Verify(e)
@@ -143,6 +145,8 @@ impl Intake {
         let content_type = headers
             .get(header::CONTENT_TYPE)
             .map(|v| crate::sanitize::stored_text(v.as_bytes(), crate::sanitize::MAX_CONTENT_TYPE_BYTES));
+        let headers_kept = redacted_headers(headers, spec.hmac.as_ref().map(|h| h.header.as_str()));
+        let terms = scan.terms(&verified.dedupe_key, &headers_kept, &body);
         let event = OwnedEvent {
             source_id: source.id,
             source_name: source.name.clone(),
@@ -150,11 +154,11 @@ impl Intake {
             dedupe_key: verified.dedupe_key,
             event_type: verified.event_type,
             content_type,
-            headers: redacted_headers(headers, spec.hmac.as_ref().map(|h| h.header.as_str())),
+            headers: headers_kept,
             payload: body,
             ordering_key: verified.ordering_key,
             trace: crate::telemetry::EventTrace::for_request(headers),
-            terms: None,
+            terms: Some(terms),
         };
         let stored = self.accept(event, deadline).await.map_err(Refused::Store)?;
         Ok(Received::Stored(stored))

@@ -99,17 +99,28 @@ impl Indexing {
 
 /// The hashed terms of an event, sorted and without repeats: what `events.search` holds.
 pub fn terms(dedupe_key: &str, headers: &Value, payload: &[u8]) -> Vec<i64> {
-    // The payload's terms first: their vector, sized for them, takes the others too (the
-    // order does not matter before the sort), where growing a vector of the key's and
-    // the headers' terms reallocated it several times a webhook.
-    // Only a body that is JSON has paths. The cheap first-byte test spares the parse of
-    // bodies that are plainly not (form posts, XML, binary).
-    let first = payload.iter().find(|b| !b.is_ascii_whitespace());
-    let mut out = if payload.len() <= MAX_INDEXED_PAYLOAD_BYTES && matches!(first, Some(b'{' | b'[')) {
+    let payload_terms = if indexed(payload) {
         payload::document_terms(payload, &[Kind::Payload as u8], MAX_PAYLOAD_TERMS).unwrap_or_default()
     } else {
         Vec::new()
     };
+    with_payload_terms(payload_terms, dedupe_key, headers)
+}
+
+/// Whether a payload's values are indexed: one of at most [`MAX_INDEXED_PAYLOAD_BYTES`]
+/// that may be JSON. Only a body that is JSON has paths; the cheap first-byte test spares
+/// the parse of bodies that are plainly not (form posts, XML, binary).
+fn indexed(payload: &[u8]) -> bool {
+    let first = payload.iter().find(|b| !b.is_ascii_whitespace());
+    payload.len() <= MAX_INDEXED_PAYLOAD_BYTES && matches!(first, Some(b'{' | b'['))
+}
+
+/// An event's terms: its payload's (`out`), its key's and its headers', sorted and
+/// without repeats.
+fn with_payload_terms(mut out: Vec<i64>, dedupe_key: &str, headers: &Value) -> Vec<i64> {
+    // The payload's terms first: their vector, sized for them, takes the others too (the
+    // order does not matter before the sort), where growing a vector of the key's and
+    // the headers' terms reallocated it several times a webhook.
     // One buffer for the key's and every header's bytes, hashed in one call each.
     let mut buf = Vec::with_capacity(128);
     out.push(key_hash(&mut buf, dedupe_key));
@@ -124,6 +135,42 @@ pub fn terms(dedupe_key: &str, headers: &Value, payload: &[u8]) -> Vec<i64> {
     out.sort_unstable();
     out.dedup();
     out
+}
+
+/// An event's payload terms hashed by the walk verification reads the body with
+/// (`verify::verify_scanning`): ingest then reads a body once for its event type and its
+/// terms, where it read it once for each.
+#[derive(Debug)]
+pub struct PayloadScan {
+    indexing: Indexing,
+    /// The payload's terms, once a walk that answered computed them.
+    payload_terms: Option<Vec<i64>>,
+}
+
+impl PayloadScan {
+    /// A scan for an event indexed as `indexing` says.
+    pub fn new(indexing: Indexing) -> PayloadScan {
+        PayloadScan { indexing, payload_terms: None }
+    }
+
+    /// The event's terms, as [`Indexing::terms`] computes them: the payload's from the
+    /// walk when it ran and answered, else computed now.
+    pub fn terms(self, dedupe_key: &str, headers: &Value, payload: &[u8]) -> Vec<i64> {
+        match (self.indexing, self.payload_terms) {
+            (Indexing::Content, Some(payload_terms)) => with_payload_terms(payload_terms, dedupe_key, headers),
+            (indexing, _) => indexing.terms(dedupe_key, headers, payload),
+        }
+    }
+}
+
+impl crate::verify::BodyScan for PayloadScan {
+    fn scan<'t>(&mut self, text: &'t str, probes: &mut [crate::verify::Probe<'_, 't>]) -> bool {
+        if !self.indexing.content() || !indexed(text.as_bytes()) {
+            return false;
+        }
+        self.payload_terms = payload::probed_terms(text, &[Kind::Payload as u8], MAX_PAYLOAD_TERMS, probes);
+        self.payload_terms.is_some()
+    }
 }
 
 /// The dedupe key's term, its bytes written into `buf` (the payload's path has a buffer

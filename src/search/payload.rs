@@ -11,16 +11,24 @@
 //! Scalars count in document order against the budget; past it the rest of the document
 //! is still parsed to its end, so a body that is not one JSON document gives no payload
 //! terms at all.
+//!
+//! The same walk takes verification's JSON pointers on its way ([`probed_terms`]): ingest
+//! reads the event type (and the dedupe and ordering keys, where a source names them by
+//! pointer) out of the body it hashes, instead of a pass over the body for each.
 
 use std::fmt::{self, Write as _};
 
+use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+use crate::verify::Probe;
 
 use super::SEPARATOR;
 
-/// The terms of one document while it is parsed.
-struct Terms {
+/// The terms of one document while it is parsed, and the pointers looked for on the way.
+struct Terms<'w, 'p, 't> {
     /// The path so far: the kind byte, then `SEPARATOR` and a token per level.
     path: Vec<u8>,
     /// Scalars still to be indexed.
@@ -30,6 +38,8 @@ struct Terms {
     number: String,
     /// Reused for the path and a scalar, hashed in one call.
     term: Vec<u8>,
+    /// The pointers whose values the walk takes (at most [`MAX_PROBES`]).
+    probes: &'w mut [Probe<'p, 't>],
 }
 
 /// A scalar longer than this is hashed where it lies (streamed after its path) rather
@@ -39,30 +49,64 @@ pub(super) const COPIED_SCALAR_BYTES: usize = 256;
 /// The path buffer's first size: the paths of most webhooks' documents fit.
 const PATH_CAPACITY: usize = 128;
 
+/// Most pointers one walk looks for (a bit each in a level's mask); a source names three
+/// at most, a kind four.
+const MAX_PROBES: usize = 32;
+
 /// The hashes of the first `budget` scalars of the JSON document `payload`, each under
 /// its path after `prefix`; `None` when `payload` is not one JSON document.
 pub(super) fn document_terms(payload: &[u8], prefix: &[u8], budget: usize) -> Option<Vec<i64>> {
+    // JSON text is UTF-8: checked once for the whole body, rather than string by string
+    // as a parser of bytes does.
+    let text = std::str::from_utf8(payload).ok()?;
+    probed_terms(text, prefix, budget, &mut [])
+}
+
+/// [`document_terms`] of `text`, and the value each probe's pointer names in it, in the
+/// same walk. `None` when `text` is not one JSON document, or when a probe names an
+/// object or an array or the document itself (their values are the pointer's own pass
+/// to find, exactly; webhooks' keys and types are scalars): the probes' values are then
+/// not to be read.
+pub(super) fn probed_terms<'t>(
+    text: &'t str,
+    prefix: &[u8],
+    budget: usize,
+    probes: &mut [Probe<'_, 't>],
+) -> Option<Vec<i64>> {
+    if probes.len() > MAX_PROBES || probes.iter().any(|p| p.depth() == 0) {
+        return None;
+    }
     // Sized for a usual document at once: grown from empty, the path and the term buffer
     // were reallocated four or five times a webhook.
     let mut path = Vec::with_capacity(PATH_CAPACITY);
     path.extend_from_slice(prefix);
+    let mask = if probes.is_empty() { 0 } else { u32::MAX >> (32 - probes.len()) };
     let mut terms = Terms {
         path,
         budget,
         out: Vec::with_capacity(budget.min(128)),
         number: String::new(),
         term: Vec::with_capacity(PATH_CAPACITY + COPIED_SCALAR_BYTES),
+        probes,
     };
-    // JSON text is UTF-8: checked once for the whole body, rather than string by string
-    // as a parser of bytes does.
-    let text = std::str::from_utf8(payload).ok()?;
     let mut de = serde_json::Deserializer::from_str(text);
-    Level(&mut terms).deserialize(&mut de).ok()?;
+    Level { terms: &mut terms, mask, depth: 0 }.deserialize(&mut de).ok()?;
     de.end().ok()?;
     Some(terms.out)
 }
 
-impl Terms {
+/// The probes of `mask` for which `on_path` holds.
+fn narrowed(probes: &[Probe], mask: u32, on_path: impl Fn(&Probe) -> bool) -> u32 {
+    let mut narrowed = 0;
+    for (i, probe) in probes.iter().enumerate() {
+        if mask & (1 << i) != 0 && on_path(probe) {
+            narrowed |= 1 << i;
+        }
+    }
+    narrowed
+}
+
+impl Terms<'_, '_, '_> {
     /// Hash the scalar `text` under the path.
     fn scalar(&mut self, text: &str) {
         if self.budget == 0 {
@@ -97,11 +141,16 @@ impl Terms {
     }
 }
 
-/// One value of the document at the current path: a scalar is hashed, an object's or
-/// array's children are levels below it.
-struct Level<'t>(&'t mut Terms);
+/// One value of the document at the current path, `depth` levels down: a scalar is
+/// hashed, an object's or array's children are levels below it. `mask` holds the probes
+/// whose paths lead through it.
+struct Level<'s, 'w, 'p, 't> {
+    terms: &'s mut Terms<'w, 'p, 't>,
+    mask: u32,
+    depth: usize,
+}
 
-impl<'de> DeserializeSeed<'de> for Level<'_> {
+impl<'de> DeserializeSeed<'de> for Level<'_, '_, '_, 'de> {
     type Value = ();
 
     fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
@@ -109,7 +158,43 @@ impl<'de> DeserializeSeed<'de> for Level<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for Level<'_> {
+/// A member or element `depth` levels down on the path of `mask`'s probes (not empty:
+/// the others are [`Level`]s, or skipped past the budget).
+struct Child<'s, 'w, 'p, 't>(Level<'s, 'w, 'p, 't>);
+
+impl<'de> DeserializeSeed<'de> for Child<'_, '_, '_, 'de> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        let Level { terms, mask, depth } = self.0;
+        // A later member of the same name replaces what an earlier one held.
+        for i in 0..terms.probes.len() {
+            if mask & (1 << i) != 0 {
+                terms.probes[i].found(None);
+            }
+        }
+        let ends = narrowed(terms.probes, mask, |p| p.depth() == depth);
+        if ends == 0 {
+            return Level { terms, mask, depth }.deserialize(deserializer);
+        }
+        let raw = <&'de RawValue>::deserialize(deserializer)?;
+        if raw.get().trim_start().starts_with(['{', '[']) {
+            return Err(de::Error::custom("a pointer names an object or an array"));
+        }
+        for i in 0..terms.probes.len() {
+            if ends & (1 << i) != 0 {
+                terms.probes[i].found(Some(raw));
+            }
+        }
+        // A scalar: hashed as the walk would have hashed it in place (no probe goes
+        // deeper than a scalar).
+        Level { terms, mask: 0, depth }
+            .deserialize(&mut serde_json::Deserializer::from_str(raw.get()))
+            .map_err(de::Error::custom)
+    }
+}
+
+impl<'de> Visitor<'de> for Level<'_, '_, '_, 'de> {
     type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -117,73 +202,91 @@ impl<'de> Visitor<'de> for Level<'_> {
     }
 
     fn visit_bool<E>(self, v: bool) -> Result<(), E> {
-        self.0.scalar(if v { "true" } else { "false" });
+        self.terms.scalar(if v { "true" } else { "false" });
         Ok(())
     }
 
     fn visit_i64<E>(self, v: i64) -> Result<(), E> {
-        self.0.number(v.into());
+        self.terms.number(v.into());
         Ok(())
     }
 
     fn visit_u64<E>(self, v: u64) -> Result<(), E> {
-        self.0.number(v.into());
+        self.terms.number(v.into());
         Ok(())
     }
 
     fn visit_f64<E>(self, v: f64) -> Result<(), E> {
         // JSON has no NaN or infinity; `Value` makes such a number null.
         match serde_json::Number::from_f64(v) {
-            Some(n) => self.0.number(n),
-            None => self.0.scalar("null"),
+            Some(n) => self.terms.number(n),
+            None => self.terms.scalar("null"),
         }
         Ok(())
     }
 
     fn visit_str<E>(self, v: &str) -> Result<(), E> {
-        self.0.scalar(v);
+        self.terms.scalar(v);
         Ok(())
     }
 
     fn visit_unit<E>(self) -> Result<(), E> {
-        self.0.scalar("null");
+        self.terms.scalar("null");
         Ok(())
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let terms = self.0;
+        let Level { terms, mask, depth } = self;
         let at = terms.path.len();
         let mut index = 0usize;
-        while terms.budget > 0 {
+        loop {
+            if terms.budget == 0 && mask == 0 {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                return Ok(());
+            }
             terms.path.push(SEPARATOR);
             // Writing into a Vec cannot fail.
             let _ = std::io::Write::write_fmt(&mut terms.path, format_args!("{index}"));
-            let more = seq.next_element_seed(Level(terms))?;
+            let child = if mask == 0 { 0 } else { narrowed(terms.probes, mask, |p| p.names_element(depth, index)) };
+            let more = if child != 0 {
+                seq.next_element_seed(Child(Level { terms: &mut *terms, mask: child, depth: depth + 1 }))?
+            } else if terms.budget == 0 {
+                seq.next_element::<IgnoredAny>()?.map(|_| ())
+            } else {
+                seq.next_element_seed(Level { terms: &mut *terms, mask: 0, depth: depth + 1 })?
+            };
             terms.path.truncate(at);
             if more.is_none() {
                 return Ok(());
             }
             index += 1;
         }
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(())
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let terms = self.0;
+        let Level { terms, mask, depth } = self;
         let at = terms.path.len();
-        while terms.budget > 0 {
+        loop {
+            if terms.budget == 0 && mask == 0 {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                return Ok(());
+            }
             terms.path.push(SEPARATOR);
-            let more = map.next_key_seed(Key(&mut terms.path))?;
-            if more.is_none() {
+            if map.next_key_seed(Key(&mut terms.path))?.is_none() {
                 terms.path.truncate(at);
                 return Ok(());
             }
-            map.next_value_seed(Level(terms))?;
+            let key = &terms.path[at + 1..];
+            let child = if mask == 0 { 0 } else { narrowed(terms.probes, mask, |p| p.names_member(depth, key)) };
+            if child != 0 {
+                map.next_value_seed(Child(Level { terms: &mut *terms, mask: child, depth: depth + 1 }))?;
+            } else if terms.budget == 0 {
+                map.next_value::<IgnoredAny>()?;
+            } else {
+                map.next_value_seed(Level { terms: &mut *terms, mask: 0, depth: depth + 1 })?;
+            }
             terms.path.truncate(at);
         }
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(())
     }
 }
 

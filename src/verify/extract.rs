@@ -2,8 +2,10 @@
 
 use http::HeaderMap;
 use serde_json::Value;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
+use super::pointer::{BodyScan, Probe};
 use super::{Locator, VerifyError};
 
 /// Hex SHA-256 of the body, prefixed `sha256:` so a hash can never collide with a
@@ -19,33 +21,92 @@ pub(crate) type Found = Result<Option<String>, VerifyError>;
 
 /// The body as JSON; values are read out of it by pointer without building a document
 /// tree (see [`pointer`](super::pointer)). A body found not to be JSON is not read again.
+///
+/// With a [`BodyScan`], the first value looked up walks the body once for every pointer
+/// declared ahead, and for the scan's own purpose (the search index's terms); a pointer
+/// not declared is looked up by a pass of its own, as without a scan.
 pub(crate) struct LazyJson<'a> {
     body: &'a [u8],
     /// The body's text once read: `None` when it is not JSON.
     text: Option<Option<&'a str>>,
+    scan: Option<Scan<'a>>,
+    /// Passes over the body made pointer by pointer (tests count them).
+    passes: usize,
+}
+
+/// A [`LazyJson`]'s walk of the whole body with its declared pointers.
+struct Scan<'a> {
+    scanner: &'a mut dyn BodyScan,
+    probes: Vec<Probe<'a, 'a>>,
+    /// `None` before the walk; then whether it answered.
+    answered: Option<bool>,
 }
 
 impl<'a> LazyJson<'a> {
     pub(crate) fn new(body: &'a [u8]) -> Self {
-        Self { body, text: None }
+        Self { body, text: None, scan: None, passes: 0 }
+    }
+
+    /// A body read by `scanner`'s walk, which looks for `pointers` on its way.
+    pub(crate) fn scanning(
+        body: &'a [u8],
+        pointers: impl IntoIterator<Item = &'a str>,
+        scanner: &'a mut dyn BodyScan,
+    ) -> Self {
+        let mut probes: Vec<Probe<'a, 'a>> = Vec::new();
+        for pointer in pointers {
+            if !probes.iter().any(|p| p.pointer() == pointer)
+                && let Some(probe) = Probe::new(pointer)
+            {
+                probes.push(probe);
+            }
+        }
+        Self { scan: Some(Scan { scanner, probes, answered: None }), ..Self::new(body) }
+    }
+
+    /// The body's text, `None` when it is not JSON (as far as is known yet).
+    fn text(&mut self) -> Option<&'a str> {
+        let body = self.body;
+        *self.text.get_or_insert_with(|| super::pointer::text(body).ok())
+    }
+
+    /// Walk the body with the scan now if it has not walked it, so that its own purpose
+    /// is served even when no pointer was looked up.
+    pub(crate) fn finish(&mut self) {
+        if let Some(text) = self.text()
+            && let Some(scan) = &mut self.scan
+        {
+            scan.walk(text);
+        }
     }
 
     /// The value at an RFC 6901 pointer, parsed; `None` when the body is not JSON or the
     /// pointer finds nothing.
     pub(crate) fn value_at(&mut self, pointer: &str) -> Option<Value> {
-        let body = self.body;
-        let text = (*self.text.get_or_insert_with(|| super::pointer::text(body).ok()))?;
-        let raw = match super::pointer::find(text, pointer) {
-            Ok(raw) => raw?,
-            Err(super::pointer::NotJson) => {
-                self.text = Some(None);
-                return None;
+        let text = self.text()?;
+        let raw = match self.scan.as_mut().and_then(|scan| scan.walk(text).then(|| scan.answer(pointer)).flatten()) {
+            Some(found) => found?,
+            None => {
+                self.passes += usize::from(super::pointer::reads(pointer));
+                match super::pointer::find(text, pointer) {
+                    Ok(raw) => raw?,
+                    Err(super::pointer::NotJson) => {
+                        self.text = Some(None);
+                        return None;
+                    }
+                }
             }
         };
         // Only the (small) value found is parsed. A value serde_json cannot hold (nested
         // past its recursion limit, a number out of range) is absent, as it was when
         // the whole body had to parse.
         serde_json::from_str(raw.get()).ok()
+    }
+
+    /// Passes over the body made for one pointer each (the scan's walk not counted).
+    #[cfg(test)]
+    pub(crate) fn passes(&self) -> usize {
+        self.passes
     }
 
     /// A string (or number) at an RFC 6901 pointer. Absent when the body is not JSON or
@@ -67,6 +128,22 @@ impl<'a> LazyJson<'a> {
                 json_kind(&other)
             ))),
         }
+    }
+}
+
+impl<'a> Scan<'a> {
+    /// Walk `text` once if not yet walked; whether the walk answered.
+    fn walk(&mut self, text: &'a str) -> bool {
+        *self.answered.get_or_insert_with(|| self.scanner.scan(text, &mut self.probes))
+    }
+
+    /// The walk's answer for `pointer`: `None` when it was not declared (or the walk did
+    /// not answer), `Some(None)` when it names nothing in the body.
+    fn answer(&self, pointer: &str) -> Option<Option<&'a RawValue>> {
+        if self.answered != Some(true) {
+            return None;
+        }
+        self.probes.iter().find(|p| p.pointer() == pointer).map(Probe::value)
     }
 }
 

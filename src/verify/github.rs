@@ -20,11 +20,16 @@ const EVENT_HEADER: &str = "X-GitHub-Event";
 pub(super) struct Github;
 
 impl Verifier for Github {
+    fn pointers(&self) -> &'static [&'static str] {
+        &["/action"]
+    }
+
     fn verify(
         &self,
         spec: &SourceSpec,
         headers: &HeaderMap,
         body: &[u8],
+        json: &mut LazyJson,
         _now_unix: i64,
     ) -> Result<Verified, VerifyError> {
         let header = required_header(headers, SIGNATURE_HEADER)?;
@@ -34,10 +39,9 @@ impl Verifier for Github {
             .ok_or_else(|| VerifyError::InvalidSignature(format!("{SIGNATURE_HEADER} is not sha256=<hex>")))?;
         check_any(HmacAlgorithm::Sha256, &verbatim_keys(spec), &[body], &[signature])?;
 
-        let mut json = LazyJson::new(body);
-        let dedupe_key = resolve(&spec.dedupe, headers, &mut json, |_| header_string(headers, DELIVERY_HEADER))?
+        let dedupe_key = resolve(&spec.dedupe, headers, json, |_| header_string(headers, DELIVERY_HEADER))?
             .unwrap_or_else(|| body_sha256_hex(body));
-        let event_type = resolve(&spec.event_type, headers, &mut json, |json| {
+        let event_type = resolve(&spec.event_type, headers, json, |json| {
             let Some(event) = header_string(headers, EVENT_HEADER)? else { return Ok(None) };
             let action = json.value_at("/action");
             let action = action.as_ref().and_then(Value::as_str).filter(|a| !a.is_empty());

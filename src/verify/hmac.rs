@@ -18,6 +18,7 @@ impl Verifier for GenericHmac {
         spec: &SourceSpec,
         headers: &HeaderMap,
         body: &[u8],
+        json: &mut LazyJson,
         _now_unix: i64,
     ) -> Result<Verified, VerifyError> {
         // `validate_spec` refuses this; failing closed covers a spec stored before it did.
@@ -51,9 +52,8 @@ impl Verifier for GenericHmac {
         })?;
         check_any(scheme.algorithm, &verbatim_keys(spec), &[body], &[signature])?;
 
-        let mut json = LazyJson::new(body);
-        let dedupe_key = locate(&spec.dedupe, headers, &mut json)?.unwrap_or_else(|| body_sha256_hex(body));
-        let event_type = locate(&spec.event_type, headers, &mut json)?.unwrap_or_else(unknown_event_type);
+        let dedupe_key = locate(&spec.dedupe, headers, json)?.unwrap_or_else(|| body_sha256_hex(body));
+        let event_type = locate(&spec.event_type, headers, json)?.unwrap_or_else(unknown_event_type);
         Ok(Verified { dedupe_key, event_type, challenge: None, ordering_key: None })
     }
 }

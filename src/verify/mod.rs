@@ -27,6 +27,8 @@ mod stripe;
 mod test_util;
 #[cfg(test)]
 mod tests_props;
+#[cfg(test)]
+mod tests_scan;
 mod validate;
 
 use http::HeaderMap;
@@ -35,6 +37,7 @@ use crate::error::ErrorCode;
 use serde::{Deserialize, Serialize};
 
 pub use extract::body_sha256_hex;
+pub use pointer::{BodyScan, Probe};
 pub use standard::decode_secret as decode_standard_secret;
 pub use validate::{SpecError, ValidSpec, secret_fingerprint, validate_spec};
 
@@ -234,13 +237,22 @@ impl VerifyError {
 ///
 /// Each kind lives in its own file as a unit struct; [`verify`] picks one by [`Kind`].
 trait Verifier {
+    /// Check the request, then read its values (from `json`, the same `body`, once the
+    /// signature held).
     fn verify(
         &self,
         spec: &SourceSpec,
         headers: &HeaderMap,
         body: &[u8],
+        json: &mut extract::LazyJson,
         now_unix: i64,
     ) -> Result<Verified, VerifyError>;
+
+    /// The pointers this kind may read by default, declared so that a scan of the body
+    /// takes them on its way ([`verify_scanning`]).
+    fn pointers(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
 
 fn verifier(kind: Kind) -> &'static dyn Verifier {
@@ -272,14 +284,51 @@ fn verifier(kind: Kind) -> &'static dyn Verifier {
 /// control character is refused as [`VerifyError::MalformedBody`], never replaced by a
 /// fallback; a key over [`crate::sanitize::MAX_DEDUPE_KEY_BYTES`] is stored as its digest.
 pub fn verify(spec: &SourceSpec, headers: &HeaderMap, body: &[u8], now_unix: i64) -> Result<Verified, VerifyError> {
-    let verified = verifier(spec.kind).verify(spec, headers, body, now_unix)?;
+    checked(spec, headers, body, now_unix, &mut extract::LazyJson::new(body))
+}
+
+/// [`verify`], reading the body in `scan`'s walk: once the request is accepted, the walk
+/// has run (it is what ingest computes the search index's terms with), and every pointer
+/// the kind and the spec name was taken on its way rather than by a pass over the body
+/// each. A request refused before its body is read (a bad signature) is not walked.
+pub fn verify_scanning(
+    spec: &SourceSpec,
+    headers: &HeaderMap,
+    body: &[u8],
+    now_unix: i64,
+    scan: &mut dyn BodyScan,
+) -> Result<Verified, VerifyError> {
+    let mut json = scanned(spec, body, scan);
+    let verified = checked(spec, headers, body, now_unix, &mut json)?;
+    json.finish();
+    Ok(verified)
+}
+
+/// `body` read by `scan`'s walk, which takes every pointer `spec` and its kind may read.
+fn scanned<'a>(spec: &'a SourceSpec, body: &'a [u8], scan: &'a mut dyn BodyScan) -> extract::LazyJson<'a> {
+    let declared = [&spec.dedupe, &spec.event_type, &spec.ordering_key]
+        .into_iter()
+        .filter_map(|locator| locator.json_pointer.as_deref())
+        .chain(verifier(spec.kind).pointers().iter().copied());
+    extract::LazyJson::scanning(body, declared, scan)
+}
+
+/// [`verify`] with the body read through `json`.
+fn checked(
+    spec: &SourceSpec,
+    headers: &HeaderMap,
+    body: &[u8],
+    now_unix: i64,
+    json: &mut extract::LazyJson,
+) -> Result<Verified, VerifyError> {
+    let verified = verifier(spec.kind).verify(spec, headers, body, json, now_unix)?;
     let dedupe_key = crate::sanitize::dedupe_key(verified.dedupe_key)
         .map_err(|why| VerifyError::MalformedBody(format!("the dedupe key {why}")))?;
     let event_type = crate::sanitize::event_type(verified.event_type)
         .map_err(|why| VerifyError::MalformedBody(format!("the event type {why}")))?;
     // Read after the signature held, like the other values; absent is no key (the event
     // is then delivered unordered), present but unusable is refused.
-    let ordering_key = extract::locate(&spec.ordering_key, headers, &mut extract::LazyJson::new(body))?
+    let ordering_key = extract::locate(&spec.ordering_key, headers, json)?
         .map(|key| {
             crate::sanitize::dedupe_key(key)
                 .map_err(|why| VerifyError::MalformedBody(format!("the ordering key {why}")))

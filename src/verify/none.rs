@@ -17,11 +17,11 @@ impl Verifier for NoSignature {
         spec: &SourceSpec,
         headers: &HeaderMap,
         body: &[u8],
+        json: &mut LazyJson,
         _now_unix: i64,
     ) -> Result<Verified, VerifyError> {
-        let mut json = LazyJson::new(body);
-        let dedupe_key = locate(&spec.dedupe, headers, &mut json)?.unwrap_or_else(|| body_sha256_hex(body));
-        let event_type = locate(&spec.event_type, headers, &mut json)?.unwrap_or_else(|| "unknown".to_owned());
+        let dedupe_key = locate(&spec.dedupe, headers, json)?.unwrap_or_else(|| body_sha256_hex(body));
+        let event_type = locate(&spec.event_type, headers, json)?.unwrap_or_else(|| "unknown".to_owned());
         Ok(Verified { dedupe_key, event_type, challenge: None, ordering_key: None })
     }
 }

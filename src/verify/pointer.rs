@@ -35,15 +35,32 @@ pub(crate) fn text(body: &[u8]) -> Result<&str, NotJson> {
 /// A pointer that cannot name anything (no leading `/`, deeper than serde_json's
 /// recursion limit) finds nothing without reading the text.
 pub(crate) fn find<'a>(text: &'a str, pointer: &str) -> Result<Option<&'a RawValue>, NotJson> {
-    let path: Vec<Cow<str>> = if pointer.is_empty() {
-        Vec::new()
-    } else {
-        let Some(rest) = pointer.strip_prefix('/') else { return Ok(None) };
-        // Deeper than serde_json's recursion limit, a `Value` could not hold the
-        // document either.
-        if rest.split('/').count() > MAX_DEPTH {
-            return Ok(None);
-        }
+    let Some(path) = tokens(pointer) else { return Ok(None) };
+    let mut de = serde_json::Deserializer::from_str(text);
+    let found = Follow { path: &path }.deserialize(&mut de).map_err(|_| NotJson)?;
+    de.end().map_err(|_| NotJson)?;
+    Ok(found)
+}
+
+/// Whether [`find`] reads the text for `pointer` (one that cannot name anything is
+/// answered without it).
+pub(crate) fn reads(pointer: &str) -> bool {
+    tokens(pointer).is_some()
+}
+
+/// A pointer's reference tokens, unescaped; `None` when it cannot name anything (no
+/// leading `/`, or deeper than serde_json's recursion limit).
+fn tokens(pointer: &str) -> Option<Vec<Cow<'_, str>>> {
+    if pointer.is_empty() {
+        return Some(Vec::new());
+    }
+    let rest = pointer.strip_prefix('/')?;
+    // Deeper than serde_json's recursion limit, a `Value` could not hold the document
+    // either.
+    if rest.split('/').count() > MAX_DEPTH {
+        return None;
+    }
+    Some(
         rest.split('/')
             .map(|token| {
                 if token.contains('~') {
@@ -52,12 +69,66 @@ pub(crate) fn find<'a>(text: &'a str, pointer: &str) -> Result<Option<&'a RawVal
                     Cow::Borrowed(token)
                 }
             })
-            .collect()
-    };
-    let mut de = serde_json::Deserializer::from_str(text);
-    let found = Follow { path: &path }.deserialize(&mut de).map_err(|_| NotJson)?;
-    de.end().map_err(|_| NotJson)?;
-    Ok(found)
+            .collect(),
+    )
+}
+
+/// A pointer whose value a walk of the whole body looks for on its way ([`BodyScan`]):
+/// the value it names there is what [`find`] would find.
+pub struct Probe<'p, 't> {
+    /// The pointer as configured.
+    pointer: &'p str,
+    tokens: Vec<Cow<'p, str>>,
+    found: Option<&'t RawValue>,
+}
+
+impl<'p, 't> Probe<'p, 't> {
+    /// A probe for `pointer`; `None` when it cannot name anything (see [`find`]).
+    pub(crate) fn new(pointer: &'p str) -> Option<Probe<'p, 't>> {
+        Some(Probe { pointer, tokens: tokens(pointer)?, found: None })
+    }
+
+    /// The pointer as configured.
+    pub(crate) fn pointer(&self) -> &str {
+        self.pointer
+    }
+
+    /// How many levels down the value it names lies (0: the document itself).
+    pub fn depth(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether the member called `key`, at `depth` levels down, is on its path (the
+    /// levels above it having been).
+    pub fn names_member(&self, depth: usize, key: &[u8]) -> bool {
+        self.tokens.get(depth).is_some_and(|token| token.as_bytes() == key)
+    }
+
+    /// Whether element `index` of an array at `depth` levels down is on its path.
+    pub fn names_element(&self, depth: usize, index: usize) -> bool {
+        self.tokens.get(depth).is_some_and(|token| array_index(token) == Some(index))
+    }
+
+    /// What the walk found at the end of its path so far: the last value it met there,
+    /// as a document whose repeated keys keep their last value would hold (`None` clears
+    /// it, when a later member of the same name replaces the one it was found under).
+    pub fn found(&mut self, value: Option<&'t RawValue>) {
+        self.found = value;
+    }
+
+    /// The value found.
+    pub(crate) fn value(&self) -> Option<&'t RawValue> {
+        self.found
+    }
+}
+
+/// A walk of the whole body that something else needs anyway (the search index's terms),
+/// taking the verifier's pointers on its way, so that the body is read once.
+pub trait BodyScan {
+    /// Walk `text`, filling in each probe's value. `false` when this scan does not walk
+    /// this body, cannot answer exactly, or finds it is not JSON: the pointers are then
+    /// looked up one by one, as without a scan.
+    fn scan<'t>(&mut self, text: &'t str, probes: &mut [Probe<'_, 't>]) -> bool;
 }
 
 /// Reads one value, keeping the part of it that `path` names (the whole value when the

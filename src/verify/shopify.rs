@@ -25,6 +25,7 @@ impl Verifier for Shopify {
         spec: &SourceSpec,
         headers: &HeaderMap,
         body: &[u8],
+        json: &mut LazyJson,
         _now_unix: i64,
     ) -> Result<Verified, VerifyError> {
         let header = required_header(headers, SIGNATURE_HEADER)?;
@@ -32,10 +33,9 @@ impl Verifier for Shopify {
             .ok_or_else(|| VerifyError::InvalidSignature(format!("{SIGNATURE_HEADER} is not base64")))?;
         check_any(HmacAlgorithm::Sha256, &verbatim_keys(spec), &[body], &[signature])?;
 
-        let mut json = LazyJson::new(body);
-        let dedupe_key = resolve(&spec.dedupe, headers, &mut json, |_| header_string(headers, WEBHOOK_ID_HEADER))?
+        let dedupe_key = resolve(&spec.dedupe, headers, json, |_| header_string(headers, WEBHOOK_ID_HEADER))?
             .unwrap_or_else(|| body_sha256_hex(body));
-        let event_type = resolve(&spec.event_type, headers, &mut json, |_| header_string(headers, TOPIC_HEADER))?
+        let event_type = resolve(&spec.event_type, headers, json, |_| header_string(headers, TOPIC_HEADER))?
             .unwrap_or_else(unknown_event_type);
         Ok(Verified { dedupe_key, event_type, challenge: None, ordering_key: None })
     }

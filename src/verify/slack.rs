@@ -25,11 +25,16 @@ const TIMESTAMP_HEADER: &str = "X-Slack-Request-Timestamp";
 pub(super) struct Slack;
 
 impl Verifier for Slack {
+    fn pointers(&self) -> &'static [&'static str] {
+        &["/type", "/challenge", "/event_id", "/event/type"]
+    }
+
     fn verify(
         &self,
         spec: &SourceSpec,
         headers: &HeaderMap,
         body: &[u8],
+        json: &mut LazyJson,
         now_unix: i64,
     ) -> Result<Verified, VerifyError> {
         let header = required_header(headers, SIGNATURE_HEADER)?;
@@ -47,7 +52,6 @@ impl Verifier for Slack {
         )?;
         check_tolerance(spec, timestamp, now_unix)?;
 
-        let mut json = LazyJson::new(body);
         let body_type = json.pointer("/type")?;
         if body_type.as_deref() == Some("url_verification") {
             let challenge = json
@@ -70,10 +74,10 @@ impl Verifier for Slack {
                 None => body_sha256_hex(body),
             }
         } else {
-            locate(&spec.dedupe, headers, &mut json)?.unwrap_or_else(|| body_sha256_hex(body))
+            locate(&spec.dedupe, headers, json)?.unwrap_or_else(|| body_sha256_hex(body))
         };
         let event_type =
-            resolve(&spec.event_type, headers, &mut json, |json| Ok(json.pointer("/event/type")?.or(body_type)))?
+            resolve(&spec.event_type, headers, json, |json| Ok(json.pointer("/event/type")?.or(body_type)))?
                 .unwrap_or_else(unknown_event_type);
         Ok(Verified { dedupe_key, event_type, challenge: None, ordering_key: None })
     }

@@ -26,11 +26,16 @@ pub fn decode_secret(secret: &str) -> Option<Vec<u8>> {
 }
 
 impl Verifier for StandardWebhooks {
+    fn pointers(&self) -> &'static [&'static str] {
+        &["/type"]
+    }
+
     fn verify(
         &self,
         spec: &SourceSpec,
         headers: &HeaderMap,
         body: &[u8],
+        json: &mut LazyJson,
         now_unix: i64,
     ) -> Result<Verified, VerifyError> {
         let id = required_header(headers, ID_HEADER)?;
@@ -63,11 +68,10 @@ impl Verifier for StandardWebhooks {
         )?;
         check_tolerance(spec, timestamp, now_unix)?;
 
-        let mut json = LazyJson::new(body);
-        let dedupe_key = resolve(&spec.dedupe, headers, &mut json, |_| Ok(Some(id.to_owned())))?
-            .unwrap_or_else(|| body_sha256_hex(body));
+        let dedupe_key =
+            resolve(&spec.dedupe, headers, json, |_| Ok(Some(id.to_owned())))?.unwrap_or_else(|| body_sha256_hex(body));
         let event_type =
-            resolve(&spec.event_type, headers, &mut json, |j| j.pointer("/type"))?.unwrap_or_else(unknown_event_type);
+            resolve(&spec.event_type, headers, json, |j| j.pointer("/type"))?.unwrap_or_else(unknown_event_type);
         Ok(Verified { dedupe_key, event_type, challenge: None, ordering_key: None })
     }
 }

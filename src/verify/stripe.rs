@@ -18,11 +18,16 @@ const SIGNATURE_HEADER: &str = "Stripe-Signature";
 pub(super) struct Stripe;
 
 impl Verifier for Stripe {
+    fn pointers(&self) -> &'static [&'static str] {
+        &["/id", "/type"]
+    }
+
     fn verify(
         &self,
         spec: &SourceSpec,
         headers: &HeaderMap,
         body: &[u8],
+        json: &mut LazyJson,
         now_unix: i64,
     ) -> Result<Verified, VerifyError> {
         let header = required_header(headers, SIGNATURE_HEADER)?;
@@ -31,16 +36,15 @@ impl Verifier for Stripe {
         check_any(HmacAlgorithm::Sha256, &verbatim_keys(spec), &[t.as_bytes(), b".", body], &signatures)?;
         check_tolerance(spec, timestamp, now_unix)?;
 
-        let mut json = LazyJson::new(body);
         // Stripe's event id is the documented idempotency key and is in every event, so a
         // body without one is not an event we understand: refuse it rather than guess.
         let dedupe_key = if spec.dedupe.is_empty() {
             json.pointer("/id")?.ok_or_else(|| VerifyError::MalformedBody("Stripe event has no `id`".to_owned()))?
         } else {
-            locate(&spec.dedupe, headers, &mut json)?.unwrap_or_else(|| body_sha256_hex(body))
+            locate(&spec.dedupe, headers, json)?.unwrap_or_else(|| body_sha256_hex(body))
         };
         let event_type =
-            resolve(&spec.event_type, headers, &mut json, |j| j.pointer("/type"))?.unwrap_or_else(unknown_event_type);
+            resolve(&spec.event_type, headers, json, |j| j.pointer("/type"))?.unwrap_or_else(unknown_event_type);
         Ok(Verified { dedupe_key, event_type, challenge: None, ordering_key: None })
     }
 }

@@ -126,7 +126,7 @@ fn garbage_headers() -> impl Strategy<Value = HeaderMap> {
 }
 
 /// Bodies: raw bytes, JSON of any shape, events the kinds understand, deep or huge.
-fn body() -> impl Strategy<Value = Vec<u8>> {
+pub(super) fn body() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         6 => vec(any::<u8>(), 0..512),
         6 => json_value().prop_map(|v| serde_json::to_vec(&v).expect("serialize")),
@@ -148,7 +148,7 @@ fn event_body() -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
-fn locator() -> impl Strategy<Value = Locator> {
+pub(super) fn locator() -> impl Strategy<Value = Locator> {
     let header =
         prop_oneof![Just(None), select(HEADER_NAMES).prop_map(|h| Some(h.to_owned())), "\\PC{0,8}".prop_map(Some),];
     let pointer = prop_oneof![
@@ -254,10 +254,10 @@ fn standard_key(secret: &str) -> Vec<u8> {
 /// What a signed request is made of. The signature header's value is
 /// `head + encode(mac) + tail`, so a test can re-encode a changed MAC.
 #[derive(Debug, Clone)]
-struct Signed {
-    spec: SourceSpec,
-    body: Vec<u8>,
-    now: i64,
+pub(super) struct Signed {
+    pub(super) spec: SourceSpec,
+    pub(super) body: Vec<u8>,
+    pub(super) now: i64,
     signature_header: String,
     head: String,
     mac: Vec<u8>,
@@ -296,7 +296,7 @@ impl Signed {
         map
     }
 
-    fn headers(&self) -> HeaderMap {
+    pub(super) fn headers(&self) -> HeaderMap {
         self.headers_with(self.signature_value(&self.mac).as_bytes(), &self.signed_headers)
     }
 
@@ -307,11 +307,11 @@ impl Signed {
 
 /// Everything a signed request is generated from.
 #[derive(Debug, Clone)]
-struct SignParams {
-    kind: Kind,
+pub(super) struct SignParams {
+    pub(super) kind: Kind,
     secrets: Vec<String>,
     signer: Index,
-    body: Vec<u8>,
+    pub(super) body: Vec<u8>,
     timestamp: i64,
     skew: Index,
     tolerance: Option<u64>,
@@ -324,7 +324,7 @@ struct SignParams {
 const SIGNING_KINDS: [Kind; 6] =
     [Kind::Stripe, Kind::Github, Kind::Shopify, Kind::Slack, Kind::StandardWebhooks, Kind::Hmac];
 
-fn sign_params() -> impl Strategy<Value = SignParams> {
+pub(super) fn sign_params() -> impl Strategy<Value = SignParams> {
     sign_params_with(&SIGNING_KINDS, false)
 }
 
@@ -354,7 +354,7 @@ fn sign_params_with(kinds: &[Kind], wild: bool) -> impl Strategy<Value = SignPar
 
 /// Sign `p.body` with one of `p.secrets` per the kind's scheme, at `p.timestamp`, and pick
 /// a `now` inside the tolerance.
-fn sign(p: &SignParams) -> Signed {
+pub(super) fn sign(p: &SignParams) -> Signed {
     let secret = p.secrets[p.signer.index(p.secrets.len())].as_str();
     let ts = p.timestamp.to_string();
     let body = p.body.as_slice();
@@ -747,7 +747,7 @@ fn expected_at(at: &Value) -> Found {
 /// Walk `value` by `choices` (an element of an array, a member of an object, until a
 /// scalar or an empty container): the RFC 6901 pointer of the path, escaped, and the
 /// value it leads to.
-fn path_into<'v>(value: &'v Value, choices: &[Index]) -> (String, &'v Value) {
+pub(super) fn path_into<'v>(value: &'v Value, choices: &[Index]) -> (String, &'v Value) {
     let mut at = value;
     let mut pointer = String::new();
     for choice in choices {

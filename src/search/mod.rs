@@ -164,12 +164,17 @@ impl PayloadScan {
 }
 
 impl crate::verify::BodyScan for PayloadScan {
+    /// A payload whose values are not indexed (content search off, a body over the size)
+    /// is still walked once for the pointers, hashing nothing: one pass where a kind that
+    /// reads several (Stripe two, Slack up to four) made one each.
     fn scan<'t>(&mut self, text: &'t str, probes: &mut [crate::verify::Probe<'_, 't>]) -> bool {
-        if !self.indexing.content() || !indexed(text.as_bytes()) {
-            return false;
+        let prefix = [Kind::Payload as u8];
+        if self.indexing.content() && indexed(text.as_bytes()) {
+            self.payload_terms = payload::probed_terms(text, &prefix, MAX_PAYLOAD_TERMS, probes);
+            self.payload_terms.is_some()
+        } else {
+            !probes.is_empty() && payload::probed_terms(text, &prefix, 0, probes).is_some()
         }
-        self.payload_terms = payload::probed_terms(text, &[Kind::Payload as u8], MAX_PAYLOAD_TERMS, probes);
-        self.payload_terms.is_some()
     }
 }
 

@@ -69,7 +69,9 @@ pub fn distinct_set<T: Hash + Eq + std::fmt::Debug>(
     items: impl IntoIterator<Item = T>,
     invariant: &'static str,
 ) -> Result<HashSet<T>, Broken> {
-    let mut seen = HashSet::new();
+    // Sized for the items at once: their iterators (a batch's ids) know how many.
+    let items = items.into_iter();
+    let mut seen = HashSet::with_capacity(items.size_hint().0);
     for item in items {
         if seen.contains(&item) {
             ensure(false, invariant, || format!("{item:?} appears twice"))?;

@@ -163,17 +163,29 @@ impl PayloadScan {
     }
 }
 
+impl PayloadScan {
+    /// Whether `payload`'s values are to be hashed by this scan's walk.
+    fn hashes(&self, payload: &[u8]) -> bool {
+        self.indexing.content() && indexed(payload)
+    }
+}
+
 impl crate::verify::BodyScan for PayloadScan {
     /// A payload whose values are not indexed (content search off, a body over the size)
     /// is still walked once for the pointers, hashing nothing: one pass where a kind that
-    /// reads several (Stripe two, Slack up to four) made one each.
+    /// reads several (Stripe two, Slack up to four) made one each; with no pointer, not at
+    /// all.
+    fn walks(&self, body: &[u8], probes: usize) -> bool {
+        probes > 0 || self.hashes(body)
+    }
+
     fn scan<'t>(&mut self, text: &'t str, probes: &mut [crate::verify::Probe<'_, 't>]) -> bool {
         let prefix = [Kind::Payload as u8];
-        if self.indexing.content() && indexed(text.as_bytes()) {
+        if self.hashes(text.as_bytes()) {
             self.payload_terms = payload::probed_terms(text, &prefix, MAX_PAYLOAD_TERMS, probes);
             self.payload_terms.is_some()
         } else {
-            !probes.is_empty() && payload::probed_terms(text, &prefix, 0, probes).is_some()
+            payload::probed_terms(text, &prefix, 0, probes).is_some()
         }
     }
 }

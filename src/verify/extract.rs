@@ -73,18 +73,31 @@ impl<'a> LazyJson<'a> {
     /// Walk the body with the scan now if it has not walked it, so that its own purpose
     /// is served even when no pointer was looked up.
     pub(crate) fn finish(&mut self) {
-        if let Some(text) = self.text()
-            && let Some(scan) = &mut self.scan
-        {
-            scan.walk(text);
+        self.walk();
+    }
+
+    /// Whether the scan's walk answered for its pointers: walked now if it has not been,
+    /// when the scan walks this body (the body's text is read only then).
+    fn walk(&mut self) -> bool {
+        let pending = match &self.scan {
+            Some(scan) => scan.answered.is_none().then(|| scan.scanner.walks(self.body, scan.probes.len())),
+            None => return false,
+        };
+        if let Some(walks) = pending {
+            let text = if walks { self.text() } else { None };
+            if let Some(scan) = &mut self.scan {
+                scan.answered = Some(text.is_some_and(|text| scan.scanner.scan(text, &mut scan.probes)));
+            }
         }
+        self.scan.as_ref().is_some_and(|scan| scan.answered == Some(true))
     }
 
     /// The value at an RFC 6901 pointer, parsed; `None` when the body is not JSON or the
     /// pointer finds nothing.
     pub(crate) fn value_at(&mut self, pointer: &str) -> Option<Value> {
         let text = self.text()?;
-        let raw = match self.scan.as_mut().and_then(|scan| scan.walk(text).then(|| scan.answer(pointer)).flatten()) {
+        let walked = self.walk();
+        let raw = match self.scan.as_ref().filter(|_| walked).and_then(|scan| scan.answer(pointer)) {
             Some(found) => found?,
             None => {
                 self.passes += usize::from(super::pointer::reads(pointer));
@@ -132,17 +145,9 @@ impl<'a> LazyJson<'a> {
 }
 
 impl<'a> Scan<'a> {
-    /// Walk `text` once if not yet walked; whether the walk answered.
-    fn walk(&mut self, text: &'a str) -> bool {
-        *self.answered.get_or_insert_with(|| self.scanner.scan(text, &mut self.probes))
-    }
-
-    /// The walk's answer for `pointer`: `None` when it was not declared (or the walk did
-    /// not answer), `Some(None)` when it names nothing in the body.
+    /// The answer of a walk that answered for `pointer`: `None` when it was not declared,
+    /// `Some(None)` when it names nothing in the body.
     fn answer(&self, pointer: &str) -> Option<Option<&'a RawValue>> {
-        if self.answered != Some(true) {
-            return None;
-        }
         self.probes.iter().find(|p| p.pointer() == pointer).map(Probe::value)
     }
 }

@@ -125,9 +125,13 @@ impl<'p, 't> Probe<'p, 't> {
 /// A walk of the whole body that something else needs anyway (the search index's terms),
 /// taking the verifier's pointers on its way, so that the body is read once.
 pub trait BodyScan {
-    /// Walk `text`, filling in each probe's value. `false` when this scan does not walk
-    /// this body, cannot answer exactly, or finds it is not JSON: the pointers are then
-    /// looked up one by one, as without a scan.
+    /// Whether this scan walks `body` when `probes` pointers are looked for, told without
+    /// reading it: a body no walk is for is not even checked for UTF-8.
+    fn walks(&self, body: &[u8], probes: usize) -> bool;
+
+    /// Walk `text` (a body [`BodyScan::walks`] said it walks), filling in each probe's
+    /// value. `false` when it cannot answer exactly, or finds the text is not JSON: the
+    /// pointers are then looked up one by one, as without a scan.
     fn scan<'t>(&mut self, text: &'t str, probes: &mut [Probe<'_, 't>]) -> bool;
 }
 

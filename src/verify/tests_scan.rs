@@ -119,6 +119,43 @@ fn a_body_that_is_not_json_is_read_pointer_by_pointer_and_one_not_indexed_is_wal
     assert_eq!(scan.terms("key", &json!({}), body), Indexing::KeyOnly.terms("key", &json!({}), b"{}"));
 }
 
+/// A scan that walks nothing, counting the walks it was made to take.
+#[derive(Default)]
+struct WalksNothing {
+    scanned: usize,
+}
+
+impl super::BodyScan for WalksNothing {
+    fn walks(&self, _: &[u8], _: usize) -> bool {
+        false
+    }
+
+    fn scan<'t>(&mut self, _: &'t str, _: &mut [super::Probe<'_, 't>]) -> bool {
+        self.scanned += 1;
+        true
+    }
+}
+
+#[test]
+fn a_body_no_walk_is_for_is_not_walked_and_its_pointers_are_read_by_their_passes() {
+    let body = br#"{"t": "x"}"#;
+    let mut scan = WalksNothing::default();
+    let mut json = LazyJson::scanning(body, ["/t"], &mut scan);
+    json.finish();
+    assert_eq!(json.value_at("/t"), Some(json!("x")));
+    assert_eq!(json.passes(), 1);
+    drop(json);
+    assert_eq!(scan.scanned, 0, "never walked");
+    // Content search off and no pointer to read: nothing to walk for.
+    let scan = PayloadScan::new(Indexing::KeyOnly);
+    assert!(!super::BodyScan::walks(&scan, body, 0));
+    assert!(super::BodyScan::walks(&scan, body, 1));
+    // A body over the indexed size, with no pointer: not walked either.
+    let long = vec![b'['; crate::search::MAX_INDEXED_PAYLOAD_BYTES + 1];
+    assert!(!super::BodyScan::walks(&PayloadScan::new(Indexing::Content), &long, 0));
+    assert!(super::BodyScan::walks(&PayloadScan::new(Indexing::Content), body, 0));
+}
+
 #[test]
 fn past_the_term_budget_the_walk_still_finds_the_pointers() {
     let mut doc = serde_json::Map::new();

@@ -30,7 +30,9 @@ pub(crate) struct LazyJson<'a> {
     /// The body's text once read: `None` when it is not JSON.
     text: Option<Option<&'a str>>,
     scan: Option<Scan<'a>>,
-    /// Passes over the body made pointer by pointer (tests count them).
+    /// Passes over the body made pointer by pointer (counted for tests only: telling a
+    /// pointer that reads the body costs its tokens).
+    #[cfg(test)]
     passes: usize,
 }
 
@@ -44,7 +46,13 @@ struct Scan<'a> {
 
 impl<'a> LazyJson<'a> {
     pub(crate) fn new(body: &'a [u8]) -> Self {
-        Self { body, text: None, scan: None, passes: 0 }
+        Self {
+            body,
+            text: None,
+            scan: None,
+            #[cfg(test)]
+            passes: 0,
+        }
     }
 
     /// A body read by `scanner`'s walk, which looks for `pointers` on its way.
@@ -100,7 +108,10 @@ impl<'a> LazyJson<'a> {
         let raw = match self.scan.as_ref().filter(|_| walked).and_then(|scan| scan.answer(pointer)) {
             Some(found) => found?,
             None => {
-                self.passes += usize::from(super::pointer::reads(pointer));
+                #[cfg(test)]
+                {
+                    self.passes += usize::from(super::pointer::reads(pointer));
+                }
                 match super::pointer::find(text, pointer) {
                     Ok(raw) => raw?,
                     Err(super::pointer::NotJson) => {

@@ -44,6 +44,7 @@ pub(crate) fn find<'a>(text: &'a str, pointer: &str) -> Result<Option<&'a RawVal
 
 /// Whether [`find`] reads the text for `pointer` (one that cannot name anything is
 /// answered without it).
+#[cfg(test)]
 pub(crate) fn reads(pointer: &str) -> bool {
     tokens(pointer).is_some()
 }

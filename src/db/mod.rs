@@ -20,6 +20,11 @@
 //! | server TCP keepalives ([`SERVER_KEEPALIVE`]) | ≈ 25 s | the server notices a gateway it cannot reach and ends its sessions, releasing their locks |
 //! | `jit` off ([`NO_JIT`], server side) | none | a statement's own time: PostgreSQL compiles a statement whose estimated cost passes `jit_above_cost`, at every execution (50-80 ms). A cached generic plan is estimated from a whole table (its `LIMIT`s are parameters): the general claim's at 1,000,000 pending compiled 125 functions for each claim of 256 rows, 59 ms a claim against 6 ms (bench/PROFILE.md, "A claim compiled at every call") |
 //!
+//! Two settings are not bounds but what the design relies on, whatever the database or
+//! role imposes: every transaction runs READ COMMITTED ([`ISOLATION`]), and when the
+//! database's commits do not wait for the WAL's flush the gateway's do
+//! ([`durable_commits`]); docs/production-postgres.md, "Settings the database imposes".
+//!
 //! The server-side settings travel as startup `options`; a setting already given in the
 //! URL's `options` parameter wins (`?options=-c%20statement_timeout%3D120s`). A pooler in
 //! front of PostgreSQL must pass `options` through (PgBouncer refuses unknown startup
@@ -36,6 +41,7 @@ mod tx;
 mod warm;
 mod wire;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -96,6 +102,40 @@ macro_rules! pooled_bounds {
     };
 }
 
+/// Every transaction's `BEGIN`, with the isolation the gateway's statements are written
+/// for ([`ISOLATION`]) whatever the database's or role's default.
+macro_rules! begin {
+    () => {
+        "BEGIN ISOLATION LEVEL READ COMMITTED"
+    };
+}
+
+/// What a pooled `BEGIN` adds when the database's commits would not wait for the WAL's
+/// flush ([`durable_commits`]).
+macro_rules! durable {
+    () => {
+        "; SET LOCAL synchronous_commit = on"
+    };
+}
+
+/// The isolation of every transaction of the gateway: READ COMMITTED, PostgreSQL's own
+/// default, pinned because the design depends on it. A claim counts an endpoint's live
+/// leases in a statement after the one that locks the endpoint, and only READ COMMITTED
+/// gives that statement a snapshot taken after the lock (under REPEATABLE READ it would
+/// miss a lease committed meanwhile, and the endpoint's `max_in_flight` could be passed);
+/// and under SERIALIZABLE the claims and outcome writes of concurrent workers fail with
+/// serialization errors (measured: 121 in 15 s of two replicas on one endpoint, the drain
+/// slowed to a crawl by the retries). A database or role whose
+/// `default_transaction_isolation` is stricter must not change what the gateway does:
+/// direct sessions get it as a startup option (after the URL's own, so it wins), and every
+/// `BEGIN` of the gateway names it.
+pub const ISOLATION: &str = "read committed";
+
+/// Whether this process found its database's commits not waiting for the WAL's flush
+/// (`synchronous_commit = off`, set for the database or the role) and waits for it itself;
+/// see [`durable_commits`].
+static COMMITS_MADE_DURABLE: AtomicBool = AtomicBool::new(false);
+
 /// Whether the gateway's sessions let PostgreSQL compile statements (JIT): never. Every
 /// statement of the gateway is small and bounded, and compiling one takes tens of
 /// milliseconds at every execution; only an estimate inflated by a generic plan (a
@@ -107,7 +147,20 @@ pub const NO_JIT: &str = "off";
 /// of [`STATEMENT_TIMEOUT`] and [`IDLE_IN_TRANSACTION_TIMEOUT`], and [`NO_JIT`], for the
 /// transaction (a direct connection gets them once, as startup options), in the same round
 /// trip.
-const POOLED_BEGIN: &str = concat!("BEGIN; ", pooled_bounds!());
+const POOLED_BEGIN: &str = concat!(begin!(), "; ", pooled_bounds!());
+
+/// [`POOLED_BEGIN`] with the commit made to wait for the WAL's flush.
+const POOLED_BEGIN_DURABLE: &str = concat!(begin!(), "; ", pooled_bounds!(), durable!());
+
+/// The `BEGIN` of a transaction behind a transaction pooler: [`POOLED_BEGIN`], and its
+/// commit made durable when the database's are not ([`durable_commits`]).
+pub(crate) fn pooled_begin() -> &'static str {
+    if COMMITS_MADE_DURABLE.load(Ordering::Relaxed) { POOLED_BEGIN_DURABLE } else { POOLED_BEGIN }
+}
+
+/// The `BEGIN` of a transaction on a direct connection, with [`ISOLATION`] (the connection's
+/// own settings carry the rest).
+pub(crate) const DIRECT_BEGIN: &str = begin!();
 
 /// [`Planning::EachCall`]'s settings.
 macro_rules! each_call {
@@ -129,17 +182,28 @@ macro_rules! cached {
 /// The `BEGIN` of a transaction whose statements are planned as `planning` says, behind
 /// `pooler`: one round trip (the simple query protocol, which every pooler passes whole).
 pub fn begin_sql(pooler: Pooler, planning: Planning) -> &'static str {
-    match (pooler, planning) {
-        (Pooler::None, Planning::EachCall) => concat!("BEGIN; ", each_call!()),
-        (Pooler::None, Planning::Cached) => concat!("BEGIN; ", cached!()),
-        (Pooler::Transaction, Planning::EachCall) => concat!("BEGIN; ", pooled_bounds!(), "; ", each_call!()),
-        (Pooler::Transaction, Planning::Cached) => concat!("BEGIN; ", pooled_bounds!(), "; ", cached!()),
+    let durable = COMMITS_MADE_DURABLE.load(Ordering::Relaxed);
+    match (pooler, planning, durable) {
+        (Pooler::None, Planning::EachCall, _) => concat!(begin!(), "; ", each_call!()),
+        (Pooler::None, Planning::Cached, _) => concat!(begin!(), "; ", cached!()),
+        (Pooler::Transaction, Planning::EachCall, false) => {
+            concat!(begin!(), "; ", pooled_bounds!(), "; ", each_call!())
+        }
+        (Pooler::Transaction, Planning::Cached, false) => concat!(begin!(), "; ", pooled_bounds!(), "; ", cached!()),
+        (Pooler::Transaction, Planning::EachCall, true) => {
+            concat!(begin!(), "; ", pooled_bounds!(), durable!(), "; ", each_call!())
+        }
+        (Pooler::Transaction, Planning::Cached, true) => {
+            concat!(begin!(), "; ", pooled_bounds!(), durable!(), "; ", cached!())
+        }
     }
 }
 
-/// Asks a new connection whether its node takes writes (one round trip per connection,
-/// as the simple query protocol, which every pooler passes whole).
-const WRITABLE: &str = "SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on')";
+/// Asks a new connection whether its node takes writes, and whether its commits wait for
+/// the WAL's flush (one round trip per connection, as the simple query protocol, which
+/// every pooler passes whole).
+const WRITABLE: &str = "SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'), \
+                        current_setting('synchronous_commit') <> 'off'";
 
 /// How to reach PostgreSQL.
 #[derive(Debug, Clone)]
@@ -192,6 +256,9 @@ pub async fn open(config: &DbConfig) -> anyhow::Result<Pool> {
     let targets: Vec<tcp::Target> = hosts.iter().map(tcp::Target::of).collect();
     let health = Arc::new(Health::default());
     let (stale, refusals) = (health.clone(), health.clone());
+    let pooler = config.pooler;
+    // A URL that sets `synchronous_commit` itself is its operator's choice.
+    let url_sets_commit = hosts[first].get_options().is_some_and(|o| o.contains("synchronous_commit="));
     // No ping before every checkout (sqlx's default): it doubles the round trips of a
     // one-statement ingest. A connection that died is found by the statement that uses
     // it, which fails (503 at ingest: the producer retries), drops the connection and
@@ -209,18 +276,20 @@ pub async fn open(config: &DbConfig) -> anyhow::Result<Pool> {
             Box::pin(async move { Ok(keep) })
         })
         .after_connect(move |conn, _meta| {
-            let (targets, refusals) = (targets.clone(), refusals.clone());
+            let (targets, refusals, pooler) = (targets.clone(), refusals.clone(), pooler);
             Box::pin(async move {
                 for target in &targets {
                     tcp::harden(target);
                 }
-                match writable(conn).await? {
-                    true => Ok(()),
-                    false => {
-                        refusals.note_refusal(Refusal::ReadOnly);
-                        Err(read_only_error())
-                    }
+                let (writable, durable) = connection_state(conn).await?;
+                if !writable {
+                    refusals.note_refusal(Refusal::ReadOnly);
+                    return Err(read_only_error());
                 }
+                if !durable {
+                    durable_commits(conn, pooler, url_sets_commit).await?;
+                }
+                Ok(())
             })
         })
         .connect_lazy_with(hosts[first].clone());
@@ -313,9 +382,54 @@ async fn writable_at(options: &PgConnectOptions) -> Result<bool, sqlx::Error> {
 
 /// Whether `conn`'s node takes writes.
 async fn writable(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    Ok(connection_state(conn).await?.0)
+}
+
+/// Whether `conn`'s node takes writes, and whether its commits wait for the WAL's flush.
+async fn connection_state(conn: &mut PgConnection) -> Result<(bool, bool), sqlx::Error> {
     use sqlx::Executor as _;
     let row = conn.fetch_one(sqlx::raw_sql(WRITABLE)).await?;
-    row.try_get(0)
+    Ok((row.try_get(0)?, row.try_get(1)?))
+}
+
+/// A new connection whose commits would not wait for the WAL's flush: the database or the
+/// role has `synchronous_commit = off`. Ingest answers 200 after its commit, and the promise
+/// is that a webhook answered 200 survives a crash of PostgreSQL; with `off` it may not
+/// (PostgreSQL may lose the last few hundred milliseconds of commits). So the gateway's own
+/// commits wait for the flush (`on`, PostgreSQL's default) and the log says so once: on a
+/// direct connection for the session, behind a transaction pooler in every transaction's
+/// `BEGIN` (a session setting would stay on the server connection for the pooler's other
+/// clients). Where the gateway commits without the flush on purpose (a claim, which a crash
+/// only makes be claimed again), its statements say so themselves and still do. A URL whose
+/// `options` set `synchronous_commit` is the operator's explicit choice and is kept.
+async fn durable_commits(conn: &mut PgConnection, pooler: Pooler, url_sets_it: bool) -> Result<(), sqlx::Error> {
+    use sqlx::Executor as _;
+    if url_sets_it {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            tracing::warn!(
+                "the database URL sets synchronous_commit = off: a webhook answered 200 may be lost if PostgreSQL \
+                 crashes before its commit reaches the disk"
+            );
+        });
+        return Ok(());
+    }
+    if !COMMITS_MADE_DURABLE.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "the database's synchronous_commit is off (set for the database or the role): the gateway's commits \
+             wait for the WAL's flush anyway (synchronous_commit = on), so a webhook answered 200 survives a crash"
+        );
+    }
+    match pooler {
+        Pooler::None => conn.execute(sqlx::raw_sql("SET synchronous_commit = on")).await.map(|_| ()),
+        Pooler::Transaction => Ok(()),
+    }
+}
+
+/// Whether this process makes its commits wait for the WAL's flush because its database's
+/// do not ([`durable_commits`]).
+pub fn commits_made_durable() -> bool {
+    COMMITS_MADE_DURABLE.load(Ordering::Relaxed)
 }
 
 /// The error a connection to a read-only node is refused with (the pool logs it and
@@ -337,7 +451,10 @@ fn with_server_bounds(options: PgConnectOptions) -> PgConnectOptions {
     ];
     let given = options.get_options().unwrap_or_default().to_owned();
     let missing: Vec<_> = wanted.into_iter().filter(|(name, _)| !given.contains(&format!("{name}="))).collect();
-    if missing.is_empty() { options } else { options.options(missing) }
+    let options = if missing.is_empty() { options } else { options.options(missing) };
+    // Not a bound the URL may change: the statements are written for it ([`ISOLATION`]).
+    // Last, so it wins over the URL's own; `\ ` is a space inside one option's value.
+    options.options([("default_transaction_isolation", ISOLATION.replace(' ', "\\ "))])
 }
 
 /// How the statements of a transaction are planned: its `plan_cache_mode`, set in the
@@ -407,7 +524,7 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
     let fail = |e: &dyn std::fmt::Display| anyhow::anyhow!("migrations failed: {e}");
     let mut conn = PgConnection::connect_with(&pool.connect_options()).await.map_err(|e| fail(&e))?;
     let result = async {
-        let mut tx = conn.begin_with("BEGIN; DEALLOCATE ALL; SET LOCAL statement_timeout = 0").await?;
+        let mut tx = conn.begin_with(concat!(begin!(), "; DEALLOCATE ALL; SET LOCAL statement_timeout = 0")).await?;
         query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATION_LOCK_KEY).execute(&mut *tx).await?;
         UNLOCKED_MIGRATOR.run(&mut *tx).await?;
         let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
@@ -509,7 +626,7 @@ mod tests {
 
     #[test]
     fn a_pooled_begin_sets_the_bounds_a_direct_connection_gets_at_start_up() {
-        assert!(POOLED_BEGIN.starts_with("BEGIN;"));
+        assert!(POOLED_BEGIN.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED;"));
         assert!(POOLED_BEGIN.contains(&format!("statement_timeout = '{}ms'", STATEMENT_TIMEOUT.as_millis())));
         assert!(POOLED_BEGIN.contains(&format!(
             "idle_in_transaction_session_timeout = '{}ms'",
@@ -522,12 +639,18 @@ mod tests {
     fn a_planned_begin_sets_its_plan_mode_and_behind_a_pooler_the_bounds_too() {
         for (planning, mode) in [(Planning::EachCall, "force_custom_plan"), (Planning::Cached, "force_generic_plan")] {
             let direct = begin_sql(Pooler::None, planning);
-            assert!(direct.starts_with(&format!("BEGIN; SET LOCAL plan_cache_mode = {mode}")), "{direct}");
+            assert!(direct.starts_with(&format!("{DIRECT_BEGIN}; SET LOCAL plan_cache_mode = {mode}")), "{direct}");
             let pooled = begin_sql(Pooler::Transaction, planning);
             assert!(pooled.starts_with(&format!("{POOLED_BEGIN}; SET LOCAL plan_cache_mode = {mode}")), "{pooled}");
-            assert_eq!(&pooled[POOLED_BEGIN.len() + 1..], &direct["BEGIN;".len()..], "the same settings");
+            assert_eq!(&pooled[POOLED_BEGIN.len() + 1..], &direct[DIRECT_BEGIN.len() + 1..], "the same settings");
         }
         assert!(begin_sql(Pooler::None, Planning::Cached).contains("SET LOCAL enable_seqscan = off"));
+    }
+
+    #[test]
+    fn a_durable_pooled_begin_is_the_plain_one_with_the_flush_waited_for() {
+        assert_eq!(POOLED_BEGIN_DURABLE, format!("{POOLED_BEGIN}; SET LOCAL synchronous_commit = on"));
+        assert!(DIRECT_BEGIN.contains(&ISOLATION.to_uppercase()));
     }
 
     #[test]
@@ -539,6 +662,7 @@ mod tests {
         assert!(added.contains("-c idle_in_transaction_session_timeout=60000ms"), "{added}");
         assert!(added.contains("-c tcp_keepalives_idle=10"), "{added}");
         assert!(added.contains("-c jit=off"), "{added}");
+        assert!(added.ends_with("-c default_transaction_isolation=read\\ committed"), "{added}");
 
         let options: PgConnectOptions =
             "postgres://u@h/db?options=-c%20statement_timeout%3D120s".parse().expect("url with options");
@@ -554,5 +678,12 @@ mod tests {
         let kept = with_server_bounds(options);
         let kept = kept.get_options().expect("options");
         assert!(kept.contains("jit_above_cost=500000") && kept.contains("-c jit=off"), "{kept}");
+
+        // The isolation is not the URL's to change: the gateway's comes last, and wins.
+        let options: PgConnectOptions =
+            "postgres://u@h/db?options=-c%20default_transaction_isolation%3Dserializable".parse().expect("url");
+        let pinned = with_server_bounds(options);
+        let pinned = pinned.get_options().expect("options");
+        assert!(pinned.ends_with("-c default_transaction_isolation=read\\ committed"), "{pinned}");
     }
 }

@@ -200,7 +200,7 @@ impl Pool {
         let items: Vec<Item> = match self.pooler {
             Pooler::None => conn.conn().fetch_many(query).try_collect().await?,
             Pooler::Transaction => {
-                let mut tx = conn.conn().begin_with(super::POOLED_BEGIN).await?;
+                let mut tx = conn.conn().begin_with(super::pooled_begin()).await?;
                 let items = (&mut *tx).fetch_many(Unnamed(query)).try_collect().await?;
                 tx.commit().await?;
                 items
@@ -245,12 +245,13 @@ impl Pool {
         self.inner.connect_options()
     }
 
-    /// Begin a transaction on a pooled connection. Behind a transaction pooler its
-    /// `BEGIN` also sets the server-side bounds for the transaction (same round trip).
+    /// Begin a transaction on a pooled connection, at [`super::ISOLATION`]. Behind a
+    /// transaction pooler its `BEGIN` also sets the server-side bounds for the transaction
+    /// (same round trip).
     pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
         let result = match self.pooler {
-            Pooler::None => self.begin_on_warm(None).await,
-            Pooler::Transaction => self.begin_on_warm(Some(super::POOLED_BEGIN)).await,
+            Pooler::None => self.begin_on_warm(Some(super::DIRECT_BEGIN)).await,
+            Pooler::Transaction => self.begin_on_warm(Some(super::pooled_begin())).await,
         };
         result.inspect_err(|e| {
             self.note(e);

@@ -151,7 +151,7 @@ pub async fn record<R: std::borrow::Borrow<AttemptRecord>>(
     if !finishes_heads || conn.is_in_transaction() {
         return record_moving_lines(conn, batch).await;
     }
-    let mut tx = conn.begin().await?;
+    let mut tx = conn.begin_with(crate::db::DIRECT_BEGIN).await?;
     let recorded = record_moving_lines(&mut tx, batch).await?;
     tx.commit().await?;
     Ok(recorded)

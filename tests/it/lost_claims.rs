@@ -108,11 +108,11 @@ async fn a_claim_lost_with_the_database_is_fenced_and_its_delivery_claimed_again
     .await
     .expect("open the circuit");
     sqlx::query("UPDATE deliveries SET parked = true WHERE id = $1").bind(probed).execute(&pool).await.expect("park");
-    // One session whose commits the crash can lose (the setting is read at connection).
-    sqlx::query("ALTER DATABASE gw SET synchronous_commit = off").execute(&mut admin).await.expect("alter");
-    let losing = db::connect(&url, 1).await.expect("pool");
+    // One session whose commits the crash can lose: named in its URL, the operator's
+    // explicit choice, which the gateway keeps (a database-wide `off` it overrides:
+    // `server_settings`).
+    let losing = db::connect(&format!("{url}?options=-c%20synchronous_commit%3Doff"), 1).await.expect("pool");
     assert_eq!(sync_commit(&losing).await, "off");
-    sqlx::query("ALTER DATABASE gw RESET synchronous_commit").execute(&mut admin).await.expect("reset");
     assert_eq!(sync_commit(&pool).await, "on");
 
     let writer = wal_writer(&pool).await;

@@ -50,6 +50,7 @@ mod replicas;
 mod rolling;
 mod search;
 mod secrets;
+mod server_settings;
 mod slow_clients;
 mod sources;
 mod token_payloads;

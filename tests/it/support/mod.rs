@@ -454,6 +454,11 @@ pub async fn wait_ready(addr: SocketAddr) {
 /// event type from `X-Event-Type`) and an endpoint for `sink` subscribed to it; returns
 /// the endpoint's id.
 pub async fn shop_to_sink(base: &str, sink: &sink::Sink) -> String {
+    shop_to(base, serde_json::json!({"url": sink.url("/hook")})).await
+}
+
+/// [`shop_to_sink`] with the endpoint created from `endpoint` (its URL and settings).
+pub async fn shop_to(base: &str, endpoint: serde_json::Value) -> String {
     let http = reqwest::Client::new();
     let post = |path: &'static str, body: serde_json::Value| {
         let request = http.post(format!("{base}{path}")).bearer_auth(ADMIN_TOKEN).json(&body);
@@ -469,7 +474,7 @@ pub async fn shop_to_sink(base: &str, sink: &sink::Sink) -> String {
                            "event_type": {"header": "X-Event-Type"}}),
     )
     .await;
-    let endpoint = post("/v1/endpoints", serde_json::json!({"url": sink.url("/hook")})).await;
+    let endpoint = post("/v1/endpoints", endpoint).await;
     let id = endpoint["id"].as_str().expect("endpoint id").to_owned();
     post("/v1/subscriptions", serde_json::json!({"endpoint_id": id, "source": "shop"})).await;
     id

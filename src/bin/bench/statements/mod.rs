@@ -73,7 +73,9 @@ struct Kind {
 fn recorder_settings() -> String {
     use webhook_gateway::db::{Planning, Pooler, begin_sql};
     let begin = begin_sql(Pooler::None, Planning::Cached);
-    format!("{};\n\n", begin.trim_start_matches("BEGIN; ").replace("SET LOCAL ", "SET "))
+    // What follows the `BEGIN` (whatever it names: the isolation), as session settings.
+    let settings = begin.split_once("; ").map_or("", |(_, settings)| settings);
+    format!("{};\n\n", settings.replace("SET LOCAL ", "SET "))
 }
 
 /// A statement, prepared once per run.

@@ -58,8 +58,10 @@ impl From<Received> for IngestAnswer {
     }
 }
 
-/// 503 message: nothing reached the database.
-pub const NOTHING_STORED: &str = "the database is unreachable; nothing was stored, retry later";
+/// 503 message: the write failed before its commit (the database unreachable, read-only, out
+/// of connections or space, a timeout): nothing was stored.
+pub const NOTHING_STORED: &str =
+    "the database did not take the write (unreachable, read-only or refusing); nothing was stored, retry later";
 /// 503 message: the write may have reached the database, which did not confirm it.
 pub const MAY_BE_STORED: &str = "the database did not confirm the write; the webhook may have been stored; \
     retrying is safe (a stored one is answered as a duplicate)";

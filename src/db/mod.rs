@@ -18,6 +18,7 @@
 //! | `statement_timeout` ([`STATEMENT_TIMEOUT`], server side) | 30 s | work the server does for a statement nobody may be waiting for any more (the janitor sets its own; migrations run without one) |
 //! | `idle_in_transaction_session_timeout` ([`IDLE_IN_TRANSACTION_TIMEOUT`], server side) | 60 s | a transaction whose client went silent holds its row locks no longer than this (no transaction of the gateway waits on anything but its own statements) |
 //! | server TCP keepalives ([`SERVER_KEEPALIVE`]) | ≈ 25 s | the server notices a gateway it cannot reach and ends its sessions, releasing their locks |
+//! | no `lock_timeout` ([`NO_LOCK_TIMEOUT`], server side) | none | a database's or role's own (a guard some operators set for every session) does not cut short the claims' waits for an endpoint's row, which are by design; `statement_timeout` bounds them |
 //! | `jit` off ([`NO_JIT`], server side) | none | a statement's own time: PostgreSQL compiles a statement whose estimated cost passes `jit_above_cost`, at every execution (50-80 ms). A cached generic plan is estimated from a whole table (its `LIMIT`s are parameters): the general claim's at 1,000,000 pending compiled 125 functions for each claim of 256 rows, 59 ms a claim against 6 ms (bench/PROFILE.md, "A claim compiled at every call") |
 //!
 //! Two settings are not bounds but what the design relies on, whatever the database or
@@ -98,7 +99,7 @@ pub const SERVER_KEEPALIVE: (u32, u32, u32) = (10, 5, 3);
 macro_rules! pooled_bounds {
     () => {
         "SET LOCAL statement_timeout = '30000ms'; SET LOCAL idle_in_transaction_session_timeout = '60000ms'; \
-         SET LOCAL jit = off"
+         SET LOCAL jit = off; SET LOCAL lock_timeout = 0"
     };
 }
 
@@ -142,6 +143,15 @@ static COMMITS_MADE_DURABLE: AtomicBool = AtomicBool::new(false);
 /// `LIMIT` or an array it cannot see) makes PostgreSQL choose it. Set as a startup option
 /// on a direct connection, by every transaction's `BEGIN` behind a pooler.
 pub const NO_JIT: &str = "off";
+
+/// `lock_timeout` of the gateway's sessions: none of its own. A database or role may set
+/// one for every session (a guard against lock pile-ups); the gateway's claims wait for an
+/// endpoint's row by design (a few milliseconds, longer in a burst, one claimer after
+/// another), and with a database-wide `lock_timeout` of 2 ms two replicas on one endpoint
+/// answered 29 of 2,400 webhooks 503 and failed claims (measured). Its waits are bounded by
+/// [`STATEMENT_TIMEOUT`] and each caller's deadline; where it wants a shorter wait it sets
+/// one itself (the janitor, the migrations). A URL that sets `lock_timeout` keeps it.
+pub const NO_LOCK_TIMEOUT: &str = "0";
 
 /// The `BEGIN` of every transaction behind a transaction pooler: the server-side bounds
 /// of [`STATEMENT_TIMEOUT`] and [`IDLE_IN_TRANSACTION_TIMEOUT`], and [`NO_JIT`], for the
@@ -448,6 +458,7 @@ fn with_server_bounds(options: PgConnectOptions) -> PgConnectOptions {
         ("tcp_keepalives_interval", interval.to_string()),
         ("tcp_keepalives_count", count.to_string()),
         ("jit", NO_JIT.to_owned()),
+        ("lock_timeout", NO_LOCK_TIMEOUT.to_owned()),
     ];
     let given = options.get_options().unwrap_or_default().to_owned();
     let missing: Vec<_> = wanted.into_iter().filter(|(name, _)| !given.contains(&format!("{name}="))).collect();
@@ -633,6 +644,7 @@ mod tests {
             IDLE_IN_TRANSACTION_TIMEOUT.as_millis()
         )));
         assert!(POOLED_BEGIN.contains(&format!("SET LOCAL jit = {NO_JIT}")));
+        assert!(POOLED_BEGIN.contains(&format!("SET LOCAL lock_timeout = {NO_LOCK_TIMEOUT}")));
     }
 
     #[test]
@@ -662,6 +674,7 @@ mod tests {
         assert!(added.contains("-c idle_in_transaction_session_timeout=60000ms"), "{added}");
         assert!(added.contains("-c tcp_keepalives_idle=10"), "{added}");
         assert!(added.contains("-c jit=off"), "{added}");
+        assert!(added.contains("-c lock_timeout=0"), "{added}");
         assert!(added.ends_with("-c default_transaction_isolation=read\\ committed"), "{added}");
 
         let options: PgConnectOptions =

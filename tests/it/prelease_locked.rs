@@ -38,12 +38,13 @@ pub(crate) async fn hold_as_a_claim(pool: &webhook_gateway::db::Pool, endpoints:
 /// error 55P03): a statement that waited for a held row fails instead of passing. It
 /// measures only time spent waiting for a lock, so a slow machine cannot trip it.
 pub(crate) async fn pool_that_never_waits_for_locks(db: &TestDb) -> webhook_gateway::db::Pool {
-    let name: String = sqlx::query_scalar("SELECT current_database()").fetch_one(&db.pool).await.expect("name");
-    sqlx::query(&format!("ALTER DATABASE \"{name}\" SET lock_timeout = '1s'"))
-        .execute(&db.pool)
-        .await
-        .expect("lock_timeout");
-    webhook_gateway::db::connect(&db.url, 4).await.expect("connect")
+    // In the URL: a database's own `lock_timeout` is not the gateway's (`server_settings`).
+    let joiner = if db.url.contains('?') { '&' } else { '?' };
+    let url = format!("{}{joiner}options=-c%20lock_timeout%3D1s", db.url);
+    let pool = webhook_gateway::db::connect(&url, 4).await.expect("connect");
+    let set: String = sqlx::query_scalar("SHOW lock_timeout").fetch_one(&pool).await.expect("lock_timeout");
+    assert_eq!(set, "1s", "the URL's lock_timeout");
+    pool
 }
 
 /// Whether `err` is PostgreSQL's "lock not available" (a lock wait past `lock_timeout`).

@@ -93,6 +93,15 @@ pub const ENDPOINT_THROTTLED: &str = "webhook_gateway_endpoint_throttled";
 pub const ENDPOINT_THROTTLED_SECONDS: &str = "webhook_gateway_endpoint_throttled_seconds_total";
 /// Database pool connections by state (`in_use`, `idle`).
 pub const DB_POOL: &str = "webhook_gateway_db_pool_connections";
+/// The database's client connections (sampled by one replica for the fleet), by whose
+/// (`of`): `all` (every client of the server, this fleet's included) or `gateway` (those
+/// named `webhook-gateway...`; behind a pooler, the pooler's own). Beside
+/// [`DB_CONNECTIONS_LIMIT`]: a fleet that grows opens up to `--db-pool-size` + 1 a
+/// replica, and past the limit PostgreSQL refuses them and ingest answers 503.
+pub const DB_CONNECTIONS: &str = "webhook_gateway_database_connections";
+/// The client connections the database takes: `max_connections` less those reserved for
+/// superusers (and, on PostgreSQL 16 and later, for `pg_use_reserved_connections`).
+pub const DB_CONNECTIONS_LIMIT: &str = "webhook_gateway_database_connections_limit";
 /// Threads of the async runtime this process runs on (`--runtime-threads`).
 pub const RUNTIME_THREADS: &str = "webhook_gateway_runtime_threads";
 
@@ -206,7 +215,25 @@ struct FleetCounts {
     circuits: Vec<(String, f64)>,
     /// Endpoint id, in flight, throttled.
     loads: Vec<(String, i64, bool)>,
+    /// The server's client connections (absent in a row a release before them wrote).
+    #[serde(default)]
+    connections: Option<Connections>,
 }
+
+/// The database server's client connections, against what it takes.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct Connections {
+    all: i64,
+    gateway: i64,
+    limit: i64,
+}
+
+/// Client backends of the server, the gateway's among them, and how many it takes
+/// (`reserved_connections` exists from PostgreSQL 16: read as 0 before).
+const CONNECTIONS_SQL: &str = "SELECT count(*), count(*) FILTER (WHERE application_name LIKE 'webhook-gateway%'), \
+            current_setting('max_connections')::int8 - current_setting('superuser_reserved_connections')::int8 \
+            - COALESCE(NULLIF(current_setting('reserved_connections', true), ''), '0')::int8 \
+     FROM pg_stat_activity WHERE backend_type = 'client backend'";
 
 /// Refresh the sampled gauges until `stop` (`default_max_in_flight`: the in-flight cap of
 /// endpoints without their own, to tell throttled endpoints; `instance`: this gateway's
@@ -286,6 +313,11 @@ async fn sample_once(
     gauge!(QUEUE_DELIVERIES, "state" => "dead").set(counts.dead as f64);
     gauge!(QUEUE_DUE).set(counts.due as f64);
     gauge!(QUEUE_LAG).set(counts.oldest_due_age_secs.unwrap_or(0.0).max(0.0));
+    if let Some(Connections { all, gateway, limit }) = counts.connections {
+        gauge!(DB_CONNECTIONS, "of" => "all").set(all as f64);
+        gauge!(DB_CONNECTIONS, "of" => "gateway").set(gateway as f64);
+        gauge!(DB_CONNECTIONS_LIMIT).set(limit as f64);
+    }
     for (endpoint, state) in counts.circuits {
         gauge!(CIRCUIT_STATE, "endpoint_id" => endpoint).set(state);
     }
@@ -310,7 +342,9 @@ async fn count(pool: &Pool, default_max_in_flight: i32) -> Result<FleetCounts, s
         .into_iter()
         .map(|l| (l.endpoint_id.to_string(), l.in_flight, l.throttled))
         .collect();
+    let (all, gateway, limit): (i64, i64, i64) = crate::db::query_as(CONNECTIONS_SQL).fetch_one(pool).await?;
     Ok(FleetCounts {
+        connections: Some(Connections { all, gateway, limit }),
         pending: queue.pending,
         parked: queue.parked,
         dead: queue.dead,
@@ -319,4 +353,21 @@ async fn count(pool: &Pool, default_max_in_flight: i32) -> Result<FleetCounts, s
         circuits,
         loads,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fleet_row_written_before_the_connection_counts_still_reads() {
+        let older = r#"{"pending": 3, "parked": 0, "dead": 1, "due": 2, "oldest_due_age_secs": 1.5,
+                        "circuits": [], "loads": []}"#;
+        let counts: FleetCounts = serde_json::from_str(older).expect("a row of the release before");
+        assert!(counts.connections.is_none());
+        assert_eq!((counts.pending, counts.dead), (3, 1));
+        let newer = FleetCounts { connections: Some(Connections { all: 9, gateway: 4, limit: 97 }), ..counts };
+        let back: FleetCounts = serde_json::from_str(&serde_json::to_string(&newer).expect("json")).expect("read");
+        assert_eq!(back.connections.map(|c| (c.all, c.gateway, c.limit)), Some((9, 4, 97)));
+    }
 }

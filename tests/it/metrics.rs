@@ -122,6 +122,19 @@ async fn scraped_counters_match_a_scripted_sequence() {
     // The counts come from the fleet's one sample (this process leads it), and say how old.
     let age = get("webhook_gateway_stats_age_seconds");
     assert!((0.0..5.0).contains(&age), "stats age {age}");
+    // The server's connections against what it takes, as the server itself says.
+    let (max, reserved): (String, String) =
+        sqlx::query_as("SELECT current_setting('max_connections'), current_setting('superuser_reserved_connections')")
+            .fetch_one(&db.pool)
+            .await
+            .expect("the server's settings");
+    let limit = get("webhook_gateway_database_connections_limit");
+    assert_eq!(limit, max.parse::<f64>().unwrap() - reserved.parse::<f64>().unwrap());
+    let (all, ours) = (
+        get(r#"webhook_gateway_database_connections{of="all"}"#),
+        get(r#"webhook_gateway_database_connections{of="gateway"}"#),
+    );
+    assert!(ours >= 1.0 && all >= ours, "connections: {ours} of {all}, limit {limit}");
     let accepted_series = scraped.keys().filter(|k| k.starts_with("webhook_gateway_ingest_requests_total")).count();
     assert_eq!(accepted_series, 3, "no other label values (bounded cardinality)");
 }

@@ -53,6 +53,7 @@ mod secrets;
 mod server_settings;
 mod slow_clients;
 mod sources;
+mod tls_database;
 mod token_payloads;
 mod tokens;
 mod transforms;

@@ -19,6 +19,7 @@ pub mod replica;
 pub mod signing;
 pub mod sink;
 pub mod standard_webhooks;
+pub mod tls_front;
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;

@@ -181,11 +181,19 @@ impl Pool {
         self.warm.give_back(conn, &self.health);
     }
 
-    /// A transaction begun with `begin` (sqlx's own `BEGIN` when `None`) on the connection
-    /// returned last; committed or rolled back, its connection is kept warm ([`Tx`]).
-    async fn begin_on_warm(&self, begin: Option<&'static str>) -> Result<Tx, sqlx::Error> {
+    /// A transaction on the connection returned last, planned as `planning` says (the
+    /// connection's own way when `None`); committed or rolled back, its connection is kept
+    /// warm ([`Tx`]). Its `BEGIN` is chosen once the connection is there: a new connection
+    /// may have just found the database's commits not durable ([`super::durable_commits`]),
+    /// which a pooled `BEGIN` then makes up for.
+    async fn begin_on_warm(&self, planning: Option<super::Planning>) -> Result<Tx, sqlx::Error> {
         let conn = self.take().await?;
-        Tx::begin(conn, begin, self.warm.clone(), self.health.clone()).await
+        let begin = match (self.pooler, planning) {
+            (_, Some(planning)) => super::begin_sql(self.pooler, planning),
+            (Pooler::None, None) => super::DIRECT_BEGIN,
+            (Pooler::Transaction, None) => super::pooled_begin(),
+        };
+        Tx::begin(conn, Some(begin), self.warm.clone(), self.health.clone()).await
     }
 
     /// Run `query` to its end on a warm connection ([`Self::take`]), inside a transaction
@@ -249,11 +257,7 @@ impl Pool {
     /// transaction pooler its `BEGIN` also sets the server-side bounds for the transaction
     /// (same round trip).
     pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
-        let result = match self.pooler {
-            Pooler::None => self.begin_on_warm(Some(super::DIRECT_BEGIN)).await,
-            Pooler::Transaction => self.begin_on_warm(Some(super::pooled_begin())).await,
-        };
-        result.inspect_err(|e| {
+        self.begin_on_warm(None).await.inspect_err(|e| {
             self.note(e);
         })
     }
@@ -261,7 +265,7 @@ impl Pool {
     /// Begin a transaction whose statements are planned as `planning` says, set in the
     /// same round trip as its `BEGIN` (with the pooler's bounds, behind one).
     pub async fn begin_planned(&self, planning: super::Planning) -> Result<Tx, sqlx::Error> {
-        self.begin_on_warm(Some(super::begin_sql(self.pooler, planning))).await.inspect_err(|e| {
+        self.begin_on_warm(Some(planning)).await.inspect_err(|e| {
             self.note(e);
         })
     }

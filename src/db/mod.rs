@@ -133,8 +133,8 @@ macro_rules! durable {
 pub const ISOLATION: &str = "read committed";
 
 /// Whether this process found its database's commits not waiting for the WAL's flush
-/// (`synchronous_commit = off`, set for the database or the role) and waits for it itself;
-/// see [`durable_commits`].
+/// (`synchronous_commit = off`, set for the server, the database or the role) and waits
+/// for it itself; see [`durable_commits`].
 static COMMITS_MADE_DURABLE: AtomicBool = AtomicBool::new(false);
 
 /// Whether the gateway's sessions let PostgreSQL compile statements (JIT): never. Every
@@ -402,8 +402,8 @@ async fn connection_state(conn: &mut PgConnection) -> Result<(bool, bool), sqlx:
     Ok((row.try_get(0)?, row.try_get(1)?))
 }
 
-/// A new connection whose commits would not wait for the WAL's flush: the database or the
-/// role has `synchronous_commit = off`. Ingest answers 200 after its commit, and the promise
+/// A new connection whose commits would not wait for the WAL's flush: the server, the
+/// database or the role has `synchronous_commit = off`. Ingest answers 200 after its commit, and the promise
 /// is that a webhook answered 200 survives a crash of PostgreSQL; with `off` it may not
 /// (PostgreSQL may lose the last few hundred milliseconds of commits). So the gateway's own
 /// commits wait for the flush (`on`, PostgreSQL's default) and the log says so once: on a
@@ -426,8 +426,9 @@ async fn durable_commits(conn: &mut PgConnection, pooler: Pooler, url_sets_it: b
     }
     if !COMMITS_MADE_DURABLE.swap(true, Ordering::Relaxed) {
         tracing::warn!(
-            "the database's synchronous_commit is off (set for the database or the role): the gateway's commits \
-             wait for the WAL's flush anyway (synchronous_commit = on), so a webhook answered 200 survives a crash"
+            "the database's synchronous_commit is off (set for the server, the database or the role): the \
+             gateway's commits wait for the WAL's flush anyway (synchronous_commit = on), so a webhook answered \
+             200 survives a crash"
         );
     }
     match pooler {

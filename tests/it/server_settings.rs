@@ -78,6 +78,37 @@ async fn the_gateway_s_sessions_run_read_committed_and_commit_durably_whatever_t
     drop(bouncer);
 }
 
+/// The same settings imposed on the gateway's role instead (`ALTER ROLE ... SET`, a role of
+/// this test's own): a plain session of the role gets them (the control), the gateway's
+/// pool does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_imposed_on_the_gateway_s_role_are_not_taken_either() {
+    let db = TestDb::new().await;
+    let role = format!("wg_role_{}", uuid::Uuid::new_v4().simple());
+    for statement in [
+        format!("CREATE ROLE {role} LOGIN PASSWORD 'role-pw'"),
+        format!("ALTER ROLE {role} SET default_transaction_isolation = 'repeatable read'"),
+        format!("ALTER ROLE {role} SET synchronous_commit = 'off'"),
+        format!("ALTER ROLE {role} SET lock_timeout = '5ms'"),
+    ] {
+        sqlx::query(&statement).execute(&db.pool).await.expect("the role");
+    }
+    let mut url = url::Url::parse(&db.url).expect("a database URL");
+    url.set_username(&role).expect("user");
+    url.set_password(Some("role-pw")).expect("password");
+    let url = url.to_string();
+    assert_eq!(plain_session_sees(&url, "transaction_isolation").await, "repeatable read");
+    assert_eq!(plain_session_sees(&url, "synchronous_commit").await, "off");
+    assert_eq!(plain_session_sees(&url, "lock_timeout").await, "5ms");
+
+    let pool = db::open(&DbConfig::direct(&url, 2)).await.expect("a pool as the role");
+    assert_eq!(seen_by(&pool, "transaction_isolation").await, ("read committed".into(), "read committed".into()));
+    assert_eq!(seen_by(&pool, "synchronous_commit").await, ("on".into(), "on".into()));
+    assert_eq!(seen_by(&pool, "lock_timeout").await, ("0".into(), "0".into()));
+    pool.close().await;
+    sqlx::query(&format!("DROP ROLE {role}")).execute(&db.pool).await.expect("drop the role");
+}
+
 /// What the gateway does not override: a database whose commits already wait locally
 /// (`local`, here stronger than nothing and the operator's choice) keeps it, and a URL
 /// that sets `synchronous_commit` itself is obeyed.

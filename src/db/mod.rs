@@ -212,7 +212,7 @@ pub fn begin_sql(pooler: Pooler, planning: Planning) -> &'static str {
 /// Asks a new connection whether its node takes writes, and whether its commits wait for
 /// the WAL's flush (one round trip per connection, as the simple query protocol, which
 /// every pooler passes whole).
-const WRITABLE: &str = "SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'), \
+const CONNECTION_STATE: &str = "SELECT NOT (pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'), \
                         current_setting('synchronous_commit') <> 'off'";
 
 /// How to reach PostgreSQL.
@@ -398,7 +398,7 @@ async fn writable(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
 /// Whether `conn`'s node takes writes, and whether its commits wait for the WAL's flush.
 async fn connection_state(conn: &mut PgConnection) -> Result<(bool, bool), sqlx::Error> {
     use sqlx::Executor as _;
-    let row = conn.fetch_one(sqlx::raw_sql(WRITABLE)).await?;
+    let row = conn.fetch_one(sqlx::raw_sql(CONNECTION_STATE)).await?;
     Ok((row.try_get(0)?, row.try_get(1)?))
 }
 

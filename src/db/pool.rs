@@ -149,6 +149,10 @@ pub struct Pool {
     health: Arc<Health>,
     pooler: Pooler,
     session: Option<Arc<PgConnectOptions>>,
+    /// Whether this pool's connections found the database's commits not waiting for the
+    /// WAL's flush, so that its pooled transactions' `BEGIN` makes them wait
+    /// ([`super::session::durable_commits`]).
+    made_durable: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -164,11 +168,28 @@ impl Pool {
         pooler: Pooler,
         session: Option<PgConnectOptions>,
         pool_size: u32,
+        made_durable: Arc<AtomicBool>,
     ) -> Pool {
         if pooler == Pooler::Transaction {
             NAMED_STATEMENTS.store(false, Ordering::Relaxed);
         }
-        Pool { inner, warm: Arc::new(Warm::new(pool_size)), health, pooler, session: session.map(Arc::new) }
+        let warm = Arc::new(Warm::new(pool_size));
+        Pool { inner, warm, health, pooler, session: session.map(Arc::new), made_durable }
+    }
+
+    /// The `BEGIN` of this pool's transactions planned as `planning` says: read when the
+    /// connection is there, as a new connection may have just found the database's
+    /// commits not durable.
+    fn begin_sql(&self, planning: Option<super::Planning>) -> &'static str {
+        super::begin_sql(self.pooler, planning, self.commits_made_durable())
+    }
+
+    /// Whether this pool makes its commits wait for the WAL's flush because its
+    /// database's do not (`synchronous_commit = off` for the server, the database or the
+    /// role): on a direct connection for the session, behind a transaction pooler in every
+    /// transaction's `BEGIN`.
+    pub fn commits_made_durable(&self) -> bool {
+        self.made_durable.load(Ordering::Relaxed)
     }
 
     /// The connection returned last, or one from sqlx's pool ([`super::warm`]).
@@ -184,15 +205,11 @@ impl Pool {
     /// A transaction on the connection returned last, planned as `planning` says (the
     /// connection's own way when `None`); committed or rolled back, its connection is kept
     /// warm ([`Tx`]). Its `BEGIN` is chosen once the connection is there: a new connection
-    /// may have just found the database's commits not durable ([`super::durable_commits`]),
-    /// which a pooled `BEGIN` then makes up for.
+    /// may have just found the database's commits not durable ([`Self::begin_sql`]), which
+    /// a pooled `BEGIN` then makes up for.
     async fn begin_on_warm(&self, planning: Option<super::Planning>) -> Result<Tx, sqlx::Error> {
         let conn = self.take().await?;
-        let begin = match (self.pooler, planning) {
-            (_, Some(planning)) => super::begin_sql(self.pooler, planning),
-            (Pooler::None, None) => super::DIRECT_BEGIN,
-            (Pooler::Transaction, None) => super::pooled_begin(),
-        };
+        let begin = self.begin_sql(planning);
         Tx::begin(conn, Some(begin), self.warm.clone(), self.health.clone()).await
     }
 
@@ -208,7 +225,7 @@ impl Pool {
         let items: Vec<Item> = match self.pooler {
             Pooler::None => conn.conn().fetch_many(query).try_collect().await?,
             Pooler::Transaction => {
-                let mut tx = conn.conn().begin_with(super::pooled_begin()).await?;
+                let mut tx = conn.conn().begin_with(self.begin_sql(None)).await?;
                 let items = (&mut *tx).fetch_many(Unnamed(query)).try_collect().await?;
                 tx.commit().await?;
                 items

@@ -588,7 +588,8 @@ fn sql_array(items: Vec<String>) -> String {
 /// Give the transaction on `conn` the plan settings of `planning`, as the recorder's
 /// `BEGIN` does.
 async fn plan_as(conn: &mut sqlx::PgConnection, planning: Planning) {
-    let settings = webhook_gateway::db::begin_sql(Pooler::None, planning).trim_start_matches("BEGIN; ");
+    let begin = webhook_gateway::db::begin_sql(Pooler::None, Some(planning), false);
+    let (_, settings) = begin.split_once("; ").expect("a BEGIN with settings");
     sqlx::raw_sql(settings).execute(&mut *conn).await.unwrap();
 }
 
@@ -596,7 +597,10 @@ async fn plan_as(conn: &mut sqlx::PgConnection, planning: Planning) {
 /// prepared on `conn` as `record`) for the deliveries `claimed` (id, claim token): each
 /// delivered at attempt 1, in a transaction that is rolled back.
 async fn record_cost(conn: &mut sqlx::PgConnection, claimed: &[(Uuid, i64)]) -> (Cost, Value) {
-    sqlx::raw_sql(webhook_gateway::db::begin_sql(Pooler::None, Planning::Cached)).execute(&mut *conn).await.unwrap();
+    sqlx::raw_sql(webhook_gateway::db::begin_sql(Pooler::None, Some(Planning::Cached), false))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
     let (explain, buffers) = explain_measured(
         conn,
         sqlx::query_scalar(&format!(

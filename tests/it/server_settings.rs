@@ -65,7 +65,7 @@ async fn the_gateway_s_sessions_run_read_committed_and_commit_durably_whatever_t
     assert_eq!(seen_by(&direct, "transaction_isolation").await, ("read committed".into(), "read committed".into()));
     assert_eq!(seen_by(&direct, "synchronous_commit").await, ("on".into(), "on".into()));
     assert_eq!(seen_by(&direct, "lock_timeout").await, ("0".into(), "0".into()));
-    assert!(db::commits_made_durable());
+    assert!(direct.commits_made_durable());
 
     let bouncer = PgBouncer::start(&db.url, 2);
     let pooled_url = bouncer.url(&db.name(), &db.url);
@@ -75,6 +75,7 @@ async fn the_gateway_s_sessions_run_read_committed_and_commit_durably_whatever_t
     assert_eq!(seen_by(&pooled, "transaction_isolation").await, ("read committed".into(), "read committed".into()));
     assert_eq!(seen_by(&pooled, "synchronous_commit").await, ("on".into(), "on".into()));
     assert_eq!(seen_by(&pooled, "lock_timeout").await, ("0".into(), "0".into()));
+    assert!(pooled.commits_made_durable());
     drop(bouncer);
 }
 
@@ -110,14 +111,32 @@ async fn settings_imposed_on_the_gateway_s_role_are_not_taken_either() {
 }
 
 /// What the gateway does not override: a database whose commits already wait locally
-/// (`local`, here stronger than nothing and the operator's choice) keeps it, and a URL
+/// (`local`, here stronger than nothing and the operator's choice) keeps it, directly and
+/// through PgBouncer in transaction mode, whatever another pool of the same process found
+/// (the test cluster's own databases commit with `synchronous_commit = off`, and a pool
+/// on one of them is opened first, so a flag kept per process would be set), and a URL
 /// that sets `synchronous_commit` itself is obeyed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_setting_that_waits_or_that_the_url_names_is_kept() {
+    let not_durable = TestDb::new().await;
+    impose(&not_durable, "synchronous_commit", "off").await;
+    let elsewhere = db::open(&DbConfig::direct(&not_durable.url, 1)).await.expect("a pool on another database");
+    assert_eq!(seen_by(&elsewhere, "synchronous_commit").await.0, "on");
+    assert!(elsewhere.commits_made_durable());
+
     let db = TestDb::new().await;
     impose(&db, "synchronous_commit", "local").await;
     let direct = db::open(&DbConfig::direct(&db.url, 2)).await.expect("a direct pool");
     assert_eq!(seen_by(&direct, "synchronous_commit").await, ("local".into(), "local".into()));
+    assert!(!direct.commits_made_durable());
+    let bouncer = PgBouncer::start(&db.url, 2);
+    let pooled =
+        db::open(&DbConfig { pooler: Pooler::Transaction, ..DbConfig::direct(&bouncer.url(&db.name(), &db.url), 2) })
+            .await
+            .expect("a pool behind PgBouncer");
+    assert_eq!(seen_by(&pooled, "synchronous_commit").await, ("local".into(), "local".into()));
+    assert!(!pooled.commits_made_durable());
+    drop(bouncer);
 
     let explicit = format!("{}?options=-c%20synchronous_commit%3Doff", db.url);
     let chosen = db::open(&DbConfig::direct(&explicit, 2)).await.expect("a pool with the URL's choice");

@@ -72,7 +72,7 @@ struct Kind {
 /// `Planning::Cached`), for the stand-alone backend's session.
 fn recorder_settings() -> String {
     use webhook_gateway::db::{Planning, Pooler, begin_sql};
-    let begin = begin_sql(Pooler::None, Planning::Cached);
+    let begin = begin_sql(Pooler::None, Some(Planning::Cached), false);
     // What follows the `BEGIN` (whatever it names: the isolation), as session settings.
     let settings = begin.split_once("; ").map_or("", |(_, settings)| settings);
     format!("{};\n\n", settings.replace("SET LOCAL ", "SET "))

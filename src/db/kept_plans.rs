@@ -25,7 +25,10 @@
 //!   columns, a column name twice), or a database role without the right to create
 //!   functions, leaves the statements as they were, said once in the log.
 //! - **One database per process**, as for named statements ([`super::named_statements`]):
-//!   the functions exist in the database the pool reaches.
+//!   the functions exist in the database the pool reaches, created in the session's
+//!   schema (the first of its `search_path`, where the migrations put the tables) and
+//!   looked for in its `search_path`, so gateways in schemas of their own on one database
+//!   each keep their own (`schemas::gateways_in_schemas_of_their_own_share_a_database_directly_and_behind_pgbouncer`).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -164,11 +167,16 @@ async fn keep(pool: &Pool, sql: &'static str) -> anyhow::Result<(&'static str, b
     let (name, definition) = definition(sql, &parameter_types, &column_names, &column_types)?;
 
     crate::db::query("SELECT pg_advisory_xact_lock($1)").bind(CREATE_LOCK).execute(&mut *tx).await?;
-    let exists: bool = crate::db::query("SELECT EXISTS (SELECT 1 FROM pg_proc WHERE proname = $1)")
-        .bind(&name)
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get(0)?;
+    // Looked for where the call will look: the session's schemas (`search_path`), not the
+    // whole database, where another gateway's schema may hold the same function.
+    let exists: bool = crate::db::query(
+        "SELECT EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                        WHERE p.proname = $1 AND n.nspname = ANY (current_schemas(false)))",
+    )
+    .bind(&name)
+    .fetch_one(&mut *tx)
+    .await?
+    .try_get(0)?;
     if !exists {
         (&mut *tx).execute(sqlx::raw_sql(&definition)).await?;
     }

@@ -48,6 +48,7 @@ mod quickstart;
 mod refusals;
 mod replicas;
 mod rolling;
+mod schemas;
 mod search;
 mod secrets;
 mod server_settings;

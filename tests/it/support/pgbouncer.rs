@@ -8,6 +8,16 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A database name of PgBouncer's own ([`PgBouncer::start_with`]).
+pub struct Alias<'a> {
+    /// The name clients connect to.
+    pub name: &'a str,
+    /// The server's database it leads to.
+    pub database: &'a str,
+    /// Run on each new server connection (no single quotes).
+    pub connect_query: &'a str,
+}
+
 /// A running PgBouncer; stopped on drop.
 pub struct PgBouncer {
     child: Option<Child>,
@@ -31,20 +41,37 @@ impl PgBouncer {
     /// PgBouncer in transaction mode with `server_connections` server connections per
     /// database, in front of the server `server_url` points at (any database of it).
     pub fn start(server_url: &str, server_connections: u32) -> PgBouncer {
+        PgBouncer::start_with(server_url, server_connections, &[])
+    }
+
+    /// [`PgBouncer::start`] with `aliases` besides: each a database name clients use, the
+    /// server's database it leads to, and the query PgBouncer runs on each new server
+    /// connection of it (`connect_query`, as an operator gives each alias its own
+    /// `search_path`).
+    pub fn start_with(server_url: &str, server_connections: u32, aliases: &[Alias]) -> PgBouncer {
         let server = url::Url::parse(server_url).expect("server URL");
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
         let dir = std::env::temp_dir().join(format!("wg-pgbouncer-{port}"));
         std::fs::create_dir_all(&dir).expect("pgbouncer dir");
         let password = server.password().map(|p| format!(" password={p}")).unwrap_or_default();
+        let host = server.host_str().expect("host");
+        let (sport, user) = (server.port().unwrap_or(5432), server.username());
+        let aliases: String = aliases
+            .iter()
+            .map(|a| {
+                assert!(!a.connect_query.contains('\''), "a connect_query without quotes");
+                format!(
+                    "{} = host={host} port={sport} user={user}{password} dbname={} connect_query='{}'\n",
+                    a.name, a.database, a.connect_query
+                )
+            })
+            .collect();
         let ini = format!(
-            "[databases]\n* = host={host} port={sport} user={user}{password}\n\
+            "[databases]\n{aliases}* = host={host} port={sport} user={user}{password}\n\
              [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
              auth_type = trust\nauth_file = {dir}/users.txt\npool_mode = transaction\n\
              default_pool_size = {server_connections}\nmax_client_conn = 500\n\
              server_login_retry = 1\nquery_wait_timeout = 30\n",
-            host = server.host_str().expect("host"),
-            sport = server.port().unwrap_or(5432),
-            user = server.username(),
             dir = dir.display(),
         );
         std::fs::write(dir.join("pgbouncer.ini"), ini).expect("pgbouncer.ini");

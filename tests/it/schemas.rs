@@ -1,0 +1,118 @@
+//! Gateways in schemas of their own on one database: what an operator does to run two
+//! environments (or two tenants) on one managed PostgreSQL, by the session's
+//! `search_path` (the URL's `options` on a direct connection; behind PgBouncer, which
+//! refuses startup options, the alias's `connect_query` or the role's setting). Each
+//! gateway migrates, stores and delivers in its own schema only, and nothing of one is
+//! taken for the other's: not its tables, not its deduplication, not the functions that
+//! keep its statements' plans behind a transaction pooler (`db::kept_plans`).
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::pgbouncer::{Alias, PgBouncer};
+use crate::support::sink::Sink;
+use crate::support::{GatewayProcess, TestDb, eventually, shop_to, wait_ready};
+
+/// Three gateways on one database, in schemas `gw_a` and `gw_b` through PgBouncer in
+/// transaction mode (each alias sets its `search_path`) and `gw_c` directly (the URL's
+/// `options`), each posted the same ten delivery ids: every gateway answers all ten as new
+/// (200, not duplicates), delivers them to its own subscriber only, and keeps its events,
+/// its schema's migrations and its kept plans in its schema; nothing lands in `public`.
+/// Before kept plans were looked up in the session's schemas, the second pooled gateway
+/// found the first's functions in `gw_a`, did not create its own, and could not call them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gateways_in_schemas_of_their_own_share_a_database_directly_and_behind_pgbouncer() {
+    let db = TestDb::empty().await;
+    let database = db.name();
+    for schema in ["gw_a", "gw_b", "gw_c"] {
+        sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&db.pool).await.expect("a schema");
+    }
+    let (query_a, query_b) = ("SET search_path = gw_a", "SET search_path = gw_b");
+    let bouncer = PgBouncer::start_with(
+        &db.url,
+        2,
+        &[
+            Alias { name: "env_a", database: &database, connect_query: query_a },
+            Alias { name: "env_b", database: &database, connect_query: query_b },
+        ],
+    );
+    let pooled = ["--db-pooler", "transaction"];
+    let direct_c = format!("{}?options=-c%20search_path%3Dgw_c", db.url);
+    // One after the other, so that the second pooled gateway starts on a database where
+    // the first has already kept its plans.
+    let mut gateways = Vec::new();
+    for (url, extra) in [
+        (bouncer.url("env_a", &db.url), &pooled[..]),
+        (bouncer.url("env_b", &db.url), &pooled[..]),
+        (direct_c, &[][..]),
+    ] {
+        let gateway = GatewayProcess::start(&url, extra);
+        wait_ready(gateway.addr).await;
+        gateways.push(gateway);
+    }
+
+    let http = reqwest::Client::new();
+    let mut sinks = Vec::new();
+    for gateway in &gateways {
+        let base = format!("http://{}", gateway.addr);
+        let sink = Sink::ok().await;
+        shop_to(&base, json!({"url": sink.url("/hook")})).await;
+        for i in 0..10 {
+            let answer = http
+                .post(format!("{base}/ingest/shop"))
+                .header("x-delivery-id", format!("d-{i}"))
+                .header("x-event-type", "order.paid")
+                .json(&json!({"order": i}))
+                .send()
+                .await
+                .expect("ingest");
+            let status = answer.status().as_u16();
+            let body: serde_json::Value = answer.json().await.unwrap_or_default();
+            assert_eq!((status, body["duplicate"].as_bool()), (200, Some(false)), "{base}: {body}");
+        }
+        sinks.push(sink);
+    }
+    for sink in &sinks {
+        eventually(Duration::from_secs(30), "each gateway delivers its ten", || async {
+            (sink.count() >= 10).then_some(())
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(sinks.iter().map(Sink::count).collect::<Vec<_>>(), [10, 10, 10], "each its own, once");
+
+    for schema in ["gw_a", "gw_b", "gw_c"] {
+        let (events, migrations): (i64, i64) = sqlx::query_as(&format!(
+            "SELECT (SELECT count(*) FROM {schema}.events WHERE dedupe_key LIKE 'd-%'),
+                    (SELECT count(*) FROM {schema}._sqlx_migrations WHERE success)"
+        ))
+        .fetch_one(&db.pool)
+        .await
+        .expect("the schema's rows");
+        assert_eq!(events, 10, "{schema}'s events");
+        assert!(migrations > 30, "{schema} migrated: {migrations}");
+    }
+    let in_public: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("public's relations");
+    assert_eq!(in_public, 0, "nothing in public");
+    let kept_in: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT n.nspname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE p.proname LIKE 'wg\\_plan\\_%' ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("kept plans");
+    assert_eq!(kept_in, ["gw_a", "gw_b"], "each pooled gateway keeps its plans in its own schema");
+
+    for mut gateway in gateways {
+        assert!(gateway.terminate(), "clean exit");
+        let log = std::fs::read_to_string(&gateway.log).unwrap_or_default();
+        assert!(!log.contains("does not exist"), "a statement missed its object: {log}");
+    }
+    drop(bouncer);
+}

@@ -9,6 +9,7 @@ pub mod app;
 pub mod audit;
 pub mod banner;
 pub mod circuit;
+pub mod clock;
 pub mod config;
 pub mod console;
 pub mod db;

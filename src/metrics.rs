@@ -102,8 +102,21 @@ pub const DB_CONNECTIONS: &str = "webhook_gateway_database_connections";
 /// The client connections the database takes: `max_connections` less those reserved for
 /// superusers (and, on PostgreSQL 16 and later, for `pg_use_reserved_connections`).
 pub const DB_CONNECTIONS_LIMIT: &str = "webhook_gateway_database_connections_limit";
+/// Seconds the oldest transaction of this database that holds PostgreSQL's cleanup back
+/// (a session's with a snapshot or a transaction id, or a prepared transaction) has been
+/// open (sampled by one replica for the fleet). Finished deliveries' row versions stay
+/// until it ends, and every claim reads them (docs/operating.md, "Retention and storage").
+pub const DB_OLDEST_TRANSACTION: &str = "webhook_gateway_database_oldest_transaction_seconds";
+/// How many transactions old the cleanup horizon of this database is: the oldest of the
+/// sessions' and prepared transactions' above, a standby's feedback and the replication
+/// slots' (which have no start time to tell).
+pub const DB_HORIZON_AGE: &str = "webhook_gateway_database_horizon_age_transactions";
 /// Threads of the async runtime this process runs on (`--runtime-threads`).
 pub const RUNTIME_THREADS: &str = "webhook_gateway_runtime_threads";
+
+/// Gauge: the database's clock less this host's, in seconds, as last measured
+/// ([`crate::clock`]).
+pub const CLOCK_OFFSET: &str = "webhook_gateway_clock_offset_seconds";
 
 /// Default of how often the sampler refreshes the database-derived gauges
 /// (`--metrics-sample-secs`). The counts scan the pending rows (about 0.1 s per 100,000
@@ -131,6 +144,11 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
 /// Record the size of the runtime the gateway runs on (once, at start-up).
 pub fn runtime_threads(threads: usize) {
     gauge!(RUNTIME_THREADS).set(threads as f64);
+}
+
+/// Set the measured offset of the database's clock from this host's.
+pub fn clock_offset(offset: chrono::Duration) {
+    gauge!(CLOCK_OFFSET).set(offset.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6);
 }
 
 /// Count one outcome write, by why its batch stopped gathering, which took `duration`.
@@ -218,7 +236,37 @@ struct FleetCounts {
     /// The server's client connections (absent in a row a release before them wrote).
     #[serde(default)]
     connections: Option<Connections>,
+    /// What holds the database's cleanup back (absent in a row a release before it wrote).
+    #[serde(default)]
+    horizon: Option<Horizon>,
 }
+
+/// The oldest holders of the database's cleanup horizon ([`DB_OLDEST_TRANSACTION`],
+/// [`DB_HORIZON_AGE`]).
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct Horizon {
+    oldest_transaction_secs: f64,
+    age_transactions: i64,
+}
+
+/// [`Horizon`]: the sessions of this database (other than the one asking) with a snapshot
+/// or a transaction id, and its prepared transactions, by start; by age in transactions,
+/// those and the walsenders (a standby's `hot_standby_feedback`) and replication slots,
+/// which hold every database's horizon. Another role's sessions show only to a role with
+/// `pg_read_all_stats` (or `pg_monitor`); without it, this counts the gateway's own role's.
+const HORIZON_SQL: &str = "SELECT \
+     GREATEST( \
+       (SELECT extract(epoch FROM max(now() - xact_start)) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid() \
+           AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)), \
+       (SELECT extract(epoch FROM max(now() - prepared)) FROM pg_prepared_xacts WHERE database = current_database()), \
+       0)::float8, \
+     GREATEST( \
+       (SELECT max(GREATEST(age(backend_xmin), age(backend_xid))) FROM pg_stat_activity \
+         WHERE (datname = current_database() OR backend_type = 'walsender') AND pid <> pg_backend_pid()), \
+       (SELECT max(age(transaction)) FROM pg_prepared_xacts WHERE database = current_database()), \
+       (SELECT max(age(xmin)) FROM pg_replication_slots), \
+       0)::int8";
 
 /// The database server's client connections, against what it takes.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
@@ -318,6 +366,10 @@ async fn sample_once(
         gauge!(DB_CONNECTIONS, "of" => "gateway").set(gateway as f64);
         gauge!(DB_CONNECTIONS_LIMIT).set(limit as f64);
     }
+    if let Some(Horizon { oldest_transaction_secs, age_transactions }) = counts.horizon {
+        gauge!(DB_OLDEST_TRANSACTION).set(oldest_transaction_secs.max(0.0));
+        gauge!(DB_HORIZON_AGE).set(age_transactions as f64);
+    }
     for (endpoint, state) in counts.circuits {
         gauge!(CIRCUIT_STATE, "endpoint_id" => endpoint).set(state);
     }
@@ -331,7 +383,7 @@ async fn sample_once(
 /// The counts the leader takes for the fleet.
 async fn count(pool: &Pool, default_max_in_flight: i32) -> Result<FleetCounts, sqlx::Error> {
     let queue = crate::queue::read::stats(pool).await?;
-    let now = chrono::Utc::now();
+    let now = crate::clock::now();
     let circuits = crate::store::endpoints::list(pool)
         .await?
         .into_iter()
@@ -343,8 +395,11 @@ async fn count(pool: &Pool, default_max_in_flight: i32) -> Result<FleetCounts, s
         .map(|l| (l.endpoint_id.to_string(), l.in_flight, l.throttled))
         .collect();
     let (all, gateway, limit): (i64, i64, i64) = crate::db::query_as(CONNECTIONS_SQL).fetch_one(pool).await?;
+    let (oldest_transaction_secs, age_transactions): (f64, i64) =
+        crate::db::query_as(HORIZON_SQL).fetch_one(pool).await?;
     Ok(FleetCounts {
         connections: Some(Connections { all, gateway, limit }),
+        horizon: Some(Horizon { oldest_transaction_secs, age_transactions }),
         pending: queue.pending,
         parked: queue.parked,
         dead: queue.dead,
@@ -364,10 +419,16 @@ mod tests {
         let older = r#"{"pending": 3, "parked": 0, "dead": 1, "due": 2, "oldest_due_age_secs": 1.5,
                         "circuits": [], "loads": []}"#;
         let counts: FleetCounts = serde_json::from_str(older).expect("a row of the release before");
-        assert!(counts.connections.is_none());
+        assert!(counts.connections.is_none() && counts.horizon.is_none());
         assert_eq!((counts.pending, counts.dead), (3, 1));
-        let newer = FleetCounts { connections: Some(Connections { all: 9, gateway: 4, limit: 97 }), ..counts };
+        let newer = FleetCounts {
+            connections: Some(Connections { all: 9, gateway: 4, limit: 97 }),
+            horizon: Some(Horizon { oldest_transaction_secs: 61.5, age_transactions: 1200 }),
+            ..counts
+        };
         let back: FleetCounts = serde_json::from_str(&serde_json::to_string(&newer).expect("json")).expect("read");
         assert_eq!(back.connections.map(|c| (c.all, c.gateway, c.limit)), Some((9, 4, 97)));
+        let horizon = back.horizon.map(|h| (h.oldest_transaction_secs, h.age_transactions));
+        assert_eq!(horizon, Some((61.5, 1200)));
     }
 }

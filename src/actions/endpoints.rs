@@ -108,7 +108,7 @@ pub async fn rotate(state: &AppState, id: EndpointId, body: RotateSecret) -> Res
     tracing::info!(endpoint_id = %id, grace_secs = grace.as_secs(), "endpoint secret rotated");
     Ok(RotatedSecret {
         id: endpoint.id,
-        previous_secret_valid_until: Utc::now() + chrono::Duration::from_std(grace).unwrap_or_default(),
+        previous_secret_valid_until: crate::clock::now() + chrono::Duration::from_std(grace).unwrap_or_default(),
         secret,
     })
 }

@@ -77,7 +77,7 @@ impl From<Delivery> for DeliveryView {
             id: d.id,
             event_id: d.event_id,
             endpoint_id: d.endpoint_id,
-            in_flight: pending && d.leased_until.is_some_and(|t| t > Utc::now()),
+            in_flight: pending && d.leased_until.is_some_and(|t| t > crate::clock::now()),
             next_attempt_at: (pending && !d.parked && !d.waiting).then_some(d.next_attempt_at),
             parked: d.parked,
             ordering_key: d.ordering_key,

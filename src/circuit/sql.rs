@@ -59,7 +59,8 @@ pub async fn observe(
     .collect();
 
     let mut closed = Vec::new();
-    let now = Utc::now();
+    // The database's clock: it compares `reopen_at` with its own `now()`.
+    let now = crate::clock::now();
     for (id, current) in rows {
         let Some(seen) = observations.get(&id) else { continue };
         let (next, change) = apply(&current, seen, now, cfg);

@@ -4,7 +4,6 @@
 use askama::Template;
 use axum::extract::{Path, Query, State};
 use axum::response::Response;
-use chrono::Utc;
 use serde::Deserialize;
 
 use super::events::DeliveryRow;
@@ -42,7 +41,7 @@ struct EndpointRow {
 async fn row(state: &AppState, e: Endpoint, in_flight: i64) -> Result<EndpointRow, sqlx::Error> {
     let health = read::endpoint_health(&state.pool, e.id).await?;
     let finished = health.delivered + health.dead;
-    let (circuit, badge) = match e.circuit.display_state(Utc::now()) {
+    let (circuit, badge) = match e.circuit.display_state(crate::clock::now()) {
         CircuitDisplay::Closed => ("closed", "ok"),
         CircuitDisplay::Open => ("open", "bad"),
         CircuitDisplay::HalfOpen => ("half-open", "warn"),

@@ -250,7 +250,7 @@ fn status_of(d: &Delivery) -> (String, &'static str) {
     match d.status {
         DeliveryStatus::Delivered => ("delivered".into(), "ok"),
         DeliveryStatus::Dead => ("dead".into(), "bad"),
-        DeliveryStatus::Pending if d.leased_until.is_some_and(|t| t > chrono::Utc::now()) => {
+        DeliveryStatus::Pending if d.leased_until.is_some_and(|t| t > crate::clock::now()) => {
             ("in flight".into(), "warn")
         }
         DeliveryStatus::Pending if d.waiting => ("waiting (ordered)".into(), "warn"),

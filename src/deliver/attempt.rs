@@ -84,7 +84,7 @@ async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, spa
                     "cannot read the delivery's body; given back"),
             }
             crate::metrics::delivery_body_given_back(why.reason());
-            let due = Utc::now() + super::bodies::RETRY;
+            let due = crate::clock::now() + super::bodies::RETRY;
             return hand_over(&ctx, &job, UnsentEnd::GiveBack { due }, slot).await;
         }
     };
@@ -104,13 +104,13 @@ async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, spa
             // without the key a newer one wrote with (docs/security.md, "Secrets at rest").
             tracing::error!(delivery_id = %job.id, endpoint_id = %job.endpoint_id, error = %e,
                 "cannot read the endpoint's signing secret; not sent, retried without spending an attempt");
-            let due = Utc::now() + UNREADABLE_SECRET_RETRY;
+            let due = crate::clock::now() + UNREADABLE_SECRET_RETRY;
             return hand_over(&ctx, &job, UnsentEnd::GiveBack { due }, slot).await;
         }
     };
     let secrets: Vec<&str> = secrets.iter().map(AsRef::as_ref).collect();
 
-    let started_at = Utc::now();
+    let started_at = crate::clock::now();
     let clock = std::time::Instant::now();
     let (observed, status_code, excerpt) = match transformed {
         Ok(()) => send(&ctx.egress, &ctx.urls, &job, &secrets, started_at.timestamp()).await,
@@ -125,7 +125,7 @@ async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, spa
         retry_after_cap: settings.retry_after_cap,
     };
     let verdict = policy::decide(&policy, &observed, budget_attempt as u32, SystemTime::now(), &mut rand::rng());
-    let (outcome, next_attempt_at, next_reason) = schedule(&verdict.decision, Utc::now());
+    let (outcome, next_attempt_at, next_reason) = schedule(&verdict.decision, crate::clock::now());
     let judged = judge(&observed, &verdict);
     tracing::debug!(delivery_id = %job.id, attempt = job.attempt, outcome = outcome.as_str(), reason = %verdict.reason, "attempt finished");
     span.record("webhook.outcome", outcome.as_str());

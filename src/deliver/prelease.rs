@@ -343,7 +343,7 @@ fn give_back(pool: &Pool, leases: Vec<(DeliveryId, i64)>) {
     tokio::spawn(async move {
         for (id, token) in leases {
             // Fenced: a lease taken since is left alone.
-            if let Err(e) = queue::release(&pool, id, token, chrono::Utc::now()).await {
+            if let Err(e) = queue::release(&pool, id, token, crate::clock::now()).await {
                 tracing::warn!(delivery_id = %id, error = %e, "giving back an unsent lease failed; it ends by itself");
             }
         }

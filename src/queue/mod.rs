@@ -264,7 +264,7 @@ pub async fn requeue_dead(
          FROM n WHERE d.id = n.id
          RETURNING d.id";
     let step = 1.0 / f64::from(per_sec.max(1));
-    let start = Utc::now();
+    let start = crate::clock::now();
     let mut requeued: u64 = 0;
     loop {
         // Each batch in a transaction: recovered ordered deliveries rejoin their lines.

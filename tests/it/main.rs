@@ -10,6 +10,7 @@ mod admin_api;
 mod binary;
 mod cascades;
 mod circuit;
+mod clock_skew;
 mod console;
 mod db_outage;
 mod db_partition;

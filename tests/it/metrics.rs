@@ -304,3 +304,52 @@ async fn json_logs_carry_the_request_id() {
     assert!(!text.contains(ADMIN_TOKEN), "the admin token is never logged");
     assert!(!text.contains(ep["secret"].as_str().unwrap()), "secrets are never logged");
 }
+
+/// A transaction left open on the gateway's database (a report in `psql`, a `pg_dump`)
+/// holds PostgreSQL's cleanup back: the sampled gauges show how long it has been open and
+/// how many transactions old the horizon grows while the gateway works; once it ends, the
+/// oldest open transaction is the gateway's own (milliseconds). Before it was opened (the
+/// control), nothing was that old.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_that_holds_the_database_s_cleanup_back_is_seen() {
+    use sqlx::Connection as _;
+    let db = TestDb::new().await;
+    let gw = GatewayProcess::start(&db.url, &["--metrics-sample-secs", "1"]);
+    wait_ready(gw.addr).await;
+    let base = format!("http://{}", gw.addr);
+    let http = reqwest::Client::new();
+    let gauges = || async {
+        let m = parse(&http.get(format!("{base}/metrics")).send().await.ok()?.text().await.ok()?);
+        Some((
+            *m.get("webhook_gateway_database_oldest_transaction_seconds")?,
+            *m.get("webhook_gateway_database_horizon_age_transactions")?,
+        ))
+    };
+    let (before, _) = eventually(Duration::from_secs(15), "the horizon sampled", gauges).await;
+    assert!(before < 2.0, "nothing held the horizon yet: {before} s");
+
+    // As pg_dump does: a snapshot held for the whole transaction.
+    let mut report = sqlx::PgConnection::connect(&db.url).await.expect("a session of its own");
+    sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM events")
+        .execute(&mut report)
+        .await
+        .expect("a transaction left open");
+    let sink = Sink::ok().await;
+    crate::support::shop_to(&base, json!({"url": sink.url("/hook")})).await;
+    for i in 0..20 {
+        assert_eq!(crate::support::post_to_shop(&base, &format!("d-{i}"), &json!({"order": i})).await.0, 200);
+    }
+    let (held, age) = eventually(Duration::from_secs(30), "the held horizon seen", || async {
+        let (held, age) = gauges().await?;
+        (held >= 3.0 && age >= 20.0).then_some((held, age))
+    })
+    .await;
+    assert!(held < 60.0 && age < 1e6, "{held} s, {age} transactions");
+
+    sqlx::raw_sql("COMMIT").execute(&mut report).await.expect("the report ends");
+    eventually(Duration::from_secs(15), "the horizon released", || async {
+        let (held, _) = gauges().await?;
+        (held < 1.0).then_some(())
+    })
+    .await;
+}

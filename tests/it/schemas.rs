@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::support::pgbouncer::{Alias, PgBouncer};
 use crate::support::sink::Sink;
-use crate::support::{GatewayProcess, TestDb, eventually, shop_to, wait_ready};
+use crate::support::{GatewayProcess, TestDb, eventually, post_to_shop, shop_to, wait_ready};
 
 /// Three gateways on one database, in schemas `gw_a` and `gw_b` through PgBouncer in
 /// transaction mode (each alias sets its `search_path`) and `gw_c` directly (the URL's
@@ -52,23 +52,13 @@ async fn gateways_in_schemas_of_their_own_share_a_database_directly_and_behind_p
         gateways.push(gateway);
     }
 
-    let http = reqwest::Client::new();
     let mut sinks = Vec::new();
     for gateway in &gateways {
         let base = format!("http://{}", gateway.addr);
         let sink = Sink::ok().await;
         shop_to(&base, json!({"url": sink.url("/hook")})).await;
         for i in 0..10 {
-            let answer = http
-                .post(format!("{base}/ingest/shop"))
-                .header("x-delivery-id", format!("d-{i}"))
-                .header("x-event-type", "order.paid")
-                .json(&json!({"order": i}))
-                .send()
-                .await
-                .expect("ingest");
-            let status = answer.status().as_u16();
-            let body: serde_json::Value = answer.json().await.unwrap_or_default();
+            let (status, body) = post_to_shop(&base, &format!("d-{i}"), &json!({"order": i})).await;
             assert_eq!((status, body["duplicate"].as_bool()), (200, Some(false)), "{base}: {body}");
         }
         sinks.push(sink);

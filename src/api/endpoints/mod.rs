@@ -137,7 +137,7 @@ impl EndpointView {
         let c = &e.circuit;
         let open = c.circuit_state == crate::circuit::CircuitState::Open;
         let circuit = CircuitView {
-            state: c.display_state(Utc::now()),
+            state: c.display_state(crate::clock::now()),
             consecutive_failures: c.consecutive_failures,
             open_count: c.open_count,
             opened_at: if open { c.opened_at } else { None },

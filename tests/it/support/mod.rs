@@ -481,6 +481,21 @@ pub async fn shop_to(base: &str, endpoint: serde_json::Value) -> String {
     id
 }
 
+/// Post `body` to the source [`shop_to`] made on the gateway at `base`, as delivery
+/// `delivery_id` of an `order.paid`: the answer's status and JSON body.
+pub async fn post_to_shop(base: &str, delivery_id: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let answer = reqwest::Client::new()
+        .post(format!("{base}/ingest/shop"))
+        .header("x-delivery-id", delivery_id)
+        .header("x-event-type", "order.paid")
+        .json(body)
+        .send()
+        .await
+        .expect("ingest");
+    let status = answer.status().as_u16();
+    (status, answer.json().await.unwrap_or_default())
+}
+
 /// The compression set on `events`' body and headers, as `headers=<method>,payload=<method>`
 /// (`l` lz4, `p` pglz, empty the server's default): what migration 0023 changes.
 pub async fn events_compression(pool: &Pool) -> String {

@@ -1,0 +1,128 @@
+//! A replica whose clock is off the database's: a fleet's hosts drift (a paused VM, NTP
+//! that stopped), and every time the gateway writes for PostgreSQL to compare with its own
+//! `now()` (a retry's due time, a circuit's reopening, a paced release) must follow the
+//! database's clock, or a replica behind it retries at once whatever the subscriber asked,
+//! and one ahead of it holds retries back by its error.
+//!
+//! The gateway runs under libfaketime (`faketime`, installed by `.ci/run`): its wall clock
+//! shifted, its monotonic clock (timers) left alone; the database's clock is true.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::sink::{Reply, Sink};
+use crate::support::{GatewayProcess, TestDb, eventually, post_to_shop, shop_to, wait_ready};
+
+/// libfaketime's library, multi-threaded flavour.
+const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// A gateway on `db` whose wall clock is `offset` (libfaketime's `FAKETIME`, e.g. `-120s`)
+/// off the true one.
+fn skewed_gateway(db: &TestDb, offset: &str) -> GatewayProcess {
+    assert!(
+        Path::new(FAKETIME_LIB).exists(),
+        "libfaketime is not installed (apt install faketime; .ci/run installs it)"
+    );
+    GatewayProcess::start_with_env(
+        &db.url,
+        &[],
+        &[("LD_PRELOAD", FAKETIME_LIB), ("FAKETIME", offset), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")],
+    )
+}
+
+/// The wall clock a process under `offset` reads, seen from the test's own: the control
+/// that the shift took.
+async fn gateway_clock_is_shifted(gateway: &GatewayProcess, expected_secs: i64) {
+    let answer = reqwest::get(format!("http://{}/healthz", gateway.addr)).await.expect("healthz");
+    let date = answer.headers().get("date").and_then(|d| d.to_str().ok()).map(str::to_owned);
+    let date = date.expect("a Date header");
+    let theirs = httpdate::parse_http_date(&date).expect("an HTTP date");
+    let skew = match theirs.duration_since(std::time::SystemTime::now()) {
+        Ok(ahead) => ahead.as_secs() as i64,
+        Err(behind) => -(behind.duration().as_secs() as i64),
+    };
+    assert!((skew - expected_secs).abs() <= 2, "the gateway's clock is {skew} s off, not {expected_secs}");
+    // What it measured and exports: the database's clock less its own.
+    let text = reqwest::get(format!("http://{}/metrics", gateway.addr)).await.expect("metrics").text().await;
+    let text = text.expect("metrics text");
+    let measured: f64 = text
+        .lines()
+        .find_map(|line| line.strip_prefix("webhook_gateway_clock_offset_seconds "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the clock offset gauge");
+    assert!((measured + expected_secs as f64).abs() <= 2.0, "measured offset {measured} s, clock {expected_secs} s");
+}
+
+/// One webhook to a subscriber that answers its first request 503 with `Retry-After: 4`
+/// and the next 200, through a gateway whose clock is 120 s behind the database's and one
+/// whose clock is 120 s ahead: the retry comes no sooner than the subscriber asked (before,
+/// from the replica behind: at once, its due time two minutes in the database's past) and
+/// not two minutes later (before, from the replica ahead: 124 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_whose_clock_is_off_the_database_s_retries_when_the_subscriber_asked() {
+    let mut runs = Vec::new();
+    for (offset, secs) in [("-120s", -120), ("+120s", 120)] {
+        let db = TestDb::new().await;
+        let gateway = skewed_gateway(&db, offset);
+        wait_ready(gateway.addr).await;
+        gateway_clock_is_shifted(&gateway, secs).await;
+        let sink = Sink::start(|_, n| {
+            if n == 0 {
+                Reply::Status(503, vec![("retry-after", "4".into())], String::new())
+            } else {
+                Reply::status(200)
+            }
+        })
+        .await;
+        let base = format!("http://{}", gateway.addr);
+        shop_to(&base, json!({"url": sink.url("/hook")})).await;
+        assert_eq!(post_to_shop(&base, "d-1", &json!({"order": 1})).await.0, 200);
+        runs.push((offset, db, gateway, sink));
+    }
+    for (offset, _db, _gateway, sink) in &runs {
+        let requests = eventually(Duration::from_secs(60), "the retry", || async {
+            let received = sink.received();
+            (received.len() >= 2).then_some(received)
+        })
+        .await;
+        let waited = requests[1].at.duration_since(requests[0].at);
+        assert!(waited >= Duration::from_millis(3_900), "clock {offset}: retried after {waited:?}, asked 4 s");
+        assert!(waited < Duration::from_secs(60), "clock {offset}: retried after {waited:?}, asked 4 s");
+    }
+}
+
+/// A subscriber that answers 500 to everything, through a gateway whose clock is 120 s
+/// behind the database's, with a circuit that opens after two failures for 5 s: the
+/// half-open probe comes no sooner than the cool-down (before: at once, the reopening
+/// written two minutes in the database's past).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_whose_clock_is_behind_keeps_an_open_circuit_closed_for_its_cool_down() {
+    let db = TestDb::new().await;
+    assert!(
+        Path::new(FAKETIME_LIB).exists(),
+        "libfaketime is not installed (apt install faketime; .ci/run installs it)"
+    );
+    let gateway = GatewayProcess::start_with_env(
+        &db.url,
+        &["--circuit-failure-threshold", "2", "--circuit-cooldown-ms", "5000", "--backoff-base-ms", "20"],
+        &[("LD_PRELOAD", FAKETIME_LIB), ("FAKETIME", "-120s"), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")],
+    );
+    wait_ready(gateway.addr).await;
+    gateway_clock_is_shifted(&gateway, -120).await;
+    let sink = Sink::start(|_, _| Reply::status(500)).await;
+    let base = format!("http://{}", gateway.addr);
+    shop_to(&base, json!({"url": sink.url("/hook")})).await;
+    assert_eq!(post_to_shop(&base, "d-1", &json!({"order": 1})).await.0, 200);
+    let requests = eventually(Duration::from_secs(60), "the probe after the circuit opened", || async {
+        let received = sink.received();
+        (received.len() >= 3).then_some(received)
+    })
+    .await;
+    let closed_for = requests[2].at.duration_since(requests[1].at);
+    assert!(
+        closed_for >= Duration::from_millis(4_900),
+        "probed {closed_for:?} after the circuit opened, cool-down 5 s"
+    );
+}

@@ -8,11 +8,12 @@
 //! it wrote lay two minutes in the database's past); one ahead held every retry back by
 //! its error. So those times are taken from [`now`]: this host's clock corrected by its
 //! offset from the database's, measured at start-up and every [`SYNC_EVERY`] after
-//! ([`keep_in_step`]), to within half a round trip. Times only this process compares
-//! (timeouts, durations) stay on its own clocks; a signature's timestamp is judged
-//! against this host's clock, as the sender's is its own.
+//! ([`keep_in_step`]), to within half a round trip. A provider's signed timestamp is
+//! judged by it as well, so every replica of a fleet accepts and refuses the same
+//! webhooks. Times only this process compares (timeouts, durations) stay on its own
+//! clocks.
 //!
-//! Tested: `clock_skew::a_replica_whose_clock_is_off_the_database_s_retries_when_the_subscriber_asked`.
+//! Tested: `clock_skew` (a gateway under libfaketime: retries, circuits, signed timestamps).
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;

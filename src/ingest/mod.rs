@@ -130,10 +130,12 @@ impl Intake {
         if spec.kind == Kind::Internal {
             return Err(Refused::NotIngestible);
         }
-        // The body's search terms are hashed by the walk that reads its event type.
+        // The body's search terms are hashed by the walk that reads its event type. A
+        // signed timestamp is judged by the fleet's one clock, the database's: a replica
+        // whose host drifted judges as the others do.
         let mut scan = crate::search::PayloadScan::new(self.indexing);
         let verified = crate::telemetry::step("verify").in_scope(|| {
-            verify::verify_scanning(spec, headers, &body, chrono::Utc::now().timestamp(), &mut scan).map_err(|e| {
+            verify::verify_scanning(spec, headers, &body, crate::clock::now().timestamp(), &mut scan).map_err(|e| {
                 // Counted under the stored name (the source exists), logged rate-limited.
                 rejections::record(&source.name, &e);
                 Refused::Verify(e)

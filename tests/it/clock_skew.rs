@@ -126,3 +126,40 @@ async fn a_replica_whose_clock_is_behind_keeps_an_open_circuit_closed_for_its_co
         "probed {closed_for:?} after the circuit opened, cool-down 5 s"
     );
 }
+
+/// A Stripe webhook signed just now, posted to a gateway whose clock is 10 minutes behind
+/// the database's (Stripe's tolerance is 5): accepted, as every other replica of the fleet
+/// would (the signed timestamp is judged by the database's clock); one signed 10 minutes
+/// ago, which that replica's own clock would have taken for fresh, is refused as the
+/// others refuse it. Before: the fresh one refused 401, the stale one accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_clock_is_behind_judges_signed_timestamps_as_the_fleet_does() {
+    use crate::support::signing::{now, stripe_header};
+    let db = TestDb::new().await;
+    let gateway = skewed_gateway(&db, "-600s");
+    wait_ready(gateway.addr).await;
+    gateway_clock_is_shifted(&gateway, -600).await;
+    let base = format!("http://{}", gateway.addr);
+    let http = reqwest::Client::new();
+    let secret = "whsec_it_clock_0123456789abcdef";
+    let created = http
+        .post(format!("{base}/v1/sources"))
+        .bearer_auth(crate::support::ADMIN_TOKEN)
+        .json(&json!({"name": "stripe", "kind": "stripe", "secrets": [secret]}))
+        .send()
+        .await
+        .expect("create the source");
+    assert_eq!(created.status(), 201);
+    let post = |id: &str, signed_at: i64| {
+        let body = format!(r#"{{"id":"{id}","object":"event","type":"charge.succeeded"}}"#);
+        http.post(format!("{base}/ingest/stripe"))
+            .header("stripe-signature", stripe_header(secret, signed_at, &body))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let fresh = post("evt_fresh", now()).await.expect("ingest");
+    assert_eq!(fresh.status(), 200, "{:?}", fresh.text().await);
+    let stale = post("evt_stale", now() - 600).await.expect("ingest");
+    assert_eq!(stale.status(), 401, "{:?}", stale.text().await);
+}

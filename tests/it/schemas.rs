@@ -103,6 +103,7 @@ async fn gateways_in_schemas_of_their_own_share_a_database_directly_and_behind_p
         assert!(gateway.terminate(), "clean exit");
         let log = std::fs::read_to_string(&gateway.log).unwrap_or_default();
         assert!(!log.contains("does not exist"), "a statement missed its object: {log}");
+        assert!(!log.contains("offset from the database's was not measured"), "the clock measured: {log}");
     }
     drop(bouncer);
 }

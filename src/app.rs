@@ -262,9 +262,7 @@ async fn serve(
     let mut background = Vec::new();
     // Before any delivery is scheduled: the times written for PostgreSQL to compare follow
     // its clock, whatever this host's says.
-    if let Err(e) = crate::clock::sync(&state.pool).await {
-        tracing::warn!(error = %e, "the clock's offset from the database's was not measured yet; this host's clock is used until it is");
-    }
+    crate::clock::first_sync(&state.pool).await;
     background.push(tokio::spawn(crate::clock::keep_in_step(state.pool.clone(), stop.clone())));
     let housekeeping = crate::deliver::Housekeeping::default();
     let dispatcher = if settings.role.runs_workers() {

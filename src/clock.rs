@@ -104,8 +104,31 @@ pub async fn keep_in_step(pool: Pool, mut stop: watch::Receiver<bool>) {
             _ = stop.wait_for(|s| *s) => return,
             _ = tokio::time::sleep(SYNC_EVERY) => {}
         }
-        if let Err(e) = sync(&pool).await {
-            tracing::debug!(error = %e, "the clock's offset from the database's was not measured; the last one stays");
+        // Raced against stop: a measurement sent into a network partition must not hold
+        // the shutdown until the connection gives up.
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            measured = sync(&pool) => if let Err(e) = measured {
+                tracing::debug!(error = %e, "the clock's offset from the database's was not measured; the last one stays");
+            },
         }
     }
 }
+
+/// [`sync`] at start-up, waiting at most [`FIRST_SYNC_WAIT`]: a database that does not
+/// answer now does not hold the process back (this host's clock is used until the next
+/// measurement).
+pub async fn first_sync(pool: &Pool) {
+    match tokio::time::timeout(FIRST_SYNC_WAIT, sync(pool)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "the clock's offset from the database's was not measured yet; this host's clock is used until it is")
+        }
+        Err(_) => tracing::warn!(
+            "the clock's offset from the database's was not measured yet (no answer); this host's clock is used until it is"
+        ),
+    }
+}
+
+/// How long [`first_sync`] waits for the database.
+pub const FIRST_SYNC_WAIT: Duration = Duration::from_secs(2);

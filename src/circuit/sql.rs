@@ -142,6 +142,25 @@ pub async fn history(
     .await
 }
 
+/// Delete up to `batch` circuit changes older than `before`, oldest first (through
+/// `circuit_transitions_at`): the janitor's, so that an endpoint that fails for ever (a
+/// change every cool-down) does not grow the table for ever. Returns how many went.
+pub async fn delete_transitions_older(
+    db: impl sqlx::PgExecutor<'_>,
+    before: chrono::DateTime<Utc>,
+    batch: i64,
+) -> Result<u64, sqlx::Error> {
+    let done = crate::db::query(
+        "DELETE FROM circuit_transitions WHERE id IN (
+             SELECT id FROM circuit_transitions WHERE at < $1 ORDER BY at LIMIT $2)",
+    )
+    .bind(before)
+    .bind(batch)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// A circuit change, with its endpoint: what the operational events report.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct EndpointTransition {

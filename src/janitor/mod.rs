@@ -460,6 +460,19 @@ async fn phases(
             break;
         }
     }
+    // Circuits' histories, kept as long as the attempts that made them: an endpoint that
+    // fails for ever adds a change every cool-down, so without this the table grew with
+    // time alone.
+    let transitions_before =
+        crate::clock::now() - chrono::Duration::from_std(settings.attempts_retention).unwrap_or(chrono::Duration::MAX);
+    for _ in 0..settings.max_batches_per_phase {
+        let batch = i64::from(settings.batch_size);
+        if crate::circuit::sql::delete_transitions_older(pool, transitions_before, batch).await?
+            < u64::from(settings.batch_size)
+        {
+            break;
+        }
+    }
     Ok(if capped { RunStatus::Capped } else { RunStatus::Complete })
 }
 

@@ -567,3 +567,36 @@ async fn idle_ordering_lines_are_deleted_and_lines_in_use_are_kept() {
         sqlx::query_scalar("SELECT ordering_key FROM order_lines ORDER BY 1").fetch_all(pool).await.unwrap();
     assert_eq!(left, ["busy", "odd"]);
 }
+
+/// An endpoint's circuit history goes with the attempts' retention (30 days by default):
+/// an endpoint that fails for ever adds a change every cool-down, so the table must not
+/// grow with time alone. Changes older than the retention go, newer ones stay, and the
+/// console's history still reads the kept ones.
+#[tokio::test]
+async fn circuit_history_older_than_the_attempts_retention_is_deleted() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    let (failing, other) = (endpoint(pool).await, endpoint(pool).await);
+    for (endpoint, days) in [(failing, 45), (failing, 31), (failing, 29), (failing, 1), (other, 40), (other, 0)] {
+        sqlx::query(
+            "INSERT INTO circuit_transitions (endpoint_id, at, change, failures, open_count)
+             VALUES ($1, now() - make_interval(days => $2), 'reopened', 5, 2)",
+        )
+        .bind(endpoint)
+        .bind(days)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    assert_eq!(db.count("circuit_transitions").await, 6);
+    ran(janitor::run_pass(pool, &settings(2), "test").await.unwrap());
+    let kept: Vec<(Uuid, i32)> =
+        sqlx::query_as("SELECT endpoint_id, extract(day FROM now() - at)::int4 FROM circuit_transitions ORDER BY at")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(kept, [(failing, 29), (failing, 1), (other, 0)]);
+    let history =
+        webhook_gateway::circuit::sql::history(pool, webhook_gateway::ids::EndpointId(failing), 10).await.unwrap();
+    assert_eq!(history.len(), 2);
+}

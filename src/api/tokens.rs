@@ -76,7 +76,7 @@ pub async fn create(
     if let Some(problem) = tokens::name_problem(name) {
         return Err(ApiError::validation("name", problem));
     }
-    if body.expires_at.is_some_and(|t| t <= Utc::now()) {
+    if body.expires_at.is_some_and(|t| t <= crate::clock::now()) {
         return Err(ApiError::validation("expires_at", "must be in the future"));
     }
     let payloads = body.payloads.unwrap_or(true);

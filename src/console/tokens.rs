@@ -41,7 +41,7 @@ async fn tokens_page(
     problem: String,
     name: String,
 ) -> PageResult {
-    let now = chrono::Utc::now();
+    let now = crate::clock::now();
     let rows = tokens::sql::list(&state.pool)
         .await?
         .into_iter()

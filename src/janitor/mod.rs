@@ -452,7 +452,7 @@ async fn phases(
     .execute(pool)
     .await?;
     let audit_before =
-        Utc::now() - chrono::Duration::from_std(settings.audit_retention).unwrap_or(chrono::Duration::MAX);
+        crate::clock::now() - chrono::Duration::from_std(settings.audit_retention).unwrap_or(chrono::Duration::MAX);
     for _ in 0..settings.max_batches_per_phase {
         if crate::audit::delete_older(pool, audit_before, i64::from(settings.batch_size)).await?
             < u64::from(settings.batch_size)

@@ -7,8 +7,8 @@
 //! database's retried a subscriber 66 ms after it answered `Retry-After: 4` (the due time
 //! it wrote lay two minutes in the database's past); one ahead held every retry back by
 //! its error. So those times are taken from [`now`]: this host's clock corrected by its
-//! offset from the database's, measured at start-up and every [`SYNC_EVERY`] after
-//! ([`keep_in_step`]), to within half a round trip. A provider's signed timestamp is
+//! offset from the database's, measured at start-up, every [`SYNC_EVERY`] after and
+//! after a failover ([`keep_in_step`]), to within half a round trip. A provider's signed timestamp is
 //! judged by it as well, so every replica of a fleet accepts and refuses the same
 //! webhooks. Times only this process compares (timeouts, durations) stay on its own
 //! clocks.
@@ -96,24 +96,37 @@ pub async fn sync(pool: &Pool) -> Result<chrono::Duration, sqlx::Error> {
     Ok(offset)
 }
 
-/// Measure the offset again every [`SYNC_EVERY`] until `stop`; a failed measurement keeps
-/// the last offset (the database being away is reported by the calls that need it).
+/// Measure the offset again every [`SYNC_EVERY`], and within [`CHECK_EVERY`] of a
+/// failover the pool noticed (its [`crate::db::Health`] marked its connections stale: the
+/// new primary is another host, with a clock of its own), until `stop`; a failed
+/// measurement keeps the last offset and is tried again at the next check (the database
+/// being away is reported by the calls that need it).
 pub async fn keep_in_step(pool: Pool, mut stop: watch::Receiver<bool>) {
+    let mut measured_at = tokio::time::Instant::now();
+    let mut failover_mark = pool.health().stale_mark();
     loop {
         tokio::select! {
             _ = stop.wait_for(|s| *s) => return,
-            _ = tokio::time::sleep(SYNC_EVERY) => {}
+            _ = tokio::time::sleep(CHECK_EVERY) => {}
+        }
+        let mark = pool.health().stale_mark();
+        if measured_at.elapsed() < SYNC_EVERY && mark == failover_mark {
+            continue;
         }
         // Raced against stop: a measurement sent into a network partition must not hold
         // the shutdown until the connection gives up.
         tokio::select! {
             _ = stop.wait_for(|s| *s) => return,
-            measured = sync(&pool) => if let Err(e) = measured {
-                tracing::debug!(error = %e, "the clock's offset from the database's was not measured; the last one stays");
+            measured = sync(&pool) => match measured {
+                Ok(_) => (measured_at, failover_mark) = (tokio::time::Instant::now(), mark),
+                Err(e) => tracing::debug!(error = %e, "the clock's offset from the database's was not measured; the last one stays"),
             },
         }
     }
 }
+
+/// How often [`keep_in_step`] looks whether a measurement is due.
+pub const CHECK_EVERY: Duration = Duration::from_secs(5);
 
 /// [`sync`] at start-up, waiting at most [`FIRST_SYNC_WAIT`]: a database that does not
 /// answer now does not hold the process back (this host's clock is used until the next

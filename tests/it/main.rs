@@ -22,6 +22,7 @@ mod fairness;
 mod fanout;
 mod filters;
 mod first_run;
+mod fleet;
 mod hostile_ingest;
 mod hostile_subscriber;
 mod ingest;

@@ -1,0 +1,162 @@
+//! Twenty replicas on one database, as a production fleet runs them: started at once on
+//! an empty database (they race the migrations), each with a small pool, every one taking
+//! webhooks and delivering. The guarantees are the fleet's, not a replica's: each webhook
+//! stored once and delivered once, an endpoint's in-flight limit held across all of them,
+//! and the database's connections within what the docs say a fleet opens.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::pgbouncer::PgBouncer;
+use crate::support::producer::{Seen, produce};
+use crate::support::sink::{Reply, Sink};
+use crate::support::{GatewayProcess, TestDb, eventually, shop_to, wait_ready};
+
+/// Replicas in the fleet.
+const REPLICAS: usize = 20;
+/// Each replica's `--db-pool-size`: twenty replicas at the default (16) would open up to
+/// 340 connections, past a default `max_connections` (docs/production-postgres.md,
+/// "Connections").
+const POOL: usize = 2;
+
+/// The gateway's sessions on `database` now (behind PgBouncer: its server connections,
+/// which carry their clients' `application_name`).
+async fn gateway_sessions(conn: &mut sqlx::PgConnection, database: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name LIKE 'webhook-gateway%'",
+    )
+    .bind(database)
+    .fetch_one(conn)
+    .await
+    .expect("sessions")
+}
+
+/// What a fleet run saw: the producers' answers, the subscriber, the most gateway sessions
+/// on the database at once.
+struct Run {
+    seen: Arc<Mutex<Seen>>,
+    sink: Sink,
+    most_sessions: i64,
+}
+
+/// Twenty replicas started at once on `db` (empty: they race the migrations), each
+/// reaching it through `url` with `extra` flags and a pool of [`POOL`]; 600 webhooks from
+/// 20 producers spread over all of them, to one endpoint that takes 4 requests at a time
+/// and holds each 20 ms. Checks what holds whatever sits between the fleet and the
+/// database: the schema migrated once, every webhook acknowledged (200, or 503 with
+/// `Retry-After` and then 200), stored once and delivered exactly once, never more than 4
+/// requests in flight, every replica exits cleanly.
+async fn twenty_replicas(db: &TestDb, url: &str, extra: &[&str]) -> Run {
+    use sqlx::Connection as _;
+    // The test's own queries on a plain session: the test database's pool is named like
+    // the gateway's, and would be counted with the fleet's sessions.
+    let mut own = sqlx::PgConnection::connect(&db.url).await.expect("a session of the test's");
+    let pool = POOL.to_string();
+    let args: Vec<&str> = ["--db-pool-size", pool.as_str()].into_iter().chain(extra.iter().copied()).collect();
+    let replicas: Vec<GatewayProcess> = (0..REPLICAS).map(|_| GatewayProcess::start(url, &args)).collect();
+    for replica in &replicas {
+        wait_ready(replica.addr).await;
+    }
+    let (applied, failed): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE NOT success) FROM _sqlx_migrations")
+            .fetch_one(&mut own)
+            .await
+            .expect("the migrations");
+    assert_eq!((applied, failed), (webhook_gateway::db::MIGRATOR.iter().count() as i64, 0), "migrated once");
+
+    let sink = Sink::start(|_, _| Reply::Hold(Duration::from_millis(20))).await;
+    let bases: Vec<String> = replicas.iter().map(|r| format!("http://{}", r.addr)).collect();
+    shop_to(&bases[0], json!({"url": sink.url("/hook"), "max_in_flight": 4})).await;
+
+    let most_sessions = Arc::new(Mutex::new(0i64));
+    let watching = {
+        let (most, db_url, name) = (most_sessions.clone(), db.url.clone(), db.name());
+        tokio::spawn(async move {
+            let mut conn = sqlx::PgConnection::connect(&db_url).await.expect("a watcher");
+            loop {
+                let now = gateway_sessions(&mut conn, &name).await;
+                {
+                    let mut most = most.lock().unwrap();
+                    *most = (*most).max(now);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let producers = bases.iter().enumerate().map(|(r, base)| {
+        let ids: Vec<String> = (0..600 / REPLICAS).map(|i| format!("fleet-{r}-{i}")).collect();
+        produce(base.clone(), "shop", ids, 1, seen.clone())
+    });
+    futures_util::future::join_all(producers).await;
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.acknowledged.len(), 600, "every webhook acknowledged");
+        assert!(seen.statuses.keys().all(|s| [200, 503].contains(s)), "answers: {:?}", seen.statuses);
+        assert_eq!(seen.without_retry_after, 0, "every 503 with Retry-After");
+    }
+    eventually(Duration::from_secs(90), "every webhook delivered", || async {
+        (sink.received().len() >= 600).then_some(())
+    })
+    .await;
+    // A moment for a delivery sent twice to show.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    watching.abort();
+
+    let mut per_id: HashMap<String, usize> = HashMap::new();
+    for received in sink.received() {
+        *per_id.entry(received.header("webhook-id")).or_default() += 1;
+    }
+    assert_eq!(per_id.len(), 600, "each webhook delivered");
+    let twice: Vec<_> = per_id.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+    assert!(sink.max_concurrent() <= 4, "the endpoint's limit held: {} at once", sink.max_concurrent());
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM events WHERE dedupe_key LIKE 'fleet-%'")
+        .fetch_one(&mut own)
+        .await
+        .expect("events");
+    assert_eq!(events, 600, "stored once each");
+    for mut replica in replicas {
+        assert!(replica.terminate(), "clean exit");
+        let log = std::fs::read_to_string(&replica.log).unwrap_or_default();
+        assert!(!log.contains("panicked"), "a replica panicked: {log}");
+    }
+    let most_sessions = *most_sessions.lock().unwrap();
+    Run { seen, sink, most_sessions }
+}
+
+/// Twenty replicas straight to PostgreSQL ([`twenty_replicas`]), and the fleet never
+/// holds more than replicas × (pool + 1) sessions (the bound docs/production-postgres.md
+/// gives).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_replicas_store_once_deliver_once_and_hold_an_endpoint_s_limit() {
+    let db = TestDb::empty().await;
+    let run = twenty_replicas(&db, &db.url, &[]).await;
+    let most = run.most_sessions;
+    assert!(most > REPLICAS as i64, "the watcher saw the fleet's sessions: {most}");
+    assert!(most <= (REPLICAS * (POOL + 1)) as i64, "{most} sessions, more than {REPLICAS} × ({POOL} + 1)");
+    eprintln!("fleet, direct: at most {most} sessions; answers {:?}", run.seen.lock().unwrap().statuses);
+}
+
+/// The same twenty replicas through PgBouncer in transaction mode with 8 server
+/// connections for the whole fleet (60 clients): the same guarantees, the endpoint's
+/// limit reached and held, and never more than PgBouncer's 8 server sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_replicas_behind_pgbouncer_store_once_deliver_once_and_hold_an_endpoint_s_limit() {
+    let db = TestDb::empty().await;
+    let bouncer = PgBouncer::start(&db.url, 8);
+    let pooled = bouncer.url(&db.name(), &db.url);
+    let run = twenty_replicas(&db, &pooled, &["--db-pooler", "transaction"]).await;
+    assert_eq!(run.sink.max_concurrent(), 4, "the limit reached");
+    eprintln!(
+        "fleet, PgBouncer: at most {} server sessions; answers {:?}",
+        run.most_sessions,
+        run.seen.lock().unwrap().statuses
+    );
+    assert!(run.most_sessions <= 8, "{} server sessions, PgBouncer lends 8", run.most_sessions);
+    drop(bouncer);
+}

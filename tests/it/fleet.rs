@@ -160,3 +160,98 @@ async fn twenty_replicas_behind_pgbouncer_store_once_deliver_once_and_hold_an_en
     assert!(run.most_sessions <= 8, "{} server sessions, PgBouncer lends 8", run.most_sessions);
     drop(bouncer);
 }
+
+/// Post `ids` to the fleet at `bases`, each tried on the replicas in turn (starting at its
+/// own) until one answers 2xx, as a load balancer in front of the fleet retries on
+/// another replica: the ids acknowledged, and every answer's status (0: no answer).
+async fn post_through_the_fleet(bases: Arc<Vec<String>>, ids: Vec<String>) -> (Vec<String>, Vec<u16>) {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("client");
+    let (mut acknowledged, mut statuses) = (Vec::new(), Vec::new());
+    for (n, id) in ids.into_iter().enumerate() {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        for attempt in n.. {
+            let base = &bases[attempt % bases.len()];
+            let answer = http
+                .post(format!("{base}/ingest/shop"))
+                .header("x-delivery-id", &id)
+                .header("x-event-type", "order.paid")
+                .json(&json!({"order": id}))
+                .send()
+                .await;
+            let status = answer.map(|a| a.status().as_u16()).unwrap_or(0);
+            statuses.push(status);
+            if (200..300).contains(&status) {
+                acknowledged.push(id);
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{id} never acknowledged (last {status})");
+        }
+    }
+    (acknowledged, statuses)
+}
+
+/// Twenty replicas, five of them killed (SIGKILL: no drain, leases left behind) while 20
+/// producers post 600 webhooks through the fleet and the subscriber holds each request a
+/// second (so every replica has deliveries in flight when the five die): every webhook
+/// acknowledged is stored once and delivered at least once; those the killed replicas
+/// were sending are sent again after their lease (25 s), under the same id, as a later
+/// attempt (the control: some were).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_replicas_five_killed_mid_flight_lose_nothing() {
+    use sqlx::Connection as _;
+    let db = TestDb::new().await;
+    let pool = POOL.to_string();
+    let args = ["--db-pool-size", pool.as_str(), "--lease-secs", "25"];
+    let mut replicas: Vec<GatewayProcess> = (0..REPLICAS).map(|_| GatewayProcess::start(&db.url, &args)).collect();
+    for replica in &replicas {
+        wait_ready(replica.addr).await;
+    }
+    let sink = Sink::start(|_, _| Reply::Hold(Duration::from_secs(1))).await;
+    let bases: Arc<Vec<String>> = Arc::new(replicas.iter().map(|r| format!("http://{}", r.addr)).collect());
+    shop_to(&bases[0], json!({"url": sink.url("/hook")})).await;
+
+    let producers: Vec<_> = (0..REPLICAS)
+        .map(|p| {
+            let ids: Vec<String> = (0..600 / REPLICAS).map(|i| format!("crash-{p}-{i}")).collect();
+            tokio::spawn(post_through_the_fleet(bases.clone(), ids))
+        })
+        .collect();
+    eventually(Duration::from_secs(60), "deliveries under way", || async { (sink.count() >= 150).then_some(()) }).await;
+    for replica in replicas.iter_mut().skip(REPLICAS - 5) {
+        replica.kill();
+    }
+    let mut acknowledged = Vec::new();
+    let mut refused = 0;
+    for producer in producers {
+        let (ids, statuses) = producer.await.expect("producer");
+        acknowledged.extend(ids);
+        refused += statuses.iter().filter(|s| !(200..300).contains(*s)).count();
+    }
+    assert_eq!(acknowledged.len(), 600, "every webhook acknowledged by some replica");
+    eventually(Duration::from_secs(90), "every acknowledged webhook delivered", || async {
+        let delivered: std::collections::HashSet<String> =
+            sink.received().iter().map(|r| r.header("webhook-id")).collect();
+        (delivered.len() >= 600).then_some(())
+    })
+    .await;
+    let mut own = sqlx::PgConnection::connect(&db.url).await.expect("a session of the test's");
+    let (events, keys): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT dedupe_key) FROM events WHERE dedupe_key LIKE 'crash-%'")
+            .fetch_one(&mut own)
+            .await
+            .expect("events");
+    assert_eq!((events, keys), (600, 600), "stored once each");
+    let received = sink.received();
+    let again: Vec<String> =
+        received.iter().filter(|r| r.header("webhook-attempt") != "1").map(|r| r.header("webhook-attempt")).collect();
+    eprintln!(
+        "fleet, five killed: {refused} answers not 2xx (retried on another replica), {} requests for 600 webhooks, later attempts {:?}",
+        received.len(),
+        again
+    );
+    assert!(received.len() > 600, "the killed replicas were sending some: none sent again");
+    assert!(!again.is_empty(), "those sent again carry a later attempt");
+    for mut replica in replicas.into_iter().take(REPLICAS - 5) {
+        assert!(replica.terminate(), "clean exit");
+    }
+}

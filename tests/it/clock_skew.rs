@@ -18,16 +18,16 @@ use crate::support::{GatewayProcess, TestDb, eventually, post_to_shop, shop_to, 
 /// libfaketime's library, multi-threaded flavour.
 const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
-/// A gateway on `db` whose wall clock is `offset` (libfaketime's `FAKETIME`, e.g. `-120s`)
-/// off the true one.
-fn skewed_gateway(db: &TestDb, offset: &str) -> GatewayProcess {
+/// A gateway on `db` with `extra` flags whose wall clock is `offset` (libfaketime's
+/// `FAKETIME`, e.g. `-120s`) off the true one.
+fn skewed_gateway(db: &TestDb, offset: &str, extra: &[&str]) -> GatewayProcess {
     assert!(
         Path::new(FAKETIME_LIB).exists(),
         "libfaketime is not installed (apt install faketime; .ci/run installs it)"
     );
     GatewayProcess::start_with_env(
         &db.url,
-        &[],
+        extra,
         &[("LD_PRELOAD", FAKETIME_LIB), ("FAKETIME", offset), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")],
     )
 }
@@ -65,7 +65,7 @@ async fn a_replica_whose_clock_is_off_the_database_s_retries_when_the_subscriber
     let mut runs = Vec::new();
     for (offset, secs) in [("-120s", -120), ("+120s", 120)] {
         let db = TestDb::new().await;
-        let gateway = skewed_gateway(&db, offset);
+        let gateway = skewed_gateway(&db, offset, &[]);
         wait_ready(gateway.addr).await;
         gateway_clock_is_shifted(&gateway, secs).await;
         let sink = Sink::start(|_, n| {
@@ -100,14 +100,10 @@ async fn a_replica_whose_clock_is_off_the_database_s_retries_when_the_subscriber
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_whose_clock_is_behind_keeps_an_open_circuit_closed_for_its_cool_down() {
     let db = TestDb::new().await;
-    assert!(
-        Path::new(FAKETIME_LIB).exists(),
-        "libfaketime is not installed (apt install faketime; .ci/run installs it)"
-    );
-    let gateway = GatewayProcess::start_with_env(
-        &db.url,
+    let gateway = skewed_gateway(
+        &db,
+        "-120s",
         &["--circuit-failure-threshold", "2", "--circuit-cooldown-ms", "5000", "--backoff-base-ms", "20"],
-        &[("LD_PRELOAD", FAKETIME_LIB), ("FAKETIME", "-120s"), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")],
     );
     wait_ready(gateway.addr).await;
     gateway_clock_is_shifted(&gateway, -120).await;
@@ -136,7 +132,7 @@ async fn a_replica_whose_clock_is_behind_keeps_an_open_circuit_closed_for_its_co
 async fn a_replica_whose_clock_is_behind_judges_signed_timestamps_as_the_fleet_does() {
     use crate::support::signing::{now, stripe_header};
     let db = TestDb::new().await;
-    let gateway = skewed_gateway(&db, "-600s");
+    let gateway = skewed_gateway(&db, "-600s", &[]);
     wait_ready(gateway.addr).await;
     gateway_clock_is_shifted(&gateway, -600).await;
     let base = format!("http://{}", gateway.addr);

@@ -451,29 +451,37 @@ async fn phases(
     .bind(i64::from(settings.batch_size))
     .execute(pool)
     .await?;
-    let audit_before =
-        crate::clock::now() - chrono::Duration::from_std(settings.audit_retention).unwrap_or(chrono::Duration::MAX);
-    for _ in 0..settings.max_batches_per_phase {
-        if crate::audit::delete_older(pool, audit_before, i64::from(settings.batch_size)).await?
-            < u64::from(settings.batch_size)
-        {
-            break;
-        }
-    }
-    // Circuits' histories, kept as long as the attempts that made them: an endpoint that
-    // fails for ever adds a change every cool-down, so without this the table grew with
-    // time alone.
-    let transitions_before =
-        crate::clock::now() - chrono::Duration::from_std(settings.attempts_retention).unwrap_or(chrono::Duration::MAX);
-    for _ in 0..settings.max_batches_per_phase {
-        let batch = i64::from(settings.batch_size);
-        if crate::circuit::sql::delete_transitions_older(pool, transitions_before, batch).await?
-            < u64::from(settings.batch_size)
-        {
-            break;
-        }
-    }
+    // The audit log, and circuits' histories kept as long as the attempts that made them:
+    // an endpoint that fails for ever adds a change every cool-down, so without this the
+    // table grew with time alone.
+    let batch = i64::from(settings.batch_size);
+    let before = |retention: Duration| {
+        crate::clock::now() - chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX)
+    };
+    let audit_before = before(settings.audit_retention);
+    delete_older_in_batches(settings, || crate::audit::delete_older(pool, audit_before, batch)).await?;
+    let transitions_before = before(settings.attempts_retention);
+    delete_older_in_batches(settings, || {
+        crate::circuit::sql::delete_transitions_older(pool, transitions_before, batch)
+    })
+    .await?;
     Ok(if capped { RunStatus::Capped } else { RunStatus::Complete })
+}
+
+/// Run `delete_batch` (a delete of at most `settings.batch_size` rows older than a
+/// cut-off, returning how many went) until a batch comes back short, at most
+/// `settings.max_batches_per_phase` times.
+async fn delete_older_in_batches<F, Fut>(settings: &JanitorSettings, mut delete_batch: F) -> Result<(), sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, sqlx::Error>>,
+{
+    for _ in 0..settings.max_batches_per_phase {
+        if delete_batch().await? < u64::from(settings.batch_size) {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// One batch: its own transaction, which holds the lease (or fails: taken over), sets the

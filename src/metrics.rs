@@ -249,12 +249,28 @@ struct Horizon {
     age_transactions: i64,
 }
 
-/// [`Horizon`]: the sessions of this database (other than the one asking) with a snapshot
-/// or a transaction id, and its prepared transactions, by start; by age in transactions,
-/// those and the walsenders (a standby's `hot_standby_feedback`) and replication slots,
-/// which hold every database's horizon. Another role's sessions show only to a role with
-/// `pg_read_all_stats` (or `pg_monitor`); without it, this counts the gateway's own role's.
-const HORIZON_SQL: &str = "SELECT \
+/// The database server's client connections, against what it takes.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct Connections {
+    all: i64,
+    gateway: i64,
+    limit: i64,
+}
+
+/// What the leader reads of the server, in one statement: its client backends, the
+/// gateway's among them, and how many it takes (`reserved_connections` exists from
+/// PostgreSQL 16: read as 0 before); then [`Horizon`]: the sessions of this database (other
+/// than the one asking) with a snapshot or a transaction id, and its prepared transactions,
+/// by start; by age in transactions, those and the walsenders (a standby's
+/// `hot_standby_feedback`) and replication slots, which hold every database's horizon.
+/// Another role's sessions show only to a role with `pg_read_all_stats` (or `pg_monitor`);
+/// without it, this counts the gateway's own role's.
+const SERVER_SQL: &str = "SELECT \
+     (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'), \
+     (SELECT count(*) FROM pg_stat_activity \
+       WHERE backend_type = 'client backend' AND application_name LIKE 'webhook-gateway%'), \
+     current_setting('max_connections')::int8 - current_setting('superuser_reserved_connections')::int8 \
+       - COALESCE(NULLIF(current_setting('reserved_connections', true), ''), '0')::int8, \
      GREATEST( \
        (SELECT extract(epoch FROM max(now() - xact_start)) FROM pg_stat_activity \
          WHERE datname = current_database() AND pid <> pg_backend_pid() \
@@ -267,21 +283,6 @@ const HORIZON_SQL: &str = "SELECT \
        (SELECT max(age(transaction)) FROM pg_prepared_xacts WHERE database = current_database()), \
        (SELECT max(age(xmin)) FROM pg_replication_slots), \
        0)::int8";
-
-/// The database server's client connections, against what it takes.
-#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
-struct Connections {
-    all: i64,
-    gateway: i64,
-    limit: i64,
-}
-
-/// Client backends of the server, the gateway's among them, and how many it takes
-/// (`reserved_connections` exists from PostgreSQL 16: read as 0 before).
-const CONNECTIONS_SQL: &str = "SELECT count(*), count(*) FILTER (WHERE application_name LIKE 'webhook-gateway%'), \
-            current_setting('max_connections')::int8 - current_setting('superuser_reserved_connections')::int8 \
-            - COALESCE(NULLIF(current_setting('reserved_connections', true), ''), '0')::int8 \
-     FROM pg_stat_activity WHERE backend_type = 'client backend'";
 
 /// Refresh the sampled gauges until `stop` (`default_max_in_flight`: the in-flight cap of
 /// endpoints without their own, to tell throttled endpoints; `instance`: this gateway's
@@ -394,9 +395,8 @@ async fn count(pool: &Pool, default_max_in_flight: i32) -> Result<FleetCounts, s
         .into_iter()
         .map(|l| (l.endpoint_id.to_string(), l.in_flight, l.throttled))
         .collect();
-    let (all, gateway, limit): (i64, i64, i64) = crate::db::query_as(CONNECTIONS_SQL).fetch_one(pool).await?;
-    let (oldest_transaction_secs, age_transactions): (f64, i64) =
-        crate::db::query_as(HORIZON_SQL).fetch_one(pool).await?;
+    let (all, gateway, limit, oldest_transaction_secs, age_transactions): (i64, i64, i64, f64, i64) =
+        crate::db::query_as(SERVER_SQL).fetch_one(pool).await?;
     Ok(FleetCounts {
         connections: Some(Connections { all, gateway, limit }),
         horizon: Some(Horizon { oldest_transaction_secs, age_transactions }),

@@ -262,8 +262,8 @@ async fn serve(
     let mut background = Vec::new();
     // Before any delivery is scheduled: the times written for PostgreSQL to compare follow
     // its clock, whatever this host's says.
-    crate::clock::first_sync(&state.pool).await;
-    background.push(tokio::spawn(crate::clock::keep_in_step(state.pool.clone(), stop.clone())));
+    let measured = crate::clock::first_sync(&state.pool).await;
+    background.push(tokio::spawn(crate::clock::keep_in_step(state.pool.clone(), measured, stop.clone())));
     let housekeeping = crate::deliver::Housekeeping::default();
     let dispatcher = if settings.role.runs_workers() {
         let egress = match &settings.resolver {

@@ -43,11 +43,6 @@ pub fn now() -> DateTime<Utc> {
     Utc::now() + chrono::Duration::microseconds(OFFSET_MICROS.load(Ordering::Relaxed))
 }
 
-/// The database's clock less this host's, as last measured.
-pub fn offset() -> chrono::Duration {
-    chrono::Duration::microseconds(OFFSET_MICROS.load(Ordering::Relaxed))
-}
-
 /// The database's clock less this host's: the server's `clock_timestamp()` against the
 /// middle of the round trip that read it, from the shortest of [`SAMPLES`] round trips.
 /// Returns the offset and that round trip. In a transaction, so that behind a pooler the
@@ -101,8 +96,10 @@ pub async fn sync(pool: &Pool) -> Result<chrono::Duration, sqlx::Error> {
 /// new primary is another host, with a clock of its own), until `stop`; a failed
 /// measurement keeps the last offset and is tried again at the next check (the database
 /// being away is reported by the calls that need it).
-pub async fn keep_in_step(pool: Pool, mut stop: watch::Receiver<bool>) {
-    let mut measured_at = tokio::time::Instant::now();
+///
+/// `measured`: whether [`first_sync`] measured; when it did not, the next check measures.
+pub async fn keep_in_step(pool: Pool, measured: bool, mut stop: watch::Receiver<bool>) {
+    let mut measured_at = measured.then(tokio::time::Instant::now);
     let mut failover_mark = pool.health().stale_mark();
     loop {
         tokio::select! {
@@ -110,7 +107,7 @@ pub async fn keep_in_step(pool: Pool, mut stop: watch::Receiver<bool>) {
             _ = tokio::time::sleep(CHECK_EVERY) => {}
         }
         let mark = pool.health().stale_mark();
-        if measured_at.elapsed() < SYNC_EVERY && mark == failover_mark {
+        if measured_at.is_some_and(|at| at.elapsed() < SYNC_EVERY) && mark == failover_mark {
             continue;
         }
         // Raced against stop: a measurement sent into a network partition must not hold
@@ -118,7 +115,7 @@ pub async fn keep_in_step(pool: Pool, mut stop: watch::Receiver<bool>) {
         tokio::select! {
             _ = stop.wait_for(|s| *s) => return,
             measured = sync(&pool) => match measured {
-                Ok(_) => (measured_at, failover_mark) = (tokio::time::Instant::now(), mark),
+                Ok(_) => (measured_at, failover_mark) = (Some(tokio::time::Instant::now()), mark),
                 Err(e) => tracing::debug!(error = %e, "the clock's offset from the database's was not measured; the last one stays"),
             },
         }
@@ -130,17 +127,18 @@ pub const CHECK_EVERY: Duration = Duration::from_secs(5);
 
 /// [`sync`] at start-up, waiting at most [`FIRST_SYNC_WAIT`]: a database that does not
 /// answer now does not hold the process back (this host's clock is used until the next
-/// measurement).
-pub async fn first_sync(pool: &Pool) {
-    match tokio::time::timeout(FIRST_SYNC_WAIT, sync(pool)).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "the clock's offset from the database's was not measured yet; this host's clock is used until it is")
-        }
-        Err(_) => tracing::warn!(
-            "the clock's offset from the database's was not measured yet (no answer); this host's clock is used until it is"
-        ),
-    }
+/// measurement, [`CHECK_EVERY`] later). Whether it measured.
+pub async fn first_sync(pool: &Pool) -> bool {
+    let failed = match tokio::time::timeout(FIRST_SYNC_WAIT, sync(pool)).await {
+        Ok(Ok(_)) => return true,
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "no answer".to_owned(),
+    };
+    tracing::warn!(
+        error = %failed,
+        "the clock's offset from the database's was not measured yet; this host's clock is used until it is"
+    );
+    false
 }
 
 /// How long [`first_sync`] waits for the database.

@@ -8,6 +8,12 @@
 //! statement to the ingest transaction and no lock to its commit (a `NOTIFY` inside the
 //! transaction would serialise every ingest commit on the notification queue lock).
 //! Polling stays the fallback: a lost notification costs at most one poll interval.
+//!
+//! Channels are database-wide, and gateways in schemas of their own may share a database
+//! (docs/production-postgres.md, "A schema of its own"): each notification carries the
+//! notifier's schema, and a listener wakes for its own schema's only. An empty payload
+//! (what releases before this one send) wakes every listener, as it always did, so two
+//! releases side by side in a rolling deploy still wake each other.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,6 +81,9 @@ impl Handoff {
 
 /// The notification channel.
 pub const CHANNEL: &str = "webhook_gateway_wake";
+/// Wake the listeners of this session's schema (the payload names it; see the module's
+/// doc). Sent on [`CHANNEL`], spelled out because `pg_notify` takes the channel as text.
+pub const NOTIFY_SQL: &str = "SELECT pg_notify('webhook_gateway_wake', coalesce(current_schema()::text, ''))";
 /// Bursts of ingests within this window share one notification.
 pub const COALESCE: Duration = Duration::from_millis(5);
 
@@ -85,7 +94,7 @@ pub async fn notify_others(pool: Pool, wake: Arc<Notify>, mut stop: watch::Recei
             () = wake.notified() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        if let Err(e) = crate::db::query("SELECT pg_notify($1, '')").bind(CHANNEL).execute(&pool).await {
+        if let Err(e) = crate::db::query(NOTIFY_SQL).execute(&pool).await {
             tracing::debug!(error = %e, "wake notification failed; workers fall back to polling");
         }
         tokio::time::sleep(COALESCE).await;
@@ -126,13 +135,24 @@ pub async fn listen(pool: Pool, wake: Arc<Notify>, role: crate::role::Role, mut 
         tracing::warn!(error = %e, "cannot LISTEN for wake-ups; workers rely on polling");
         return;
     }
+    // The schema the gateway's own statements use (the pool's session, which behind a
+    // pooler the alias or role sets; the listener's session URL may not name it).
+    let schema = match crate::db::query_scalar::<Option<String>>("SELECT current_schema()::text").fetch_one(&pool).await
+    {
+        Ok(schema) => schema,
+        Err(e) => {
+            tracing::debug!(error = %e, "schema unknown; every wake-up on the channel wakes the workers");
+            None
+        }
+    };
     loop {
         let received = tokio::select! {
             received = listener.recv() => received,
             _ = stop.wait_for(|s| *s) => return,
         };
         match received {
-            Ok(_) => wake.notify_one(),
+            Ok(notification) if wakes(notification.payload(), schema.as_deref()) => wake.notify_one(),
+            Ok(_) => {}
             Err(e) => {
                 tracing::debug!(error = %e, "wake listener error; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -141,9 +161,23 @@ pub async fn listen(pool: Pool, wake: Arc<Notify>, role: crate::role::Role, mut 
     }
 }
 
+/// Whether a notification with `payload` wakes the workers of a gateway in `schema`
+/// (`None`: not known).
+fn wakes(payload: &str, schema: Option<&str>) -> bool {
+    payload.is_empty() || schema.is_none_or(|schema| schema == payload)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_notification_wakes_its_own_schema_and_an_older_release_s_wakes_everyone() {
+        assert!(wakes("gw_a", Some("gw_a")));
+        assert!(!wakes("gw_b", Some("gw_a")), "another schema's ingest");
+        assert!(wakes("", Some("gw_a")), "a release before the payload named the schema");
+        assert!(wakes("gw_b", None), "schema unknown: wake rather than wait for the poll");
+    }
 
     fn delivery(n: u128) -> DeliveryId {
         DeliveryId(uuid::Uuid::from_u128(n))

@@ -107,3 +107,82 @@ async fn gateways_in_schemas_of_their_own_share_a_database_directly_and_behind_p
     }
     drop(bouncer);
 }
+
+/// Wake-ups stay in their schema. Split roles in schemas `gw_a` and `gw_b` of one
+/// database, each worker polling every 60 s, so that only a notification wakes it: a
+/// delivery made due in `gw_b` without one waits while `gw_a`'s ingest notifies (before
+/// notifications named their schema, `gw_a`'s wake-ups woke `gw_b`'s worker, whose claim
+/// then took the delivery); `gw_a`'s own worker is woken (the control); `gw_b`'s ingest
+/// wakes `gw_b`'s worker; and an empty notification, what an older release sends during a
+/// rolling deploy, still wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_notification_wakes_the_workers_of_its_own_schema_only() {
+    let db = TestDb::empty().await;
+    let mut processes = Vec::new();
+    let mut ingest = Vec::new();
+    let mut sinks = Vec::new();
+    for schema in ["gw_a", "gw_b"] {
+        sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&db.pool).await.expect("a schema");
+        let url = format!("{}?options=-c%20search_path%3D{schema}", db.url);
+        let front = GatewayProcess::start(&url, &["--role", "ingest"]);
+        wait_ready(front.addr).await;
+        let base = format!("http://{}", front.addr);
+        let sink = Sink::ok().await;
+        shop_to(&base, json!({"url": sink.url("/hook")})).await;
+        processes.push(front);
+        processes.push(GatewayProcess::start(&url, &["--role", "worker", "--poll-interval-ms", "60000"]));
+        ingest.push(base);
+        sinks.push(sink);
+    }
+    // Let the workers finish their start-up claims and go idle.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let due_in_b_unannounced = |key: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(
+                "WITH ev AS (
+                     INSERT INTO gw_b.events (source_id, dedupe_key, event_type, content_type, headers, payload)
+                     SELECT id, $1, 'order.paid', 'application/json', '{}'::jsonb, convert_to('{}', 'UTF8')
+                     FROM gw_b.sources WHERE name = 'shop'
+                     RETURNING id
+                 )
+                 INSERT INTO gw_b.deliveries (event_id, endpoint_id) SELECT ev.id, ep.id FROM ev, gw_b.endpoints ep",
+            )
+            .bind(key)
+            .execute(&pool)
+            .await
+            .expect("a due delivery, no notification");
+        }
+    };
+    due_in_b_unannounced("quiet-1").await;
+
+    for i in 0..5 {
+        let (status, body) = post_to_shop(&ingest[0], &format!("a-{i}"), &json!({"i": i})).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    eventually(Duration::from_secs(20), "gw_a's worker, woken by gw_a's ingest, delivers", || async {
+        (sinks[0].count() >= 5).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(sinks[1].count(), 0, "gw_b's worker was woken by gw_a's ingest");
+
+    let (status, body) = post_to_shop(&ingest[1], "b-0", &json!({"b": 0})).await;
+    assert_eq!(status, 200, "{body}");
+    eventually(Duration::from_secs(20), "gw_b's worker, woken by gw_b's ingest, delivers both", || async {
+        (sinks[1].count() >= 2).then_some(())
+    })
+    .await;
+
+    due_in_b_unannounced("quiet-2").await;
+    sqlx::query("SELECT pg_notify('webhook_gateway_wake', '')").execute(&db.pool).await.expect("an old notification");
+    eventually(Duration::from_secs(20), "an empty notification (an older release's) wakes gw_b's worker", || async {
+        (sinks[1].count() >= 3).then_some(())
+    })
+    .await;
+    assert_eq!(sinks[0].count(), 5, "gw_a's deliveries, once each");
+
+    for mut process in processes {
+        assert!(process.terminate(), "clean exit");
+    }
+}

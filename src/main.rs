@@ -279,8 +279,13 @@ async fn database(
     if let Some(url) = url {
         return Ok((url.to_owned(), None));
     }
-    let options =
-        embedded::ClusterOptions { data_dir: data_dir.join("pg"), throwaway: false, port: None, settings: Vec::new() };
+    let options = embedded::ClusterOptions {
+        data_dir: data_dir.join("pg"),
+        throwaway: false,
+        port: None,
+        settings: Vec::new(),
+        env: Vec::new(),
+    };
     std::fs::create_dir_all(data_dir)?;
     let started = tokio::task::spawn_blocking(move || embedded::Cluster::start(&options)).await??;
     tracing::info!(

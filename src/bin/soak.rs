@@ -95,6 +95,7 @@ fn main() -> anyhow::Result<()> {
                 throwaway: true,
                 port: None,
                 settings: Vec::new(),
+                env: Vec::new(),
             };
             let cluster = embedded::Cluster::start(&options)?;
             (cluster.url("postgres"), Some(cluster))

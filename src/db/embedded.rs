@@ -43,6 +43,9 @@ pub struct ClusterOptions {
     pub port: Option<u16>,
     /// Extra `-c name=value` server settings, e.g. `fsync=off` for a test cluster.
     pub settings: Vec<(String, String)>,
+    /// Extra environment for the server's processes (a test's libfaketime, to give a
+    /// cluster a clock of its own).
+    pub env: Vec<(String, String)>,
 }
 
 /// A running cluster. Stop it with [`Cluster::stop`]; if the process dies without doing
@@ -120,6 +123,7 @@ impl Cluster {
         for (name, value) in &options.settings {
             cmd.arg("-c").arg(format!("{name}={value}"));
         }
+        cmd.envs(options.env.iter().map(|(name, value)| (name, value)));
         cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
         // Own process group: a Ctrl-C aimed at us must not reach the postmaster before we
         // have drained our own work; we stop it ourselves.

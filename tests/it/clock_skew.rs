@@ -12,24 +12,29 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use sqlx::{Connection, PgConnection};
+
+use crate::support::replica::ReplicatedPair;
 use crate::support::sink::{Reply, Sink};
 use crate::support::{GatewayProcess, TestDb, eventually, post_to_shop, shop_to, wait_ready};
 
 /// libfaketime's library, multi-threaded flavour.
 const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
-/// A gateway on `db` with `extra` flags whose wall clock is `offset` (libfaketime's
-/// `FAKETIME`, e.g. `-120s`) off the true one.
-fn skewed_gateway(db: &TestDb, offset: &str, extra: &[&str]) -> GatewayProcess {
+/// The environment that puts a process's wall clock `offset` (libfaketime's `FAKETIME`,
+/// e.g. `-120s`) off the true one, its monotonic clock (timers) left alone.
+fn shifted_clock(offset: &str) -> [(&'static str, &str); 3] {
     assert!(
         Path::new(FAKETIME_LIB).exists(),
         "libfaketime is not installed (apt install faketime; .ci/run installs it)"
     );
-    GatewayProcess::start_with_env(
-        &db.url,
-        extra,
-        &[("LD_PRELOAD", FAKETIME_LIB), ("FAKETIME", offset), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")],
-    )
+    [("LD_PRELOAD", FAKETIME_LIB), ("FAKETIME", offset), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")]
+}
+
+/// A gateway on `db` with `extra` flags whose wall clock is `offset` (libfaketime's
+/// `FAKETIME`, e.g. `-120s`) off the true one.
+fn skewed_gateway(db: &TestDb, offset: &str, extra: &[&str]) -> GatewayProcess {
+    GatewayProcess::start_with_env(&db.url, extra, &shifted_clock(offset))
 }
 
 /// The wall clock a process under `offset` reads, seen from the test's own: the control
@@ -45,14 +50,37 @@ async fn gateway_clock_is_shifted(gateway: &GatewayProcess, expected_secs: i64) 
     };
     assert!((skew - expected_secs).abs() <= 2, "the gateway's clock is {skew} s off, not {expected_secs}");
     // What it measured and exports: the database's clock less its own.
+    let measured = exported_offset(gateway).await;
+    assert!((measured + expected_secs as f64).abs() <= 2.0, "measured offset {measured} s, clock {expected_secs} s");
+}
+
+/// The offset from the database's clock the gateway exports, seconds.
+async fn exported_offset(gateway: &GatewayProcess) -> f64 {
     let text = reqwest::get(format!("http://{}/metrics", gateway.addr)).await.expect("metrics").text().await;
     let text = text.expect("metrics text");
-    let measured: f64 = text
-        .lines()
+    text.lines()
         .find_map(|line| line.strip_prefix("webhook_gateway_clock_offset_seconds "))
         .and_then(|v| v.trim().parse().ok())
-        .expect("the clock offset gauge");
-    assert!((measured + expected_secs as f64).abs() <= 2.0, "measured offset {measured} s, clock {expected_secs} s");
+        .expect("the clock offset gauge")
+}
+
+/// A subscriber that answers its first request 503 with `Retry-After: 4` and every other
+/// one 200.
+async fn retry_after_four_once() -> Sink {
+    Sink::start(|_, n| {
+        if n == 0 { Reply::Status(503, vec![("retry-after", "4".into())], String::new()) } else { Reply::status(200) }
+    })
+    .await
+}
+
+/// How long the subscriber waited between its first request and the retry.
+async fn retried_after(sink: &Sink) -> Duration {
+    let requests = eventually(Duration::from_secs(60), "the retry", || async {
+        let received = sink.received();
+        (received.len() >= 2).then_some(received)
+    })
+    .await;
+    requests[1].at.duration_since(requests[0].at)
 }
 
 /// One webhook to a subscriber that answers its first request 503 with `Retry-After: 4`
@@ -68,26 +96,14 @@ async fn a_replica_whose_clock_is_off_the_database_s_retries_when_the_subscriber
         let gateway = skewed_gateway(&db, offset, &[]);
         wait_ready(gateway.addr).await;
         gateway_clock_is_shifted(&gateway, secs).await;
-        let sink = Sink::start(|_, n| {
-            if n == 0 {
-                Reply::Status(503, vec![("retry-after", "4".into())], String::new())
-            } else {
-                Reply::status(200)
-            }
-        })
-        .await;
+        let sink = retry_after_four_once().await;
         let base = format!("http://{}", gateway.addr);
         shop_to(&base, json!({"url": sink.url("/hook")})).await;
         assert_eq!(post_to_shop(&base, "d-1", &json!({"order": 1})).await.0, 200);
         runs.push((offset, db, gateway, sink));
     }
     for (offset, _db, _gateway, sink) in &runs {
-        let requests = eventually(Duration::from_secs(60), "the retry", || async {
-            let received = sink.received();
-            (received.len() >= 2).then_some(received)
-        })
-        .await;
-        let waited = requests[1].at.duration_since(requests[0].at);
+        let waited = retried_after(sink).await;
         assert!(waited >= Duration::from_millis(3_900), "clock {offset}: retried after {waited:?}, asked 4 s");
         assert!(waited < Duration::from_secs(60), "clock {offset}: retried after {waited:?}, asked 4 s");
     }
@@ -158,4 +174,57 @@ async fn a_replica_whose_clock_is_behind_judges_signed_timestamps_as_the_fleet_d
     assert_eq!(fresh.status(), 200, "{:?}", fresh.text().await);
     let stale = post("evt_stale", now() - 600).await.expect("ingest");
     assert_eq!(stale.status(), 401, "{:?}", stale.text().await);
+}
+
+/// A failover to a server whose clock is 120 s ahead of the old primary's (the new primary
+/// is another host): the gateway, reaching the primary by a host list, measures the new
+/// server's clock within seconds of noticing the failover (not at the next minute's
+/// measurement), and a subscriber's `Retry-After: 4` after it is honoured by the new
+/// clock (with the old offset the due time it wrote would lie two minutes in the new
+/// server's past, and the retry would come at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_failover_to_a_server_with_another_clock_the_gateway_follows_the_new_one() {
+    let pair = ReplicatedPair::start_with_standby_env("gw", &shifted_clock("+120s")).await;
+    let mut standby = PgConnection::connect(&pair.standby.url("postgres")).await.expect("standby connection");
+    let standby_ahead: f64 = sqlx::query_scalar("SELECT extract(epoch FROM clock_timestamp())::float8")
+        .fetch_one(&mut standby)
+        .await
+        .expect("its clock");
+    let standby_ahead = standby_ahead - std::time::SystemTime::UNIX_EPOCH.elapsed().expect("time").as_secs_f64();
+    assert!((standby_ahead - 120.0).abs() <= 2.0, "the standby's clock is {standby_ahead} s ahead, not 120");
+    standby.close().await.ok();
+
+    let direct = url::Url::parse(&pair.primary.url("gw")).expect("URL");
+    let url = format!(
+        "postgres://postgres:{}@127.0.0.1:{},127.0.0.1:{}/gw?target_session_attrs=read-write",
+        direct.password().expect("password"),
+        pair.primary.port(),
+        pair.standby.port()
+    );
+    let gateway = GatewayProcess::start(&url, &[]);
+    wait_ready(gateway.addr).await;
+    let before = exported_offset(&gateway).await;
+    assert!(before.abs() <= 2.0, "before the failover, offset {before} s from the primary's clock");
+    let sink = retry_after_four_once().await;
+    let base = format!("http://{}", gateway.addr);
+    shop_to(&base, json!({"url": sink.url("/hook")})).await;
+
+    pair.kill_primary();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    pair.promote_standby().await;
+    let promoted = std::time::Instant::now();
+    let after = eventually(Duration::from_secs(20), "the new primary's clock measured", || async {
+        let offset = exported_offset(&gateway).await;
+        ((offset - 120.0).abs() <= 2.0).then_some(offset)
+    })
+    .await;
+    println!("offset {before:.3} s before, {after:.3} s {:?} after the promotion", promoted.elapsed());
+
+    eventually(Duration::from_secs(20), "the new primary takes the webhook", || async {
+        (post_to_shop(&base, "d-1", &json!({"order": 1})).await.0 == 200).then_some(())
+    })
+    .await;
+    let waited = retried_after(&sink).await;
+    assert!(waited >= Duration::from_millis(3_900), "retried after {waited:?}, asked 4 s");
+    assert!(waited < Duration::from_secs(60), "retried after {waited:?}, asked 4 s");
 }

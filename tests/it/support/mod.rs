@@ -80,6 +80,7 @@ pub fn throwaway_options() -> embedded::ClusterOptions {
             ("synchronous_commit".into(), "off".into()),
             ("full_page_writes".into(), "off".into()),
         ],
+        env: Vec::new(),
     }
 }
 

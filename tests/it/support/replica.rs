@@ -17,8 +17,9 @@ pub struct ReplicatedPair {
     pub standby: Cluster,
 }
 
-fn options(dir: PathBuf) -> ClusterOptions {
-    ClusterOptions { data_dir: dir, throwaway: true, port: None, settings: Vec::new() }
+fn options(dir: PathBuf, env: &[(&str, &str)]) -> ClusterOptions {
+    let env = env.iter().map(|(name, value)| (name.to_string(), value.to_string())).collect();
+    ClusterOptions { data_dir: dir, throwaway: true, port: None, settings: Vec::new(), env }
 }
 
 fn temp_dir(what: &str) -> PathBuf {
@@ -29,7 +30,13 @@ impl ReplicatedPair {
     /// Start a primary with a database `database`, a standby streaming from it, and wait
     /// until the standby is the primary's synchronous standby.
     pub async fn start(database: &str) -> ReplicatedPair {
-        let primary = tokio::task::spawn_blocking(|| Cluster::start(&options(temp_dir("primary"))))
+        Self::start_with_standby_env(database, &[]).await
+    }
+
+    /// [`ReplicatedPair::start`] with `standby_env` in the standby server's environment
+    /// (libfaketime, for a standby whose clock differs from the primary's).
+    pub async fn start_with_standby_env(database: &str, standby_env: &[(&str, &str)]) -> ReplicatedPair {
+        let primary = tokio::task::spawn_blocking(|| Cluster::start(&options(temp_dir("primary"), &[])))
             .await
             .expect("primary")
             .expect("start the primary");
@@ -48,7 +55,8 @@ impl ReplicatedPair {
         let port = primary.port();
         let dir = standby_dir.clone();
         tokio::task::spawn_blocking(move || base_backup(port, &password, &dir)).await.expect("base backup");
-        let standby = tokio::task::spawn_blocking(move || Cluster::start(&options(standby_dir)))
+        let standby_options = options(standby_dir, standby_env);
+        let standby = tokio::task::spawn_blocking(move || Cluster::start(&standby_options))
             .await
             .expect("standby")
             .expect("start the standby");

@@ -54,6 +54,7 @@ impl Server {
                         ("shared_preload_libraries".into(), "pg_stat_statements".into()),
                         ("pg_stat_statements.track_planning".into(), "on".into()),
                     ],
+                    env: Vec::new(),
                 };
                 let cluster = tokio::task::spawn_blocking(move || embedded::Cluster::start(&options)).await??;
                 let base = url::Url::parse(&cluster.url("postgres"))?;

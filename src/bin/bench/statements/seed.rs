@@ -80,8 +80,13 @@ async fn seed_lines(pool: &sqlx::PgPool) -> anyhow::Result<String> {
 /// it with a history of delivered webhooks, and ordered lines, then stopped (a
 /// stand-alone backend needs the data directory to itself).
 pub(super) async fn prepare(data_dir: &Path) -> anyhow::Result<Seeded> {
-    let options =
-        embedded::ClusterOptions { data_dir: data_dir.to_owned(), throwaway: false, port: None, settings: vec![] };
+    let options = embedded::ClusterOptions {
+        data_dir: data_dir.to_owned(),
+        throwaway: false,
+        port: None,
+        settings: vec![],
+        env: vec![],
+    };
     let mut cluster = tokio::task::spawn_blocking(move || embedded::Cluster::start(&options)).await??;
     let seeded = async {
         let admin = pg::pool(&cluster.url("postgres"), 1).await?;

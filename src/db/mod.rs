@@ -239,12 +239,16 @@ async fn check_first_connection(options: &PgConnectOptions) -> anyhow::Result<()
         .await
         .map_err(|_| anyhow::anyhow!("cannot connect to PostgreSQL: no answer within {:?}", ACQUIRE_TIMEOUT * 3))?
         .map_err(|e| {
-            let hint = if e.to_string().contains("unsupported startup parameter") {
+            let said = e.to_string();
+            let hint = if said.contains("unsupported startup parameter") {
                 " (a PgBouncer in front of PostgreSQL? set --db-pooler transaction)"
+            } else if said.contains("statement pooling mode") {
+                " (a pooler in statement mode allows no transaction, and every write of the gateway is one: use \
+                 pool_mode = transaction with --db-pooler transaction, or session mode)"
             } else {
                 ""
             };
-            anyhow::anyhow!("cannot connect to PostgreSQL: {e}{hint}")
+            anyhow::anyhow!("cannot connect to PostgreSQL: {said}{hint}")
         })?;
     if !writable {
         anyhow::bail!(
@@ -259,12 +263,37 @@ async fn check_first_connection(options: &PgConnectOptions) -> anyhow::Result<()
 
 /// Connect to `options` with a connection of its own, ask whether its node takes writes,
 /// close it.
-async fn writable_at(options: &PgConnectOptions) -> Result<bool, sqlx::Error> {
+///
+/// Asked in a transaction, as every write of the gateway is made: a pooler that allows none
+/// (PgBouncer in statement mode) is refused here with its reason, not at the migrations.
+/// A server older than [`OLDEST_SERVER_VERSION`] is refused too.
+async fn writable_at(options: &PgConnectOptions) -> anyhow::Result<bool> {
+    use sqlx::{Connection as _, Executor as _};
     let mut conn = options.connect().await?;
-    let answer = writable(&mut conn).await;
+    let answer = async {
+        let mut tx = conn.begin().await?;
+        let version = tx.fetch_one(sqlx::raw_sql(SERVER_VERSION)).await?;
+        let answer = writable(&mut tx).await?;
+        tx.commit().await?;
+        Ok::<_, sqlx::Error>((version.try_get::<i32, _>(0)?, version.try_get::<String, _>(1)?, answer))
+    }
+    .await;
     let _ = conn.close().await;
-    answer
+    let (number, version, writable) = answer?;
+    anyhow::ensure!(
+        number >= OLDEST_SERVER_VERSION,
+        "PostgreSQL {version} is older than the gateway needs (13 or later; tested on 15, docs/production-postgres.md)"
+    );
+    Ok(writable)
 }
+
+/// The oldest PostgreSQL whose SQL the gateway uses, as `server_version_num`: 13 put
+/// `gen_random_uuid()` in core, which the first migration calls. Nothing newer is used but
+/// what a migration guards (lz4 column compression, 14); 15 is what the tests run on.
+pub const OLDEST_SERVER_VERSION: i32 = 130_000;
+
+/// The server's version, as a number and as it prints it.
+const SERVER_VERSION: &str = "SELECT current_setting('server_version_num')::int, current_setting('server_version')";
 
 /// Whether `conn`'s node takes writes.
 async fn writable(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {

@@ -630,3 +630,52 @@ async fn the_largest_statements_keep_their_plans_in_functions_behind_pgbouncer()
     }
     drop(bouncer);
 }
+
+/// What `webhook-gateway <args>` prints to stderr and its exit code, run for at most 60 s
+/// (a start that should have been refused and was not is killed, and the test fails).
+async fn refused_start(args: &[&str]) -> (Option<i32>, String) {
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_webhook-gateway"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run).await.expect("refused within 60 s").expect("run");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Two ways to put a pooler in front wrongly, each refused at start (`serve` and
+/// `migrate`) with what to change, before anything is written: PgBouncer in transaction
+/// mode without `--db-pooler transaction` (it refuses the startup `options` the direct
+/// mode sends), and PgBouncer in statement mode, which allows no transaction (before, the
+/// second failed at the migrations with PgBouncer's words alone). The database stays
+/// unmigrated; the control, the same database through a transaction-mode PgBouncer with
+/// the flag, migrates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooler_put_in_front_wrongly_is_refused_at_start_with_what_to_change() {
+    let db = TestDb::empty().await;
+    let transaction = PgBouncer::start(&db.url, 2);
+    let statement = PgBouncer::start_in_mode(&db.url, 2, &[], "statement");
+    let (via_transaction, via_statement) = (transaction.url(&db.name(), &db.url), statement.url(&db.name(), &db.url));
+    let serve = ["serve", "--listen", "127.0.0.1:0", "--admin-token", ADMIN_TOKEN, "--database-url"];
+
+    for command in [&serve[..], &["migrate", "--database-url"][..]] {
+        let (code, stderr) = refused_start(&[command, &[via_transaction.as_str()]].concat()).await;
+        assert_eq!(code, Some(1), "{command:?} without --db-pooler behind PgBouncer: {stderr}");
+        assert!(stderr.contains("set --db-pooler transaction"), "{command:?}: {stderr}");
+
+        let flagged = [command, &[via_statement.as_str(), "--db-pooler", "transaction"]].concat();
+        let (code, stderr) = refused_start(&flagged).await;
+        assert_eq!(code, Some(1), "{command:?} behind PgBouncer in statement mode: {stderr}");
+        assert!(stderr.contains("statement pooling mode"), "{command:?}: {stderr}");
+        assert!(stderr.contains("pool_mode = transaction"), "{command:?}: what to change: {stderr}");
+    }
+    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_tables WHERE tablename = '_sqlx_migrations'")
+        .fetch_one(&db.pool)
+        .await
+        .expect("tables");
+    assert_eq!(tables, 0, "nothing was migrated by a refused start");
+
+    let (code, stderr) =
+        refused_start(&["migrate", "--database-url", &via_transaction, "--db-pooler", "transaction"]).await;
+    assert_eq!(code, Some(0), "the control: migrate through a transaction-mode pooler with the flag: {stderr}");
+}

@@ -49,6 +49,11 @@ impl PgBouncer {
     /// connection of it (`connect_query`, as an operator gives each alias its own
     /// `search_path`).
     pub fn start_with(server_url: &str, server_connections: u32, aliases: &[Alias]) -> PgBouncer {
+        PgBouncer::start_in_mode(server_url, server_connections, aliases, "transaction")
+    }
+
+    /// [`PgBouncer::start_with`] in `pool_mode` (`transaction`, `session` or `statement`).
+    pub fn start_in_mode(server_url: &str, server_connections: u32, aliases: &[Alias], pool_mode: &str) -> PgBouncer {
         let server = url::Url::parse(server_url).expect("server URL");
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
         let dir = std::env::temp_dir().join(format!("wg-pgbouncer-{port}"));
@@ -69,7 +74,7 @@ impl PgBouncer {
         let ini = format!(
             "[databases]\n{aliases}* = host={host} port={sport} user={user}{password}\n\
              [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
-             auth_type = trust\nauth_file = {dir}/users.txt\npool_mode = transaction\n\
+             auth_type = trust\nauth_file = {dir}/users.txt\npool_mode = {pool_mode}\n\
              default_pool_size = {server_connections}\nmax_client_conn = 500\n\
              server_login_retry = 1\nquery_wait_timeout = 30\n",
             dir = dir.display(),

@@ -299,6 +299,14 @@ async fn serve(
         instance.clone(),
         stop.clone(),
     )));
+    // Every role writes its row of the fleet's roster.
+    background.push(tokio::spawn(crate::roster::run(
+        state.pool.clone(),
+        instance.clone(),
+        settings.role,
+        settings.metrics_sample,
+        stop.clone(),
+    )));
     // Replicas that store events merge the search index's pending list, one at a time.
     if settings.role != Role::Worker {
         background.push(tokio::spawn(crate::search::pending::run(state.pool.clone(), instance.clone(), stop.clone())));

@@ -146,12 +146,11 @@ pub async fn list(db: impl PgExecutor<'_>, q: &Query, limit: i64) -> Result<Vec<
 
 /// Delete up to `batch` entries older than `before`; how many.
 pub async fn delete_older(db: impl PgExecutor<'_>, before: DateTime<Utc>, batch: i64) -> Result<u64, sqlx::Error> {
-    let done = crate::db::query(
+    crate::db::delete_batch(
+        db,
         "DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log WHERE at < $1 ORDER BY at LIMIT $2)",
+        before,
+        batch,
     )
-    .bind(before)
-    .bind(batch)
-    .execute(db)
-    .await?;
-    Ok(done.rows_affected())
+    .await
 }

@@ -43,6 +43,12 @@ pub fn now() -> DateTime<Utc> {
     Utc::now() + chrono::Duration::microseconds(OFFSET_MICROS.load(Ordering::Relaxed))
 }
 
+/// The database's clock less this host's, as last measured (zero until the first
+/// measurement): what the fleet's roster shows beside each replica.
+pub fn offset() -> chrono::Duration {
+    chrono::Duration::microseconds(OFFSET_MICROS.load(Ordering::Relaxed))
+}
+
 /// The database's clock less this host's: the server's `clock_timestamp()` against the
 /// middle of the round trip that read it, from the shortest of [`SAMPLES`] round trips.
 /// Returns the offset and that round trip. In a transaction, so that behind a pooler the

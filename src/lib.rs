@@ -31,6 +31,7 @@ pub mod operational;
 mod props;
 pub mod queue;
 pub mod role;
+pub mod roster;
 pub mod sanitize;
 pub mod search;
 pub mod secrets;

@@ -13,6 +13,7 @@ pub mod filters;
 mod health;
 mod ingest;
 pub mod openapi;
+mod replicas;
 mod routes;
 mod sources;
 mod storage;

@@ -35,6 +35,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
         (name = "deliveries", description = "Delivery state, attempts, redelivery"),
         (name = "operations", description = "Health, readiness, metrics, this document (public)"),
         (name = "storage", description = "Table sizes and retention (the janitor)"),
+        (name = "fleet", description = "The replicas of the fleet: roles, releases, schema versions"),
     )
 )]
 pub struct ApiDoc;

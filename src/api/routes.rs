@@ -13,8 +13,8 @@ use utoipa_axum::routes;
 
 use super::openapi::{AdminToken, ApiDoc, Fixups};
 use super::{
-    AppState, deliveries, endpoints, events, filters, health, ingest, sources, storage, subscriptions, tokens,
-    transforms,
+    AppState, deliveries, endpoints, events, filters, health, ingest, replicas, sources, storage, subscriptions,
+    tokens, transforms,
 };
 
 /// The routes by who may call them; the router puts each group behind its own layers.
@@ -57,6 +57,7 @@ pub(super) fn declared() -> Declared {
         .routes(routes!(deliveries::redeliver))
         .routes(routes!(deliveries::unblock))
         .routes(routes!(storage::get))
+        .routes(routes!(replicas::list))
         .routes(routes!(tokens::create, tokens::list))
         .routes(routes!(tokens::revoke))
         .routes(routes!(tokens::audit_log));

@@ -150,15 +150,14 @@ pub async fn delete_transitions_older(
     before: chrono::DateTime<Utc>,
     batch: i64,
 ) -> Result<u64, sqlx::Error> {
-    let done = crate::db::query(
+    crate::db::delete_batch(
+        db,
         "DELETE FROM circuit_transitions WHERE id IN (
              SELECT id FROM circuit_transitions WHERE at < $1 ORDER BY at LIMIT $2)",
+        before,
+        batch,
     )
-    .bind(before)
-    .bind(batch)
-    .execute(db)
-    .await?;
-    Ok(done.rows_affected())
+    .await
 }
 
 /// A circuit change, with its endpoint: what the operational events report.

@@ -325,7 +325,8 @@ settings! {
         #[arg(long, env = "WEBHOOK_GATEWAY_CIRCUIT_RELEASE_PER_SEC", default_value_t = 200)]
         pub circuit_release_per_sec: u32,
 
-        /// How often queue depth, lag and circuit gauges are sampled from the database, seconds.
+        /// How often queue depth, lag and circuit gauges are sampled from the database, and
+        /// how often this replica writes its row of the fleet's roster, seconds.
         #[arg(long, env = "WEBHOOK_GATEWAY_METRICS_SAMPLE_SECS", default_value_t = 15)]
         pub metrics_sample_secs: u64,
 

@@ -56,7 +56,9 @@ pub use failure::{
     CONFLICT_TRIES, Health, REFUSAL_MEMORY, Refusal, Unavailable, classify, classify_sqlstate, is_conflict,
     is_unavailable, no_answer, retry_conflicts, unavailable,
 };
-pub use pool::{Pool, Pooler, built_as, built_scalar, named_statements, query, query_as, query_scalar, query_sized};
+pub use pool::{
+    Pool, Pooler, built_as, built_scalar, delete_batch, named_statements, query, query_as, query_scalar, query_sized,
+};
 pub(crate) use session::DIRECT_BEGIN;
 pub use session::{
     IDLE_IN_TRANSACTION_TIMEOUT, ISOLATION, NO_JIT, NO_LOCK_TIMEOUT, Planning, SERVER_KEEPALIVE, STATEMENT_TIMEOUT,
@@ -318,6 +320,12 @@ static UNLOCKED_MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
     migrator.set_ignore_missing(true);
     migrator
 });
+
+/// The newest migration this release carries (its schema version): what the fleet's
+/// roster shows beside each replica, to tell two releases on one schema apart.
+pub fn newest_migration() -> i64 {
+    UNLOCKED_MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+}
 
 /// Key of the transaction-level advisory lock [`migrate`] holds ("wgmigrat").
 const MIGRATION_LOCK_KEY: i64 = 0x7767_6d69_6772_6174;

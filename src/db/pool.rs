@@ -93,6 +93,17 @@ pub fn query_sized(sql: &str, params: usize, bytes: usize) -> Query<'_, Postgres
     sqlx::query_with(super::kept_plans::wrapped(sql).unwrap_or(sql), arguments).persistent(named_statements())
 }
 
+/// Run `sql`, a delete of at most `$2` rows older than `$1` (a retention batch, each
+/// table's statement written beside its table's other SQL): how many rows went.
+pub async fn delete_batch(
+    db: impl sqlx::PgExecutor<'_>,
+    sql: &str,
+    before: chrono::DateTime<chrono::Utc>,
+    batch: i64,
+) -> Result<u64, sqlx::Error> {
+    Ok(query(sql).bind(before).bind(batch).execute(db).await?.rows_affected())
+}
+
 /// `sqlx::query_as`, prepared as [`query`] is.
 #[allow(clippy::disallowed_methods)]
 pub fn query_as<'q, O>(sql: &'q str) -> QueryAs<'q, Postgres, O, PgArguments>

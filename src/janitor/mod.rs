@@ -465,6 +465,9 @@ async fn phases(
         crate::circuit::sql::delete_transitions_older(pool, transitions_before, batch)
     })
     .await?;
+    // The fleet's roster: a restart adds a row, so rows of replicas gone a day go.
+    let replicas_before = before(crate::roster::RETENTION);
+    delete_older_in_batches(settings, || crate::roster::delete_older(pool, replicas_before, batch)).await?;
     Ok(if capped { RunStatus::Capped } else { RunStatus::Complete })
 }
 

@@ -600,3 +600,37 @@ async fn circuit_history_older_than_the_attempts_retention_is_deleted() {
         webhook_gateway::circuit::sql::history(pool, webhook_gateway::ids::EndpointId(failing), 10).await.unwrap();
     assert_eq!(history.len(), 2);
 }
+
+/// The fleet's roster: each restart of a replica adds a row (a new instance), so rows not
+/// written for a day go, in batches (here of 2, five to delete); a row written within the
+/// day stays, whatever it says (stopped, lost), and so does a running replica's.
+#[tokio::test]
+async fn a_replica_s_row_is_deleted_a_day_after_it_was_last_written() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    for (instance, hours, stopped) in [
+        ("a", 30, true),
+        ("b", 26, false),
+        ("c", 25, true),
+        ("d", 48, false),
+        ("e", 72, true),
+        ("f", 23, true),
+        ("g", 0, false),
+    ] {
+        sqlx::query(
+            "INSERT INTO replicas (instance, role, version, schema_version, started_at, seen_at, every_secs, stopped_at)
+             VALUES ($1, 'all', '0.1.0', 1, now() - make_interval(hours => $2 + 1), now() - make_interval(hours => $2),
+                     15, CASE WHEN $3 THEN now() - make_interval(hours => $2) END)",
+        )
+        .bind(instance)
+        .bind(hours)
+        .bind(stopped)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    ran(janitor::run_pass(pool, &settings(2), "test").await.unwrap());
+    let kept: Vec<String> =
+        sqlx::query_scalar("SELECT instance FROM replicas ORDER BY instance").fetch_all(pool).await.unwrap();
+    assert_eq!(kept, ["f", "g"]);
+}

@@ -50,6 +50,7 @@ mod quickstart;
 mod refusals;
 mod replicas;
 mod rolling;
+mod roster;
 mod schemas;
 mod search;
 mod secrets;

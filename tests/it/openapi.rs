@@ -615,6 +615,7 @@ async fn real_answers_match_the_document() {
     w.call(Call::admin(M::POST, format!("/v1/deliveries/{delivery_id}/redeliver")), 200).await;
     w.call(Call::admin(M::POST, format!("/v1/deliveries/{}/redeliver", uuid::Uuid::new_v4())), 404).await;
     w.call(Call::admin(M::GET, "/v1/admin/storage"), 200).await;
+    w.call(Call::admin(M::GET, "/v1/admin/replicas"), 200).await;
     // Tokens and the audit log.
     let token = json!({"name": "walker", "scope": "read"});
     let created = w.call(Call::admin(M::POST, "/v1/tokens").json(token.clone()), 201).await;

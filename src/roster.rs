@@ -1,0 +1,225 @@
+//! The fleet's roster: which replicas are running, in which role, on which release.
+//!
+//! Each replica writes its own row of `replicas` at start-up and every
+//! `--metrics-sample-secs` after (one upsert: a row the janitor deleted while the replica
+//! was cut off comes back), and marks it stopped when it stops cleanly. A row not written
+//! for three of its intervals is a replica that went away without stopping (killed,
+//! partitioned from the database, its host gone). During a rolling deploy, two releases on
+//! one schema, the roster tells them apart by the newest migration each carries.
+//! `GET /v1/admin/replicas` reads it; the janitor deletes a row a day after it was last
+//! written ([`RETENTION`]).
+//!
+//! Tested: `roster` (replicas of every role listed running, one stopped, one killed found
+//! lost), `janitor::a_replica_s_row_is_deleted_a_day_after_it_was_last_written`.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::db::Pool;
+use crate::role::Role;
+
+/// How long a replica's row is kept after it was last written.
+pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// The longest a stopping replica waits to mark its row stopped: a database that does
+/// not answer does not hold the shutdown (the row then reads lost, three intervals later).
+const STOP_WRITE: Duration = Duration::from_secs(2);
+
+/// What a replica is, as the roster reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicaState {
+    /// Written within the last three of its intervals.
+    Running,
+    /// Stopped cleanly (it said so).
+    Stopped,
+    /// Not written for three of its intervals, and it did not say it stopped: killed,
+    /// cut off from the database, or its host gone.
+    Lost,
+}
+
+/// A replica's row.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Replica {
+    /// Host, process id and a random suffix (`lease::instance_id`), as in leases and
+    /// janitor runs.
+    pub instance: String,
+    /// `all`, `ingest` or `worker`.
+    pub role: String,
+    /// The release's version.
+    pub version: String,
+    /// The newest migration its release carries.
+    pub schema_version: i64,
+    /// Whether the database's schema is newer than its release knows: an older release
+    /// still running during a rolling deploy (docs/upgrades.md).
+    pub behind_schema: bool,
+    /// Running, stopped or lost.
+    pub state: ReplicaState,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// When it last wrote its row.
+    pub seen_at: DateTime<Utc>,
+    /// When it stopped cleanly.
+    pub stopped_at: Option<DateTime<Utc>>,
+    /// The database's clock less its host's, milliseconds, as it last measured (alert
+    /// `WebhookGatewayClockOffset` past a second).
+    pub clock_offset_ms: f64,
+}
+
+/// The roster as `GET /v1/admin/replicas` answers it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Roster {
+    /// The newest migration applied to the database.
+    pub schema_version: i64,
+    /// Replicas running now.
+    pub running: usize,
+    /// Every replica written within the last day: running first, then the most recently
+    /// started.
+    pub replicas: Vec<Replica>,
+}
+
+/// Write this replica's row every `every` until `stop`, then mark it stopped.
+pub async fn run(pool: Pool, instance: String, role: Role, every: Duration, mut stop: watch::Receiver<bool>) {
+    let started_at = crate::clock::now();
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            written = write(&pool, &instance, role, started_at, every) => if let Err(e) = written {
+                // The database being away is reported by the calls that need it.
+                pool.note(&e);
+                tracing::debug!(error = %e, "the roster's row was not written; trying again at the next interval");
+            },
+        }
+        if !crate::lease::pause(every, &mut stop).await {
+            break;
+        }
+    }
+    if tokio::time::timeout(STOP_WRITE, mark_stopped(&pool, &instance)).await.map_or(true, |done| done.is_err()) {
+        tracing::debug!("the roster's row was not marked stopped; it will read lost");
+    }
+}
+
+/// The role as the roster writes it.
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::All => "all",
+        Role::Ingest => "ingest",
+        Role::Worker => "worker",
+    }
+}
+
+/// Insert or refresh this replica's row.
+async fn write(
+    pool: &Pool,
+    instance: &str,
+    role: Role,
+    started_at: DateTime<Utc>,
+    every: Duration,
+) -> Result<(), sqlx::Error> {
+    crate::db::query(
+        "INSERT INTO replicas (instance, role, version, schema_version, started_at, seen_at, every_secs, clock_offset_ms)
+         VALUES ($1, $2, $3, $4, $5, now(), $6, $7)
+         ON CONFLICT (instance) DO UPDATE
+             SET seen_at = now(), every_secs = EXCLUDED.every_secs,
+                 clock_offset_ms = EXCLUDED.clock_offset_ms, stopped_at = NULL",
+    )
+    .bind(instance)
+    .bind(role_name(role))
+    .bind(env!("CARGO_PKG_VERSION"))
+    .bind(crate::db::newest_migration())
+    .bind(started_at)
+    .bind(every.as_secs_f64())
+    .bind(crate::clock::offset().num_microseconds().unwrap_or(0) as f64 / 1000.0)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Mark this replica's row stopped.
+async fn mark_stopped(pool: &Pool, instance: &str) -> Result<(), sqlx::Error> {
+    crate::db::query("UPDATE replicas SET stopped_at = now(), seen_at = now() WHERE instance = $1")
+        .bind(instance)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Most rows the roster answers with (a crash loop adds a row a restart).
+const LISTED: i64 = 1000;
+
+/// The roster: every replica written within [`RETENTION`], running first.
+pub async fn list(pool: &Pool) -> Result<Roster, sqlx::Error> {
+    type Row = (String, String, String, i64, bool, String, DateTime<Utc>, DateTime<Utc>, Option<DateTime<Utc>>, f64);
+    let (schema_version,): (Option<i64>,) =
+        crate::db::query_as("SELECT max(version) FROM _sqlx_migrations WHERE success").fetch_one(pool).await?;
+    let schema_version = schema_version.unwrap_or(0);
+    let rows: Vec<Row> = crate::db::query_as(
+        "SELECT instance, role, version, schema_version, schema_version < $1,
+                CASE WHEN stopped_at IS NOT NULL THEN 'stopped'
+                     WHEN seen_at >= now() - make_interval(secs => 3 * every_secs) THEN 'running'
+                     ELSE 'lost' END,
+                started_at, seen_at, stopped_at, clock_offset_ms
+         FROM replicas
+         WHERE seen_at >= now() - make_interval(secs => $2)
+         ORDER BY stopped_at IS NULL AND seen_at >= now() - make_interval(secs => 3 * every_secs) DESC,
+                  started_at DESC, instance
+         LIMIT $3",
+    )
+    .bind(schema_version)
+    .bind(RETENTION.as_secs_f64())
+    .bind(LISTED)
+    .fetch_all(pool)
+    .await?;
+    let replicas: Vec<Replica> = rows
+        .into_iter()
+        .map(
+            |(
+                instance,
+                role,
+                version,
+                replica_schema,
+                behind_schema,
+                state,
+                started_at,
+                seen_at,
+                stopped_at,
+                offset,
+            )| {
+                let state = match state.as_str() {
+                    "stopped" => ReplicaState::Stopped,
+                    "running" => ReplicaState::Running,
+                    _ => ReplicaState::Lost,
+                };
+                Replica {
+                    instance,
+                    role,
+                    version,
+                    schema_version: replica_schema,
+                    behind_schema,
+                    state,
+                    started_at,
+                    seen_at,
+                    stopped_at,
+                    clock_offset_ms: offset,
+                }
+            },
+        )
+        .collect();
+    let running = replicas.iter().filter(|r| r.state == ReplicaState::Running).count();
+    Ok(Roster { schema_version, running, replicas })
+}
+
+/// Delete at most `batch` rows last written before `before` (the janitor's).
+pub async fn delete_older(pool: &Pool, before: DateTime<Utc>, batch: i64) -> Result<u64, sqlx::Error> {
+    crate::db::delete_batch(
+        pool,
+        "DELETE FROM replicas WHERE instance IN (
+             SELECT instance FROM replicas WHERE seen_at < $1 ORDER BY seen_at LIMIT $2)",
+        before,
+        batch,
+    )
+    .await
+}

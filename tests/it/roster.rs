@@ -1,0 +1,94 @@
+//! The fleet's roster (`GET /v1/admin/replicas`, `crate::roster`): every replica writes its
+//! own row, so an operator sees which are running, in which role and on which release, and
+//! which went away without stopping.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::{ADMIN_TOKEN, GatewayProcess, TestDb, eventually, wait_ready};
+
+/// The roster as `base` answers it.
+async fn roster(base: &str) -> Value {
+    let answer = reqwest::Client::new()
+        .get(format!("{base}/v1/admin/replicas"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("roster");
+    assert_eq!(answer.status(), 200);
+    answer.json().await.expect("roster JSON")
+}
+
+/// The row of the replica in `role` (one per role here).
+fn replica<'a>(roster: &'a Value, role: &str) -> &'a Value {
+    let rows = roster["replicas"].as_array().expect("replicas");
+    let mine: Vec<&Value> = rows.iter().filter(|r| r["role"] == role).collect();
+    assert_eq!(mine.len(), 1, "one replica in role {role}: {roster}");
+    mine[0]
+}
+
+/// Three replicas on one database, one per role, writing every second: all three listed
+/// running, each with this release's version and schema version, the database's schema
+/// version beside them. Then the worker is killed (SIGKILL: it cannot say so) and the
+/// ingest replica stopped cleanly: the first reads lost once three of its intervals pass,
+/// the second stopped at once, the third still running. Then a later release's migration
+/// is applied (a rolling deploy under way): the replica still running is marked behind the
+/// schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_roster_lists_every_replica_running_stopped_or_lost() {
+    let db = TestDb::new().await;
+    let every = ["--metrics-sample-secs", "1"];
+    let all = GatewayProcess::start(&db.url, &every);
+    let mut ingest = GatewayProcess::start(&db.url, &[&every[..], &["--role", "ingest"]].concat());
+    let mut worker = GatewayProcess::start(&db.url, &[&every[..], &["--role", "worker"]].concat());
+    for process in [&all, &ingest, &worker] {
+        wait_ready(process.addr).await;
+    }
+    let base = format!("http://{}", all.addr);
+    let newest: i64 = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+        .fetch_one(&db.pool)
+        .await
+        .expect("the schema's version");
+
+    let listed = eventually(Duration::from_secs(15), "three replicas running", || async {
+        let listed = roster(&base).await;
+        (listed["running"] == 3).then_some(listed)
+    })
+    .await;
+    assert_eq!(listed["schema_version"], newest, "{listed}");
+    for role in ["all", "ingest", "worker"] {
+        let row = replica(&listed, role);
+        assert_eq!(row["state"], "running", "{row}");
+        assert_eq!(row["version"], env!("CARGO_PKG_VERSION"), "{row}");
+        assert_eq!(row["schema_version"], newest, "{row}");
+        assert_eq!(row["behind_schema"], false, "{row}");
+        assert!(row["stopped_at"].is_null(), "{row}");
+        assert!(row["clock_offset_ms"].as_f64().expect("offset").abs() < 1000.0, "{row}");
+    }
+
+    worker.kill();
+    assert!(ingest.terminate(), "a clean stop");
+    let after = eventually(Duration::from_secs(20), "the killed worker found lost", || async {
+        let listed = roster(&base).await;
+        (replica(&listed, "worker")["state"] == "lost").then_some(listed)
+    })
+    .await;
+    assert_eq!(replica(&after, "ingest")["state"], "stopped", "{after}");
+    assert!(replica(&after, "ingest")["stopped_at"].is_string(), "{after}");
+    assert!(replica(&after, "worker")["stopped_at"].is_null(), "a killed replica did not say it stopped: {after}");
+    assert_eq!(replica(&after, "all")["state"], "running", "{after}");
+    assert_eq!(after["running"], 1, "{after}");
+    assert_eq!(after["replicas"][0]["role"], "all", "running first: {after}");
+
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES (99990101000000, 'a later release', true, '\\x00', 1)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a later release's migration");
+    let later = roster(&base).await;
+    assert_eq!(later["schema_version"], 99990101000000_i64, "{later}");
+    assert_eq!(replica(&later, "all")["behind_schema"], true, "an older release still running: {later}");
+}

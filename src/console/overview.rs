@@ -1,5 +1,5 @@
 //! The overview: rates, queue depth and lag, recent dead letters, endpoints that are not
-//! sending; its numbers refresh live (the script fetches [`live`] every few seconds).
+//! sending, the fleet's replicas; its numbers refresh live (the script fetches [`live`] every few seconds).
 
 use askama::Template;
 use axum::Extension;
@@ -10,6 +10,7 @@ use super::{Layout, PageResult, Session, render};
 use crate::api::AppState;
 use crate::circuit::CircuitDisplay;
 use crate::queue::{self, Outcome};
+use crate::roster::ReplicaState;
 use crate::store;
 
 /// The rates shown large: per second over the last minute, so a short burst shows.
@@ -35,6 +36,18 @@ pub struct Stalled {
     why: &'static str,
 }
 
+/// A replica of the fleet that is running or lost (stopped ones went on purpose).
+#[derive(Clone)]
+pub struct FleetRow {
+    instance: String,
+    role: String,
+    version: String,
+    schema_version: i64,
+    behind_schema: bool,
+    lost: bool,
+    seen: super::Ts,
+}
+
 /// The live numbers (the fragment the page refreshes).
 #[derive(Clone, Template)]
 #[template(path = "console/overview_live.html")]
@@ -53,6 +66,11 @@ pub struct Live {
     dead_total: i64,
     dead_last_hour: i64,
     stalled: Vec<Stalled>,
+    /// The fleet's roster (`crate::roster`): running and lost replicas.
+    running: usize,
+    lost: usize,
+    behind: usize,
+    fleet: Vec<FleetRow>,
     at: super::Ts,
 }
 
@@ -125,6 +143,23 @@ async fn read_numbers(state: &AppState) -> Result<Live, sqlx::Error> {
             Some(Stalled { id: e.id.to_string(), url: e.url, why })
         })
         .collect();
+    let fleet: Vec<FleetRow> = crate::roster::list(&state.pool)
+        .await?
+        .replicas
+        .into_iter()
+        .filter(|r| r.state != ReplicaState::Stopped)
+        .map(|r| FleetRow {
+            lost: r.state == ReplicaState::Lost,
+            instance: r.instance,
+            role: r.role,
+            version: r.version,
+            schema_version: r.schema_version,
+            behind_schema: r.behind_schema,
+            seen: super::Ts(r.seen_at),
+        })
+        .collect();
+    let lost = fleet.iter().filter(|r| r.lost).count();
+    let behind = fleet.iter().filter(|r| !r.lost && r.behind_schema).count();
     Ok(Live {
         ingest_per_sec: rate(received, RATE_WINDOW_SECS),
         delivered_per_sec: rate(count(&outcomes, Outcome::Delivered), RATE_WINDOW_SECS),
@@ -139,6 +174,10 @@ async fn read_numbers(state: &AppState) -> Result<Live, sqlx::Error> {
         dead_total: stats.dead,
         dead_last_hour: count(&hour, Outcome::Dead),
         stalled,
+        running: fleet.len() - lost,
+        lost,
+        behind,
+        fleet,
         at: super::Ts(now),
     })
 }

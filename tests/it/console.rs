@@ -730,3 +730,32 @@ async fn a_refused_recovery_window_keeps_what_was_typed_and_says_why() {
         assert!(html.contains(&format!(r#"id="r-until" value="{until}""#)), "what was typed is kept: {until:?}");
     }
 }
+
+/// The overview shows the fleet: this gateway and a second replica running, then the
+/// second killed (it cannot say so) and shown lost once three of its one-second intervals
+/// pass, by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_shows_the_fleet_s_replicas_and_one_lost() {
+    let app = TestApp::spawn().await;
+    let mut other =
+        crate::support::GatewayProcess::start(&app.db.url, &["--metrics-sample-secs", "1", "--role", "worker"]);
+    crate::support::wait_ready(other.addr).await;
+    let cookie = sign_in(&app).await;
+    let running = crate::support::eventually(std::time::Duration::from_secs(15), "two replicas running", || async {
+        let (_, fragment) = page(&app, &cookie, "/console/overview/live").await;
+        fragment.contains(r#"id="replicas-running">2</div>"#).then_some(fragment)
+    })
+    .await;
+    assert!(!running.contains("replicas-lost"), "{running}");
+    assert!(running.contains("<td>worker</td>") && running.contains("<td>all</td>"), "{running}");
+
+    other.kill();
+    let lost =
+        crate::support::eventually(std::time::Duration::from_secs(20), "the killed replica shown lost", || async {
+            let (_, fragment) = page(&app, &cookie, "/console/overview/live").await;
+            fragment.contains(r#"id="replicas-lost">1 lost</span>"#).then_some(fragment)
+        })
+        .await;
+    assert!(lost.contains(r#"id="replicas-running">1</div>"#), "{lost}");
+    assert!(lost.contains(r#"<span class="badge bad">lost</span>"#), "{lost}");
+}

@@ -341,6 +341,7 @@ async fn serve(
     // Before the first request is served: `/metrics` has the gauge from the start.
     let runtime_threads = tokio::runtime::Handle::current().metrics().num_workers();
     crate::metrics::runtime_threads(runtime_threads);
+    crate::metrics::build_info(settings.role);
     let server = tokio::spawn(crate::server::serve(
         listener,
         router,

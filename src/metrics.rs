@@ -114,6 +114,11 @@ pub const DB_HORIZON_AGE: &str = "webhook_gateway_database_horizon_age_transacti
 /// Threads of the async runtime this process runs on (`--runtime-threads`).
 pub const RUNTIME_THREADS: &str = "webhook_gateway_runtime_threads";
 
+/// Gauge, always 1: this process's release, by `version`, `schema_version` (the newest
+/// migration it carries) and `role`. Two releases in a fleet for long is a rolling deploy
+/// stalled halfway (alert `WebhookGatewayReleasesMixed`).
+pub const BUILD_INFO: &str = "webhook_gateway_build_info";
+
 /// Gauge: the database's clock less this host's, in seconds, as last measured
 /// ([`crate::clock`]).
 pub const CLOCK_OFFSET: &str = "webhook_gateway_clock_offset_seconds";
@@ -144,6 +149,14 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
 /// Record the size of the runtime the gateway runs on (once, at start-up).
 pub fn runtime_threads(threads: usize) {
     gauge!(RUNTIME_THREADS).set(threads as f64);
+}
+
+/// Say which release this process runs, in which role (once, at start-up).
+pub fn build_info(role: crate::role::Role) {
+    let schema_version = crate::db::newest_migration().to_string();
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "schema_version" => schema_version,
+        "role" => crate::roster::role_name(role))
+    .set(1.0);
 }
 
 /// Set the measured offset of the database's clock from this host's.

@@ -102,8 +102,8 @@ pub async fn run(pool: Pool, instance: String, role: Role, every: Duration, mut 
     }
 }
 
-/// The role as the roster writes it.
-fn role_name(role: Role) -> &'static str {
+/// The role as the roster writes it (and the build-info metric labels it).
+pub fn role_name(role: Role) -> &'static str {
     match role {
         Role::All => "all",
         Role::Ingest => "ingest",

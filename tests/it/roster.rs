@@ -30,7 +30,8 @@ fn replica<'a>(roster: &'a Value, role: &str) -> &'a Value {
 
 /// Three replicas on one database, one per role, writing every second: all three listed
 /// running, each with this release's version and schema version, the database's schema
-/// version beside them. Then the worker is killed (SIGKILL: it cannot say so) and the
+/// version beside them, and each exporting the same as `webhook_gateway_build_info`. Then
+/// the worker is killed (SIGKILL: it cannot say so) and the
 /// ingest replica stopped cleanly: the first reads lost once three of its intervals pass,
 /// the second stopped at once, the third still running. Then a later release's migration
 /// is applied (a rolling deploy under way): the replica still running is marked behind the
@@ -65,6 +66,21 @@ async fn the_roster_lists_every_replica_running_stopped_or_lost() {
         assert_eq!(row["behind_schema"], false, "{row}");
         assert!(row["stopped_at"].is_null(), "{row}");
         assert!(row["clock_offset_ms"].as_f64().expect("offset").abs() < 1000.0, "{row}");
+    }
+
+    // Prometheus sees the same: each replica's release, by the gauge set at start-up.
+    for (process, role) in [(&all, "all"), (&ingest, "ingest"), (&worker, "worker")] {
+        let text = reqwest::get(format!("http://{}/metrics", process.addr)).await.expect("metrics").text().await;
+        let text = text.expect("metrics text");
+        let line = text.lines().find(|l| l.starts_with("webhook_gateway_build_info{")).expect("build info");
+        for label in [
+            format!(r#"version="{}""#, env!("CARGO_PKG_VERSION")),
+            format!(r#"schema_version="{newest}""#),
+            format!(r#"role="{role}""#),
+        ] {
+            assert!(line.contains(&label), "{label} in {line}");
+        }
+        assert!(line.ends_with(" 1"), "{line}");
     }
 
     worker.kill();

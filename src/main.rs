@@ -54,7 +54,11 @@ fn main() -> ExitCode {
         Command::Migrate(args) => {
             init_tracing(LogFormat::Pretty, None);
             runtime.block_on(async {
-                let target = db::DbConfig { pooler: args.db_pooler, ..db::DbConfig::direct(&args.database_url, 2) };
+                let target = db::DbConfig {
+                    pooler: args.db_pooler,
+                    start_wait: std::time::Duration::from_secs(args.db_start_wait_secs),
+                    ..db::DbConfig::direct(&args.database_url, 2)
+                };
                 let pool = db::open(&target).await?;
                 db::migrate(&pool).await?;
                 println!("migrations applied");
@@ -234,6 +238,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         pool_size: args.db_pool_size,
         pooler: args.db_pooler,
         session_url: args.db_session_url.clone(),
+        start_wait: std::time::Duration::from_secs(args.db_start_wait_secs),
     };
     let mut stop = std::pin::pin!(stop);
     let result = async {

@@ -156,6 +156,10 @@ pub struct MigrateArgs {
     /// What sits between the gateway and PostgreSQL (as for `serve`).
     #[arg(long, value_enum, env = "WEBHOOK_GATEWAY_DB_POOLER", default_value_t = crate::db::Pooler::None)]
     pub db_pooler: crate::db::Pooler,
+
+    /// How long to wait for a database that may come back by itself (as for `serve`), seconds.
+    #[arg(long, env = "WEBHOOK_GATEWAY_DB_START_WAIT_SECS", default_value_t = crate::db::DEFAULT_START_WAIT.as_secs())]
+    pub db_start_wait_secs: u64,
 }
 
 /// `webhook-gateway secrets`.
@@ -346,6 +350,13 @@ settings! {
         /// ingest process stores a webhook. Unset: workers find new deliveries by polling (--poll-interval-ms).
         #[arg(long, env = "WEBHOOK_GATEWAY_DB_SESSION_URL", hide_env_values = true)]
         pub db_session_url: Option<String>,
+
+        /// At start-up, how long to wait for a database that may come back by itself (not listening yet,
+        /// starting, restarting, failing over: a standby not promoted yet, out of connections), trying every
+        /// second and saying so in the log, before giving up, in seconds; 0: give up at the first failure. What
+        /// waiting cannot mend (authentication, an unknown database, TLS, a pooler's refusal) fails at once.
+        #[arg(long, env = "WEBHOOK_GATEWAY_DB_START_WAIT_SECS", default_value_t = crate::db::DEFAULT_START_WAIT.as_secs())]
+        pub db_start_wait_secs: u64,
 
         /// How long an HTTP request (ingest, admin API) waits for the database before it is
         /// answered 503 with Retry-After, in seconds.

@@ -57,27 +57,36 @@ pub fn split(url: &str) -> anyhow::Result<Vec<String>> {
     Ok(hosts.into_iter().map(|host| format!("{scheme}://{userinfo}{host}{path}{query}")).collect())
 }
 
-/// Whether the node `options` reaches takes writes; `Err` with the reason when it cannot
-/// be reached within [`PROBE_TIMEOUT`].
-pub async fn probe(options: &PgConnectOptions) -> Result<bool, String> {
-    match tokio::time::timeout(PROBE_TIMEOUT, super::writable_at(options)).await {
-        Ok(answer) => answer.map_err(|e| e.to_string()),
-        Err(_) => Err("no answer".into()),
+/// Whether the node `options` reaches takes writes; `Err` with the reason, and whether it
+/// may pass by itself, when it cannot be reached within [`PROBE_TIMEOUT`].
+pub async fn probe(options: &PgConnectOptions) -> Result<bool, (String, bool)> {
+    match tokio::time::timeout(PROBE_TIMEOUT, super::start::writable_at(options)).await {
+        Ok(answer) => answer.map_err(|e| (e.to_string(), super::start::may_pass(&e))),
+        Err(_) => Err(("no answer".into(), true)),
     }
 }
 
-/// The first of `hosts` that takes writes, or every host's reason for not being it.
-pub async fn first_writable(hosts: &[PgConnectOptions]) -> Result<usize, Vec<String>> {
+/// The first of `hosts` that takes writes, or every host's reason for not being it and
+/// whether any of them may pass by itself (a standby may be promoted; a host down may come
+/// back).
+pub async fn first_writable(hosts: &[PgConnectOptions]) -> Result<usize, (Vec<String>, bool)> {
     let mut reasons = Vec::new();
+    let mut may_pass = false;
     for (i, host) in hosts.iter().enumerate() {
         let name = format!("{}:{}", host.get_host(), host.get_port());
         match probe(host).await {
             Ok(true) => return Ok(i),
-            Ok(false) => reasons.push(format!("{name} does not take writes")),
-            Err(e) => reasons.push(format!("{name}: {e}")),
+            Ok(false) => {
+                reasons.push(format!("{name} does not take writes"));
+                may_pass = true;
+            }
+            Err((e, passing)) => {
+                reasons.push(format!("{name}: {e}"));
+                may_pass |= passing;
+            }
         }
     }
-    Err(reasons)
+    Err((reasons, may_pass))
 }
 
 /// For a pool over several hosts: whenever the pool's health reports a failure, look for
@@ -114,7 +123,7 @@ pub async fn follow_writable(
                     }
                     break;
                 }
-                Err(reasons) => {
+                Err((reasons, _)) => {
                     tracing::warn!(hosts = %reasons.join("; "), "database: no host takes writes; looking again");
                     tokio::time::sleep(PROBE_INTERVAL).await;
                     if pool.is_closed() {

@@ -38,6 +38,7 @@ mod failure;
 pub mod hosts;
 pub mod kept_plans;
 mod pool;
+mod start;
 pub mod tcp;
 mod text_enum;
 mod tx;
@@ -65,6 +66,7 @@ pub use session::{
     begin_sql, plan_cached,
 };
 use session::{connection_state, durable_commits, with_server_bounds};
+pub use start::{DEFAULT_START_WAIT, OLDEST_SERVER_VERSION};
 pub(crate) use text_enum::text_enum;
 pub use tx::Tx;
 pub use warm::UNUSED_FOR as WARM_UNUSED_FOR;
@@ -101,12 +103,16 @@ pub struct DbConfig {
     pub pooler: Pooler,
     /// A direct URL for what needs a session behind a transaction pooler (`LISTEN`).
     pub session_url: Option<String>,
+    /// How long the first connection is tried again while the database may come back by
+    /// itself (starting, failing over, not reachable yet); zero: once
+    /// (`--db-start-wait-secs`, [`start`]).
+    pub start_wait: Duration,
 }
 
 impl DbConfig {
     /// A direct connection to `url` with `pool_size` connections.
     pub fn direct(url: &str, pool_size: u32) -> DbConfig {
-        DbConfig { url: url.to_owned(), pool_size, pooler: Pooler::None, session_url: None }
+        DbConfig { url: url.to_owned(), pool_size, pooler: Pooler::None, session_url: None, start_wait: Duration::ZERO }
     }
 }
 
@@ -137,7 +143,7 @@ pub async fn open(config: &DbConfig) -> anyhow::Result<Pool> {
         )),
         None => None,
     };
-    let first = first_connection(&hosts).await?;
+    let first = start::first_connection(&hosts, config.start_wait).await?;
     let targets: Vec<tcp::Target> = hosts.iter().map(tcp::Target::of).collect();
     let health = Arc::new(Health::default());
     let (stale, refusals) = (health.clone(), health.clone());
@@ -206,18 +212,6 @@ fn configure(options: PgConnectOptions, pooler: Pooler) -> PgConnectOptions {
     }
 }
 
-/// The first connection, made by hand so that its failure says what is wrong: the first
-/// host that takes writes (of several, in order).
-async fn first_connection(hosts: &[PgConnectOptions]) -> anyhow::Result<usize> {
-    if let [only] = hosts {
-        check_first_connection(only).await?;
-        return Ok(0);
-    }
-    hosts::first_writable(hosts).await.map_err(|reasons| {
-        anyhow::anyhow!("cannot connect to PostgreSQL: no host takes writes ({})", reasons.join("; "))
-    })
-}
-
 /// A pool of at most one connection to `options` (a direct session URL), hardened like
 /// the pool's own connections.
 fn single_session_pool(options: PgConnectOptions) -> sqlx::PgPool {
@@ -234,68 +228,6 @@ fn single_session_pool(options: PgConnectOptions) -> sqlx::PgPool {
         })
         .connect_lazy_with(options)
 }
-
-/// The first connection, made by hand so that its failure says what is wrong.
-async fn check_first_connection(options: &PgConnectOptions) -> anyhow::Result<()> {
-    let writable = tokio::time::timeout(ACQUIRE_TIMEOUT * 3, writable_at(options))
-        .await
-        .map_err(|_| anyhow::anyhow!("cannot connect to PostgreSQL: no answer within {:?}", ACQUIRE_TIMEOUT * 3))?
-        .map_err(|e| {
-            let said = e.to_string();
-            let hint = if said.contains("unsupported startup parameter") {
-                " (a PgBouncer in front of PostgreSQL? set --db-pooler transaction)"
-            } else if said.contains("statement pooling mode") {
-                " (a pooler in statement mode allows no transaction, and every write of the gateway is one: use \
-                 pool_mode = transaction with --db-pooler transaction, or session mode)"
-            } else {
-                ""
-            };
-            anyhow::anyhow!("cannot connect to PostgreSQL: {said}{hint}")
-        })?;
-    if !writable {
-        anyhow::bail!(
-            "the PostgreSQL server at {}:{} does not take writes (a standby, or default_transaction_read_only is \
-             on): the gateway needs the primary",
-            options.get_host(),
-            options.get_port()
-        );
-    }
-    Ok(())
-}
-
-/// Connect to `options` with a connection of its own, ask whether its node takes writes,
-/// close it.
-///
-/// Asked in a transaction, as every write of the gateway is made: a pooler that allows none
-/// (PgBouncer in statement mode) is refused here with its reason, not at the migrations.
-/// A server older than [`OLDEST_SERVER_VERSION`] is refused too.
-async fn writable_at(options: &PgConnectOptions) -> anyhow::Result<bool> {
-    use sqlx::{Connection as _, Executor as _};
-    let mut conn = options.connect().await?;
-    let answer = async {
-        let mut tx = conn.begin().await?;
-        let version = tx.fetch_one(sqlx::raw_sql(SERVER_VERSION)).await?;
-        let answer = writable(&mut tx).await?;
-        tx.commit().await?;
-        Ok::<_, sqlx::Error>((version.try_get::<i32, _>(0)?, version.try_get::<String, _>(1)?, answer))
-    }
-    .await;
-    let _ = conn.close().await;
-    let (number, version, writable) = answer?;
-    anyhow::ensure!(
-        number >= OLDEST_SERVER_VERSION,
-        "PostgreSQL {version} is older than the gateway needs (13 or later; tested on 15, docs/production-postgres.md)"
-    );
-    Ok(writable)
-}
-
-/// The oldest PostgreSQL whose SQL the gateway uses, as `server_version_num`: 13 put
-/// `gen_random_uuid()` in core, which the first migration calls. Nothing newer is used but
-/// what a migration guards (lz4 column compression, 14); 15 is what the tests run on.
-pub const OLDEST_SERVER_VERSION: i32 = 130_000;
-
-/// The server's version, as a number and as it prints it.
-const SERVER_VERSION: &str = "SELECT current_setting('server_version_num')::int, current_setting('server_version')";
 
 /// Whether `conn`'s node takes writes.
 async fn writable(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {

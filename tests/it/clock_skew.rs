@@ -194,13 +194,7 @@ async fn after_a_failover_to_a_server_with_another_clock_the_gateway_follows_the
     assert!((standby_ahead - 120.0).abs() <= 2.0, "the standby's clock is {standby_ahead} s ahead, not 120");
     standby.close().await.ok();
 
-    let direct = url::Url::parse(&pair.primary.url("gw")).expect("URL");
-    let url = format!(
-        "postgres://postgres:{}@127.0.0.1:{},127.0.0.1:{}/gw?target_session_attrs=read-write",
-        direct.password().expect("password"),
-        pair.primary.port(),
-        pair.standby.port()
-    );
+    let url = pair.host_list_url("gw");
     let gateway = GatewayProcess::start(&url, &[]);
     wait_ready(gateway.addr).await;
     let before = exported_offset(&gateway).await;

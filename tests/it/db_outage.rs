@@ -73,3 +73,52 @@ async fn database_outage_answers_503_then_the_retry_is_stored_once() {
     assert_eq!(fresh.count("events").await, 1);
     tokio::task::spawn_blocking(move || cluster.stop()).await.unwrap();
 }
+
+/// A gateway started before its database answers (nothing listening yet: a pod scheduled
+/// before the database's service, a server restarting) waits for it, trying every second
+/// and saying so in its log, and starts when it comes: it answers, stores and delivers.
+/// Before, it exited at the first refused connection and left the retry to its supervisor.
+/// What waiting cannot mend fails at once (a database that does not exist), and the wait
+/// has its bound (`--db-start-wait-secs`: 0 gives up at the first failure; 2 gives up
+/// after trying, and says how long it waited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_started_before_its_database_waits_for_it() {
+    use crate::support::proxy::{Proxy, server_addr};
+    use crate::support::{eventually, run_to_exit};
+    use std::time::Duration;
+
+    let db = TestDb::new().await;
+    let proxy = Proxy::start(server_addr(&db.url)).await;
+    proxy.down().await;
+    let through = proxy.url_for(&db.url);
+    let sink = crate::support::sink::Sink::ok().await;
+    let gateway = support::GatewayProcess::start(&through, &[]);
+    eventually(Duration::from_secs(20), "the gateway says it waits", || async {
+        let log = std::fs::read_to_string(&gateway.log).unwrap_or_default();
+        log.contains("database: not available yet").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.up().await;
+    support::wait_ready(gateway.addr).await;
+    let base = format!("http://{}", gateway.addr);
+    support::shop_to_sink(&base, &sink).await;
+    let (status, body) = support::post_to_shop(&base, "w-1", &json!({"order": 1})).await;
+    assert_eq!(status, 200, "{body}");
+    eventually(Duration::from_secs(20), "delivered", || async { (sink.count() == 1).then_some(()) }).await;
+    let log = std::fs::read_to_string(&gateway.log).unwrap_or_default();
+    assert!(log.contains("database: reached; starting"), "{log}");
+
+    let unknown = format!("{}_no_such_database", db.url);
+    let (code, stderr) = run_to_exit(&["migrate", "--database-url", &unknown]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("does not exist") && !stderr.contains("waited"), "at once: {stderr}");
+
+    proxy.down().await;
+    let (code, stderr) = run_to_exit(&["migrate", "--database-url", &through, "--db-start-wait-secs", "0"]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("cannot connect to PostgreSQL") && !stderr.contains("waited"), "{stderr}");
+    let (code, stderr) = run_to_exit(&["migrate", "--database-url", &through, "--db-start-wait-secs", "2"]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("waited") && stderr.contains("cannot connect to PostgreSQL"), "{stderr}");
+}

@@ -41,15 +41,7 @@ async fn failover(route: Route) {
     let proxy = Proxy::start(pair.primary_addr()).await;
     let url = match route {
         Route::MovingAddress => proxy.url_for(&pair.primary.url("gw")),
-        Route::HostList => {
-            let direct = url::Url::parse(&pair.primary.url("gw")).expect("URL");
-            format!(
-                "postgres://postgres:{}@127.0.0.1:{},127.0.0.1:{}/gw?target_session_attrs=read-write",
-                direct.password().expect("password"),
-                pair.primary.port(),
-                pair.standby.port()
-            )
-        }
+        Route::HostList => pair.host_list_url("gw"),
     };
     let sink = Sink::ok().await;
     let (gw, base) = gateway_with_sink(&url, &[], &sink).await;
@@ -146,4 +138,30 @@ async fn a_failover_behind_a_moving_address_loses_nothing_and_answers_no_500() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failover_with_a_host_list_is_followed_by_the_gateway_itself() {
     failover(Route::HostList).await;
+}
+
+/// A replica (re)started during a failover, its host list's primary killed and the standby
+/// not promoted yet (every host refuses or takes no writes): it waits, and starts once the
+/// standby is promoted; it stores and delivers. Before, it exited at once ("no host takes
+/// writes") and a rolling deploy or a crashed pod's restart that met a failover waited for
+/// its supervisor's back-off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_started_during_a_failover_waits_for_the_promotion() {
+    let pair = ReplicatedPair::start("gw").await;
+    let url = pair.host_list_url("gw");
+    pair.kill_primary();
+    let gateway = crate::support::GatewayProcess::start(&url, &[]);
+    eventually(Duration::from_secs(20), "the replica says it waits", || async {
+        let log = std::fs::read_to_string(&gateway.log).unwrap_or_default();
+        log.contains("database: not available yet").then_some(())
+    })
+    .await;
+    pair.promote_standby().await;
+    crate::support::wait_ready(gateway.addr).await;
+    let sink = Sink::ok().await;
+    let base = format!("http://{}", gateway.addr);
+    crate::support::shop_to_sink(&base, &sink).await;
+    let (status, body) = crate::support::post_to_shop(&base, "f-1", &serde_json::json!({"order": 1})).await;
+    assert_eq!(status, 200, "{body}");
+    eventually(Duration::from_secs(20), "delivered", || async { (sink.count() == 1).then_some(()) }).await;
 }

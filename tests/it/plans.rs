@@ -1048,7 +1048,13 @@ async fn the_gateway_s_sessions_never_compile_a_statement_whatever_its_estimate(
     assert_eq!(plain_compiles, available, "the control: a plain session compiles where the server can");
 
     for pooler in [Pooler::None, Pooler::Transaction] {
-        let config = DbConfig { url: db.url.clone(), pool_size: 2, pooler, session_url: None };
+        let config = DbConfig {
+            url: db.url.clone(),
+            pool_size: 2,
+            pooler,
+            session_url: None,
+            start_wait: std::time::Duration::ZERO,
+        };
         let pool = webhook_gateway::db::open(&config).await.unwrap();
         let setting: String =
             webhook_gateway::db::query_scalar("SELECT current_setting('jit')").fetch_one(&pool).await.unwrap();

@@ -348,7 +348,13 @@ async fn the_claim_by_key_and_the_recorder_work_through_pgbouncer_in_transaction
     let ids = Arc::new(crate::support::delivery_ids(&db.pool, &endpoint).await);
     let mut tasks = Vec::new();
     for n in 0..2usize {
-        let config = DbConfig { url: pooled.clone(), pool_size: 3, pooler: Pooler::Transaction, session_url: None };
+        let config = DbConfig {
+            url: pooled.clone(),
+            pool_size: 3,
+            pooler: Pooler::Transaction,
+            session_url: None,
+            start_wait: std::time::Duration::ZERO,
+        };
         let pool = webhook_gateway::db::open(&config).await.unwrap();
         let ids = ids.clone();
         tasks.push(tokio::spawn(async move {
@@ -631,18 +637,6 @@ async fn the_largest_statements_keep_their_plans_in_functions_behind_pgbouncer()
     drop(bouncer);
 }
 
-/// What `webhook-gateway <args>` prints to stderr and its exit code, run for at most 60 s
-/// (a start that should have been refused and was not is killed, and the test fails).
-async fn refused_start(args: &[&str]) -> (Option<i32>, String) {
-    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_webhook-gateway"))
-        .args(args)
-        .env_remove("DATABASE_URL")
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(60), run).await.expect("refused within 60 s").expect("run");
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
 /// Two ways to put a pooler in front wrongly, each refused at start (`serve` and
 /// `migrate`) with what to change, before anything is written: PgBouncer in transaction
 /// mode without `--db-pooler transaction` (it refuses the startup `options` the direct
@@ -659,12 +653,12 @@ async fn a_pooler_put_in_front_wrongly_is_refused_at_start_with_what_to_change()
     let serve = ["serve", "--listen", "127.0.0.1:0", "--admin-token", ADMIN_TOKEN, "--database-url"];
 
     for command in [&serve[..], &["migrate", "--database-url"][..]] {
-        let (code, stderr) = refused_start(&[command, &[via_transaction.as_str()]].concat()).await;
+        let (code, stderr) = crate::support::run_to_exit(&[command, &[via_transaction.as_str()]].concat()).await;
         assert_eq!(code, Some(1), "{command:?} without --db-pooler behind PgBouncer: {stderr}");
         assert!(stderr.contains("set --db-pooler transaction"), "{command:?}: {stderr}");
 
         let flagged = [command, &[via_statement.as_str(), "--db-pooler", "transaction"]].concat();
-        let (code, stderr) = refused_start(&flagged).await;
+        let (code, stderr) = crate::support::run_to_exit(&flagged).await;
         assert_eq!(code, Some(1), "{command:?} behind PgBouncer in statement mode: {stderr}");
         assert!(stderr.contains("statement pooling mode"), "{command:?}: {stderr}");
         assert!(stderr.contains("pool_mode = transaction"), "{command:?}: what to change: {stderr}");
@@ -676,6 +670,7 @@ async fn a_pooler_put_in_front_wrongly_is_refused_at_start_with_what_to_change()
     assert_eq!(tables, 0, "nothing was migrated by a refused start");
 
     let (code, stderr) =
-        refused_start(&["migrate", "--database-url", &via_transaction, "--db-pooler", "transaction"]).await;
+        crate::support::run_to_exit(&["migrate", "--database-url", &via_transaction, "--db-pooler", "transaction"])
+            .await;
     assert_eq!(code, Some(0), "the control: migrate through a transaction-mode pooler with the flag: {stderr}");
 }

@@ -129,8 +129,10 @@ async fn a_notification_wakes_the_workers_of_its_own_schema_only() {
         let base = format!("http://{}", front.addr);
         let sink = Sink::ok().await;
         shop_to(&base, json!({"url": sink.url("/hook")})).await;
+        let worker = GatewayProcess::start(&url, &["--role", "worker", "--poll-interval-ms", "60000"]);
+        wait_ready(worker.addr).await;
         processes.push(front);
-        processes.push(GatewayProcess::start(&url, &["--role", "worker", "--poll-interval-ms", "60000"]));
+        processes.push(worker);
         ingest.push(base);
         sinks.push(sink);
     }

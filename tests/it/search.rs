@@ -426,7 +426,13 @@ async fn a_search_is_planned_for_its_values_at_every_call() {
         insert_batch_with_fanout(&db.pool, chunk).await.expect("batch");
     }
     sqlx::query("ANALYZE events").execute(&db.pool).await.expect("analyze");
-    let config = DbConfig { url: db.url.clone(), pool_size: 1, pooler: Pooler::None, session_url: None };
+    let config = DbConfig {
+        url: db.url.clone(),
+        pool_size: 1,
+        pooler: Pooler::None,
+        session_url: None,
+        start_wait: std::time::Duration::ZERO,
+    };
     let one = webhook_gateway::db::open(&config).await.expect("one connection");
     for (condition, found) in [("order.livemode=false", 100), ("order.id=ord_1500", 1)] {
         let content = vec![Condition::payload(condition).expect("condition").alternatives()];

@@ -442,6 +442,18 @@ pub async fn gateway_with_sink(url: &str, extra: &[&str], sink: &sink::Sink) -> 
     (gw, base)
 }
 
+/// What `webhook-gateway <args>` prints to stderr and its exit code, run for at most 60 s
+/// (a command that should have ended and did not is killed, and the test fails).
+pub async fn run_to_exit(args: &[&str]) -> (Option<i32>, String) {
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_webhook-gateway"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run).await.expect("ended within 60 s").expect("run");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 /// Wait until the gateway at `addr` answers `/readyz` 200.
 pub async fn wait_ready(addr: SocketAddr) {
     let http = reqwest::Client::new();

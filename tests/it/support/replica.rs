@@ -83,6 +83,18 @@ impl ReplicatedPair {
         ReplicatedPair { primary, standby }
     }
 
+    /// A host list reaching whichever of the two takes writes (libpq's form, which the
+    /// gateway follows by itself): the primary first, then the standby.
+    pub fn host_list_url(&self, database: &str) -> String {
+        let direct = url::Url::parse(&self.primary.url(database)).expect("URL");
+        format!(
+            "postgres://postgres:{}@127.0.0.1:{},127.0.0.1:{}/{database}?target_session_attrs=read-write",
+            direct.password().expect("password"),
+            self.primary.port(),
+            self.standby.port()
+        )
+    }
+
     /// The primary's address.
     pub fn primary_addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.primary.port()))

@@ -79,6 +79,8 @@ pub struct Running {
     janitor: Janitor,
     draining: Arc<std::sync::atomic::AtomicBool>,
     drain: std::time::Duration,
+    /// This replica in the fleet's roster, marked draining when the drain begins.
+    member: crate::roster::Member,
 }
 
 impl Running {
@@ -89,12 +91,14 @@ impl Running {
     pub async fn shutdown(self) -> anyhow::Result<()> {
         if !self.drain.is_zero() {
             self.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+
             tracing::info!(
                 drain = ?self.drain,
                 "draining: /readyz answers 503 and answers close their connections; still serving until load \
                  balancers have stopped sending here"
             );
-            tokio::time::sleep(self.drain).await;
+            // The roster's mark is bounded, and does not shorten the drain.
+            tokio::join!(self.member.draining(), tokio::time::sleep(self.drain));
         }
         let _ = self.shutdown.send(true);
         // Both drain within the grace period, side by side: a slow client cannot add its
@@ -300,13 +304,9 @@ async fn serve(
         stop.clone(),
     )));
     // Every role writes its row of the fleet's roster.
-    background.push(tokio::spawn(crate::roster::run(
-        state.pool.clone(),
-        instance.clone(),
-        settings.role,
-        settings.metrics_sample,
-        stop.clone(),
-    )));
+    let member =
+        crate::roster::Member::new(state.pool.clone(), instance.clone(), settings.role, settings.metrics_sample);
+    background.push(tokio::spawn(member.clone().run(stop.clone())));
     // Replicas that store events merge the search index's pending list, one at a time.
     if settings.role != Role::Worker {
         background.push(tokio::spawn(crate::search::pending::run(state.pool.clone(), instance.clone(), stop.clone())));
@@ -350,5 +350,16 @@ async fn serve(
         stop.clone(),
     ));
     tracing::info!(%addr, role = ?settings.role, runtime_threads, "gateway listening");
-    Ok(Running { addr, sources, shutdown, server, dispatcher, background, janitor, draining, drain: settings.drain })
+    Ok(Running {
+        addr,
+        sources,
+        shutdown,
+        server,
+        dispatcher,
+        background,
+        janitor,
+        draining,
+        drain: settings.drain,
+        member,
+    })
 }

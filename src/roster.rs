@@ -2,15 +2,16 @@
 //!
 //! Each replica writes its own row of `replicas` at start-up and every
 //! `--metrics-sample-secs` after (one upsert: a row the janitor deleted while the replica
-//! was cut off comes back), and marks it stopped when it stops cleanly. A row not written
+//! was cut off comes back), marks it draining when a clean stop begins, and stopped when
+//! it ends. A row not written
 //! for three of its intervals is a replica that went away without stopping (killed,
 //! partitioned from the database, its host gone). During a rolling deploy, two releases on
 //! one schema, the roster tells them apart by the newest migration each carries.
 //! `GET /v1/admin/replicas` reads it; the janitor deletes a row a day after it was last
 //! written ([`RETENTION`]).
 //!
-//! Tested: `roster` (replicas of every role listed running, one stopped, one killed found
-//! lost), `janitor::a_replica_s_row_is_deleted_a_day_after_it_was_last_written`.
+//! Tested: `roster` (replicas of every role listed running, one draining then stopped,
+//! one killed found lost), `janitor::a_replica_s_row_is_deleted_a_day_after_it_was_last_written`.
 
 use std::time::Duration;
 
@@ -34,6 +35,9 @@ const STOP_WRITE: Duration = Duration::from_secs(2);
 pub enum ReplicaState {
     /// Written within the last three of its intervals.
     Running,
+    /// Stopping cleanly: in its drain (`--shutdown-drain-secs`), still serving while its
+    /// `/readyz` answers 503, then finishing its deliveries.
+    Draining,
     /// Stopped cleanly (it said so).
     Stopped,
     /// Not written for three of its intervals, and it did not say it stopped: killed,
@@ -62,6 +66,8 @@ pub struct Replica {
     pub started_at: DateTime<Utc>,
     /// When it last wrote its row.
     pub seen_at: DateTime<Utc>,
+    /// When it began to stop cleanly (its drain).
+    pub draining_since: Option<DateTime<Utc>>,
     /// When it stopped cleanly.
     pub stopped_at: Option<DateTime<Utc>>,
     /// The database's clock less its host's, milliseconds, as it last measured (alert
@@ -81,24 +87,74 @@ pub struct Roster {
     pub replicas: Vec<Replica>,
 }
 
-/// Write this replica's row every `every` until `stop`, then mark it stopped.
-pub async fn run(pool: Pool, instance: String, role: Role, every: Duration, mut stop: watch::Receiver<bool>) {
-    let started_at = crate::clock::now();
-    loop {
-        tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
-            written = write(&pool, &instance, role, started_at, every) => if let Err(e) = written {
-                // The database being away is reported by the calls that need it.
-                pool.note(&e);
-                tracing::debug!(error = %e, "the roster's row was not written; trying again at the next interval");
-            },
+/// This replica in the roster: what [`Member::run`] keeps written and
+/// [`Member::draining`] marks.
+#[derive(Debug, Clone)]
+pub struct Member {
+    pool: Pool,
+    instance: String,
+    role: Role,
+    every: Duration,
+}
+
+impl Member {
+    /// This replica, named `instance`, in `role`, writing its row every `every`.
+    pub fn new(pool: Pool, instance: String, role: Role, every: Duration) -> Member {
+        Member { pool, instance, role, every }
+    }
+
+    /// Write this replica's row every `every` until `stop`, then mark it stopped.
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        let started_at = crate::clock::now();
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                written = self.write(started_at) => if let Err(e) = written {
+                    // The database being away is reported by the calls that need it.
+                    self.pool.note(&e);
+                    tracing::debug!(error = %e, "the roster's row was not written; trying again at the next interval");
+                },
+            }
+            if !crate::lease::pause(self.every, &mut stop).await {
+                break;
+            }
         }
-        if !crate::lease::pause(every, &mut stop).await {
-            break;
+        self.mark("UPDATE replicas SET stopped_at = now(), seen_at = now() WHERE instance = $1", "stopped").await;
+    }
+
+    /// Mark this replica draining: a clean stop begins.
+    pub async fn draining(&self) {
+        self.mark("UPDATE replicas SET draining_since = now(), seen_at = now() WHERE instance = $1", "draining").await;
+    }
+
+    /// Run `sql` on this replica's row, waiting at most [`STOP_WRITE`].
+    async fn mark(&self, sql: &str, what: &str) {
+        let marked = crate::db::query(sql).bind(&self.instance).execute(&self.pool);
+        if tokio::time::timeout(STOP_WRITE, marked).await.map_or(true, |done| done.is_err()) {
+            tracing::debug!("the roster's row was not marked {what}");
         }
     }
-    if tokio::time::timeout(STOP_WRITE, mark_stopped(&pool, &instance)).await.map_or(true, |done| done.is_err()) {
-        tracing::debug!("the roster's row was not marked stopped; it will read lost");
+
+    /// Insert or refresh this replica's row (a row deleted meanwhile comes back).
+    async fn write(&self, started_at: DateTime<Utc>) -> Result<(), sqlx::Error> {
+        crate::db::query(
+            "INSERT INTO replicas (instance, role, version, schema_version, started_at, seen_at, every_secs,
+                                   clock_offset_ms)
+             VALUES ($1, $2, $3, $4, $5, now(), $6, $7)
+             ON CONFLICT (instance) DO UPDATE
+                 SET seen_at = now(), every_secs = EXCLUDED.every_secs,
+                     clock_offset_ms = EXCLUDED.clock_offset_ms, stopped_at = NULL",
+        )
+        .bind(&self.instance)
+        .bind(role_name(self.role))
+        .bind(env!("CARGO_PKG_VERSION"))
+        .bind(crate::db::newest_migration())
+        .bind(started_at)
+        .bind(self.every.as_secs_f64())
+        .bind(crate::clock::offset().num_microseconds().unwrap_or(0) as f64 / 1000.0)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 }
 
@@ -111,57 +167,37 @@ pub fn role_name(role: Role) -> &'static str {
     }
 }
 
-/// Insert or refresh this replica's row.
-async fn write(
-    pool: &Pool,
-    instance: &str,
-    role: Role,
-    started_at: DateTime<Utc>,
-    every: Duration,
-) -> Result<(), sqlx::Error> {
-    crate::db::query(
-        "INSERT INTO replicas (instance, role, version, schema_version, started_at, seen_at, every_secs, clock_offset_ms)
-         VALUES ($1, $2, $3, $4, $5, now(), $6, $7)
-         ON CONFLICT (instance) DO UPDATE
-             SET seen_at = now(), every_secs = EXCLUDED.every_secs,
-                 clock_offset_ms = EXCLUDED.clock_offset_ms, stopped_at = NULL",
-    )
-    .bind(instance)
-    .bind(role_name(role))
-    .bind(env!("CARGO_PKG_VERSION"))
-    .bind(crate::db::newest_migration())
-    .bind(started_at)
-    .bind(every.as_secs_f64())
-    .bind(crate::clock::offset().num_microseconds().unwrap_or(0) as f64 / 1000.0)
-    .execute(pool)
-    .await?;
-    Ok(())
-}
-
-/// Mark this replica's row stopped.
-async fn mark_stopped(pool: &Pool, instance: &str) -> Result<(), sqlx::Error> {
-    crate::db::query("UPDATE replicas SET stopped_at = now(), seen_at = now() WHERE instance = $1")
-        .bind(instance)
-        .execute(pool)
-        .await?;
-    Ok(())
-}
-
 /// Most rows the roster answers with (a crash loop adds a row a restart).
 const LISTED: i64 = 1000;
 
+/// A row of `replicas` as [`list`] reads it.
+#[derive(sqlx::FromRow)]
+struct Row {
+    instance: String,
+    role: String,
+    version: String,
+    schema_version: i64,
+    behind_schema: bool,
+    state: String,
+    started_at: DateTime<Utc>,
+    seen_at: DateTime<Utc>,
+    draining_since: Option<DateTime<Utc>>,
+    stopped_at: Option<DateTime<Utc>>,
+    clock_offset_ms: f64,
+}
+
 /// The roster: every replica written within [`RETENTION`], running first.
 pub async fn list(pool: &Pool) -> Result<Roster, sqlx::Error> {
-    type Row = (String, String, String, i64, bool, String, DateTime<Utc>, DateTime<Utc>, Option<DateTime<Utc>>, f64);
     let (schema_version,): (Option<i64>,) =
         crate::db::query_as("SELECT max(version) FROM _sqlx_migrations WHERE success").fetch_one(pool).await?;
     let schema_version = schema_version.unwrap_or(0);
     let rows: Vec<Row> = crate::db::query_as(
-        "SELECT instance, role, version, schema_version, schema_version < $1,
+        "SELECT instance, role, version, schema_version, schema_version < $1 AS behind_schema,
                 CASE WHEN stopped_at IS NOT NULL THEN 'stopped'
-                     WHEN seen_at >= now() - make_interval(secs => 3 * every_secs) THEN 'running'
-                     ELSE 'lost' END,
-                started_at, seen_at, stopped_at, clock_offset_ms
+                     WHEN seen_at < now() - make_interval(secs => 3 * every_secs) THEN 'lost'
+                     WHEN draining_since IS NOT NULL THEN 'draining'
+                     ELSE 'running' END AS state,
+                started_at, seen_at, draining_since, stopped_at, clock_offset_ms
          FROM replicas
          WHERE seen_at >= now() - make_interval(secs => $2)
          ORDER BY stopped_at IS NULL AND seen_at >= now() - make_interval(secs => 3 * every_secs) DESC,
@@ -175,38 +211,24 @@ pub async fn list(pool: &Pool) -> Result<Roster, sqlx::Error> {
     .await?;
     let replicas: Vec<Replica> = rows
         .into_iter()
-        .map(
-            |(
-                instance,
-                role,
-                version,
-                replica_schema,
-                behind_schema,
-                state,
-                started_at,
-                seen_at,
-                stopped_at,
-                offset,
-            )| {
-                let state = match state.as_str() {
-                    "stopped" => ReplicaState::Stopped,
-                    "running" => ReplicaState::Running,
-                    _ => ReplicaState::Lost,
-                };
-                Replica {
-                    instance,
-                    role,
-                    version,
-                    schema_version: replica_schema,
-                    behind_schema,
-                    state,
-                    started_at,
-                    seen_at,
-                    stopped_at,
-                    clock_offset_ms: offset,
-                }
+        .map(|row| Replica {
+            state: match row.state.as_str() {
+                "stopped" => ReplicaState::Stopped,
+                "running" => ReplicaState::Running,
+                "draining" => ReplicaState::Draining,
+                _ => ReplicaState::Lost,
             },
-        )
+            instance: row.instance,
+            role: row.role,
+            version: row.version,
+            schema_version: row.schema_version,
+            behind_schema: row.behind_schema,
+            started_at: row.started_at,
+            seen_at: row.seen_at,
+            draining_since: row.draining_since,
+            stopped_at: row.stopped_at,
+            clock_offset_ms: row.clock_offset_ms,
+        })
         .collect();
     let running = replicas.iter().filter(|r| r.state == ReplicaState::Running).count();
     Ok(Roster { schema_version, running, replicas })

@@ -45,6 +45,7 @@ pub struct FleetRow {
     schema_version: i64,
     behind_schema: bool,
     lost: bool,
+    draining: bool,
     seen: super::Ts,
 }
 
@@ -150,6 +151,7 @@ async fn read_numbers(state: &AppState) -> Result<Live, sqlx::Error> {
         .filter(|r| r.state != ReplicaState::Stopped)
         .map(|r| FleetRow {
             lost: r.state == ReplicaState::Lost,
+            draining: r.state == ReplicaState::Draining,
             instance: r.instance,
             role: r.role,
             version: r.version,

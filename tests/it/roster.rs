@@ -31,17 +31,18 @@ fn replica<'a>(roster: &'a Value, role: &str) -> &'a Value {
 /// Three replicas on one database, one per role, writing every second: all three listed
 /// running, each with this release's version and schema version, the database's schema
 /// version beside them, and each exporting the same as `webhook_gateway_build_info`. Then
-/// the worker is killed (SIGKILL: it cannot say so) and the
-/// ingest replica stopped cleanly: the first reads lost once three of its intervals pass,
-/// the second stopped at once, the third still running. Then a later release's migration
+/// the worker is killed (SIGKILL: it cannot say so) and the ingest replica stopped
+/// cleanly: the first reads lost once three of its intervals pass, the second draining
+/// during its drain and stopped after, the third still running. Then a later release's migration
 /// is applied (a rolling deploy under way): the replica still running is marked behind the
 /// schema.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_roster_lists_every_replica_running_stopped_or_lost() {
+async fn the_roster_lists_every_replica_running_draining_stopped_or_lost() {
     let db = TestDb::new().await;
     let every = ["--metrics-sample-secs", "1"];
     let all = GatewayProcess::start(&db.url, &every);
-    let mut ingest = GatewayProcess::start(&db.url, &[&every[..], &["--role", "ingest"]].concat());
+    let ingest =
+        GatewayProcess::start(&db.url, &[&every[..], &["--role", "ingest", "--shutdown-drain-secs", "3"]].concat());
     let mut worker = GatewayProcess::start(&db.url, &[&every[..], &["--role", "worker"]].concat());
     for process in [&all, &ingest, &worker] {
         wait_ready(process.addr).await;
@@ -84,7 +85,19 @@ async fn the_roster_lists_every_replica_running_stopped_or_lost() {
     }
 
     worker.kill();
-    assert!(ingest.terminate(), "a clean stop");
+    // A clean stop: draining first (3 s: still serving, /readyz 503).
+    let stopping = tokio::task::spawn_blocking(move || {
+        let mut ingest = ingest;
+        ingest.terminate_within(Duration::from_secs(60))
+    });
+    let draining = eventually(Duration::from_secs(5), "the ingest replica draining", || async {
+        let listed = roster(&base).await;
+        (replica(&listed, "ingest")["state"] == "draining").then_some(listed)
+    })
+    .await;
+    assert!(replica(&draining, "ingest")["draining_since"].is_string(), "{draining}");
+    let status = stopping.await.expect("join").expect("stopped within 60 s");
+    assert!(status.success(), "a clean stop: {status:?}");
     let after = eventually(Duration::from_secs(20), "the killed worker found lost", || async {
         let listed = roster(&base).await;
         (replica(&listed, "worker")["state"] == "lost").then_some(listed)

@@ -89,15 +89,16 @@ impl Running {
     /// in-flight HTTP requests and deliveries (up to the grace period), record them, and
     /// return.
     pub async fn shutdown(self) -> anyhow::Result<()> {
-        if !self.drain.is_zero() {
+        // The fleet's roster reads this replica draining from here to the end of its stop;
+        // the marks are bounded (a database that does not answer holds nothing back).
+        let drained = !self.drain.is_zero();
+        if drained {
             self.draining.store(true, std::sync::atomic::Ordering::Relaxed);
-
             tracing::info!(
                 drain = ?self.drain,
                 "draining: /readyz answers 503 and answers close their connections; still serving until load \
                  balancers have stopped sending here"
             );
-            // The roster's mark is bounded, and does not shorten the drain.
             tokio::join!(self.member.draining(), tokio::time::sleep(self.drain));
         }
         let _ = self.shutdown.send(true);
@@ -108,11 +109,17 @@ impl Running {
                 dispatcher.shutdown().await;
             }
         };
-        let (server, ()) = tokio::join!(self.server, deliveries);
+        let marked = async {
+            if !drained {
+                self.member.draining().await;
+            }
+        };
+        let (server, (), ()) = tokio::join!(self.server, deliveries, marked);
         for task in self.background {
             let _ = task.await;
         }
         self.janitor.shutdown().await;
+        self.member.stopped().await;
         server.context("server task panicked")??;
         Ok(())
     }

@@ -25,8 +25,9 @@ use crate::role::Role;
 /// How long a replica's row is kept after it was last written.
 pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
 
-/// The longest a stopping replica waits to mark its row stopped: a database that does
-/// not answer does not hold the shutdown (the row then reads lost, three intervals later).
+/// The longest a stopping replica waits to mark its row draining or stopped: a database
+/// that does not answer does not hold the shutdown (the row then reads lost, three
+/// intervals later).
 const STOP_WRITE: Duration = Duration::from_secs(2);
 
 /// What a replica is, as the roster reads it.
@@ -103,7 +104,8 @@ impl Member {
         Member { pool, instance, role, every }
     }
 
-    /// Write this replica's row every `every` until `stop`, then mark it stopped.
+    /// Write this replica's row every `every` until `stop` (its clean stop marks it
+    /// stopped once everything has finished: [`Member::stopped`]).
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let started_at = crate::clock::now();
         loop {
@@ -119,6 +121,10 @@ impl Member {
                 break;
             }
         }
+    }
+
+    /// Mark this replica stopped: its clean stop has finished (deliveries recorded).
+    pub async fn stopped(&self) {
         self.mark("UPDATE replicas SET stopped_at = now(), seen_at = now() WHERE instance = $1", "stopped").await;
     }
 

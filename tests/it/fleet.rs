@@ -120,11 +120,27 @@ async fn twenty_replicas(db: &TestDb, url: &str, extra: &[&str]) -> Run {
         .await
         .expect("events");
     assert_eq!(events, 600, "stored once each");
+    // The fleet's roster lists the twenty, running, and each clean stop is recorded.
+    let roster: serde_json::Value = reqwest::Client::new()
+        .get(format!("{}/v1/admin/replicas", bases[0]))
+        .bearer_auth(crate::support::ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("roster")
+        .json()
+        .await
+        .expect("roster JSON");
+    assert_eq!(roster["running"], REPLICAS, "{roster}");
     for mut replica in replicas {
         assert!(replica.terminate(), "clean exit");
         let log = std::fs::read_to_string(&replica.log).unwrap_or_default();
         assert!(!log.contains("panicked"), "a replica panicked: {log}");
     }
+    let stopped: i64 = sqlx::query_scalar("SELECT count(*) FROM replicas WHERE stopped_at IS NOT NULL")
+        .fetch_one(&mut own)
+        .await
+        .expect("the roster's rows");
+    assert_eq!(stopped, REPLICAS as i64, "each clean stop recorded in the roster");
     let most_sessions = *most_sessions.lock().unwrap();
     Run { seen, sink, most_sessions }
 }

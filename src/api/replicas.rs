@@ -13,7 +13,7 @@ use crate::roster::{self, Roster};
 /// `GET /v1/admin/replicas`.
 #[utoipa::path(
     get, path = "/v1/admin/replicas", tag = "fleet", operation_id = "replicas_list",
-    summary = "The fleet's replicas: running, stopped or lost, their roles, releases and schema versions",
+    summary = "The fleet's replicas: running, draining, stopped or lost, their roles, releases and schema versions",
     responses(
         (status = 200, description = "Every replica that wrote its row within the last day, running first; \
             `behind_schema` marks a release older than the database's schema (a rolling deploy under way)",

@@ -1,5 +1,6 @@
 //! The overview: rates, queue depth and lag, recent dead letters, endpoints that are not
-//! sending, the fleet's replicas; its numbers refresh live (the script fetches [`live`] every few seconds).
+//! sending, the fleet's replicas; its numbers refresh live (the script fetches [`live`]
+//! every few seconds).
 
 use askama::Template;
 use axum::Extension;
@@ -36,7 +37,8 @@ pub struct Stalled {
     why: &'static str,
 }
 
-/// A replica of the fleet that is running or lost (stopped ones went on purpose).
+/// A replica of the fleet that is running, draining or lost (stopped ones went on
+/// purpose).
 #[derive(Clone)]
 pub struct FleetRow {
     instance: String,
@@ -67,7 +69,8 @@ pub struct Live {
     dead_total: i64,
     dead_last_hour: i64,
     stalled: Vec<Stalled>,
-    /// The fleet's roster (`crate::roster`): running and lost replicas.
+    /// The fleet's roster (`crate::roster`): replicas running (draining ones included:
+    /// they still serve), lost, and behind the schema; the rows of all but the stopped.
     running: usize,
     lost: usize,
     behind: usize,

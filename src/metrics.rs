@@ -155,7 +155,7 @@ pub fn runtime_threads(threads: usize) {
 pub fn build_info(role: crate::role::Role) {
     let schema_version = crate::db::newest_migration().to_string();
     gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "schema_version" => schema_version,
-        "role" => crate::roster::role_name(role))
+        "role" => role.name())
     .set(1.0);
 }
 

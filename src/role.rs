@@ -16,8 +16,32 @@ pub enum Role {
 }
 
 impl Role {
+    /// The role as `--role` spells it: what the fleet's roster writes and the build-info
+    /// metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::All => "all",
+            Role::Ingest => "ingest",
+            Role::Worker => "worker",
+        }
+    }
+
     /// Whether this role runs delivery workers.
     pub fn runs_workers(self) -> bool {
         matches!(self, Role::All | Role::Worker)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Role;
+    use clap::ValueEnum;
+
+    #[test]
+    fn a_role_s_name_is_its_flag_s_value() {
+        for role in Role::value_variants() {
+            let flag = role.to_possible_value().map(|v| v.get_name().to_owned());
+            assert_eq!(flag.as_deref(), Some(role.name()));
+        }
     }
 }

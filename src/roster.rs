@@ -152,7 +152,7 @@ impl Member {
                      clock_offset_ms = EXCLUDED.clock_offset_ms, stopped_at = NULL",
         )
         .bind(&self.instance)
-        .bind(role_name(self.role))
+        .bind(self.role.name())
         .bind(env!("CARGO_PKG_VERSION"))
         .bind(crate::db::newest_migration())
         .bind(started_at)
@@ -161,15 +161,6 @@ impl Member {
         .execute(&self.pool)
         .await?;
         Ok(())
-    }
-}
-
-/// The role as the roster writes it (and the build-info metric labels it).
-pub fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::All => "all",
-        Role::Ingest => "ingest",
-        Role::Worker => "worker",
     }
 }
 

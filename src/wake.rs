@@ -81,9 +81,11 @@ impl Handoff {
 
 /// The notification channel.
 pub const CHANNEL: &str = "webhook_gateway_wake";
-/// Wake the listeners of this session's schema (the payload names it; see the module's
-/// doc). Sent on [`CHANNEL`], spelled out because `pg_notify` takes the channel as text.
-pub const NOTIFY_SQL: &str = "SELECT pg_notify('webhook_gateway_wake', coalesce(current_schema()::text, ''))";
+/// The statement that wakes the listeners of this session's schema: on [`CHANNEL`], the
+/// payload naming the schema (see the module's doc).
+pub fn notify() -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    crate::db::query("SELECT pg_notify($1, coalesce(current_schema()::text, ''))").bind(CHANNEL)
+}
 /// Bursts of ingests within this window share one notification.
 pub const COALESCE: Duration = Duration::from_millis(5);
 
@@ -94,7 +96,7 @@ pub async fn notify_others(pool: Pool, wake: Arc<Notify>, mut stop: watch::Recei
             () = wake.notified() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        if let Err(e) = crate::db::query(NOTIFY_SQL).execute(&pool).await {
+        if let Err(e) = notify().execute(&pool).await {
             tracing::debug!(error = %e, "wake notification failed; workers fall back to polling");
         }
         tokio::time::sleep(COALESCE).await;

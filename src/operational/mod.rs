@@ -113,7 +113,7 @@ pub async fn run(pool: Pool, settings: OperationalSettings, instance: String, mu
             let published = refusals(&pool, source, &settings, &instance).await?
                 + if leadership.leads(&pool).await { fleet_checks(&pool, source, &settings).await? } else { 0 };
             if published > 0 {
-                crate::db::query(crate::wake::NOTIFY_SQL).execute(&pool).await?;
+                crate::wake::notify().execute(&pool).await?;
             }
             Ok::<_, sqlx::Error>(())
         };

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use sqlx::{Executor, PgPool};
 
 /// Insert events `lo..=hi` (payload `bench_seq` = the number) with one delivery due now
-/// per endpoint, and wake the workers (`wake::NOTIFY_SQL`) as the ingest path does.
+/// per endpoint, and wake the workers (`wake::notify`) as the ingest path does.
 pub async fn insert_due(
     pool: &PgPool,
     source_id: uuid::Uuid,
@@ -32,7 +32,7 @@ pub async fn insert_due(
     .bind(endpoints)
     .execute(pool)
     .await?;
-    sqlx::query(webhook_gateway::wake::NOTIFY_SQL).execute(pool).await?;
+    webhook_gateway::wake::notify().execute(pool).await?;
     Ok(())
 }
 

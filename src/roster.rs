@@ -46,6 +46,19 @@ pub enum ReplicaState {
     Lost,
 }
 
+impl ReplicaState {
+    /// A row's state: whether it says it `stopped`, whether it was `heard` from within three
+    /// of its intervals, whether it said it is `draining`.
+    fn of(stopped: bool, heard: bool, draining: bool) -> ReplicaState {
+        match (stopped, heard, draining) {
+            (true, _, _) => ReplicaState::Stopped,
+            (false, false, _) => ReplicaState::Lost,
+            (false, true, true) => ReplicaState::Draining,
+            (false, true, false) => ReplicaState::Running,
+        }
+    }
+}
+
 /// A replica's row.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Replica {
@@ -175,7 +188,8 @@ struct Row {
     version: String,
     schema_version: i64,
     behind_schema: bool,
-    state: String,
+    /// Written within the last three of its intervals.
+    heard: bool,
     started_at: DateTime<Utc>,
     seen_at: DateTime<Utc>,
     draining_since: Option<DateTime<Utc>>,
@@ -189,16 +203,11 @@ pub async fn list(pool: &Pool) -> Result<Roster, sqlx::Error> {
         crate::db::query_as("SELECT max(version) FROM _sqlx_migrations WHERE success").fetch_one(pool).await?;
     let schema_version = schema_version.unwrap_or(0);
     let rows: Vec<Row> = crate::db::query_as(
-        "SELECT instance, role, version, schema_version, schema_version < $1 AS behind_schema,
-                CASE WHEN stopped_at IS NOT NULL THEN 'stopped'
-                     WHEN seen_at < now() - make_interval(secs => 3 * every_secs) THEN 'lost'
-                     WHEN draining_since IS NOT NULL THEN 'draining'
-                     ELSE 'running' END AS state,
+        "SELECT instance, role, version, schema_version, schema_version < $1 AS behind_schema, heard,
                 started_at, seen_at, draining_since, stopped_at, clock_offset_ms
-         FROM replicas
+         FROM replicas, LATERAL (SELECT seen_at >= now() - make_interval(secs => 3 * every_secs) AS heard) h
          WHERE seen_at >= now() - make_interval(secs => $2)
-         ORDER BY stopped_at IS NULL AND seen_at >= now() - make_interval(secs => 3 * every_secs) DESC,
-                  started_at DESC, instance
+         ORDER BY stopped_at IS NULL AND heard DESC, started_at DESC, instance
          LIMIT $3",
     )
     .bind(schema_version)
@@ -209,12 +218,7 @@ pub async fn list(pool: &Pool) -> Result<Roster, sqlx::Error> {
     let replicas: Vec<Replica> = rows
         .into_iter()
         .map(|row| Replica {
-            state: match row.state.as_str() {
-                "stopped" => ReplicaState::Stopped,
-                "running" => ReplicaState::Running,
-                "draining" => ReplicaState::Draining,
-                _ => ReplicaState::Lost,
-            },
+            state: ReplicaState::of(row.stopped_at.is_some(), row.heard, row.draining_since.is_some()),
             instance: row.instance,
             role: row.role,
             version: row.version,
@@ -241,4 +245,17 @@ pub async fn delete_older(pool: &Pool, before: DateTime<Utc>, batch: i64) -> Res
         batch,
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReplicaState;
+
+    #[test]
+    fn a_row_s_state_says_stopped_over_lost_and_lost_over_draining() {
+        assert_eq!(ReplicaState::of(true, false, true), ReplicaState::Stopped, "it said so: not lost");
+        assert_eq!(ReplicaState::of(false, false, true), ReplicaState::Lost, "went silent while draining");
+        assert_eq!(ReplicaState::of(false, true, true), ReplicaState::Draining);
+        assert_eq!(ReplicaState::of(false, true, false), ReplicaState::Running);
+    }
 }

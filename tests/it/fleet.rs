@@ -121,15 +121,7 @@ async fn twenty_replicas(db: &TestDb, url: &str, extra: &[&str]) -> Run {
         .expect("events");
     assert_eq!(events, 600, "stored once each");
     // The fleet's roster lists the twenty, running, and each clean stop is recorded.
-    let roster: serde_json::Value = reqwest::Client::new()
-        .get(format!("{}/v1/admin/replicas", bases[0]))
-        .bearer_auth(crate::support::ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("roster")
-        .json()
-        .await
-        .expect("roster JSON");
+    let roster = crate::support::admin_get_at(&bases[0], "/v1/admin/replicas").await;
     assert_eq!(roster["running"], REPLICAS, "{roster}");
     for mut replica in replicas {
         assert!(replica.terminate(), "clean exit");

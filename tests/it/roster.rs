@@ -6,18 +6,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{ADMIN_TOKEN, GatewayProcess, TestDb, eventually, wait_ready};
+use crate::support::{GatewayProcess, TestDb, admin_get_at, eventually, wait_ready};
 
 /// The roster as `base` answers it.
 async fn roster(base: &str) -> Value {
-    let answer = reqwest::Client::new()
-        .get(format!("{base}/v1/admin/replicas"))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("roster");
-    assert_eq!(answer.status(), 200);
-    answer.json().await.expect("roster JSON")
+    admin_get_at(base, "/v1/admin/replicas").await
 }
 
 /// The row of the replica in `role` (one per role here).

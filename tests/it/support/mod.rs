@@ -442,6 +442,15 @@ pub async fn gateway_with_sink(url: &str, extra: &[&str], sink: &sink::Sink) -> 
     (gw, base)
 }
 
+/// `GET path` on the gateway at `base` with the admin token: its JSON answer, which must be
+/// 200.
+pub async fn admin_get_at(base: &str, path: &str) -> Value {
+    let answer =
+        reqwest::Client::new().get(format!("{base}{path}")).bearer_auth(ADMIN_TOKEN).send().await.expect("admin call");
+    assert_eq!(answer.status(), 200, "{path}");
+    answer.json().await.expect("admin answer")
+}
+
 /// What `webhook-gateway <args>` prints to stderr and its exit code, run for at most 60 s
 /// (a command that should have ended and did not is killed, and the test fails).
 pub async fn run_to_exit(args: &[&str]) -> (Option<i32>, String) {

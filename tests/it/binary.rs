@@ -45,7 +45,7 @@ fn help_hides_secrets_from_the_environment() {
 
 /// The runtime's threads, as the gateway at `addr` reports them on `/metrics`.
 async fn runtime_threads(addr: std::net::SocketAddr) -> String {
-    let text = reqwest::get(format!("http://{addr}/metrics")).await.expect("metrics").text().await.expect("text");
+    let text = crate::support::scrape(addr).await;
     text.lines()
         .find_map(|line| line.strip_prefix("webhook_gateway_runtime_threads "))
         .unwrap_or_else(|| panic!("no runtime_threads gauge in {text}"))

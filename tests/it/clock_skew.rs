@@ -56,9 +56,9 @@ async fn gateway_clock_is_shifted(gateway: &GatewayProcess, expected_secs: i64) 
 
 /// The offset from the database's clock the gateway exports, seconds.
 async fn exported_offset(gateway: &GatewayProcess) -> f64 {
-    let text = reqwest::get(format!("http://{}/metrics", gateway.addr)).await.expect("metrics").text().await;
-    let text = text.expect("metrics text");
-    text.lines()
+    crate::support::scrape(gateway.addr)
+        .await
+        .lines()
         .find_map(|line| line.strip_prefix("webhook_gateway_clock_offset_seconds "))
         .and_then(|v| v.trim().parse().ok())
         .expect("the clock offset gauge")

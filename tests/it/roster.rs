@@ -64,8 +64,7 @@ async fn the_roster_lists_every_replica_running_draining_stopped_or_lost() {
 
     // Prometheus sees the same: each replica's release, by the gauge set at start-up.
     for (process, role) in [(&all, "all"), (&ingest, "ingest"), (&worker, "worker")] {
-        let text = reqwest::get(format!("http://{}/metrics", process.addr)).await.expect("metrics").text().await;
-        let text = text.expect("metrics text");
+        let text = crate::support::scrape(process.addr).await;
         let line = text.lines().find(|l| l.starts_with("webhook_gateway_build_info{")).expect("build info");
         for label in [
             format!(r#"version="{}""#, env!("CARGO_PKG_VERSION")),

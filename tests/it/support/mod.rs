@@ -442,6 +442,12 @@ pub async fn gateway_with_sink(url: &str, extra: &[&str], sink: &sink::Sink) -> 
     (gw, base)
 }
 
+/// What the gateway at `addr` exports on `/metrics`.
+pub async fn scrape(addr: SocketAddr) -> String {
+    let answer = reqwest::get(format!("http://{addr}/metrics")).await.expect("metrics");
+    answer.text().await.expect("metrics text")
+}
+
 /// `GET path` on the gateway at `base` with the admin token: its JSON answer, which must be
 /// 200.
 pub async fn admin_get_at(base: &str, path: &str) -> Value {

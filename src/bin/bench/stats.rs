@@ -235,16 +235,20 @@ pub fn peak_rss(pid: u32) -> Option<u64> {
 /// process's CPU is spent on them, which instruction counts do not see. A thread that has
 /// exited is no longer counted, so read it over a window in which the threads stay.
 pub fn context_switches(pid: u32) -> Option<u64> {
-    let mut total = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
-        let Ok(text) = std::fs::read_to_string(task.path().join("status")) else { continue };
-        total += text
-            .lines()
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten();
+    Some(tasks.filter_map(|task| task_context_switches(&task.path())).sum())
+}
+
+/// Context switches of one thread (`/proc/<pid>/task/<tid>`, or `/proc/thread-self`),
+/// voluntary and not; `None` once it has exited.
+fn task_context_switches(task: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(task.join("status")).ok()?;
+    Some(
+        text.lines()
             .filter(|l| l.starts_with("voluntary_ctxt_switches:") || l.starts_with("nonvoluntary_ctxt_switches:"))
             .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .sum::<u64>();
-    }
-    Some(total)
+            .sum(),
+    )
 }
 
 /// [`context_switches`] of every live child of `parent` (a PostgreSQL cluster's
@@ -389,19 +393,27 @@ mod tests {
         spawner.join().expect("spawner");
     }
 
+    /// The sleeping thread's own count, read from its task before and after (the
+    /// process's sum is not compared over time: the test harness's other threads come and
+    /// go beside it, and an exited thread is no longer counted: 306 -> 61 once in CI), and
+    /// the process's sum, read while the thread lives, holds at least the thread's.
     #[test]
     fn a_thread_that_sleeps_switches_context() {
-        let me = std::process::id();
-        let before = context_switches(me).expect("this process is visible");
         std::thread::spawn(|| {
+            let own = std::path::Path::new("/proc/thread-self");
+            let before = task_context_switches(own).expect("this thread is visible");
             for _ in 0..20 {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            // Still alive when counted: a thread that has exited is not.
-            context_switches(std::process::id()).expect("this process is visible")
+            let after = task_context_switches(own).expect("this thread is visible");
+            let process = context_switches(std::process::id()).expect("this process is visible");
+            (before, after, process)
         })
         .join()
-        .map(|after| assert!(after >= before + 20, "{before} -> {after}"))
+        .map(|(before, after, process)| {
+            assert!(after >= before + 20, "{before} -> {after}");
+            assert!(process >= after, "the process's {process} holds the live thread's {after}");
+        })
         .expect("sleeper");
     }
 

@@ -186,7 +186,7 @@ enum Transforms {
 /// row at every execution. With the room function's estimate of one row (migration
 /// 0030), the statement builds no hash table: about 80,000 of a lone webhook's 1,400,000
 /// instructions less (bench row 18;
-/// `plans::a_lone_webhook_s_leasing_statement_builds_no_hash_table`).
+/// `plans::writes::a_lone_webhook_s_leasing_statement_builds_no_hash_table`).
 fn leasing_statement(ctes: &str, answer: &str, transforms: Transforms) -> String {
     let (transform, event_headers) = match transforms {
         Transforms::Read => (

@@ -124,7 +124,9 @@ async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, spa
         backoff_cap: settings.backoff_cap,
         retry_after_cap: settings.retry_after_cap,
     };
-    let verdict = policy::decide(&policy, &observed, budget_attempt as u32, SystemTime::now(), &mut rand::rng());
+    // At least 1: a budget count below it (never written by this release) must not wrap
+    // into an attempt past any budget.
+    let verdict = policy::decide(&policy, &observed, budget_attempt.max(1) as u32, SystemTime::now(), &mut rand::rng());
     let (outcome, next_attempt_at, next_reason) = schedule(&verdict.decision, crate::clock::now());
     let judged = judge(&observed, &verdict);
     tracing::debug!(delivery_id = %job.id, attempt = job.attempt, outcome = outcome.as_str(), reason = %verdict.reason, "attempt finished");

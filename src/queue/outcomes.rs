@@ -342,25 +342,31 @@ async fn record_outcomes<R: std::borrow::Borrow<AttemptRecord>>(
 
 /// Give a claim back without spending its attempt (e.g. the circuit opened between the
 /// claim and the send, or the process is shutting down before it sent anything).
-/// Fenced like [`record`]; returns whether the release applied.
+/// Fenced like [`record`], and idempotent like it: the release marks the claim's token
+/// recorded, so a release run again (a retry after a commit that went unconfirmed) gives
+/// the attempt back once, not twice (which sent the next attempt with a number already
+/// recorded, whose outcome then could not be recorded). Returns whether the claim is
+/// given back: by this call or by an earlier one with the same token.
 pub async fn release(
     db: impl PgExecutor<'_>,
     id: DeliveryId,
     claim_token: i64,
     due_at: DateTime<Utc>,
 ) -> Result<bool, sqlx::Error> {
-    let done = crate::db::query(
-        "UPDATE deliveries
-         SET attempt_count = attempt_count - 1, next_attempt_at = $3, leased_until = NULL, updated_at = now()
-         WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
-    )
-    .bind(id)
-    .bind(claim_token)
-    .bind(due_at)
-    .execute(db)
-    .await?;
-    Ok(done.rows_affected() == 1)
+    crate::db::query_scalar(RELEASE_SQL).bind(id).bind(claim_token).bind(due_at).fetch_one(db).await
 }
+
+/// [`release`]'s statement. The second `EXISTS` reads the snapshot from before the
+/// `UPDATE`: it finds the mark only when an earlier release left it.
+const RELEASE_SQL: &str = "WITH given_back AS (
+         UPDATE deliveries
+         SET attempt_count = attempt_count - 1, next_attempt_at = $3, leased_until = NULL,
+             recorded_token = $2, updated_at = now()
+         WHERE id = $1 AND claim_token = $2 AND status = 'pending' AND recorded_token IS DISTINCT FROM $2
+         RETURNING 1)
+     SELECT EXISTS (SELECT 1 FROM given_back)
+         OR EXISTS (SELECT 1 FROM deliveries WHERE id = $1 AND claim_token = $2 AND recorded_token = $2
+                    AND status = 'pending' AND leased_until IS NULL)";
 
 /// Whether the claim being buried sent its attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -143,6 +143,50 @@ async fn a_stale_worker_is_fenced() {
     assert_eq!(db.count("attempts").await, 1);
 }
 
+/// A claim given back twice with its token (the release retried after a commit that went
+/// unconfirmed) gives its attempt back once: the next claim is attempt 1 again, not 0, and
+/// its outcome is recorded. (Before, the second release took a second attempt off: the
+/// next send repeated an attempt number already recorded, its outcome broke
+/// `attempts_once` and the delivery, answered 200 by its subscriber, was dead-lettered.)
+#[tokio::test]
+async fn giving_a_claim_back_twice_gives_its_attempt_back_once() {
+    let db = TestDb::new().await;
+    let endpoint = insert_endpoint(&db.pool, "http://127.0.0.1:9/").await;
+    seed_deliveries(&db.pool, &endpoint, 1).await;
+    let attempt_count = || async {
+        sqlx::query_scalar::<_, i32>("SELECT attempt_count FROM deliveries").fetch_one(&db.pool).await.unwrap()
+    };
+
+    // Attempt 1 is sent and fails; attempt 2 is claimed and given back unsent, twice.
+    let first = queue::claim(&db.pool, 10, Duration::from_secs(60)).await.unwrap();
+    let mut retry = record(&first[0], Outcome::Retry);
+    retry.status_code = Some(503);
+    retry.next_attempt_at = Some(chrono::Utc::now());
+    retry.next_attempt_reason = Some(webhook_gateway::deliver::policy::NextReason::Backoff);
+    record_committed(&db.pool, &[retry]).await.unwrap();
+    let second = queue::claim(&db.pool, 10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(second[0].attempt, 2);
+    let now = chrono::Utc::now();
+    assert!(queue::release(&db.pool, second[0].id, second[0].claim_token, now).await.unwrap());
+    assert!(
+        queue::release(&db.pool, second[0].id, second[0].claim_token, now).await.unwrap(),
+        "the repeat finds the claim given back"
+    );
+    assert_eq!(attempt_count().await, 1, "one attempt given back, not two");
+
+    let third = queue::claim(&db.pool, 10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(third[0].attempt, 2, "attempt 2 is sent again, not attempt 1 twice");
+    // The old token's release, late, is fenced.
+    assert!(!queue::release(&db.pool, second[0].id, second[0].claim_token, now).await.unwrap());
+    let recorded = record_committed(&db.pool, &[record(&third[0], Outcome::Delivered)]).await.unwrap();
+    assert_eq!(recorded, queue::Recorded { fresh: vec![third[0].id], ..Default::default() });
+    let numbers: Vec<i32> = sqlx::query_scalar("SELECT attempt_number FROM attempts ORDER BY attempt_number")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(numbers, [1, 2]);
+}
+
 /// A `retry` outcome written twice (the batch retried after an ambiguous commit: the
 /// row is still pending under the same claim token) is recorded once, with the first
 /// write's schedule.

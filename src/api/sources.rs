@@ -299,6 +299,13 @@ pub struct DeleteQuery {
     force: bool,
 }
 
+/// The refusal of a delete without `force` while the source holds events.
+fn has_events(name: &str, events: i64) -> ApiError {
+    ApiError::conflict(format!(
+        "source {name:?} has {events} events; deleting it deletes them and their deliveries: repeat with ?force=true"
+    ))
+}
+
 /// `DELETE /v1/sources/{id}`.
 ///
 /// Refused (409) while the source has events, unless `?force=true`, which deletes them with
@@ -328,13 +335,18 @@ pub async fn delete(
     }
     let events = store::sources::event_count(&state.pool, id).await?;
     if events > 0 && !q.force {
-        return Err(ApiError::conflict(format!(
-            "source {:?} has {events} events; deleting it deletes them and their deliveries: repeat with ?force=true",
-            source.name
-        )));
+        return Err(has_events(&source.name, events));
     }
-    store::sources::delete(&state.pool, id).await?;
+    if !store::sources::delete(&state.pool, id, q.force).await? {
+        // Deleted meanwhile, or a webhook was stored since the count.
+        return match store::sources::event_count(&state.pool, id).await? {
+            0 => Err(ApiError::not_found("source")),
+            events => Err(has_events(&source.name, events)),
+        };
+    }
     state.intake.sources().invalidate();
+    // Ordering lines its deliveries headed may have moved on to another source's.
+    state.wake.notify_one();
     tracing::info!(source = %source.name, events, "source deleted");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -4,7 +4,9 @@ use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 use sqlx::types::Json;
 
+use crate::db::Pool;
 use crate::ids::SourceId;
+use crate::queue::lines::{self, Line};
 use crate::secrets::Sealed;
 use crate::verify::{SourceSpec, ValidSpec};
 
@@ -75,7 +77,36 @@ pub async fn event_count(db: impl PgExecutor<'_>, id: SourceId) -> Result<i64, s
 }
 
 /// Delete a source; its events go with it (their foreign key's ON DELETE CASCADE), and
-/// their deliveries and attempts with them (statement triggers, migration 0035).
-pub async fn delete(db: impl PgExecutor<'_>, id: SourceId) -> Result<bool, sqlx::Error> {
-    Ok(crate::db::query("DELETE FROM sources WHERE id = $1").bind(id).execute(db).await?.rows_affected() == 1)
+/// their deliveries and attempts with them (statement triggers, migration 0035). Without
+/// `force`, only while it holds no events, checked by the deleting statement itself (a
+/// webhook stored after the caller counted is never deleted with it). Returns whether the
+/// source was deleted.
+///
+/// The ordering lines its deliveries are in (as the head or waiting) are locked first and
+/// moved on after, in the same transaction: a line whose head went with the source makes
+/// its next waiting delivery, of another source, its head, or is deleted. (A line left
+/// naming a deleted head held every later delivery of its key, from any source, forever.)
+pub async fn delete(pool: &Pool, id: SourceId, force: bool) -> Result<bool, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let lines: Vec<Line> = crate::db::query_as(
+        "SELECT DISTINCT d.endpoint_id, d.ordering_key
+         FROM events e JOIN deliveries d ON d.event_id = e.id
+         WHERE e.source_id = $1 AND d.ordering_key IS NOT NULL AND d.status IN ('pending', 'dead')",
+    )
+    .bind(id)
+    .fetch_all(&mut *tx)
+    .await?;
+    lines::lock(&mut tx, &lines).await?;
+    let deleted = crate::db::query(
+        "DELETE FROM sources WHERE id = $1 AND ($2 OR NOT EXISTS (SELECT 1 FROM events WHERE source_id = $1))",
+    )
+    .bind(id)
+    .bind(force)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    lines::promote(&mut tx, &lines).await?;
+    tx.commit().await?;
+    Ok(deleted)
 }

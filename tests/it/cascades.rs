@@ -205,3 +205,104 @@ async fn no_row_outlives_its_parent_while_a_source_is_deleted_under_load() {
     assert!(deliveries >= crm, "crm's deliveries stay: {deliveries}");
     assert!(attempts >= crm, "crm's attempts stay: {attempts}");
 }
+
+/// `key`'s webhook `i` posted to source `source` (ordered by `X-Key`), answered 200.
+async fn post_ordered(app: &TestApp, source: &str, key: &str, i: u32) {
+    let resp = app
+        .http
+        .post(app.url(&format!("/ingest/{source}")))
+        .header("x-delivery-id", format!("{source}-{key}-{i}"))
+        .header("x-key", key)
+        .body(serde_json::json!({"source": source, "key": key, "i": i}).to_string())
+        .send()
+        .await
+        .expect("ingest");
+    assert_eq!(resp.status().as_u16(), 200);
+}
+
+/// Deliveries of `source` in `status`.
+async fn of_source(pool: &Pool, source: &str, status: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM deliveries d JOIN events e ON e.id = d.event_id JOIN sources s ON s.id = e.source_id
+         WHERE s.name = $1 AND d.status = $2 AND NOT d.waiting",
+    )
+    .bind(source)
+    .bind(status)
+    .fetch_one(pool)
+    .await
+    .expect("count deliveries")
+}
+
+/// Two sources' webhooks ordered by one key to one endpoint share an ordering line. When
+/// the source whose delivery heads the line is deleted (forced), the line moves on to the
+/// other source's deliveries, in order. (Before, the line went on naming the deleted head:
+/// every later delivery of the key, from any source, waited forever.) Without `force`,
+/// the deleting statement itself refuses a source that holds events, whatever the
+/// caller counted before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_source_moves_on_the_ordering_lines_its_deliveries_headed() {
+    let app = TestApp::spawn().await;
+    // Source `old`'s webhooks are refused with 500 (retried: its delivery stays the head).
+    let sink = Sink::start(|r, _| {
+        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        if body["source"] == "old" { Reply::status(500) } else { Reply::status(200) }
+    })
+    .await;
+    let mut ids = Vec::new();
+    for name in ["old", "new"] {
+        let source = app
+            .admin_post(
+                "/v1/sources",
+                serde_json::json!({"name": name, "kind": "none", "dedupe": {"header": "X-Delivery-Id"},
+                                   "ordering_key": {"header": "X-Key"}}),
+                201,
+            )
+            .await;
+        ids.push(source["id"].as_str().expect("source id").to_owned());
+    }
+    let endpoint = app.admin_post("/v1/endpoints", serde_json::json!({"url": sink.url("/")}), 201).await;
+    for name in ["old", "new"] {
+        let sub = serde_json::json!({"endpoint_id": endpoint["id"], "source": name, "ordered": {"on_dead": "block"}});
+        app.admin_post("/v1/subscriptions", sub, 201).await;
+    }
+
+    post_ordered(&app, "old", "k", 0).await;
+    eventually(Duration::from_secs(30), "old's delivery tried and failed", || async {
+        (!sink.received().is_empty()).then_some(())
+    })
+    .await;
+    for i in 1..=3 {
+        post_ordered(&app, "new", "k", i).await;
+    }
+    // Control: a key of its own, behind no one.
+    post_ordered(&app, "new", "other", 0).await;
+    eventually(Duration::from_secs(30), "the other key delivered", || async {
+        (of_source(&app.db.pool, "new", "delivered").await == 1).then_some(())
+    })
+    .await;
+    let waiting: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE waiting").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(waiting, 3, "new's k-1..3 wait behind old's k-0");
+
+    let old: webhook_gateway::ids::SourceId = ids[0].parse().expect("source id");
+    let refused = webhook_gateway::store::sources::delete(&app.db.pool, old, false).await.expect("delete");
+    assert!(!refused, "a source holding events is not deleted without force");
+    assert_eq!(counts(&app.db.pool).await.0, 5, "nothing deleted");
+
+    let (status, body) = app.admin(Method::DELETE, &format!("/v1/sources/{}?force=true", ids[0]), None).await;
+    assert_eq!(status, 204, "{body}");
+    eventually(Duration::from_secs(30), "new's k-1..3 delivered", || async {
+        (of_source(&app.db.pool, "new", "delivered").await == 4).then_some(())
+    })
+    .await;
+    let sent: Vec<(String, u64)> = sink
+        .received()
+        .iter()
+        .filter_map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok())
+        .filter(|b| b["source"] == "new" && b["key"] == "k")
+        .map(|b| (b["key"].as_str().unwrap_or_default().to_owned(), b["i"].as_u64().unwrap_or_default()))
+        .collect();
+    assert_eq!(sent, [("k".to_owned(), 1), ("k".to_owned(), 2), ("k".to_owned(), 3)], "in order, once each");
+    let lines: i64 = sqlx::query_scalar("SELECT count(*) FROM order_lines").fetch_one(&app.db.pool).await.unwrap();
+    assert_eq!(lines, 0, "idle lines are deleted");
+}

@@ -420,6 +420,12 @@ struct Turn<'a> {
 
 /// Half-open probes (at most every [`PROBE_CHECK_INTERVAL`], on the housekeeping leader
 /// only), then due deliveries, `want` in all; and whether due rows were left behind.
+///
+/// Each of its claims commits on its own. When a later statement fails, what the earlier
+/// ones took is leased to this process already: it is returned to be sent (and the
+/// failure noted for the pool; the next turn meets it again), not dropped to wait out its
+/// lease with an attempt counted and nothing sent (a probe dropped so also held its
+/// endpoint's half-open slot for a whole lease).
 async fn claim(
     pool: &Pool,
     want: usize,
@@ -439,9 +445,32 @@ async fn claim(
             }
         }
     }
+    match claim_due(pool, want, settings, tick, clogged, peek, &mut claimed).await {
+        Ok(left) => Ok(Claim { claimed, ..left }),
+        Err(e) if claimed.is_empty() => Err(e),
+        Err(e) => {
+            pool.note(&e);
+            tracing::warn!(error = %e, claimed = claimed.len(), "claiming deliveries failed after a claim committed; \
+                sending what it took");
+            Ok(Claim { claimed, left_behind: true, held_by_room: false, next_token_in: None })
+        }
+    }
+}
+
+/// The due deliveries of [`claim`], added to `claimed` as each claim commits (`want` in
+/// all); what they left, in a [`Claim`] without deliveries.
+async fn claim_due(
+    pool: &Pool,
+    want: usize,
+    settings: &DeliverySettings,
+    tick: bool,
+    clogged: &mut bool,
+    peek: bool,
+    claimed: &mut Vec<Claimed>,
+) -> Result<Claim, sqlx::Error> {
     if peek && !queue::anything_due(pool).await? {
         *clogged = false;
-        return Ok(Claim { claimed, left_behind: false, held_by_room: false, next_token_in: None });
+        return Ok(Claim { claimed: Vec::new(), left_behind: false, held_by_room: false, next_token_in: None });
     }
     let rest = want - claimed.len();
     let mut took_all_due = false;
@@ -475,7 +504,7 @@ async fn claim(
         claimed.extend(batch.claimed);
     }
     *clogged = claimed.len() < want && !took_all_due;
-    Ok(Claim { claimed, left_behind: !took_all_due, held_by_room, next_token_in })
+    Ok(Claim { claimed: Vec::new(), left_behind: !took_all_due, held_by_room, next_token_in })
 }
 
 /// The sooner of two optional waits.

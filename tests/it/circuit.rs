@@ -429,3 +429,59 @@ async fn a_healthy_batch_settles_the_circuits_another_replica_stirred_and_writes
     assert_eq!((state.as_str(), failures), ("open", 0), "open until its probe, its failures reset");
     assert_eq!(endpoint_row(settled).await, settled_before, "the settled endpoint's row was not written");
 }
+
+/// A half-open probe claimed by a dispatcher whose next statement in the same turn fails
+/// (the general claim, here blocked on a locked endpoint row and its session terminated,
+/// as a failover or an administrator would) is still sent: each claim commits on its own,
+/// and what an earlier one took is leased to the process. (Before, the failure dropped
+/// the probe: it waited out its lease with an attempt counted and nothing sent, and the
+/// endpoint's half-open slot was held for that whole lease.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_claimed_before_a_failing_statement_is_still_sent() {
+    use sqlx::{Connection as _, Executor as _};
+    let db = TestDb::new().await;
+    let sink = Sink::ok().await;
+    let busy = crate::support::insert_endpoint(&db.pool, &sink.url("/busy")).await;
+    let open = crate::support::insert_endpoint(&db.pool, &sink.url("/open")).await;
+    seed_deliveries(&db.pool, &busy, 1).await;
+    seed_deliveries(&db.pool, &open, 1).await;
+    crate::support::set_endpoint(&db.pool, &open, "circuit_state = 'open', reopen_at = now()").await;
+    sqlx::query("UPDATE deliveries SET parked = true WHERE endpoint_id = $1::uuid")
+        .bind(&open)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    // The busy endpoint's row is held: a general claim that reaches it waits.
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    holder.execute("BEGIN").await.unwrap();
+    sqlx::query("SELECT 1 FROM endpoints WHERE id = $1::uuid FOR UPDATE")
+        .bind(&busy)
+        .execute(&mut holder)
+        .await
+        .unwrap();
+
+    let _app = TestApp::spawn_with(TestDb { url: db.url.clone(), pool: db.pool.clone() }, test_settings(), 16).await;
+    eventually(Duration::from_secs(30), "the probe sent", || async {
+        // Every claim that waits for the held row fails, as a terminated session does.
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        sink.received().iter().any(|r| r.path == "/open").then_some(())
+    })
+    .await;
+    let attempts: i32 = sqlx::query_scalar("SELECT attempt_count FROM deliveries WHERE endpoint_id = $1::uuid")
+        .bind(&open)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 1, "the probe is attempt 1");
+    holder.execute("ROLLBACK").await.unwrap();
+    eventually(Duration::from_secs(30), "both delivered once the row is let go", || async {
+        (count_status(&db.pool, "delivered").await == 2).then_some(())
+    })
+    .await;
+}

@@ -187,6 +187,44 @@ async fn giving_a_claim_back_twice_gives_its_attempt_back_once() {
     assert_eq!(numbers, [1, 2]);
 }
 
+/// The recorder given, in one batch, the outcome of a claim whose lease ran out before it
+/// was written and the outcome of the claim that took the delivery over (the recorder's
+/// writes slower than a lease), beside another delivery's: the newer claim's outcome and
+/// the other delivery's are recorded, the stale one fenced. (Before, the two outcomes of
+/// one delivery were refused as a broken invariant and nothing of the batch was recorded:
+/// every delivery in it was sent again.)
+#[tokio::test]
+async fn a_stale_outcome_beside_its_successor_s_in_one_batch_leaves_the_batch_recorded() {
+    use webhook_gateway::deliver::recorder;
+    let db = TestDb::new().await;
+    let endpoint = insert_endpoint(&db.pool, "http://127.0.0.1:9/").await;
+    seed_deliveries(&db.pool, &endpoint, 1).await;
+    let stale = queue::claim(&db.pool, 10, Duration::ZERO).await.unwrap();
+    seed_deliveries(&db.pool, &endpoint, 1).await;
+    let current = queue::claim(&db.pool, 10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(current.len(), 2, "the lapsed claim's delivery taken over, and the new one");
+    let finished = |c: &queue::Claimed| recorder::Finished {
+        record: record(c, Outcome::Delivered),
+        signal: webhook_gateway::circuit::Signal::Healthy,
+        probe_token: None,
+        span: tracing::Span::none(),
+    };
+    let batch: Vec<_> = std::iter::once(&stale[0]).chain(&current).map(finished).collect();
+    let patience = recorder::Patience::of(Duration::from_secs(60));
+    recorder::write(&db.pool, &batch, &webhook_gateway::circuit::CircuitConfig::default(), &patience).await;
+
+    let recorded: Vec<(uuid::Uuid, String, i32)> = sqlx::query_as(
+        "SELECT d.id, d.status, a.attempt_number FROM deliveries d JOIN attempts a ON a.delivery_id = d.id ORDER BY d.id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let mut expected: Vec<(uuid::Uuid, String, i32)> =
+        current.iter().map(|c| (c.id.0, "delivered".to_owned(), c.attempt)).collect();
+    expected.sort();
+    assert_eq!(recorded, expected, "the taken-over delivery's attempt 2 and the other's attempt 1; the stale fenced");
+}
+
 /// A `retry` outcome written twice (the batch retried after an ambiguous commit: the
 /// row is still pending under the same claim token) is recorded once, with the first
 /// write's schedule.

@@ -32,7 +32,7 @@
 //! the leases go straight to the dispatcher ([`Written::leases`]); the other new heads go
 //! by id to its claim by key.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -240,6 +240,19 @@ pub enum Promoted {
     Unknown,
 }
 
+impl Promoted {
+    /// What two writes made heads, together.
+    fn and(self, other: Promoted) -> Promoted {
+        match (self, other) {
+            (Promoted::Known(mut a), Promoted::Known(b)) => {
+                a.extend(b);
+                Promoted::Known(a)
+            }
+            _ => Promoted::Unknown,
+        }
+    }
+}
+
 /// Record `batch` (fenced, idempotent, with the circuits' observations) so that every
 /// outcome ends written, written without its details, dead-lettered with a reason, or,
 /// only while the database is unreachable (or a queue invariant is found broken), left to
@@ -264,6 +277,13 @@ pub async fn write_leasing(
     patience: &Patience,
     lease: Option<ClaimTerms>,
 ) -> (Promoted, Vec<Claimed>) {
+    if let Some((newest, superseded)) = split_superseded(batch) {
+        // Each write holds one outcome a delivery; the superseded ones are fenced by the
+        // database in a write of their own (and reported as such), the rest recorded.
+        let (promoted, leased) = Box::pin(write_leasing(pool, &newest, cfg, patience, lease)).await;
+        let also = Box::pin(write(pool, &superseded, cfg, patience)).await;
+        return (promoted.and(also), leased);
+    }
     match retrying(patience, batch.len(), || write_once(pool, batch, cfg, lease)).await {
         Ok((recorded, leased)) => {
             report(batch, &recorded);
@@ -286,6 +306,32 @@ pub async fn write_leasing(
         }
     }
     (Promoted::Unknown, Vec::new())
+}
+
+/// When `batch` holds two outcomes of one delivery (the outcome of a claim that waited
+/// past its lease, and that of the claim that took the delivery over), the newest claim's
+/// outcome of each delivery, and the others: a write of both in one statement is refused
+/// as a broken invariant, which left every outcome of the batch unrecorded and sent
+/// again. `None` (the usual case) when every delivery is there once.
+fn split_superseded(batch: &[Finished]) -> Option<(Vec<Finished>, Vec<Finished>)> {
+    let mut newest: HashMap<DeliveryId, i64> = HashMap::with_capacity(batch.len());
+    for r in batch.iter().map(|f| &f.record) {
+        newest.entry(r.delivery_id).and_modify(|t| *t = (*t).max(r.claim_token)).or_insert(r.claim_token);
+    }
+    if newest.len() == batch.len() {
+        return None;
+    }
+    let (mut kept, mut superseded) = (Vec::with_capacity(newest.len()), Vec::new());
+    for f in batch {
+        // Taken out once kept: a second outcome of the same claim goes with the superseded.
+        if newest.get(&f.record.delivery_id) == Some(&f.record.claim_token) {
+            newest.remove(&f.record.delivery_id);
+            kept.push(f.clone());
+        } else {
+            superseded.push(f.clone());
+        }
+    }
+    Some((kept, superseded))
 }
 
 /// Errors worth trying the same write again for: the database unreachable or refusing

@@ -173,6 +173,9 @@ pub fn classify(err: &sqlx::Error) -> Option<(Unavailable, Option<Refusal>)> {
         // A socket error can end a statement whose commit the server already made; the
         // server (or the pooler in front of it) went away: its other sessions are gone too.
         sqlx::Error::Io(_) => Some((Unconfirmed, Some(Refusal::NodeGoingAway))),
+        // A kept statement's function gone under a running process (an operator dropped
+        // it, `db::kept_plans`): rolled back, and the retry sends the statement itself.
+        sqlx::Error::Database(_) if super::kept_plans::wrapper_failed(err) => Some((NotCommitted, None)),
         sqlx::Error::Database(db) => {
             let code = db.code()?;
             classify_sqlstate(&code)

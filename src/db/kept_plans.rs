@@ -67,7 +67,19 @@ pub fn wrapped(sql: &str) -> Option<&'static str> {
 /// the statement inside (a constraint, a lock) changes nothing.
 pub fn note(err: &sqlx::Error) {
     let sqlx::Error::Database(db) = err else { return };
-    let wrapper_failed = match db.code().as_deref() {
+    if wrapper_failed(err) && !GONE.swap(true, Ordering::Relaxed) {
+        tracing::warn!(error = %db, "a kept statement's function is gone or out of date: statements are sent as they are until restart");
+    }
+}
+
+/// Whether `err` says a kept statement's function does not exist or no longer returns
+/// what its statement does: the call did not run its statement (or ran it and was rolled
+/// back), so nothing of it was committed, and the same call tried again runs the
+/// statement as it is ([`note`]). `db::failure` classifies it "unavailable, retry" (a 503
+/// to a producer), never a bug's 500.
+pub fn wrapper_failed(err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = err else { return false };
+    match db.code().as_deref() {
         Some("42883") => db.message().contains("wg_plan_"),
         Some("42804") => {
             db.message().contains("function result type")
@@ -77,9 +89,6 @@ pub fn note(err: &sqlx::Error) {
                     .is_some_and(|context| context.contains("wg_plan_"))
         }
         _ => false,
-    };
-    if wrapper_failed && !GONE.swap(true, Ordering::Relaxed) {
-        tracing::warn!(error = %db, "a kept statement's function is gone or out of date: statements are sent as they are until restart");
     }
 }
 

@@ -615,7 +615,14 @@ async fn the_largest_statements_keep_their_plans_in_functions_behind_pgbouncer()
     .expect("drop the functions");
     assert_eq!(kept().await, 0);
     let more: Vec<String> = (0..5).map(|i| format!("after-{i}")).collect();
-    produce(base.clone(), "shop", more.clone(), 1, seen.clone()).await;
+    let after = Arc::new(Mutex::new(Seen::default()));
+    produce(base.clone(), "shop", more.clone(), 1, after.clone()).await;
+    {
+        // The webhook that met the missing function is answered 503, retried: nothing was stored.
+        let after = after.lock().unwrap();
+        assert_eq!(after.statuses.get(&500), None, "no 500 answer: {:?}", after.statuses);
+        assert_eq!(after.without_retry_after, 0, "every 503 carries Retry-After: {:?}", after.statuses);
+    }
     eventually(Duration::from_secs(60), "the later webhooks delivered", || async {
         let received: HashSet<String> = sink.received().iter().map(order).collect();
         more.iter().all(|id| received.contains(id)).then_some(())

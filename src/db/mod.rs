@@ -14,7 +14,8 @@
 //! | --- | --- | --- |
 //! | pool acquire ([`ACQUIRE_TIMEOUT`]) | 3 s | waiting for a connection, opening one included (TCP, TLS, startup). A call that fails here sent nothing: [`Unavailable::NotCommitted`] |
 //! | the HTTP request (`--db-timeout-secs`, [`DEFAULT_REQUEST_TIMEOUT`]) | 5 s | ingest (its source lookup and its commit) and each admin request wait this long for the database, then answer 503; the abandoned call's connection stays out of the pool until the path answers again or the kernel gives up on it |
-//! | TCP keepalive and `TCP_USER_TIMEOUT` ([`tcp`], Linux) | ≈ 20-25 s | every connection to the database (the pool's, the janitor's own), whatever it is doing (statement in flight, idle, `LISTEN`, the drain after an abandoned call) fails once its path is dead. This is the bound of the background loops (claim, outcome recorder, metrics, wake-ups): they wait for their connection's verdict instead of abandoning a write whose outcome they would then not know |
+//! | TCP keepalive and `TCP_USER_TIMEOUT` ([`tcp`], Linux) | ≈ 20-25 s | every connection to the database (the pool's, the janitor's own), whatever it is doing (statement in flight, idle, `LISTEN`, the drain after an abandoned call) fails once its path is dead. On a direct connection this is what ends the background loops' calls (claim, outcome recorder, metrics, wake-ups): they wait for their connection's verdict rather than abandoning a write whose outcome they would then not know |
+//! | the background loops' calls ([`BACKGROUND_DEADLINE`]) | 45 s | a claim, an outcome write, a claim given back: abandoned as unanswered when nothing, not even a dead socket, ends them first (behind a pooler, whose socket stays alive while the server behind it is silent); at a stop, the recorder is given 10 s after the deliveries' grace |
 //! | `statement_timeout` ([`STATEMENT_TIMEOUT`], server side) | 30 s | work the server does for a statement nobody may be waiting for any more (the janitor sets its own; migrations run without one) |
 //! | `idle_in_transaction_session_timeout` ([`IDLE_IN_TRANSACTION_TIMEOUT`], server side) | 60 s | a transaction whose client went silent holds its row locks no longer than this (no transaction of the gateway waits on anything but its own statements) |
 //! | server TCP keepalives ([`SERVER_KEEPALIVE`]) | ≈ 25 s | the server notices a gateway it cannot reach and ends its sessions, releasing their locks |
@@ -91,6 +92,19 @@ pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 /// well above a loaded server's slow commit and well below a producer's own timeout
 /// (typically 10-30 s), so the producer hears 503 and retries rather than timing out.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest a background loop's database call (a claim, an outcome write, a claim given
+/// back) may take before it is abandoned as unanswered ([`no_answer`]: its commit unknown,
+/// so the recorder's retry finds what it wrote; a claim's leases end by themselves).
+/// Behind a transaction pooler the gateway's socket leads to the pooler, which stays
+/// alive and acknowledges everything while the server behind it has gone silent, so
+/// neither TCP keepalive nor `TCP_USER_TIMEOUT` ([`tcp`]) ever ends such a call: without
+/// this bound the recorder and the claim loop waited for as long as the pooler's own
+/// connection to the silent server lasted (about 15 minutes by default), through a
+/// failover the pooler had already followed. Longer than the server's
+/// `statement_timeout` ([`STATEMENT_TIMEOUT`]), so a statement that waits for a lock by
+/// design is ended by the server first.
+pub const BACKGROUND_DEADLINE: Duration = Duration::from_secs(STATEMENT_TIMEOUT.as_secs() + 15);
 
 /// How to reach PostgreSQL.
 #[derive(Debug, Clone)]

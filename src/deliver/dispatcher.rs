@@ -213,6 +213,13 @@ async fn run(
                 }
             }
         };
+        // Bounded: behind a pooler, a claim sent to a server gone silent is never ended by
+        // the socket (see `db::BACKGROUND_DEADLINE`).
+        let claiming = async {
+            tokio::time::timeout(crate::db::BACKGROUND_DEADLINE, claiming)
+                .await
+                .unwrap_or_else(|_| Err(crate::db::no_answer("a claim")))
+        };
         tokio::pin!(claiming);
         // What ingest leases meanwhile starts at once, not when the claim returns: a
         // claim may wait on an endpoint's row behind ingest's own commits (tens of
@@ -334,8 +341,19 @@ async fn run(
         while in_flight.join_next().await.is_some() {}
     }
     drop(ctx);
-    if let Err(e) = recorder.await {
-        tracing::error!(error = %e, "outcome recorder panicked");
+    // Bounded: a write the database never answers (behind a pooler whose server went
+    // silent) must not hold the stop back.
+    let mut recorder = recorder;
+    match tokio::time::timeout(recorder::STOP_BOUND, &mut recorder).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "outcome recorder panicked"),
+        Err(_) => {
+            recorder.abort();
+            tracing::warn!(
+                bound = ?recorder::STOP_BOUND,
+                "outcomes still unwritten when the stop's bound came; their deliveries come back when their leases end"
+            );
+        }
     }
     tracing::info!("delivery workers stopped");
 }

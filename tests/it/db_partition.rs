@@ -345,7 +345,7 @@ async fn an_outcome_is_recorded_when_the_database_comes_back_not_resent() {
 async fn sigterm_during_a_partition_exits_in_bounded_time() {
     let db = TestDb::new().await;
     let proxy = Proxy::start(server_addr(&db.url)).await;
-    let mut gateway = crate::support::GatewayProcess::start(
+    let gateway = crate::support::GatewayProcess::start(
         &proxy.url_for(&db.url),
         &["--role", "worker", "--shutdown-grace-secs", "2", "--poll-interval-ms", "20"],
     );
@@ -354,12 +354,8 @@ async fn sigterm_during_a_partition_exits_in_bounded_time() {
     proxy.blackhole();
     // Let the next claims go into the partition.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let signalled = Instant::now();
-    let exited =
-        tokio::task::spawn_blocking(move || gateway.terminate_within(Duration::from_secs(40))).await.expect("join");
-    let took = signalled.elapsed();
-    eprintln!("SIGTERM during a partition: exited after {took:?} ({exited:?})");
-    assert!(exited.is_some(), "still running {took:?} after SIGTERM during a partition");
+    let exited = sigterm_and_wait(gateway, "during a partition").await;
+    assert!(exited.is_some(), "still running 40 s after SIGTERM during a partition");
     proxy.heal();
 }
 
@@ -417,4 +413,93 @@ async fn sigterm_while_the_first_connection_hangs_exits_at_once() {
     let status = exited.unwrap_or_else(|| panic!("still running {took:?} after SIGTERM while connecting"));
     assert!(status.success(), "a stop while connecting is a clean exit, not a connection error: {status:?}");
     proxy.heal();
+}
+
+/// SIGTERM while outcomes are owed to a database gone silent behind PgBouncer in
+/// transaction mode (the path from PgBouncer to PostgreSQL blackholed; PgBouncer's own
+/// socket to the gateway stays alive and acknowledges everything, so no TCP bound of the
+/// gateway ever fires): the process exits within its grace and the recorder's stop bound
+/// (`deliver::recorder::STOP_BOUND`). Before, the stop waited for the outcome write sent
+/// into the silence for as long as the silence lasted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_outcomes_owed_to_a_database_silent_behind_a_pooler_exits_in_bounded_time() {
+    use crate::support::pgbouncer::PgBouncer;
+    let db = TestDb::new().await;
+    let proxy = Proxy::start(server_addr(&db.url)).await;
+    let bouncer = PgBouncer::start(&proxy.url_for(&db.url), 4);
+    let gateway = crate::support::GatewayProcess::start(
+        &bouncer.url(&db.name(), &db.url),
+        &["--db-pooler", "transaction", "--shutdown-grace-secs", "2"],
+    );
+    crate::support::wait_ready(gateway.addr).await;
+    let base = format!("http://{}", gateway.addr);
+    let http = reqwest::Client::new();
+    // Each request held 2 s: the outcomes are owed when the path goes silent.
+    let sink = Sink::start(|_, _| crate::support::sink::Reply::Hold(Duration::from_secs(2))).await;
+    let admin = |path: &'static str, body: Value| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let answer = http
+                .post(format!("{base}{path}"))
+                .bearer_auth(crate::support::ADMIN_TOKEN)
+                .json(&body)
+                .send()
+                .await
+                .expect("admin call");
+            assert_eq!(answer.status(), 201, "{path}");
+            answer.json::<Value>().await.expect("admin answer")
+        }
+    };
+    admin("/v1/sources", serde_json::json!({"name": "shop", "kind": "none", "dedupe": {"header": "X-Delivery-Id"}}))
+        .await;
+    let endpoint = admin("/v1/endpoints", serde_json::json!({"url": sink.url("/hook")})).await;
+    admin("/v1/subscriptions", serde_json::json!({"endpoint_id": endpoint["id"], "source": "shop"})).await;
+    const WEBHOOKS: usize = 10;
+    for i in 0..WEBHOOKS {
+        let answer = http
+            .post(format!("{base}/ingest/shop"))
+            .header("x-delivery-id", format!("silent-{i}"))
+            .body("{}")
+            .send()
+            .await
+            .expect("ingest");
+        assert_eq!(answer.status(), 200);
+    }
+    eventually(WAIT, "every request at the subscriber", || async { (sink.count() >= WEBHOOKS).then_some(()) }).await;
+    // The deliveries' rows held, so that the outcome write, once the subscriber answers,
+    // is in flight at the server when the path goes silent; its answer then never comes.
+    let mut holder = db.pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM deliveries FOR UPDATE").execute(&mut *holder).await.expect("hold the rows");
+    eventually(WAIT, "the outcome write waiting for the rows", || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("pg_stat_activity");
+        (waiting > 0).then_some(())
+    })
+    .await;
+    proxy.blackhole();
+    holder.rollback().await.expect("let the rows go");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let exited = sigterm_and_wait(gateway, "with outcomes owed to a silent database").await;
+    proxy.heal();
+    assert!(exited.is_some(), "still running 40 s after SIGTERM");
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'pending'")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
+    assert_eq!(pending, WEBHOOKS as i64, "the write never committed (its answer was lost): the leases bring them back");
+}
+
+/// SIGTERM `gateway` and wait up to 40 s for it to exit (`None`: still running); says how
+/// long it took.
+async fn sigterm_and_wait(mut gateway: crate::support::GatewayProcess, when: &str) -> Option<std::process::ExitStatus> {
+    let signalled = Instant::now();
+    let exited =
+        tokio::task::spawn_blocking(move || gateway.terminate_within(Duration::from_secs(40))).await.expect("join");
+    eprintln!("SIGTERM {when}: exited after {:?} ({exited:?})", signalled.elapsed());
+    exited
 }

@@ -33,9 +33,7 @@
 //! by id to its claim by key.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::db::Pool;
 use chrono::{DateTime, Utc};
@@ -44,40 +42,17 @@ use tracing::Instrument as _;
 
 use super::prelease::Prelease;
 use crate::circuit::{self, CircuitConfig, Observation, Signal};
-use crate::db;
 use crate::ids::{DeliveryId, EndpointId};
 use crate::queue::{self, AttemptRecord, Burial, ClaimTerms, Claimed, Recorded};
 use crate::sanitize;
 
 mod gather;
+mod retry;
 
 use gather::gather;
 pub use gather::{Ended, LINGER, MAX_BATCH, SMALL_BATCH, Waiting};
-
-/// Longest pause between tries of a write while the database is unreachable.
-const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
-
-/// How long the recorder keeps trying a write while the database is unreachable (or a
-/// transaction hits a serialization failure or deadlock). Other errors are not retried
-/// as they are: the rows are isolated instead.
-#[derive(Debug, Clone)]
-pub struct Patience {
-    /// Keep trying for up to a lease: recording is idempotent and fenced, so a late write
-    /// is either still right or a harmless no-op, and an outcome given up on is sent
-    /// again when its lease ends. Meanwhile the outcomes hold their worker slots, so
-    /// workers stop claiming while the database is away.
-    pub lease: Duration,
-    /// Once this says `true` (shutdown), one try per write: shutdown must not wait out a
-    /// partition; the leases bring back what could not be recorded.
-    pub stopping: tokio::sync::watch::Receiver<bool>,
-}
-
-impl Patience {
-    /// For tests and tools: a lease of patience and no shutdown signal.
-    pub fn of(lease: Duration) -> Patience {
-        Patience { lease, stopping: tokio::sync::watch::channel(false).1 }
-    }
-}
+pub use retry::{Patience, STOP_BOUND};
+use retry::{retrying, transient};
 
 /// A finished attempt: the outcome to record, and what it tells the endpoint's circuit.
 #[derive(Debug, Clone)]
@@ -308,37 +283,23 @@ pub async fn write_leasing(
     (Promoted::Unknown, Vec::new())
 }
 
-/// When `batch` holds two outcomes of one delivery (the outcome of a claim that waited
-/// past its lease, and that of the claim that took the delivery over), the newest claim's
-/// outcome of each delivery, and the others: a write of both in one statement is refused
-/// as a broken invariant, which left every outcome of the batch unrecorded and sent
-/// again. `None` (the usual case) when every delivery is there once.
+/// When `batch` holds outcomes of two claims of one delivery (the outcome of a claim that
+/// waited past its lease, and that of the claim that took the delivery over), the newest
+/// claim's outcomes, and the others: a write of both in one statement is refused as a
+/// broken invariant, which left every outcome of the batch unrecorded and sent again.
+/// `None` (the usual case) when every delivery is there under one claim.
 fn split_superseded(batch: &[Finished]) -> Option<(Vec<Finished>, Vec<Finished>)> {
     let mut newest: HashMap<DeliveryId, i64> = HashMap::with_capacity(batch.len());
     for r in batch.iter().map(|f| &f.record) {
         newest.entry(r.delivery_id).and_modify(|t| *t = (*t).max(r.claim_token)).or_insert(r.claim_token);
     }
-    if newest.len() == batch.len() {
+    let current = |f: &Finished| newest.get(&f.record.delivery_id) == Some(&f.record.claim_token);
+    if batch.iter().all(current) {
         return None;
     }
-    let (mut kept, mut superseded) = (Vec::with_capacity(newest.len()), Vec::new());
-    for f in batch {
-        // Taken out once kept: a second outcome of the same claim goes with the superseded.
-        if newest.get(&f.record.delivery_id) == Some(&f.record.claim_token) {
-            newest.remove(&f.record.delivery_id);
-            kept.push(f.clone());
-        } else {
-            superseded.push(f.clone());
-        }
-    }
+    // Two outcomes of one claim stay together: that is a bug, which the write refuses.
+    let (kept, superseded) = batch.iter().cloned().partition(|f| current(f));
     Some((kept, superseded))
-}
-
-/// Errors worth trying the same write again for: the database unreachable or refusing
-/// writes (a failover, a full disk), a serialization failure or a deadlock (which a retry
-/// resolves): every error `db::unavailable` classifies.
-fn transient(err: &sqlx::Error) -> bool {
-    db::is_unavailable(err)
 }
 
 /// [`write_once`], tried again while the error is [`transient`] ([`retrying`]).
@@ -349,31 +310,6 @@ async fn write_retrying(
     patience: &Patience,
 ) -> Result<Recorded, sqlx::Error> {
     retrying(patience, batch.len(), || async { Ok(write_once(pool, batch, cfg, None).await?.0) }).await
-}
-
-/// `once`, tried again with a doubling pause (up to [`MAX_RETRY_PAUSE`]) while the error
-/// is [`transient`], for as long as `patience` allows; `rows` is for the log.
-async fn retrying<T, F, Fut>(patience: &Patience, rows: usize, mut once: F) -> Result<T, sqlx::Error>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, sqlx::Error>>,
-{
-    let give_up = tokio::time::Instant::now() + patience.lease;
-    let mut delay = Duration::from_millis(100);
-    let mut tries = 1u32;
-    loop {
-        match once().await {
-            Err(e)
-                if transient(&e) && !*patience.stopping.borrow() && tokio::time::Instant::now() + delay < give_up =>
-            {
-                tracing::warn!(error = %e, batch = rows, tries, "recording outcomes failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(MAX_RETRY_PAUSE);
-                tries += 1;
-            }
-            result => return result,
-        }
-    }
 }
 
 /// End a claim that sent nothing: give it back or dead-letter it, without spending its

@@ -162,10 +162,44 @@ pub fn no_answer(what: &str) -> sqlx::Error {
     sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what}: no answer from the database")))
 }
 
+/// A connection for a call could not be opened (the error says why): nothing of the call
+/// was sent.
+#[derive(Debug)]
+struct NotConnected(String);
+
+impl std::fmt::Display for NotConnected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no connection to the database could be opened: {}", self.0)
+    }
+}
+
+impl std::error::Error for NotConnected {}
+
+/// `err`, raised while a call's connection was being opened, marked as such when it would
+/// otherwise read as a call cut short (a socket error; a class `08` error, such as
+/// PgBouncer's "no more connections allowed" or "cannot connect to server"): classified
+/// [`Unavailable::NotCommitted`] (nothing was sent, so ingest answers that nothing was
+/// stored) and not as a node going away, so the pool's working connections are kept
+/// (before, every refused connect, a pooler at its `max_client_conn` during a deploy's
+/// surge, closed all of them). The server's own refusals keep their SQLSTATE.
+pub fn connect_failed(err: sqlx::Error) -> sqlx::Error {
+    let cut_short = match &err {
+        sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("08")),
+        _ => false,
+    };
+    if !cut_short {
+        return err;
+    }
+    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::NotConnected, NotConnected(err.to_string())))
+}
+
 /// The classification, without the side effect of [`unavailable`].
 pub fn classify(err: &sqlx::Error) -> Option<(Unavailable, Option<Refusal>)> {
     use Unavailable::{NotCommitted, Unconfirmed};
     match err {
+        // Raised while the call's connection was being opened ([`connect_failed`]).
+        sqlx::Error::Io(e) if e.get_ref().is_some_and(|inner| inner.is::<NotConnected>()) => Some((NotCommitted, None)),
         // Raised before a statement is sent: by the pool, or while opening a connection.
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => Some((NotCommitted, None)),
         // A call abandoned at its deadline: a slow server, not a refusal.
@@ -277,6 +311,25 @@ mod tests {
         assert_eq!(classify(&no_answer("a test")), Some((Unavailable::Unconfirmed, None)));
         assert_eq!(classify(&sqlx::Error::RowNotFound), None);
         assert_eq!(classify(&sqlx::Error::Protocol("bug".into())), None);
+    }
+
+    #[test]
+    fn a_connection_that_could_not_be_opened_sent_nothing_and_says_nothing_of_the_others() {
+        let health = Health { origin: Instant::now() - Duration::from_secs(100), ..Health::default() };
+        for kind in [std::io::ErrorKind::ConnectionRefused, std::io::ErrorKind::TimedOut, std::io::ErrorKind::Other] {
+            let err = connect_failed(sqlx::Error::Io(std::io::Error::new(kind, "connect")));
+            assert_eq!(classify(&err), Some((Unavailable::NotCommitted, None)), "{kind:?}");
+            assert!(err.to_string().contains("no connection to the database could be opened"), "{err}");
+            std::thread::sleep(Duration::from_millis(2));
+            assert_eq!(health.note(&err), Some(Unavailable::NotCommitted));
+            assert!(!health.is_stale(Duration::from_secs(10)), "the pool's open connections are kept");
+        }
+        // What is not a connection's failure passes as it is.
+        assert_eq!(classify(&connect_failed(sqlx::Error::PoolTimedOut)), Some((Unavailable::NotCommitted, None)));
+        assert!(matches!(connect_failed(sqlx::Error::RowNotFound), sqlx::Error::RowNotFound));
+        // The same socket error on a call in flight still reads as cut short.
+        let reset = sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset"));
+        assert_eq!(classify(&reset), Some((Unavailable::Unconfirmed, Some(Refusal::NodeGoingAway))));
     }
 
     #[test]

@@ -141,7 +141,8 @@ impl Warm {
         let conn = pool.acquire().await;
         drop(waiting);
         let now = Instant::now();
-        Ok(WarmConn { conn: conn?, since: now, kept_at: now, stale_mark: health.stale_mark() })
+        let conn = conn.map_err(super::failure::connect_failed)?;
+        Ok(WarmConn { conn, since: now, kept_at: now, stale_mark: health.stale_mark() })
     }
 
     /// Keep `conn`, whose statement ran to the end, for the next caller, unless someone

@@ -1,7 +1,7 @@
 //! One attempt of one claimed delivery: open its secrets, send it, judge the answer,
 //! schedule what follows, and hand the outcome (with its worker slot) to the recorder.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::db::Pool;
 use bytes::Bytes;
@@ -60,6 +60,7 @@ pub fn boxed(attempt: impl Future<Output = ()> + Send + 'static) -> std::pin::Pi
 }
 
 async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, span: tracing::Span) {
+    let began = std::time::Instant::now();
     let settings = &ctx.settings;
     // The budget counts attempts since the last manual redelivery.
     let budget_attempt = job.attempt - job.attempts_base;
@@ -109,6 +110,14 @@ async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, spa
         }
     };
     let secrets: Vec<&str> = secrets.iter().map(AsRef::as_ref).collect();
+    if !fits_in_lease(began.elapsed(), ctx.egress.request_timeout(), settings.lease) {
+        // The body's room, its read or the transformation took so long that the request
+        // could outlast the lease: another worker could then take the delivery over and
+        // send it beside this one. Given back unsent instead, due at once.
+        tracing::warn!(delivery_id = %job.id, waited = ?began.elapsed(), lease = ?settings.lease,
+            "too little of the lease left to send; given back");
+        return hand_over(&ctx, &job, UnsentEnd::GiveBack { due: crate::clock::now() }, slot).await;
+    }
 
     let started_at = crate::clock::now();
     let clock = std::time::Instant::now();
@@ -184,6 +193,17 @@ async fn transform(job: &mut Claimed) -> Result<(), Observed> {
 
 /// Hand a claim that sent nothing to the recorder, which ends it (`end`) without spending
 /// its attempt.
+/// What of a lease must be left after the request for its outcome to be recorded.
+const RECORD_MARGIN: Duration = Duration::from_secs(5);
+
+/// Whether a request sent `waited` into a claim's `lease` ends, at worst (its whole
+/// `request_timeout`), with [`RECORD_MARGIN`] of the lease still left. (`--lease-secs`
+/// is at least the request timeout and 10 s, so at the shortest lease this allows 5 s
+/// between the claim and the send.)
+fn fits_in_lease(waited: Duration, request_timeout: Duration, lease: Duration) -> bool {
+    waited + request_timeout + RECORD_MARGIN <= lease
+}
+
 async fn hand_over(ctx: &Context, job: &Claimed, end: UnsentEnd, slot: OwnedSemaphorePermit) {
     let unsent = Unsent { delivery_id: job.id, claim_token: job.claim_token, end };
     if ctx.outcomes.send((Done::Unsent(unsent), slot)).await.is_err() {
@@ -325,6 +345,19 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn a_request_is_sent_only_when_it_ends_within_the_lease_with_room_to_record() {
+        let s = Duration::from_secs;
+        // The shortest lease the configuration allows: 5 s between claim and send.
+        assert!(fits_in_lease(s(0), s(15), s(25)));
+        assert!(fits_in_lease(s(5), s(15), s(25)));
+        assert!(!fits_in_lease(s(6), s(15), s(25)));
+        // The defaults (60 s lease): waits for the body's room and its read (a quarter of
+        // the lease each) still send.
+        assert!(fits_in_lease(s(30), s(15), s(60)));
+        assert!(!fits_in_lease(s(41), s(15), s(60)));
+    }
 
     fn verdict(decision: Decision, endpoint_failure: bool) -> Verdict {
         Verdict { decision, reason: String::new(), endpoint_failure }

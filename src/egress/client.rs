@@ -23,6 +23,7 @@ struct Inner {
     http: reqwest::Client,
     allow: Arc<[IpNet]>,
     https_only: bool,
+    request_timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for EgressClient {
@@ -70,7 +71,13 @@ impl EgressClient {
             builder = builder.add_root_certificate(cert);
         }
         let http = builder.build().map_err(|e| anyhow::anyhow!("building egress HTTP client: {e}"))?;
-        Ok(Self { inner: Arc::new(Inner { http, allow, https_only: cfg.https_only }) })
+        let inner = Inner { http, allow, https_only: cfg.https_only, request_timeout: cfg.request_timeout };
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// The longest a request may take, connection included.
+    pub fn request_timeout(&self) -> std::time::Duration {
+        self.inner.request_timeout
     }
 
     /// Static check of a URL: scheme http/https (https only when configured), host

@@ -194,12 +194,38 @@ pub fn connect_failed(err: sqlx::Error) -> sqlx::Error {
     sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::NotConnected, NotConnected(err.to_string())))
 }
 
+/// A call that failed after an earlier transaction of the same work committed.
+#[derive(Debug)]
+struct AfterCommit(String);
+
+impl std::fmt::Display for AfterCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "failed after part of the work was committed: {}", self.0)
+    }
+}
+
+impl std::error::Error for AfterCommit {}
+
+/// `err`, from a call that follows a committed transaction of the same work (a batch's
+/// webhook settled on its own after the batch's statement committed), so that the work
+/// reads as [`Unavailable::Unconfirmed`] whatever the call's own error says: "nothing was
+/// stored" would be wrong for the rest of the batch. An error that is not "unavailable"
+/// (a bug) is left as it is.
+pub fn after_commit(err: sqlx::Error) -> sqlx::Error {
+    if classify(&err).is_none() {
+        return err;
+    }
+    sqlx::Error::Io(std::io::Error::other(AfterCommit(err.to_string())))
+}
+
 /// The classification, without the side effect of [`unavailable`].
 pub fn classify(err: &sqlx::Error) -> Option<(Unavailable, Option<Refusal>)> {
     use Unavailable::{NotCommitted, Unconfirmed};
     match err {
         // Raised while the call's connection was being opened ([`connect_failed`]).
         sqlx::Error::Io(e) if e.get_ref().is_some_and(|inner| inner.is::<NotConnected>()) => Some((NotCommitted, None)),
+        // After an earlier commit of the same work ([`after_commit`]).
+        sqlx::Error::Io(e) if e.get_ref().is_some_and(|inner| inner.is::<AfterCommit>()) => Some((Unconfirmed, None)),
         // Raised before a statement is sent: by the pool, or while opening a connection.
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => Some((NotCommitted, None)),
         // A call abandoned at its deadline: a slow server, not a refusal.
@@ -330,6 +356,14 @@ mod tests {
         // The same socket error on a call in flight still reads as cut short.
         let reset = sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset"));
         assert_eq!(classify(&reset), Some((Unavailable::Unconfirmed, Some(Refusal::NodeGoingAway))));
+    }
+
+    #[test]
+    fn a_failure_after_part_of_the_work_committed_is_unconfirmed_and_a_bug_stays_a_bug() {
+        let err = after_commit(sqlx::Error::PoolTimedOut);
+        assert_eq!(classify(&err), Some((Unavailable::Unconfirmed, None)), "{err}");
+        assert!(err.to_string().contains("after part of the work was committed"), "{err}");
+        assert!(matches!(after_commit(sqlx::Error::RowNotFound), sqlx::Error::RowNotFound));
     }
 
     #[test]

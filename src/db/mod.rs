@@ -55,8 +55,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection, Row};
 
 pub use failure::{
-    CONFLICT_TRIES, Health, REFUSAL_MEMORY, Refusal, Unavailable, classify, classify_sqlstate, is_conflict,
-    is_unavailable, no_answer, retry_conflicts, unavailable,
+    CONFLICT_TRIES, Health, REFUSAL_MEMORY, Refusal, Unavailable, after_commit, classify, classify_sqlstate,
+    is_conflict, is_unavailable, no_answer, retry_conflicts, unavailable,
 };
 pub use pool::{
     Pool, Pooler, built_as, built_scalar, delete_batch, named_statements, query, query_as, query_scalar, query_sized,

@@ -340,10 +340,15 @@ async fn answers_in_input_order(
         }
     }
     // A twin committed after our statement's snapshot: invisible to the statement's
-    // duplicate lookup. Rare; settle each one on its own.
+    // duplicate lookup. Rare; settle each one on its own. The batch has committed by now:
+    // a conflict here is tried again here (the caller's retry would run the whole batch
+    // again, answering its new webhooks as duplicates), and any other failure reads as
+    // "may have been stored" for the whole batch, never "nothing was stored".
     for &i in unique {
         if stored[i].is_none() {
-            stored[i] = Some(insert_with_fanout(pool, &events[i].as_new()).await?);
+            let event = events[i].as_new();
+            let settled = crate::db::retry_conflicts(|| insert_with_fanout(pool, &event)).await;
+            stored[i] = Some(settled.map_err(crate::db::after_commit)?);
         }
     }
     let mut out = Vec::with_capacity(events.len());

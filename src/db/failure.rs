@@ -156,10 +156,25 @@ impl Health {
     }
 }
 
+/// A call abandoned by its caller's deadline.
+#[derive(Debug)]
+struct NoAnswer(String);
+
+impl std::fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: no answer from the database", self.0)
+    }
+}
+
+impl std::error::Error for NoAnswer {}
+
 /// The error of a call abandoned by its caller's timeout: classified
-/// [`Unavailable::Unconfirmed`], since the statement may have reached the server.
+/// [`Unavailable::Unconfirmed`], since the statement may have reached the server, and
+/// nothing more (a slow server, not one going away). The kernel's own "timed out" (a
+/// connection ended by `TCP_USER_TIMEOUT` or keepalive, `db::tcp`) is not this: it says
+/// the path to the node is dead, so the pool's other connections to it are suspect too.
 pub fn no_answer(what: &str) -> sqlx::Error {
-    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what}: no answer from the database")))
+    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, NoAnswer(what.to_owned())))
 }
 
 /// A connection for a call could not be opened (the error says why): nothing of the call
@@ -228,8 +243,8 @@ pub fn classify(err: &sqlx::Error) -> Option<(Unavailable, Option<Refusal>)> {
         sqlx::Error::Io(e) if e.get_ref().is_some_and(|inner| inner.is::<AfterCommit>()) => Some((Unconfirmed, None)),
         // Raised before a statement is sent: by the pool, or while opening a connection.
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => Some((NotCommitted, None)),
-        // A call abandoned at its deadline: a slow server, not a refusal.
-        sqlx::Error::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => Some((Unconfirmed, None)),
+        // A call abandoned at its deadline ([`no_answer`]): a slow server, not a refusal.
+        sqlx::Error::Io(e) if e.get_ref().is_some_and(|inner| inner.is::<NoAnswer>()) => Some((Unconfirmed, None)),
         // A socket error can end a statement whose commit the server already made; the
         // server (or the pooler in front of it) went away: its other sessions are gone too.
         sqlx::Error::Io(_) => Some((Unconfirmed, Some(Refusal::NodeGoingAway))),
@@ -335,6 +350,11 @@ mod tests {
         let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
         assert_eq!(classify(&sqlx::Error::Io(reset)), Some((Unavailable::Unconfirmed, Some(Refusal::NodeGoingAway))));
         assert_eq!(classify(&no_answer("a test")), Some((Unavailable::Unconfirmed, None)));
+        assert!(no_answer("a test").to_string().contains("a test: no answer from the database"));
+        // The kernel's timeout (TCP_USER_TIMEOUT, keepalive) ended the connection: the
+        // path to the node is dead, and the pool's other connections to it with it.
+        let dead_path = sqlx::Error::Io(std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
+        assert_eq!(classify(&dead_path), Some((Unavailable::Unconfirmed, Some(Refusal::NodeGoingAway))));
         assert_eq!(classify(&sqlx::Error::RowNotFound), None);
         assert_eq!(classify(&sqlx::Error::Protocol("bug".into())), None);
     }

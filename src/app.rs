@@ -81,6 +81,9 @@ pub struct Running {
     drain: std::time::Duration,
     /// This replica in the fleet's roster, marked draining when the drain begins.
     member: crate::roster::Member,
+    /// The roster row's heartbeat and what stops it: written until the whole stop is over
+    /// (a stop longer than three of its intervals otherwise read as a replica lost).
+    heartbeat: (watch::Sender<bool>, JoinHandle<()>),
 }
 
 impl Running {
@@ -119,6 +122,9 @@ impl Running {
             let _ = task.await;
         }
         self.janitor.shutdown().await;
+        let (beat, heart) = self.heartbeat;
+        let _ = beat.send(true);
+        let _ = heart.await;
         self.member.stopped().await;
         server.context("server task panicked")??;
         Ok(())
@@ -313,7 +319,8 @@ async fn serve(
     // Every role writes its row of the fleet's roster.
     let member =
         crate::roster::Member::new(state.pool.clone(), instance.clone(), settings.role, settings.metrics_sample);
-    background.push(tokio::spawn(member.clone().run(stop.clone())));
+    let (beat, beating) = watch::channel(false);
+    let heartbeat = (beat, tokio::spawn(member.clone().run(beating)));
     // Replicas that store events merge the search index's pending list, one at a time.
     if settings.role != Role::Worker {
         background.push(tokio::spawn(crate::search::pending::run(state.pool.clone(), instance.clone(), stop.clone())));
@@ -368,5 +375,6 @@ async fn serve(
         draining,
         drain: settings.drain,
         member,
+        heartbeat,
     })
 }

@@ -117,8 +117,9 @@ impl Member {
         Member { pool, instance, role, every }
     }
 
-    /// Write this replica's row every `every` until `stop` (its clean stop marks it
-    /// stopped once everything has finished: [`Member::stopped`]).
+    /// Write this replica's row every `every` until `stop`, which a clean stop sends when
+    /// everything else has finished, just before it marks the row stopped
+    /// ([`Member::stopped`]): a replica finishing its deliveries reads draining, not lost.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let started_at = crate::clock::now();
         loop {

@@ -436,20 +436,7 @@ async fn sigterm_with_outcomes_owed_to_a_database_silent_behind_a_pooler_exits_i
     let http = reqwest::Client::new();
     // Each request held 2 s: the outcomes are owed when the path goes silent.
     let sink = Sink::start(|_, _| crate::support::sink::Reply::Hold(Duration::from_secs(2))).await;
-    let admin = |path: &'static str, body: Value| {
-        let (http, base) = (http.clone(), base.clone());
-        async move {
-            let answer = http
-                .post(format!("{base}{path}"))
-                .bearer_auth(crate::support::ADMIN_TOKEN)
-                .json(&body)
-                .send()
-                .await
-                .expect("admin call");
-            assert_eq!(answer.status(), 201, "{path}");
-            answer.json::<Value>().await.expect("admin answer")
-        }
-    };
+    let admin = |path: &'static str, body: Value| crate::support::admin_post_at(&base, path, body);
     admin("/v1/sources", serde_json::json!({"name": "shop", "kind": "none", "dedupe": {"header": "X-Delivery-Id"}}))
         .await;
     let endpoint = admin("/v1/endpoints", serde_json::json!({"url": sink.url("/hook")})).await;

@@ -113,3 +113,51 @@ async fn the_roster_lists_every_replica_running_draining_stopped_or_lost() {
     assert_eq!(later["schema_version"], 99990101000000_i64, "{later}");
     assert_eq!(replica(&later, "all")["behind_schema"], true, "an older release still running: {later}");
 }
+
+/// A replica whose clean stop lasts longer than three of its roster intervals (a delivery
+/// in flight that its subscriber holds 6 s, the row written every second, no drain) reads
+/// draining for the whole stop, never lost, then stopped. (Before, its row stopped being
+/// written at the stop signal: it read lost after three intervals while it was still
+/// finishing its deliveries.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_stop_outlasts_three_intervals_reads_draining_not_lost() {
+    let db = TestDb::new().await;
+    let sink =
+        crate::support::sink::Sink::start(|_, _| crate::support::sink::Reply::Hold(Duration::from_secs(6))).await;
+    let every = ["--metrics-sample-secs", "1"];
+    let watcher = GatewayProcess::start(&db.url, &[&every[..], &["--role", "ingest"]].concat());
+    let stopping = GatewayProcess::start(&db.url, &[&every[..], &["--role", "worker"]].concat());
+    for process in [&watcher, &stopping] {
+        wait_ready(process.addr).await;
+    }
+    let base = format!("http://{}", watcher.addr);
+    let admin = |path: &'static str, body: Value| crate::support::admin_post_at(&base, path, body);
+    admin("/v1/sources", serde_json::json!({"name": "shop", "kind": "none"})).await;
+    let endpoint = admin("/v1/endpoints", serde_json::json!({"url": sink.url("/hook")})).await;
+    admin("/v1/subscriptions", serde_json::json!({"endpoint_id": endpoint["id"], "source": "shop"})).await;
+    let answer = reqwest::Client::new().post(format!("{base}/ingest/shop")).body("{}").send().await.expect("ingest");
+    assert_eq!(answer.status(), 200);
+    eventually(Duration::from_secs(30), "the delivery at the subscriber", || async {
+        (sink.count() == 1).then_some(())
+    })
+    .await;
+
+    let stopped = tokio::task::spawn_blocking(move || {
+        let mut stopping = stopping;
+        stopping.terminate_within(Duration::from_secs(60))
+    });
+    let mut seen = Vec::new();
+    while !stopped.is_finished() {
+        let state = replica(&roster(&base).await, "worker")["state"].as_str().unwrap_or_default().to_owned();
+        if seen.last() != Some(&state) {
+            seen.push(state);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let status = stopped.await.expect("join").expect("stopped within 60 s");
+    assert!(status.success(), "a clean stop: {status:?}");
+    let last = replica(&roster(&base).await, "worker")["state"].clone();
+    assert!(!seen.iter().any(|s| s == "lost"), "read lost while stopping: {seen:?}");
+    assert!(seen.iter().any(|s| s == "draining"), "read draining while stopping: {seen:?}");
+    assert_eq!(last, "stopped", "{seen:?}");
+}

@@ -457,6 +457,20 @@ pub async fn admin_get_at(base: &str, path: &str) -> Value {
     answer.json().await.expect("admin answer")
 }
 
+/// `POST path` with `body` on the gateway at `base` with the admin token: its JSON
+/// answer, which must be 201.
+pub async fn admin_post_at(base: &str, path: &str, body: Value) -> Value {
+    let answer = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .expect("admin call");
+    assert_eq!(answer.status(), 201, "{path}");
+    answer.json().await.expect("admin answer")
+}
+
 /// What `webhook-gateway <args>` prints to stderr and its exit code, run for at most 60 s
 /// (a command that should have ended and did not is killed, and the test fails).
 pub async fn run_to_exit(args: &[&str]) -> (Option<i32>, String) {

@@ -192,6 +192,19 @@ impl TryEvent {
     }
 }
 
+/// Trying an expression runs the caller's code (a jsonpath in PostgreSQL, JavaScript on
+/// the threads deliveries transform on): the `operate` scope, as the API's routes ask,
+/// wherever it is tried from (the console's pages are GETs, which `read` may open).
+fn may_try(caller: &Principal, what: &str) -> Result<(), ApiError> {
+    if caller.scope >= crate::tokens::Scope::Operate {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        crate::error::ErrorCode::Forbidden,
+        format!("the token {:?} has the scope {}; trying {what} needs operate", caller.name, caller.scope.as_str()),
+    ))
+}
+
 /// Try a subscription filter on a stored or a pasted event (the API's
 /// `POST /v1/filters/test`): checked like a saved one, evaluated like the fan-out does.
 pub async fn try_filter(
@@ -200,6 +213,7 @@ pub async fn try_filter(
     body: crate::filters::FilterTest,
 ) -> Result<crate::filters::Tried, ApiError> {
     use crate::filters::{EventFields, check, try_on};
+    may_try(caller, "a filter")?;
     check(&state.pool, &body.filter).await?.map_err(|e| ApiError::validation("filter", e))?;
     let event = TryEvent::of(state, caller, body.event_id, body.event).await?;
     let fields = EventFields {
@@ -220,6 +234,7 @@ pub async fn try_transform(
     caller: &Principal,
     body: crate::transforms::TransformTest,
 ) -> Result<crate::transforms::TriedTransform, ApiError> {
+    may_try(caller, "a transformation")?;
     let script = body.transform;
     let checked = script.clone();
     tokio::task::spawn_blocking(move || crate::transforms::check(&checked))

@@ -312,6 +312,18 @@ async fn the_console_signs_in_with_a_scoped_token_and_allows_what_its_scope_allo
     assert!(html.contains("viewer") && !html.contains("id=\"pause\"") && !html.contains("id=\"rotate\""), "{html}");
     assert_eq!(post(viewer.clone(), format!("/console/endpoints/{ep}/pause"), csrf(&html)).await, 403);
     assert_eq!(app.admin_get(&format!("/v1/endpoints/{ep}")).await["paused"], false);
+    // Nor does it run expressions on the pages that try them (GETs, which it may open):
+    // the API asks operate for the same, and so does the console.
+    let tries = [
+        "/console/transforms?transform=function+handler(w)+%7B+return+%7Bsum%3A+40+%2B+2%7D%3B+%7D&payload=%7B%7D",
+        "/console/filters?filter=%24.payload.n+%3D%3D+42&payload=%7B%22n%22%3A+42%7D",
+    ];
+    for path in tries {
+        let (status, html) = page(viewer.clone(), path.to_owned()).await;
+        assert_eq!(status, 200, "{path}");
+        assert!(html.contains("needs operate"), "{path}: {html}");
+        assert!(!html.contains("id=\"filter-result\"") && !html.contains("id=\"transform-body\""), "{path}: {html}");
+    }
     // An operate token pauses, but does not rotate.
     let operate = token(&app, "pager", "operate").await;
     let (_, pager) = sign_in(operate).await;
@@ -320,6 +332,16 @@ async fn the_console_signs_in_with_a_scoped_token_and_allows_what_its_scope_allo
     assert_eq!(post(pager.clone(), format!("/console/endpoints/{ep}/pause"), csrf(&html)).await, 303);
     assert_eq!(app.admin_get(&format!("/v1/endpoints/{ep}")).await["paused"], true);
     assert_eq!(post(pager.clone(), format!("/console/endpoints/{ep}/rotate-secret"), csrf(&html)).await, 403);
+    // It runs the expressions (the control of the read token's refusal above).
+    for path in tries {
+        let (status, html) = page(pager.clone(), path.to_owned()).await;
+        assert_eq!(status, 200, "{path}");
+        assert!(!html.contains("needs operate"), "{path}: {html}");
+    }
+    let (_, html) = page(pager.clone(), tries[0].to_owned()).await;
+    assert!(html.contains("id=\"transform-body\"") && html.contains("42"), "the transformation ran: {html}");
+    let (_, html) = page(pager.clone(), tries[1].to_owned()).await;
+    assert!(html.contains("id=\"filter-result\" class=\"ok\""), "the filter ran and matched: {html}");
     // In the audit log under their own names.
     let log = app.admin_get("/v1/audit?actor=pager").await;
     let got: Vec<(String, i64)> = log["data"]

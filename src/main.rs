@@ -344,8 +344,10 @@ async fn tokens_command(args: webhook_gateway::config::TokensArgs) -> anyhow::Re
                 }
                 let scope = tokens::Scope::parse(&scope)
                     .ok_or_else(|| anyhow::anyhow!("--scope must be read, operate or admin, not {scope:?}"))?;
-                let expires_at =
-                    expires_in_days.map(|d| chrono::Utc::now() + chrono::Duration::days(i64::from(d.max(1))));
+                let expires_at = expires_in_days
+                    .map(tokens::expiry_in)
+                    .transpose()
+                    .map_err(|e| anyhow::anyhow!("--expires-in-days: {e}"))?;
                 anyhow::ensure!(
                     !(no_payloads && scope == tokens::Scope::Admin),
                     "--no-payloads: an admin token always reads payloads (it can create tokens)"

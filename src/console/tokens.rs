@@ -93,12 +93,17 @@ pub async fn create(State(state): State<AppState>, Posted(session, form): Posted
     let name = form.name.trim().to_owned();
     let scope = Scope::parse(&form.scope);
     let days = non_empty(form.expires_in_days.clone()).map(|d| d.trim().parse::<u32>());
+    let expires_at = match days {
+        Some(Ok(d)) => Some(tokens::expiry_in(d)),
+        Some(Err(_)) => Some(Err(String::new())),
+        None => None,
+    };
     let problem = if let Some(problem) = tokens::name_problem(&name) {
         Some(problem)
     } else if scope.is_none() {
         Some("Choose a scope.")
-    } else if matches!(days, Some(Err(_)) | Some(Ok(0))) {
-        Some("Expiry is a number of days, at least 1 (or empty: no expiry).")
+    } else if matches!(expires_at, Some(Err(_))) {
+        Some("Expiry is a number of days, 1 to 36500 (or empty: no expiry).")
     } else if form.no_payloads.is_some() && scope == Some(Scope::Admin) {
         Some("An admin token always reads payloads (it can create tokens).")
     } else {
@@ -108,10 +113,7 @@ pub async fn create(State(state): State<AppState>, Posted(session, form): Posted
         let problem = problem.unwrap_or("Choose a scope.");
         return tokens_page(&session, &state, None, problem.to_owned(), name).await;
     };
-    let expires_at = match days {
-        Some(Ok(d)) => Some(chrono::Utc::now() + chrono::Duration::days(i64::from(d))),
-        _ => None,
-    };
+    let expires_at = expires_at.and_then(Result::ok);
     let token = tokens::generate();
     let new = tokens::sql::NewToken { name: &name, scope, expires_at, payloads: form.no_payloads.is_none() };
     match tokens::sql::create(&state.pool, &new, &tokens::hash(&token), session.actor()).await? {

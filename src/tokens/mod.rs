@@ -118,6 +118,19 @@ pub fn hash(token: &str) -> Vec<u8> {
     Sha256::digest(token.as_bytes()).to_vec()
 }
 
+/// The longest expiry a token may be given in days (the console's and the command line's
+/// `expires in days`): a hundred years. Past it the date overflowed and the console's
+/// request died with no answer.
+pub const MOST_EXPIRY_DAYS: u32 = 36_500;
+
+/// When a token created now for `days` expires, or why it cannot.
+pub fn expiry_in(days: u32) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    if !(1..=MOST_EXPIRY_DAYS).contains(&days) {
+        return Err(format!("an expiry is 1 to {MOST_EXPIRY_DAYS} days, not {days}"));
+    }
+    Ok(crate::clock::now() + chrono::Duration::days(i64::from(days)))
+}
+
 /// The scope a call needs: `method` on the route template `route` (`/v1/endpoints/{id}`).
 /// A route not named here needs `admin` (closed by default).
 pub fn required(method: &Method, route: &str) -> Scope {
@@ -152,6 +165,15 @@ pub fn required(method: &Method, route: &str) -> Scope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_expiry_is_one_day_to_a_hundred_years() {
+        assert!(expiry_in(0).is_err());
+        assert!(expiry_in(1).is_ok());
+        assert!(expiry_in(MOST_EXPIRY_DAYS).is_ok());
+        let err = expiry_in(u32::MAX).expect_err("too far");
+        assert!(err.contains("1 to 36500 days"), "{err}");
+    }
 
     #[test]
     fn tokens_are_random_prefixed_and_stored_as_hashes() {

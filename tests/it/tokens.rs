@@ -237,6 +237,10 @@ async fn the_cli_creates_lists_and_revokes_tokens_and_is_audited() {
     assert!(listed.contains("grafana\tread\tno payloads\tno expiry"), "{listed}");
     let (ok, _, err) = run(&["tokens", "create", "--name", "root", "--scope", "admin", "--no-payloads"]);
     assert!(!ok && err.contains("always reads payloads"), "{err}");
+    // An expiry past a hundred years is refused with the range (it overflowed and panicked).
+    let (ok, _, err) =
+        run(&["tokens", "create", "--name", "forever", "--scope", "read", "--expires-in-days", "4000000000"]);
+    assert!(!ok && err.contains("1 to 36500 days") && !err.contains("panicked"), "{err}");
     let (ok, _, err) = run(&["tokens", "create", "--name", "backup", "--scope", "read"]);
     assert!(!ok && err.contains("backup"), "a second token of one name is refused: {err}");
     let (ok, _, err) = run(&["tokens", "revoke", "backup"]);
@@ -386,6 +390,16 @@ async fn the_console_creates_and_revokes_tokens_and_shows_the_audit_log_to_admin
         create(vec![("csrf", csrf.clone()), ("name", "bad/name".into()), ("scope", "read".into())]).await;
     assert_eq!(status, 200);
     assert!(html.contains("id=\"problem\"") && html.contains("value=\"bad/name\""), "{html}");
+    // An expiry past a hundred years: the reason (it overflowed, and the request died).
+    let (status, html) = create(vec![
+        ("csrf", csrf.clone()),
+        ("name", "forever".into()),
+        ("scope", "read".into()),
+        ("expires_in_days", "4000000000".into()),
+    ])
+    .await;
+    assert_eq!(status, 200);
+    assert!(html.contains("id=\"problem\"") && html.contains("1 to 36500"), "{html}");
     // Created: shown once, working, listed without it.
     let (status, html) = create(vec![
         ("csrf", csrf.clone()),

@@ -221,6 +221,7 @@ impl Janitor {
 
 async fn run(pool: Pool, settings: JanitorSettings, instance: String, mut stop: watch::Receiver<bool>) {
     let mut next = settings.interval.mul_f64(rand::rng().random_range(0.1..1.0));
+    let mut resume = Resume::default();
     tracing::info!(%instance, interval = ?settings.interval, first_pass_in = ?next, "janitor started");
     loop {
         tokio::select! {
@@ -234,7 +235,7 @@ async fn run(pool: Pool, settings: JanitorSettings, instance: String, mut stop: 
         let mut stopping = stop.clone();
         let span = crate::telemetry::janitor_span();
         let outcome = tokio::select! {
-            outcome = pass(&pool, &settings, &instance, &stop).instrument(span.clone()) => outcome,
+            outcome = pass(&pool, &settings, &instance, &stop, &mut resume).instrument(span.clone()) => outcome,
             () = async {
                 let _ = stopping.wait_for(|s| *s).await;
                 tokio::time::sleep(SHUTDOWN_WAIT).await;
@@ -299,9 +300,31 @@ fn traced_pass(span: &tracing::Span, outcome: &Result<PassOutcome, sqlx::Error>)
 /// holds the lease. Errors are those before the pass was recorded (no connection, lease
 /// query failed); a statement failing during the pass is a [`RunStatus::Failed`] report.
 pub async fn run_pass(pool: &Pool, settings: &JanitorSettings, instance: &str) -> Result<PassOutcome, sqlx::Error> {
+    run_pass_from(pool, settings, instance, &mut Resume::default()).await
+}
+
+/// [`run_pass`], its events phase starting where `resume` says and leaving there where
+/// the next pass should start, as the janitor's own passes do one after another.
+pub async fn run_pass_from(
+    pool: &Pool,
+    settings: &JanitorSettings,
+    instance: &str,
+    resume: &mut Resume,
+) -> Result<PassOutcome, sqlx::Error> {
     // Never signalled: an explicit pass runs to its end (its bounds still apply).
     let (_keep, stop) = watch::channel(false);
-    pass(pool, settings, instance, &stop).await
+    pass(pool, settings, instance, &stop, resume).await
+}
+
+/// Where the next pass's events phase starts: after the last event a capped pass looked
+/// at, or from the oldest once a pass went through them all. Without it every pass
+/// started from the oldest expired event, and expired events kept for their pending
+/// deliveries (an endpoint paused past the retention, a blocked line), when they filled
+/// the phase's batch cap, hid every expired event behind them from the janitor for good,
+/// and made every pass a capped one, taken again at once.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Resume {
+    events_after: Option<(DateTime<Utc>, Uuid)>,
 }
 
 async fn pass(
@@ -309,11 +332,12 @@ async fn pass(
     settings: &JanitorSettings,
     instance: &str,
     stop: &watch::Receiver<bool>,
+    resume: &mut Resume,
 ) -> Result<PassOutcome, sqlx::Error> {
     let Some(lease) = lease::acquire(pool, LEASE_NAME, instance, LEASE_TTL).await? else {
         return Ok(PassOutcome::Skipped);
     };
-    let result = leased_pass(pool, &lease, settings, instance, stop).await;
+    let result = leased_pass(pool, &lease, settings, instance, stop, resume).await;
     // A release that fails leaves the lease to expire.
     if let Err(e) = lease.release(pool).await {
         tracing::debug!(error = %e, "releasing the janitor lease");
@@ -327,6 +351,7 @@ async fn leased_pass(
     settings: &JanitorSettings,
     instance: &str,
     stop: &watch::Receiver<bool>,
+    resume: &mut Resume,
 ) -> Result<PassOutcome, sqlx::Error> {
     let started = Instant::now();
     // We hold the lease, so a run still marked running belongs to a process that died.
@@ -341,7 +366,7 @@ async fn leased_pass(
         .await?;
 
     let mut tally = Tally::default();
-    let (status, error) = match phases(pool, lease, settings, stop, &mut tally).await {
+    let (status, error) = match phases(pool, lease, settings, stop, &mut tally, resume).await {
         Ok(status) => (status, None),
         Err(e) => (RunStatus::Failed, Some(e.to_string())),
     };
@@ -408,10 +433,11 @@ async fn phases(
     settings: &JanitorSettings,
     stop: &watch::Receiver<bool>,
     tally: &mut Tally,
+    resume: &mut Resume,
 ) -> Result<RunStatus, sqlx::Error> {
     let mut capped = false;
     for phase in [Phase::Delivered, Phase::Events, Phase::Attempts, Phase::IdleLines] {
-        let mut resume_at = None;
+        let mut resume_at = if matches!(phase, Phase::Events) { resume.events_after } else { None };
         let mut done = false;
         // Bounded: at most max_batches_per_phase statements per phase per pass.
         for _ in 0..settings.max_batches_per_phase {
@@ -439,6 +465,10 @@ async fn phases(
             }
         }
         capped |= !done;
+        if matches!(phase, Phase::Events) {
+            // Capped: the next pass goes on from here; through: from the oldest again.
+            resume.events_after = if done { None } else { resume_at };
+        }
     }
     // The pass's own history, one bounded statement: a pass every few minutes over the
     // event retention is a few thousand rows at most.

@@ -30,7 +30,8 @@ pub const DELIVERED_BATCH: &str = "
 
 /// The next `$2` expired events after the previous batch's last one (`$3`, `$4`: its
 /// `received_at` and id; NULL for the first batch), oldest first, deleted with all their
-/// deliveries and attempts unless one of their deliveries is pending. Deliveries and
+/// deliveries and attempts unless one of their deliveries is pending, or dead for less
+/// than the retention. Deliveries and
 /// attempts are deleted here rather than by the cascade (migration 0035) so they are
 /// counted, and so that what is deleted is decided on locked rows.
 ///
@@ -51,11 +52,16 @@ pub const EVENTS_BATCH: &str = "
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     ), dl AS MATERIALIZED (
-        SELECT id, event_id, status, endpoint_id, ordering_key FROM deliveries WHERE event_id = ANY(ARRAY(SELECT id FROM ev))
+        SELECT id, event_id, status, endpoint_id, ordering_key, finished_at FROM deliveries
+        WHERE event_id = ANY(ARRAY(SELECT id FROM ev))
         FOR UPDATE
     ), doomed AS MATERIALIZED (
         SELECT ev.id FROM ev
         WHERE NOT EXISTS (SELECT 1 FROM dl WHERE dl.event_id = ev.id AND dl.status = 'pending')
+          -- A dead letter stays inspectable for the retention from its death, not its
+          -- event's arrival (one that died after a long pause or a late redelivery).
+          AND NOT EXISTS (SELECT 1 FROM dl WHERE dl.event_id = ev.id AND dl.status = 'dead'
+                                             AND dl.finished_at >= now() - make_interval(secs => $1))
           -- A dead delivery blocking its ordering line stays until an operator acts.
           AND NOT EXISTS (SELECT 1 FROM dl JOIN order_lines l
                               ON l.endpoint_id = dl.endpoint_id AND l.ordering_key = dl.ordering_key

@@ -192,6 +192,55 @@ async fn a_pass_is_bounded_by_its_batch_cap() {
     assert_eq!(statuses, ["capped", "capped", "complete"]);
 }
 
+/// A dead letter stays inspectable for the retention from its death: an event older than
+/// the retention whose delivery died two days ago (after an endpoint paused past the
+/// retention, or a late redelivery that failed again) is kept with it; one whose delivery
+/// died past the retention goes. (Before, that dead letter went at the next pass, minutes
+/// after it died.)
+#[tokio::test]
+async fn a_dead_letter_stays_for_the_retention_from_its_death() {
+    let db = TestDb::new().await;
+    let ep = endpoint(&db.pool).await;
+    let recent = event(&db.pool, 40).await;
+    let died_recently = delivery(&db.pool, recent, ep, "dead", Some(2)).await;
+    let long_ago = event(&db.pool, 40).await;
+    delivery(&db.pool, long_ago, ep, "dead", Some(31)).await;
+    let report = ran(janitor::run_pass(&db.pool, &settings(2), "test").await.unwrap());
+    assert_eq!((report.events_deleted, report.deliveries_deleted), (1, 1), "{report:?}");
+    assert_eq!(ids(&db.pool, "SELECT id FROM events").await, vec![recent]);
+    assert_eq!(ids(&db.pool, "SELECT id FROM deliveries").await, vec![died_recently]);
+}
+
+/// Expired events kept for their pending deliveries, more of them than a capped pass
+/// reaches, do not hide the expired event behind them from the passes that follow: each
+/// goes on where the last one stopped, and starts from the oldest again once one has been
+/// through them all. (Before, every pass started from the oldest: the event behind them
+/// was never deleted, and every pass was capped.)
+#[tokio::test]
+async fn passes_capped_by_kept_events_go_on_where_the_last_one_stopped() {
+    let db = TestDb::new().await;
+    let ep = endpoint(&db.pool).await;
+    for _ in 0..6 {
+        let kept = event(&db.pool, 40).await;
+        delivery(&db.pool, kept, ep, "pending", None).await;
+    }
+    let behind = event(&db.pool, 35).await;
+    let capped = JanitorSettings { max_batches_per_phase: 1, ..settings(2) };
+    let mut resume = janitor::Resume::default();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(ran(janitor::run_pass_from(&db.pool, &capped, "test", &mut resume).await.unwrap()).status);
+    }
+    assert_eq!(statuses, [RunStatus::Capped, RunStatus::Capped, RunStatus::Capped, RunStatus::Complete]);
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM events WHERE id = $1").bind(behind).fetch_one(&db.pool).await.unwrap();
+    assert_eq!(left, 0, "the expired event behind the kept ones is deleted");
+    assert_eq!(db.count("events").await, 6, "the kept ones stay");
+    // Through them all: the next pass starts from the oldest again.
+    let again = ran(janitor::run_pass_from(&db.pool, &capped, "test", &mut resume).await.unwrap());
+    assert_eq!(again.status, RunStatus::Capped, "back at the oldest kept events");
+}
+
 /// Expired events kept alive by a pending delivery do not stall a pass, even when more of
 /// them than a batch share one timestamp (one multi-row insert): the batches step over
 /// them and delete the expired events behind them, in one pass.

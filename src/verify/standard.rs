@@ -5,6 +5,10 @@
 //!
 //! The secret is `whsec_<base64>` and the HMAC key is the *decoded* bytes after the
 //! prefix; a secret without the prefix is decoded too, as the reference libraries do.
+//!
+//! Svix, and the providers that send through it (Clerk, Resend and others), sign the same
+//! way and name the headers `svix-id`, `svix-timestamp` and `svix-signature`: a request
+//! without `webhook-id` and with `svix-id` is read by those names.
 
 use http::HeaderMap;
 
@@ -12,9 +16,16 @@ use super::extract::{LazyJson, body_sha256_hex, resolve, unknown_event_type};
 use super::mac::{check_any, check_tolerance, decode_base64, parse_timestamp, required_header};
 use super::{HmacAlgorithm, SourceSpec, Verified, Verifier, VerifyError};
 
-const ID_HEADER: &str = "webhook-id";
-const TIMESTAMP_HEADER: &str = "webhook-timestamp";
-const SIGNATURE_HEADER: &str = "webhook-signature";
+/// The three headers (id, timestamp, signature) by Standard Webhooks' names, then Svix's.
+const HEADER_NAMES: [[&str; 3]; 2] =
+    [["webhook-id", "webhook-timestamp", "webhook-signature"], ["svix-id", "svix-timestamp", "svix-signature"]];
+
+/// The names `headers` use: Svix's when it sends `svix-id` and no `webhook-id`, otherwise
+/// Standard Webhooks' (whose names the errors then give).
+fn header_names(headers: &HeaderMap) -> [&'static str; 3] {
+    let [standard, svix] = HEADER_NAMES;
+    if !headers.contains_key(standard[0]) && headers.contains_key(svix[0]) { svix } else { standard }
+}
 
 /// The Standard Webhooks verifier.
 pub(super) struct StandardWebhooks;
@@ -38,13 +49,14 @@ impl Verifier for StandardWebhooks {
         json: &mut LazyJson,
         now_unix: i64,
     ) -> Result<Verified, VerifyError> {
-        let id = required_header(headers, ID_HEADER)?;
-        let raw_timestamp = required_header(headers, TIMESTAMP_HEADER)?;
-        let header = required_header(headers, SIGNATURE_HEADER)?;
+        let [id_header, timestamp_header, signature_header] = header_names(headers);
+        let id = required_header(headers, id_header)?;
+        let raw_timestamp = required_header(headers, timestamp_header)?;
+        let header = required_header(headers, signature_header)?;
         if id.is_empty() {
-            return Err(VerifyError::InvalidSignature(format!("{ID_HEADER} is empty")));
+            return Err(VerifyError::InvalidSignature(format!("{id_header} is empty")));
         }
-        let timestamp = parse_timestamp(raw_timestamp, TIMESTAMP_HEADER)?;
+        let timestamp = parse_timestamp(raw_timestamp, timestamp_header)?;
 
         let mut v1_entries = 0usize;
         let mut signatures = Vec::new();
@@ -55,7 +67,7 @@ impl Verifier for StandardWebhooks {
             }
         }
         if v1_entries == 0 {
-            return Err(VerifyError::InvalidSignature(format!("{SIGNATURE_HEADER} has no v1 signature")));
+            return Err(VerifyError::InvalidSignature(format!("{signature_header} has no v1 signature")));
         }
         // A secret that does not decode was refused by `validate_spec`; skipping it here
         // keeps the others working rather than failing the whole source.
@@ -119,6 +131,20 @@ mod tests {
             assert_eq!(v.dedupe_key, ID);
             assert_eq!(v.event_type, "unknown");
         }
+    }
+
+    #[test]
+    fn svix_s_header_names_are_read_too() {
+        let s = spec(Kind::StandardWebhooks, &[SECRET]);
+        let svix = headers(&[("svix-id", ID), ("svix-timestamp", TS), ("svix-signature", SIG)]);
+        let v = verify(&s, &svix, BODY.as_bytes(), NOW).unwrap();
+        assert_eq!(v.dedupe_key, ID);
+        // Forged under Svix's names: refused as under the standard ones.
+        let forged = headers(&[("svix-id", ID), ("svix-timestamp", TS), ("svix-signature", "v1,bm9wZQ==")]);
+        assert_eq!(code(verify(&s, &forged, BODY.as_bytes(), NOW)), "invalid_signature");
+        // Neither: the standard names are asked for.
+        let err = verify(&s, &headers(&[]), BODY.as_bytes(), NOW).unwrap_err().to_string();
+        assert!(err.contains("webhook-id"), "{err}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
@@ -118,6 +118,8 @@ fn refused(refusal: Refused) -> ApiError {
             (`not_ingestible`)", body = ErrorBody),
         (status = 404, description = "No such source (`not_found`)", body = ErrorBody),
         (status = 413, description = "Body over the size limit (`payload_too_large`)", body = ErrorBody),
+        (status = 415, description = "The body has a `Content-Encoding` (gzip, ...): send it uncompressed \
+            (`unsupported_media_type`); nothing was stored", body = ErrorBody),
         (status = 500, description = "The source's secrets cannot be read with the configured secrets key, or an \
             unexpected database error (`internal`); nothing was acknowledged, the sender retries", body = ErrorBody),
         (status = 503, description = "The database is unreachable or did not answer within `--db-timeout-secs` \
@@ -129,10 +131,13 @@ fn refused(refusal: Refused) -> ApiError {
 )]
 pub async fn ingest(
     State(state): State<AppState>,
-    Path(source_name): Path<String>,
+    source_name: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<IngestAnswer>, ApiError> {
+    // A name that is not UTF-8 names no source: JSON, as every error (axum's own answer
+    // was plain text).
+    let Path(source_name) = source_name.map_err(|_| ApiError::not_found("source"))?;
     let span = crate::telemetry::server_span("/ingest/{source}", &headers);
     let answer = receive(state, &source_name, &headers, body).instrument(span.clone()).await;
     crate::metrics::ingest_answered(answer.as_ref().map_or_else(|e| e.status(), |_| axum::http::StatusCode::OK));
@@ -187,6 +192,24 @@ impl Traced for IngestAnswer {
     }
 }
 
+/// A body with a `Content-Encoding` (gzip, ...) is refused (415), not stored: it would be
+/// verified, searched and deduplicated as the compressed bytes (its key not found in it,
+/// so a copy sent plain stored again), and delivered without the header that says how to
+/// read it. Providers send webhooks uncompressed; a proxy that compresses them is told.
+fn encoded_as_sent(headers: &HeaderMap) -> Result<(), ApiError> {
+    match headers.get(axum::http::header::CONTENT_ENCODING) {
+        Some(encoding) if !encoding.as_bytes().eq_ignore_ascii_case(b"identity") => Err(ApiError::new(
+            ErrorCode::UnsupportedMediaType,
+            format!(
+                "Content-Encoding {:?} is not accepted: send the body uncompressed (it is verified, stored and \
+                 delivered as sent)",
+                String::from_utf8_lossy(encoding.as_bytes())
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 async fn receive(
     state: AppState,
     source_name: &str,
@@ -202,6 +225,7 @@ async fn receive(
             ApiError::new(ErrorCode::BadRequest, rejection.body_text())
         }
     })?;
+    encoded_as_sent(headers)?;
     let received = state.intake.webhook(source_name, headers, body, deadline).await.map_err(refused)?;
     Ok(Json(received.into()))
 }

@@ -143,6 +143,31 @@ async fn unusable_keys_and_event_types_are_refused_with_a_reason_and_store_nothi
     assert_eq!(event["dedupe_key"], "clé-ünïcode-1");
 }
 
+/// A compressed body (`Content-Encoding: gzip`) is refused 415 with the reason and stores
+/// nothing (stored, it was keyed by the hash of its compressed bytes, so the same webhook
+/// sent plain was stored again, and it went out without the header that says how to read
+/// it); `identity` is no encoding. A source name that is not UTF-8 is a JSON 404, not
+/// axum's plain-text 400.
+#[tokio::test]
+async fn a_compressed_body_or_a_name_not_utf8_is_refused_in_json_and_stores_nothing() {
+    let app = TestApp::ingest_only().await;
+    keyed_source(&app, "src").await;
+    let gzipped = [0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0xab, 0xae, 0x05, 0x00];
+    for encoding in ["gzip", "br", "GZIP"] {
+        let (status, answer) = post(&app, "src", &[h("Content-Encoding", encoding)], &gzipped).await;
+        assert_eq!((status, answer["error"]["code"].as_str()), (415, Some("unsupported_media_type")), "{answer}");
+        assert!(answer["error"]["message"].as_str().is_some_and(|m| m.contains("uncompressed")), "{answer}");
+    }
+    assert_eq!(app.db.count("events").await, 0, "nothing stored");
+    let (status, answer) = post(&app, "src", &[h("Content-Encoding", "identity"), h("X-Key", "plain-1")], b"{}").await;
+    assert_eq!(status, 200, "{answer}");
+
+    let resp = app.http.post(format!("http://{}/ingest/%FF", app.addr)).body("{}").send().await.expect("ingest");
+    assert_eq!(resp.status().as_u16(), 404);
+    let answer: Value = resp.json().await.expect("a JSON answer");
+    assert_eq!(answer["error"]["code"], "not_found", "{answer}");
+}
+
 /// A 5,000-byte incompressible ordering key, delivered to an ordered subscription: stored
 /// as its digest (the line's primary key stays within the b-tree's row limit), and the same
 /// key again joins the same line.

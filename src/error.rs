@@ -234,6 +234,14 @@ impl From<sqlx::Error> for ApiError {
                      something, the change may have been applied: check before retrying",
                 )
             }
+            // A time the request gave that chrono reads and PostgreSQL does not store
+            // (before 4713 BC): the caller's mistake, not a 500.
+            None if matches!(&err, sqlx::Error::Database(db) if db.code().as_deref() == Some("22008")) => {
+                ApiError::new(
+                    ErrorCode::ValidationFailed,
+                    "time: outside what PostgreSQL stores (4713 BC to 294276 AD)",
+                )
+            }
             None => {
                 tracing::error!(error = %err, "database error");
                 ApiError::internal()

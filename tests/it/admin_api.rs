@@ -215,3 +215,25 @@ async fn a_malformed_id_is_a_json_404_on_every_id_route() {
         }
     }
 }
+
+/// A time chrono reads and PostgreSQL does not store (before 4713 BC) is a 422 with the
+/// reason on every call that takes one (the events' and the audit log's `since` and
+/// `until`, a recovery's `since`), never a 500.
+#[tokio::test]
+async fn a_time_postgresql_cannot_store_is_422() {
+    let app = TestApp::spawn().await;
+    let ep = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/hook"}), 201).await;
+    let ep = ep["id"].as_str().unwrap().to_owned();
+    let ancient = "-10000-01-01T00:00:00Z";
+    let calls = [
+        (reqwest::Method::GET, format!("/v1/events?since={ancient}"), None),
+        (reqwest::Method::GET, format!("/v1/events?until={ancient}"), None),
+        (reqwest::Method::GET, format!("/v1/audit?since={ancient}"), None),
+        (reqwest::Method::POST, format!("/v1/endpoints/{ep}/recover"), Some(json!({"since": ancient}))),
+    ];
+    for (method, path, body) in calls {
+        let (status, answer) = app.admin(method, &path, body).await;
+        assert_eq!((status, answer["error"]["code"].as_str()), (422, Some("validation_failed")), "{path}: {answer}");
+        assert!(answer["error"]["message"].as_str().unwrap_or_default().contains("4713 BC"), "{path}: {answer}");
+    }
+}

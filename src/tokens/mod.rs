@@ -96,8 +96,13 @@ pub fn name_problem(name: &str) -> Option<&'static str> {
         && name.len() <= 100
         && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
         && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ' '));
-    (!valid || name == BOOTSTRAP_NAME).then_some(
-        "1-100 characters: letters, digits, '.', '_', '-' and spaces, starting with a letter or digit; not `admin`",
+    // Not `unknown` either (the audit log's actor for a caller without a valid token), nor
+    // a token id's shape: revoking takes an id or a name, and one name spelled as another
+    // token's id revoked both.
+    let reserved = name == BOOTSTRAP_NAME || name == "unknown" || uuid::Uuid::parse_str(name).is_ok();
+    (!valid || reserved).then_some(
+        "1-100 characters: letters, digits, '.', '_', '-' and spaces, starting with a letter or digit; not `admin`, \
+         `unknown` or a token id's shape",
     )
 }
 

@@ -70,12 +70,17 @@ pub async fn list(db: impl PgExecutor<'_>) -> Result<Vec<TokenInfo>, sqlx::Error
     crate::db::query_as(&format!("SELECT {COLUMNS} FROM api_tokens ORDER BY id")).fetch_all(db).await
 }
 
-/// Revoke the token `id` (or named `id`) now; `None` when there is none. Revoking twice
-/// keeps the first time.
+/// Revoke the token `id` (or named `id`) now, one token at most: by id when one has it,
+/// else by name; `None` when there is none. Revoking twice keeps the first time.
 pub async fn revoke(db: impl PgExecutor<'_>, id_or_name: &str) -> Result<Option<TokenInfo>, sqlx::Error> {
     crate::db::query_as(&format!(
-        "UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, now())
-         WHERE id::text = $1 OR name = $1 RETURNING {COLUMNS}"
+        "WITH target AS (
+             (SELECT id, 0 AS by_name FROM api_tokens WHERE id::text = $1
+              UNION ALL
+              SELECT id, 1 FROM api_tokens WHERE name = $1)
+             ORDER BY by_name LIMIT 1)
+         UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, now())
+         WHERE id = (SELECT id FROM target) RETURNING {COLUMNS}"
     ))
     .bind(id_or_name)
     .fetch_optional(db)

@@ -105,11 +105,36 @@ async fn tokens_are_shown_once_stored_as_hashes_and_named_once() {
         json!({"name": "", "scope": "read"}),
         json!({"name": "x", "scope": "root"}),
         json!({"name": "admin", "scope": "read"}),
+        json!({"name": "unknown", "scope": "read"}),
         json!({"name": "x", "scope": "read", "expires_at": "2001-01-01T00:00:00Z"}),
     ] {
         let (status, body) = app.admin(Method::POST, "/v1/tokens", Some(bad.clone())).await;
         assert_eq!(status, 422, "{bad}: {body}");
     }
+    // A name spelled as another token's id is refused: revoking by that id revoked both.
+    let ci_id = app.admin_get("/v1/tokens").await["data"][0]["id"].as_str().expect("the ci token's id").to_owned();
+    let (status, body) = app.admin(Method::POST, "/v1/tokens", Some(json!({"name": ci_id, "scope": "read"}))).await;
+    assert_eq!(status, 422, "{body}");
+    // One stored so before this release (straight in the table): revoking by the id
+    // revokes the token with that id alone.
+    sqlx::query(
+        "INSERT INTO api_tokens (name, scope, token_hash, created_by) SELECT id::text, 'read', '\\x01', 'test'
+         FROM api_tokens WHERE name = 'ci'",
+    )
+    .execute(&app.db.pool)
+    .await
+    .expect("a token named as ci's id");
+    let (status, revoked) = app.admin(Method::DELETE, &format!("/v1/tokens/{ci_id}"), None).await;
+    assert_eq!((status, revoked["name"].as_str()), (200, Some("ci")), "{revoked}");
+    let tokens = app.admin_get("/v1/tokens").await;
+    let revoked: Vec<&str> = tokens["data"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .filter(|t| !t["revoked_at"].is_null())
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(revoked, ["ci"], "{tokens}");
 }
 
 /// A token's last use is noted (at most once a minute), so an unused one can be found.

@@ -176,17 +176,18 @@ fn now() -> i64 {
 }
 
 /// Middleware on the console's pages: every form sent (a `POST`: redeliver, pause,
-/// resume, rotate, recover, test, sign in and out) is written to the audit log
-/// (`crate::audit`), with the session's actor (the console signs in with the bootstrap
-/// admin token: `admin`), or `unknown` without a valid session (a failed sign-in).
+/// resume, rotate, recover, test, sign in and out) and every page refused (403: a scope
+/// that does not open it) is written to the audit log (`crate::audit`), with the
+/// session's actor as it was when the request came (a form that ends its own session,
+/// revoking its own token, is still its token's), the new session's for a sign-in, or
+/// `unknown` without a valid session (a failed sign-in).
 pub async fn audit(
     axum::extract::State(state): axum::extract::State<AppState>,
     request: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if request.method() != axum::http::Method::POST {
-        return next.run(request).await;
-    }
+    let posted = request.method() == axum::http::Method::POST;
+    let method = request.method().clone();
     let target = request
         .extensions()
         .get::<axum::extract::OriginalUri>()
@@ -199,7 +200,18 @@ pub async fn audit(
         request.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip().to_string());
     let request_id = request.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let before = cookie_value(request.headers()).and_then(|v| Session::verify(&state.admin_token, v, now()));
+    // A page read costs no lookup: its actor is looked up only if it is refused.
+    let mut before_actor = None;
+    if posted && let Some(session) = before.clone() {
+        before_actor = actor_of(session, &state).await;
+    }
     let response = next.run(request).await;
+    if !posted && response.status() != StatusCode::FORBIDDEN {
+        return response;
+    }
+    if !posted && let Some(session) = before {
+        before_actor = actor_of(session, &state).await;
+    }
     // Signing in sets the session whose actor it was.
     let set = response
         .headers()
@@ -209,18 +221,16 @@ pub async fn audit(
         .find_map(|c| c.strip_prefix(&format!("{COOKIE}=")).and_then(|rest| rest.split(';').next()))
         .filter(|v| !v.is_empty())
         .and_then(|v| Session::verify(&state.admin_token, v, now()));
-    let actor = match set.or(before) {
-        Some(session) => match session.resolve(&state).await {
-            Ok(Some(session)) => session.actor().to_owned(),
-            _ => "unknown".to_owned(),
-        },
-        None => "unknown".to_owned(),
+    let set_actor = match set {
+        Some(session) => actor_of(session, &state).await,
+        None => None,
     };
+    let actor = set_actor.or(before_actor).unwrap_or_else(|| "unknown".to_owned());
     let actor = actor.as_str();
     let entry = crate::audit::Entry {
         actor,
         via: crate::audit::Via::Console,
-        action: &format!("POST {route}"),
+        action: &format!("{method} {route}"),
         target: &target,
         status: response.status().as_u16(),
         address,
@@ -228,6 +238,14 @@ pub async fn audit(
     };
     crate::audit::record_within(&state.pool, state.db_timeout, &entry).await;
     response
+}
+
+/// Whose `session` is, as the audit log names it: `None` when its token no longer works.
+async fn actor_of(session: Session, state: &AppState) -> Option<String> {
+    match session.resolve(state).await {
+        Ok(Some(session)) => Some(session.actor().to_owned()),
+        _ => None,
+    }
 }
 
 impl FromRequestParts<AppState> for Session {

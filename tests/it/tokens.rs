@@ -479,4 +479,33 @@ async fn the_console_creates_and_revokes_tokens_and_shows_the_audit_log_to_admin
     assert_eq!(status, 200);
     assert!(audit.contains("POST /console/tokens/{id}/revoke") && audit.contains("POST /console/tokens"), "{audit}");
     assert!(!audit.contains(&token), "never the token");
+    // The read session's refused pages are in the log, under its token's name.
+    let refused = app.admin_get("/v1/audit?actor=wallboard").await;
+    let actions: Vec<(&str, i64)> = refused["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap(), e["status"].as_i64().unwrap()))
+        .collect();
+    assert!(
+        actions.contains(&("GET /console/tokens", 403)) && actions.contains(&("GET /console/audit", 403)),
+        "{refused}"
+    );
+    // An admin token that revokes itself from the console: the revocation is its own, not
+    // `unknown`'s (its session ends with it).
+    let own = app.admin_post("/v1/tokens", json!({"name": "self-revoker", "scope": "admin"}), 201).await;
+    let own_cookie = crate::console::sign_in_with(&app, own["token"].as_str().unwrap()).await;
+    let (_, page) = crate::console::page(&app, &own_cookie, "/console/tokens").await;
+    let own_csrf = crate::console::csrf_of(&page);
+    let own_id = own["id"].as_str().unwrap();
+    let revoke = client
+        .post(app.url(&format!("/console/tokens/{own_id}/revoke")))
+        .header("cookie", &own_cookie)
+        .form(&[("csrf", own_csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoke.status().as_u16(), 303);
+    let log = app.admin_get("/v1/audit?actor=self-revoker").await;
+    assert!(log.to_string().contains("POST /console/tokens/{id}/revoke"), "{log}");
 }

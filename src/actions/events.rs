@@ -35,7 +35,20 @@ pub async fn event_with_deliveries(state: &AppState, caller: &Principal, id: Eve
     if payload_withheld {
         event.payload = Vec::new();
     }
+    shown_key(caller, &mut event.dedupe_key);
     Ok(ShownEvent { event, payload_withheld, deliveries })
+}
+
+/// What a caller that may not read payloads is shown for a dedupe key that is the hash of
+/// its event's body (the key of last resort, for a webhook that carries none).
+pub const WITHHELD_BODY_HASH: &str = "sha256:withheld";
+
+/// `key` as `caller` may see it: a body's hash withheld with the payload (it confirms a
+/// guessed body as surely as the body would).
+fn shown_key(caller: &Principal, key: &mut String) {
+    if !caller.payloads && key.starts_with(crate::verify::BODY_HASH_PREFIX) {
+        *key = WITHHELD_BODY_HASH.to_owned();
+    }
 }
 
 /// A delivery's attempts, oldest first, as `caller` may see them: without the bodies a
@@ -105,6 +118,10 @@ pub async fn search_events(
         // Which events hold a value is the value, a guess at a time.
         payloads_allowed(caller, "a search by payload content")?;
     }
+    if search.dedupe_key.as_deref().is_some_and(|k| k.starts_with(crate::verify::BODY_HASH_PREFIX)) {
+        // A body's hash found is a guessed body confirmed.
+        payloads_allowed(caller, "a search by a body's hash")?;
+    }
     let source_id = match &search.source {
         None => None,
         Some(name) => Some(
@@ -147,7 +164,11 @@ pub async fn search_events(
         after: search.cursor,
         newest_first: search.newest_first,
     };
-    Ok(store::events::list(&state.pool, &filter, limit).await?)
+    let mut found = store::events::list(&state.pool, &filter, limit).await?;
+    for event in &mut found {
+        shown_key(caller, &mut event.dedupe_key);
+    }
+    Ok(found)
 }
 
 /// The event a filter or a transformation is tried on: a stored one or a pasted one.

@@ -8,10 +8,12 @@ use sha2::{Digest, Sha256};
 use super::pointer::{BodyScan, Probe};
 use super::{Locator, VerifyError};
 
-/// Hex SHA-256 of the body, prefixed `sha256:` so a hash can never collide with a
-/// provider's own delivery id. The dedupe key of last resort.
+/// What begins the dedupe key of last resort, the body's hash ([`body_sha256_hex`]).
+pub const BODY_HASH_PREFIX: &str = "sha256:";
+
+/// Hex SHA-256 of the body, prefixed [`BODY_HASH_PREFIX`]. The dedupe key of last resort.
 pub fn body_sha256_hex(body: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(body)))
+    format!("{BODY_HASH_PREFIX}{}", hex::encode(Sha256::digest(body)))
 }
 
 /// What a key or event type lookup found: `Ok(None)` when the value is absent (the

@@ -36,7 +36,7 @@ use http::HeaderMap;
 use crate::error::ErrorCode;
 use serde::{Deserialize, Serialize};
 
-pub use extract::body_sha256_hex;
+pub use extract::{BODY_HASH_PREFIX, body_sha256_hex};
 pub use pointer::{BodyScan, Probe};
 pub use standard::decode_secret as decode_standard_secret;
 pub use validate::{SpecError, ValidSpec, secret_fingerprint, validate_spec};

@@ -128,6 +128,24 @@ async fn a_token_without_payloads_is_shown_none_and_cannot_probe_for_one() {
         "{audit}"
     );
 
+    // A webhook without a key is keyed by its body's hash, which confirms a guessed body as
+    // surely as the body: withheld with it, and not searched for.
+    app.admin_post("/v1/sources", json!({"name": "bare", "kind": "none"}), 201).await;
+    let body = format!(r#"{{"secret": "{MARKER}", "n": 2}}"#);
+    let resp = app.http.post(app.url("/ingest/bare")).body(body.clone()).send().await.expect("ingest");
+    assert_eq!(resp.status().as_u16(), 200);
+    let bare: Value = resp.json().await.expect("answer");
+    let bare_id = bare["event_id"].as_str().expect("event id").to_owned();
+    let hash = webhook_gateway::verify::body_sha256_hex(body.as_bytes());
+    let (_, shown) = get(&app, &format!("/v1/events/{bare_id}"), &dashboard).await;
+    assert!(!shown.contains(&hash) && shown.contains("sha256:withheld"), "{shown}");
+    let (_, listed) = get(&app, "/v1/events?source=bare", &dashboard).await;
+    assert!(!listed.contains(&hash) && listed.contains(&bare_id), "{listed}");
+    assert_eq!(get(&app, &format!("/v1/events?dedupe_key={hash}"), &dashboard).await.0, 403);
+    assert_eq!(get(&app, &format!("/v1/events?source=bare&dedupe_key={hash}"), &dashboard).await.0, 403);
+    let (status, found) = get(&app, &format!("/v1/events?source=bare&dedupe_key={hash}"), &reader).await;
+    assert_eq!((status, found.contains(&hash)), (200, true), "the reader finds it: {found}");
+
     // An admin token always reads payloads: it can create any token.
     let (status, _) =
         app.admin(Method::POST, "/v1/tokens", Some(json!({"name": "x", "scope": "admin", "payloads": false}))).await;

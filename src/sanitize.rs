@@ -112,16 +112,24 @@ fn control(text: &str) -> Result<(), Unusable> {
     }
 }
 
+/// Beginnings of the keys the gateway makes itself: a body's hash
+/// (`crate::verify::BODY_HASH_PREFIX`, the key of a webhook that carries none) and a long
+/// key's digest ([`DIGESTED_KEY_PREFIX`]).
+const RESERVED_KEY_PREFIXES: [&str; 2] = ["sha256:", DIGESTED_KEY_PREFIX];
+
 /// A sender's dedupe key, ready to store: refused when empty or holding a control
-/// character; longer than [`MAX_DEDUPE_KEY_BYTES`], replaced by
-/// `key-sha256:<hex of SHA-256 of the key>` (deterministic: the same long key always
-/// maps to the same stored key, so duplicates are still recognised).
+/// character; longer than [`MAX_DEDUPE_KEY_BYTES`], or beginning as a key the gateway
+/// makes itself ([`RESERVED_KEY_PREFIXES`]), replaced by
+/// `key-sha256:<hex of SHA-256 of the key>` (deterministic: the same key always maps to
+/// the same stored key, so duplicates are still recognised; and a sender's key never
+/// equals a key the gateway made for another webhook, which answered that one a
+/// duplicate of it). The gateway's own body-hash key does not come through here.
 pub fn dedupe_key(key: String) -> Result<String, Unusable> {
     if key.is_empty() {
         return Err(Unusable::Empty);
     }
     control(&key)?;
-    if key.len() <= MAX_DEDUPE_KEY_BYTES {
+    if key.len() <= MAX_DEDUPE_KEY_BYTES && !RESERVED_KEY_PREFIXES.iter().any(|p| key.starts_with(p)) {
         return Ok(key);
     }
     Ok(format!("{DIGESTED_KEY_PREFIX}{}", hex::encode(Sha256::digest(key.as_bytes()))))
@@ -177,6 +185,11 @@ mod tests {
         let mut other = long;
         other.push('z');
         assert_ne!(dedupe_key(other).expect("accepted"), digested, "different keys, different digests");
+        // A key spelled as one the gateway makes is digested: it cannot meet that one.
+        for made in [format!("sha256:{}", "ab".repeat(32)), digested.clone()] {
+            let stored = dedupe_key(made.clone()).expect("accepted");
+            assert!(stored != made && stored.starts_with(DIGESTED_KEY_PREFIX), "{made} stored as {stored}");
+        }
     }
 
     #[test]

@@ -143,6 +143,35 @@ async fn unusable_keys_and_event_types_are_refused_with_a_reason_and_store_nothi
     assert_eq!(event["dedupe_key"], "clé-ünïcode-1");
 }
 
+/// A sender's key spelled as a key the gateway makes itself (a keyless webhook's body hash,
+/// `sha256:...`; a long key's digest, `key-sha256:...`) is a different webhook, not a
+/// duplicate of the one the gateway keyed so (before, it was answered `duplicate: true`
+/// and never delivered); the same spelling sent again is its duplicate.
+#[tokio::test]
+async fn a_key_spelled_as_one_the_gateway_makes_is_not_a_duplicate_of_it() {
+    use sha2::Digest as _;
+    let app = TestApp::ingest_only().await;
+    keyed_source(&app, "src").await;
+    let keyless = br#"{"x": "no id here"}"#;
+    let (status, first) = post(&app, "src", &[], keyless).await;
+    assert_eq!((status, first["duplicate"].as_bool()), (200, Some(false)), "{first}");
+    let long = "k".repeat(1100);
+    let (status, digested) = post(&app, "src", &[h("X-Key", long.clone())], b"{}").await;
+    assert_eq!((status, digested["duplicate"].as_bool()), (200, Some(false)), "{digested}");
+    let spelled = [
+        webhook_gateway::verify::body_sha256_hex(keyless),
+        format!("key-sha256:{}", hex::encode(sha2::Sha256::digest(long.as_bytes()))),
+    ];
+    for (key, theirs) in spelled.iter().zip([&first, &digested]) {
+        let (status, answer) = post(&app, "src", &[h("X-Key", key.clone())], b"{}").await;
+        assert_eq!((status, answer["duplicate"].as_bool()), (200, Some(false)), "{key}: {answer}");
+        assert_ne!(answer["event_id"], theirs["event_id"], "{key}");
+        let (_, again) = post(&app, "src", &[h("X-Key", key.clone())], b"{}").await;
+        assert_eq!((again["duplicate"].as_bool(), &again["event_id"]), (Some(true), &answer["event_id"]), "{key}");
+    }
+    assert_eq!(app.db.count("events").await, 4);
+}
+
 /// A compressed body (`Content-Encoding: gzip`) is refused 415 with the reason and stores
 /// nothing (stored, it was keyed by the hash of its compressed bytes, so the same webhook
 /// sent plain was stored again, and it went out without the header that says how to read

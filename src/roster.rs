@@ -101,6 +101,9 @@ pub struct Roster {
     pub replicas: Vec<Replica>,
 }
 
+/// The first pause before a failed roster write is tried again.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+
 /// This replica in the roster: what [`Member::run`] keeps written and
 /// [`Member::draining`] marks.
 #[derive(Debug, Clone)]
@@ -122,16 +125,26 @@ impl Member {
     /// ([`Member::stopped`]): a replica finishing its deliveries reads draining, not lost.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let started_at = crate::clock::now();
+        // After a failed write, the next try comes sooner (a second, doubling up to the
+        // interval): a replica whose first write met a busy pool or a pooler's queue was
+        // otherwise missing from the roster for a whole interval.
+        let mut retry = RETRY_FIRST;
         loop {
+            let mut next = self.every;
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
-                written = self.write(started_at) => if let Err(e) = written {
-                    // The database being away is reported by the calls that need it.
-                    self.pool.note(&e);
-                    tracing::debug!(error = %e, "the roster's row was not written; trying again at the next interval");
+                written = self.write(started_at) => match written {
+                    Ok(()) => retry = RETRY_FIRST,
+                    Err(e) => {
+                        // The database being away is reported by the calls that need it.
+                        self.pool.note(&e);
+                        tracing::debug!(error = %e, retry_in = ?retry, "the roster's row was not written");
+                        next = retry.min(self.every);
+                        retry = (retry * 2).min(self.every);
+                    }
                 },
             }
-            if !crate::lease::pause(self.every, &mut stop).await {
+            if !crate::lease::pause(next, &mut stop).await {
                 break;
             }
         }

@@ -104,6 +104,10 @@ pub struct Roster {
 /// The first pause before a failed roster write is tried again.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 
+/// Longest a roster write may wait (for a connection, a pooler's queue, an answer) before
+/// it is tried again: a write stuck at start left the replica out of the roster.
+const WRITE_BOUND: Duration = Duration::from_secs(5);
+
 /// This replica in the roster: what [`Member::run`] keeps written and
 /// [`Member::draining`] marks.
 #[derive(Debug, Clone)]
@@ -133,7 +137,9 @@ impl Member {
             let mut next = self.every;
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
-                written = self.write(started_at) => match written {
+                written = tokio::time::timeout(WRITE_BOUND, self.write(started_at)) => match written
+                    .unwrap_or_else(|_| Err(crate::db::no_answer("the roster's row")))
+                {
                     Ok(()) => retry = RETRY_FIRST,
                     Err(e) => {
                         // The database being away is reported by the calls that need it.

@@ -156,17 +156,51 @@ impl Health {
     }
 }
 
-/// A call abandoned by its caller's deadline.
+/// An error this module made to say what a call can have committed, where the error
+/// the call met would say otherwise ([`no_answer`], [`connect_failed`], [`after_commit`]);
+/// [`classify`] reads its class from it.
 #[derive(Debug)]
-struct NoAnswer(String);
+struct Marked {
+    why: Mark,
+    /// The call, or the error it met.
+    what: String,
+}
 
-impl std::fmt::Display for NoAnswer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: no answer from the database", self.0)
+#[derive(Debug, Clone, Copy)]
+enum Mark {
+    /// Abandoned at its caller's deadline: a slow server, not a refusal.
+    NoAnswer,
+    /// No connection could be opened for it: nothing was sent.
+    NotConnected,
+    /// Failed after an earlier transaction of the same work committed.
+    AfterCommit,
+}
+
+impl Marked {
+    fn error(kind: std::io::ErrorKind, why: Mark, what: String) -> sqlx::Error {
+        sqlx::Error::Io(std::io::Error::new(kind, Marked { why, what }))
+    }
+
+    fn class(&self) -> (Unavailable, Option<Refusal>) {
+        match self.why {
+            Mark::NotConnected => (Unavailable::NotCommitted, None),
+            Mark::NoAnswer | Mark::AfterCommit => (Unavailable::Unconfirmed, None),
+        }
     }
 }
 
-impl std::error::Error for NoAnswer {}
+impl std::fmt::Display for Marked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = &self.what;
+        match self.why {
+            Mark::NoAnswer => write!(f, "{what}: no answer from the database"),
+            Mark::NotConnected => write!(f, "no connection to the database could be opened: {what}"),
+            Mark::AfterCommit => write!(f, "failed after part of the work was committed: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for Marked {}
 
 /// The error of a call abandoned by its caller's timeout: classified
 /// [`Unavailable::Unconfirmed`], since the statement may have reached the server, and
@@ -174,21 +208,8 @@ impl std::error::Error for NoAnswer {}
 /// connection ended by `TCP_USER_TIMEOUT` or keepalive, `db::tcp`) is not this: it says
 /// the path to the node is dead, so the pool's other connections to it are suspect too.
 pub fn no_answer(what: &str) -> sqlx::Error {
-    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, NoAnswer(what.to_owned())))
+    Marked::error(std::io::ErrorKind::TimedOut, Mark::NoAnswer, what.to_owned())
 }
-
-/// A connection for a call could not be opened (the error says why): nothing of the call
-/// was sent.
-#[derive(Debug)]
-struct NotConnected(String);
-
-impl std::fmt::Display for NotConnected {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "no connection to the database could be opened: {}", self.0)
-    }
-}
-
-impl std::error::Error for NotConnected {}
 
 /// `err`, raised while a call's connection was being opened, marked as such when it would
 /// otherwise read as a call cut short (a socket error; a class `08` error, such as
@@ -206,20 +227,8 @@ pub fn connect_failed(err: sqlx::Error) -> sqlx::Error {
     if !cut_short {
         return err;
     }
-    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::NotConnected, NotConnected(err.to_string())))
+    Marked::error(std::io::ErrorKind::NotConnected, Mark::NotConnected, err.to_string())
 }
-
-/// A call that failed after an earlier transaction of the same work committed.
-#[derive(Debug)]
-struct AfterCommit(String);
-
-impl std::fmt::Display for AfterCommit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "failed after part of the work was committed: {}", self.0)
-    }
-}
-
-impl std::error::Error for AfterCommit {}
 
 /// `err`, from a call that follows a committed transaction of the same work (a batch's
 /// webhook settled on its own after the batch's statement committed), so that the work
@@ -230,21 +239,20 @@ pub fn after_commit(err: sqlx::Error) -> sqlx::Error {
     if classify(&err).is_none() {
         return err;
     }
-    sqlx::Error::Io(std::io::Error::other(AfterCommit(err.to_string())))
+    Marked::error(std::io::ErrorKind::Other, Mark::AfterCommit, err.to_string())
 }
 
 /// The classification, without the side effect of [`unavailable`].
 pub fn classify(err: &sqlx::Error) -> Option<(Unavailable, Option<Refusal>)> {
     use Unavailable::{NotCommitted, Unconfirmed};
     match err {
-        // Raised while the call's connection was being opened ([`connect_failed`]).
-        sqlx::Error::Io(e) if e.get_ref().is_some_and(|inner| inner.is::<NotConnected>()) => Some((NotCommitted, None)),
-        // After an earlier commit of the same work ([`after_commit`]).
-        sqlx::Error::Io(e) if e.get_ref().is_some_and(|inner| inner.is::<AfterCommit>()) => Some((Unconfirmed, None)),
+        // Marked by this module: its deadline, a connection not opened, a failure after
+        // an earlier commit of the same work.
+        sqlx::Error::Io(e) if let Some(marked) = e.get_ref().and_then(|inner| inner.downcast_ref::<Marked>()) => {
+            Some(marked.class())
+        }
         // Raised before a statement is sent: by the pool, or while opening a connection.
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => Some((NotCommitted, None)),
-        // A call abandoned at its deadline ([`no_answer`]): a slow server, not a refusal.
-        sqlx::Error::Io(e) if e.get_ref().is_some_and(|inner| inner.is::<NoAnswer>()) => Some((Unconfirmed, None)),
         // A socket error can end a statement whose commit the server already made; the
         // server (or the pooler in front of it) went away: its other sessions are gone too.
         sqlx::Error::Io(_) => Some((Unconfirmed, Some(Refusal::NodeGoingAway))),

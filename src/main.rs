@@ -203,6 +203,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // (after the start-up under way), not the default action (death by signal).
     let stop = shutdown_signal()?;
     let listener = app::bind(args.listen).await?;
+    // The address as bound: with `--listen 127.0.0.1:0` the port is the kernel's choice,
+    // and a supervisor (or a test harness) learns it here, before the database is ready.
+    tracing::info!(addr = %listener.local_addr()?, "listen address bound; serving once start-up is done");
     let keyring = args.secrets.keyring()?;
     let metrics = webhook_gateway::metrics::install()?;
     let (admin_token, token_source) = match &args.admin_token {

@@ -90,10 +90,6 @@ fn previous_release_binary() -> std::path::PathBuf {
     bin
 }
 
-fn free_addr() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr")
-}
-
 /// Release N-1 (`tests/previous-release`) and this release side by side on the schema this
 /// release migrated (with migrations N-1 does not know), as during a rolling deploy: N-1
 /// starts on it, ingests and delivers what either release ingested; then N delivers what
@@ -106,7 +102,8 @@ async fn the_previous_release_runs_beside_this_one_on_the_migrated_schema() {
     let sink = Sink::ok().await;
     // This release: ingest only at first; the previous one ingests and delivers.
     let mut new_ingest = GatewayProcess::start(&db.url, &["--role", "ingest"]);
-    let mut old = GatewayProcess::start_binary(&previous, free_addr(), &db.url, &[], &[]);
+    let mut old =
+        GatewayProcess::start_binary(&previous, std::net::SocketAddr::from(([127, 0, 0, 1], 0)), &db.url, &[], &[]);
     for gw in [&new_ingest, &old] {
         wait_ready(gw.addr).await;
     }

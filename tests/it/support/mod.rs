@@ -356,9 +356,13 @@ impl GatewayProcess {
     /// [`GatewayProcess::start`] with environment variables set for the process. An OTLP
     /// endpoint in the test's own environment is never inherited: tracing is on only
     /// where a test asks for it.
+    ///
+    /// The process listens on a port of the kernel's choosing (`--listen 127.0.0.1:0`),
+    /// read back from its log: a port picked here and bound there later could be taken in
+    /// between (by another test's connection or gateway), and the test would then talk to
+    /// whoever holds it.
     pub fn start_with_env(db_url: &str, extra: &[&str], env: &[(&str, &str)]) -> GatewayProcess {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
-        Self::start_at(format!("127.0.0.1:{port}").parse().expect("addr"), db_url, extra, env)
+        Self::start_at(SocketAddr::from(([127, 0, 0, 1], 0)), db_url, extra, env)
     }
 
     /// [`GatewayProcess::start_with_env`] listening on `addr` (a replica replaced by a new
@@ -370,7 +374,8 @@ impl GatewayProcess {
     }
 
     /// `bin serve` (another release's binary: only flags every release knows are added)
-    /// on `addr` against `db_url`, with the test defaults, then `extra`.
+    /// on `addr` against `db_url`, with the test defaults, then `extra`. On port 0, the
+    /// address the process bound is read from its log before this returns.
     pub fn start_binary(
         bin: &std::path::Path,
         addr: SocketAddr,
@@ -378,8 +383,9 @@ impl GatewayProcess {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> GatewayProcess {
-        let port = addr.port();
-        let log_path = std::env::temp_dir().join(format!("wg-proc-{port}.log"));
+        static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let nth = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log_path = std::env::temp_dir().join(format!("wg-proc-{}-{nth}.log", std::process::id()));
         let log = std::fs::File::create(&log_path).expect("log file");
         let child = std::process::Command::new(bin)
             .args(["serve", "--database-url", db_url, "--listen", &addr.to_string(), "--admin-token", ADMIN_TOKEN])
@@ -393,7 +399,49 @@ impl GatewayProcess {
             .stderr(log)
             .spawn()
             .expect("start gateway process");
-        GatewayProcess { child, addr, log: log_path }
+        let mut process = GatewayProcess { child, addr, log: log_path };
+        if addr.port() == 0 {
+            process.addr = process.bound_addr();
+        }
+        process
+    }
+
+    /// The address the process bound, from its log: the line this release writes as soon
+    /// as it has bound, or an older release's `gateway listening` (after its start-up).
+    /// Waits at most 60 s; a process that exits first fails the test with its log.
+    fn bound_addr(&mut self) -> SocketAddr {
+        let read = |log: &std::path::Path| {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            text.lines()
+                .filter(|line| line.contains("listen address bound") || line.contains("gateway listening"))
+                .find_map(|line| {
+                    // `addr=...` in the text format, `"addr":"..."` in JSON.
+                    let text = line.split_whitespace().find_map(|word| word.strip_prefix("addr="));
+                    let json = || line.split("\"addr\":\"").nth(1)?.split('"').next();
+                    text.or_else(json)?.parse().ok()
+                })
+        };
+        let mut wait = || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                if let Some(addr) = read(&self.log) {
+                    return addr;
+                }
+                if let Ok(Some(status)) = self.child.try_wait() {
+                    let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                    panic!("the gateway exited ({status}) before it bound its address:\n{log}");
+                }
+                assert!(std::time::Instant::now() < deadline, "no bound address in {} after 60 s", self.log.display());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        // The process binds before it does anything else, so this wait is short; on a
+        // multi-threaded test runtime it is moved off the worker, which may be serving
+        // the test's own sinks or proxies meanwhile.
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+            _ => wait(),
+        }
     }
 
     /// SIGKILL: no shutdown, no cleanup, leases left behind.

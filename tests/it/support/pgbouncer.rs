@@ -54,6 +54,19 @@ impl PgBouncer {
 
     /// [`PgBouncer::start_with`] in `pool_mode` (`transaction`, `session` or `statement`).
     pub fn start_in_mode(server_url: &str, server_connections: u32, aliases: &[Alias], pool_mode: &str) -> PgBouncer {
+        // A port free when chosen may be taken before PgBouncer binds it (by another test's
+        // connection or process): a start that lost its port tries another.
+        for _ in 0..3 {
+            if let Some(bouncer) = PgBouncer::try_start(server_url, server_connections, aliases, pool_mode) {
+                return bouncer;
+            }
+        }
+        panic!("pgbouncer lost its port three times");
+    }
+
+    /// One start of [`PgBouncer::start_in_mode`] on a port chosen here; `None` if another
+    /// process took that port first.
+    fn try_start(server_url: &str, server_connections: u32, aliases: &[Alias], pool_mode: &str) -> Option<PgBouncer> {
         let server = url::Url::parse(server_url).expect("server URL");
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
         let dir = std::env::temp_dir().join(format!("wg-pgbouncer-{port}"));
@@ -82,11 +95,12 @@ impl PgBouncer {
         std::fs::write(dir.join("pgbouncer.ini"), ini).expect("pgbouncer.ini");
         std::fs::write(dir.join("users.txt"), format!("\"{}\" \"\"\n", server.username())).expect("users.txt");
         let mut bouncer = PgBouncer { child: None, port, log: dir.join("pgbouncer.log"), dir };
-        bouncer.spawn();
-        bouncer
+        bouncer.spawn().then_some(bouncer)
     }
 
-    fn spawn(&mut self) {
+    /// Start the process and wait until it says it listens on its port: a bare connect
+    /// could reach another process that holds the port. False if it could not bind it.
+    fn spawn(&mut self) -> bool {
         use std::os::unix::fs::PermissionsExt;
         // PgBouncer refuses to run as root: as root, it runs as the `postgres` user (the
         // embedded test cluster does the same), which must read its files.
@@ -96,6 +110,7 @@ impl PgBouncer {
             let _ = std::fs::set_permissions(self.dir.join(file), std::fs::Permissions::from_mode(mode));
         }
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("pgbouncer log");
+        let log_start = log.metadata().map(|m| m.len() as usize).unwrap_or(0);
         let mut command = Command::new(binary());
         if as_root {
             command.args(["-u", "postgres"]);
@@ -108,8 +123,21 @@ impl PgBouncer {
             .expect("start pgbouncer");
         self.child = Some(child);
         let addr: SocketAddr = format!("127.0.0.1:{}", self.port).parse().expect("addr");
+        let listening = format!("listening on {addr}");
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        loop {
+            let text = self.log_text();
+            let fresh = text.get(log_start..).unwrap_or_default();
+            if fresh.contains(&listening)
+                && std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+            {
+                return true;
+            }
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                self.child = None;
+                assert!(fresh.contains("Address already in use"), "pgbouncer exited at start: {fresh}");
+                return false;
+            }
             assert!(Instant::now() < deadline, "pgbouncer did not start: {}", self.log_text());
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -126,7 +154,7 @@ impl PgBouncer {
     pub fn restart(&mut self) {
         self.stop();
         std::thread::sleep(Duration::from_millis(300));
-        self.spawn();
+        assert!(self.spawn(), "pgbouncer's port was taken while it was down: {}", self.log_text());
     }
 
     /// Kill it.

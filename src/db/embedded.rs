@@ -100,10 +100,34 @@ impl Cluster {
 
         let password = secure(&bin, &data_dir, run_as.as_ref())?;
 
-        let port = match options.port {
-            Some(port) => port,
-            None => free_port()?,
-        };
+        // A port of our choosing is free when chosen, not when the postmaster binds it
+        // (another process may take it between): a start that lost it tries another.
+        let mut tries = 0;
+        loop {
+            let port = match options.port {
+                Some(port) => port,
+                None => free_port()?,
+            };
+            match Cluster::launch(&bin, &data_dir, run_as.as_ref(), options, port, &password) {
+                Err(e) if options.port.is_none() && tries < 2 && lost_the_port(&e) => {
+                    tries += 1;
+                    tracing::info!(port, "the embedded PostgreSQL's port was taken before it bound it; trying another");
+                }
+                started => return started,
+            }
+        }
+    }
+
+    /// Start the postmaster of an initialised `data_dir` on `port` and wait until it
+    /// accepts connections.
+    fn launch(
+        bin: &Path,
+        data_dir: &Path,
+        run_as: Option<&RunAs>,
+        options: &ClusterOptions,
+        port: u16,
+        password: &str,
+    ) -> anyhow::Result<Cluster> {
         let log_path = data_dir.join("server.log");
         let log_start = std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0);
         let log = std::fs::OpenOptions::new()
@@ -111,12 +135,12 @@ impl Cluster {
             .append(true)
             .open(&log_path)
             .with_context(|| format!("opening {}", log_path.display()))?;
-        if let Some(user) = &run_as {
+        if let Some(user) = run_as {
             chown(&log_path, user)?;
         }
         let mut cmd = Command::new(bin.join("postgres"));
         cmd.arg("-D")
-            .arg(&data_dir)
+            .arg(data_dir)
             .args(["-p", &port.to_string()])
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="])
             .args(["-c", "max_connections=300"]);
@@ -128,11 +152,17 @@ impl Cluster {
         // Own process group: a Ctrl-C aimed at us must not reach the postmaster before we
         // have drained our own work; we stop it ourselves.
         cmd.process_group(0);
-        let child = run_as_cmd(&mut cmd, run_as.as_ref(), &data_dir)
+        let child = run_as_cmd(&mut cmd, run_as, data_dir)
             .spawn()
             .with_context(|| format!("starting {}", bin.join("postgres").display()))?;
-        let mut cluster = Cluster { child, port, password, data_dir: data_dir.clone(), throwaway: options.throwaway };
-        spawn_watchdog(cluster.child.id(), &data_dir, options.throwaway);
+        let mut cluster = Cluster {
+            child,
+            port,
+            password: password.to_owned(),
+            data_dir: data_dir.to_path_buf(),
+            throwaway: options.throwaway,
+        };
+        spawn_watchdog(cluster.child.id(), data_dir, options.throwaway);
         if let Err(e) = cluster.wait_ready(&log_path, log_start) {
             cluster.stop();
             return Err(e);
@@ -438,6 +468,13 @@ fn chown(path: &Path, user: &RunAs) -> anyhow::Result<()> {
 
 fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
     Ok(if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) })
+}
+
+/// Whether a start failed because the postmaster could not bind its port (another
+/// process holds it): [`Cluster::start`] then tries another port, when it chose the port.
+pub fn lost_the_port(error: &anyhow::Error) -> bool {
+    let text = format!("{error:#}");
+    text.contains("could not bind") || text.contains("Address already in use")
 }
 
 fn free_port() -> anyhow::Result<u16> {

@@ -96,3 +96,22 @@ async fn a_stand_alone_backend_opens_a_stopped_cluster_s_database() {
     assert!(err.contains("ERROR") && err.contains("no_such_table"), "{err}");
     let _ = std::fs::remove_dir_all(&data_dir);
 }
+
+/// A port taken by another process fails the start with PostgreSQL's own words for it,
+/// which the start recognises (`embedded::lost_the_port`): a port the start chose itself,
+/// free when chosen and taken before the postmaster bound it, is then replaced by another
+/// rather than failing the gateway's start. A port the operator chose is not replaced.
+#[tokio::test]
+async fn a_taken_port_fails_the_start_in_words_the_start_recognises() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to hold");
+    let options = ClusterOptions { port: Some(taken.local_addr().expect("addr").port()), ..throwaway_options() };
+    let failed = tokio::task::spawn_blocking(move || Cluster::start(&options)).await.expect("join");
+    let Err(error) = failed else { panic!("a start on a taken port fails") };
+    assert!(embedded::lost_the_port(&error), "not recognised as a lost port: {error:#}");
+    let other =
+        anyhow::anyhow!("PostgreSQL exited during start-up (exit status: 1); last log lines: FATAL: bad setting");
+    assert!(!embedded::lost_the_port(&other), "any other failure is not");
+    // A port of the start's own choosing: started.
+    let cluster = start(throwaway_options()).await;
+    assert_ne!(cluster.port(), 0);
+}

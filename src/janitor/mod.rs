@@ -22,8 +22,10 @@
 //!    redelivery racing the janitor either commits first (the event is kept) or waits and
 //!    finds the delivery gone;
 //! 3. attempts older than the attempt retention, whatever their delivery's state;
-//! 4. ordering lines left idle (by an earlier release: lines are now deleted by the outcome
-//!    that empties them);
+//! 4. ordering lines with no head: deleted when idle (left by an earlier release: lines
+//!    are now deleted by the outcome that empties them), given their next delivery as head
+//!    when one waits behind none (a broken invariant, logged: that delivery and those
+//!    after it would otherwise wait for ever);
 //! 5. `janitor_runs` rows older than the event retention (one batch);
 //! 6. audit log entries older than the audit retention (`crate::audit`).
 //!
@@ -45,7 +47,7 @@ use tracing::Instrument as _;
 use uuid::Uuid;
 
 pub use report::{IndexStorage, JanitorRun, StorageReport, TableStorage, storage_report};
-pub use sql::{ATTEMPTS_BATCH, DELIVERED_BATCH, EVENTS_BATCH, IDLE_LINES_BATCH};
+pub use sql::{ATTEMPTS_BATCH, DELIVERED_BATCH, EVENTS_BATCH, HEADLESS_LINES_LOCK};
 
 /// Default `--retention-events-days`.
 pub const DEFAULT_RETENTION_EVENTS_DAYS: u32 = 30;
@@ -530,7 +532,7 @@ async fn run_batch(
         Phase::Delivered => (DELIVERED_BATCH, settings.delivered_retention),
         Phase::Events => (EVENTS_BATCH, settings.events_retention),
         Phase::Attempts => (ATTEMPTS_BATCH, settings.attempts_retention),
-        Phase::IdleLines => (IDLE_LINES_BATCH, Duration::ZERO),
+        Phase::IdleLines => return headless_lines_batch(pool, lease, settings).await,
     };
     type Row = (i64, i64, i64, i64, i64, Option<DateTime<Utc>>, Option<Uuid>);
     let mut query = crate::db::query_as::<Row>(sql).bind(retention.as_secs_f64()).bind(i64::from(settings.batch_size));
@@ -538,6 +540,15 @@ async fn run_batch(
         // None: the first batch starts at the oldest event.
         query = query.bind(resume_at.map(|(at, _)| at)).bind(resume_at.map(|(_, id)| id));
     }
+    let mut tx = begin_batch(pool, lease).await?;
+    let (candidates, events, deliveries, attempts, lines, at, id) = query.fetch_one(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(Batch { candidates, events, deliveries, attempts, lines, resume_at: at.zip(id) })
+}
+
+/// A batch's transaction: begun, the lease held (or an error: taken over) and the batch's
+/// bounds set.
+async fn begin_batch(pool: &Pool, lease: &Lease) -> Result<crate::db::Tx, sqlx::Error> {
     let mut tx = pool.begin().await?;
     if !lease.hold(&mut tx).await? {
         return Err(sqlx::Error::Protocol(format!(
@@ -546,7 +557,31 @@ async fn run_batch(
         )));
     }
     crate::db::query(BATCH_SETTINGS).execute(&mut *tx).await?;
-    let (candidates, events, deliveries, attempts, lines, at, id) = query.fetch_one(&mut *tx).await?;
+    Ok(tx)
+}
+
+/// The lines phase's batch: lines with no head, locked ([`HEADLESS_LINES_LOCK`]) and then
+/// moved on by the outcome path's own promotion, in one transaction that holds the lease.
+/// Every line it locks leaves the set it selects from (deleted, or given a head), so a
+/// batch of lines with deliveries waiting behind no head cannot be selected pass after
+/// pass (the old statement kept such lines and picked them again, every batch and every
+/// pass, capped for ever).
+async fn headless_lines_batch(pool: &Pool, lease: &Lease, settings: &JanitorSettings) -> Result<Batch, sqlx::Error> {
+    let mut tx = begin_batch(pool, lease).await?;
+    let lines: Vec<crate::queue::lines::Line> =
+        crate::db::query_as(HEADLESS_LINES_LOCK).bind(i64::from(settings.batch_size)).fetch_all(&mut *tx).await?;
+    // A later statement than the lock, as the promotion requires.
+    let heads = crate::queue::lines::promote(&mut tx, &lines).await?;
     tx.commit().await?;
-    Ok(Batch { candidates, events, deliveries, attempts, lines, resume_at: at.zip(id) })
+    if !heads.is_empty() {
+        tracing::warn!(
+            lines = heads.len(),
+            deliveries = ?heads,
+            "ordering lines had deliveries waiting behind no head (nothing would have claimed them); each was given \
+             its next delivery as head"
+        );
+    }
+    let candidates = i64::try_from(lines.len()).unwrap_or(i64::MAX);
+    let restored = i64::try_from(heads.len()).unwrap_or(i64::MAX);
+    Ok(Batch { candidates, events: 0, deliveries: 0, attempts: 0, lines: candidates - restored, resume_at: None })
 }

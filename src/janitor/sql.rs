@@ -92,22 +92,13 @@ pub const ATTEMPTS_BATCH: &str = "
     SELECT (SELECT count(*) FROM doomed), 0::int8, 0::int8, (SELECT count(*) FROM gone), 0::int8, NULL::timestamptz,
            NULL::uuid";
 
-/// Ordering lines left idle (no head, nothing waiting). A line is deleted by the outcome
-/// that empties it (`queue::lines::promote`); this catches those an earlier release left
-/// (it kept idle lines forever). A line with a waiting delivery is never deleted (it would
-/// leave that delivery behind no head), and one locked by an outcome being recorded is
-/// skipped.
-pub const IDLE_LINES_BATCH: &str = "
-    WITH doomed AS MATERIALIZED (
-        SELECT endpoint_id, ordering_key FROM order_lines WHERE head_id IS NULL
-        LIMIT $2
-        FOR UPDATE SKIP LOCKED
-    ), gone AS (
-        DELETE FROM order_lines l USING doomed
-        WHERE l.endpoint_id = doomed.endpoint_id AND l.ordering_key = doomed.ordering_key
-          AND NOT EXISTS (SELECT 1 FROM deliveries w
-                          WHERE w.waiting AND w.endpoint_id = l.endpoint_id AND w.ordering_key = l.ordering_key)
-        RETURNING 1
-    )
-    SELECT (SELECT count(*) FROM doomed), 0::int8, 0::int8, 0::int8, (SELECT count(*) FROM gone), NULL::timestamptz,
-           NULL::uuid";
+/// Ordering lines with no head, locked for [`crate::queue::lines::promote`] (`$1` most
+/// lines). Those an earlier release left idle (it kept idle lines forever; lines are now
+/// deleted by the outcome that empties them) are deleted by the promotion; one with a
+/// delivery waiting behind no head (a broken invariant: nothing would ever claim that
+/// delivery or those after it) is given that delivery as its head. A line locked by an
+/// outcome being recorded is skipped.
+pub const HEADLESS_LINES_LOCK: &str = "
+    SELECT endpoint_id, ordering_key FROM order_lines WHERE head_id IS NULL
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED";

@@ -570,10 +570,12 @@ async fn storage_report_shows_sizes_and_the_last_pass() {
 }
 
 /// Ordering lines an earlier release left idle (no head) are deleted by a pass, in
-/// batches; a line that has a waiting delivery is never deleted (it would leave that
-/// delivery behind no head), and neither is a line with a head.
+/// batches; a line with a head is kept. Lines with a delivery waiting behind no head (a
+/// broken invariant: nothing would ever claim that delivery) are given it as their head,
+/// more of them than a batch holds: the pass completes, where the old phase kept those
+/// lines, picked the same batch of them every batch of every pass, and ended capped.
 #[tokio::test]
-async fn idle_ordering_lines_are_deleted_and_lines_in_use_are_kept() {
+async fn headless_ordering_lines_are_deleted_or_given_their_waiting_delivery() {
     let db = TestDb::new().await;
     let pool = &db.pool;
     let ep = endpoint(pool).await;
@@ -585,36 +587,52 @@ async fn idle_ordering_lines_are_deleted_and_lines_in_use_are_kept() {
     .execute(pool)
     .await
     .unwrap();
-    // A line in use (its head) and a line with no head but a waiting delivery.
+    // A line in use (its head), and three lines with no head but a waiting delivery each.
     let ev = event(pool, 1).await;
     let head = delivery(pool, ev, ep, "pending", None).await;
-    let ev2 = event(pool, 1).await;
-    let waiting = delivery(pool, ev2, ep, "pending", None).await;
     sqlx::query("UPDATE deliveries SET ordering_key = 'busy', line_seq = 1 WHERE id = $1")
         .bind(head)
         .execute(pool)
         .await
         .unwrap();
-    sqlx::query("UPDATE deliveries SET ordering_key = 'odd', line_seq = 2, waiting = true WHERE id = $1")
-        .bind(waiting)
+    sqlx::query("INSERT INTO order_lines (endpoint_id, ordering_key, head_id) VALUES ($1::uuid, 'busy', $2)")
+        .bind(ep)
+        .bind(head)
         .execute(pool)
         .await
         .unwrap();
-    sqlx::query(
-        "INSERT INTO order_lines (endpoint_id, ordering_key, head_id) VALUES ($1::uuid, 'busy', $2), ($1::uuid, 'odd', NULL)",
-    )
-    .bind(ep)
-    .bind(head)
-    .execute(pool)
-    .await
-    .unwrap();
+    let mut stranded = Vec::new();
+    for key in ["odd-1", "odd-2", "odd-3"] {
+        let ev = event(pool, 1).await;
+        let waiting = delivery(pool, ev, ep, "pending", None).await;
+        sqlx::query("UPDATE deliveries SET ordering_key = $2, line_seq = 2, waiting = true WHERE id = $1")
+            .bind(waiting)
+            .bind(key)
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO order_lines (endpoint_id, ordering_key, head_id) VALUES ($1::uuid, $2, NULL)")
+            .bind(ep)
+            .bind(key)
+            .execute(pool)
+            .await
+            .unwrap();
+        stranded.push((key, waiting));
+    }
 
     let report = ran(janitor::run_pass(pool, &settings(2), "test").await.unwrap());
     assert_eq!(report.status, RunStatus::Complete, "{report:?}");
     assert_eq!(report.lines_deleted, 5, "{report:?}");
-    let left: Vec<String> =
-        sqlx::query_scalar("SELECT ordering_key FROM order_lines ORDER BY 1").fetch_all(pool).await.unwrap();
-    assert_eq!(left, ["busy", "odd"]);
+    let left: Vec<(String, Option<Uuid>)> =
+        sqlx::query_as("SELECT ordering_key, head_id FROM order_lines ORDER BY 1").fetch_all(pool).await.unwrap();
+    let mut expected = vec![("busy".to_owned(), Some(head))];
+    expected.extend(stranded.iter().map(|(key, id)| (key.to_string(), Some(*id))));
+    assert_eq!(left, expected, "the line in use kept, each stranded delivery its line's head");
+    let still_waiting: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE waiting").fetch_one(pool).await.unwrap();
+    assert_eq!(still_waiting, 0, "the new heads are claimable");
+    let again = ran(janitor::run_pass(pool, &settings(2), "test").await.unwrap());
+    assert_eq!((again.status, again.lines_deleted), (RunStatus::Complete, 0), "{again:?}");
 }
 
 /// An endpoint's circuit history goes with the attempts' retention (30 days by default):

@@ -41,6 +41,7 @@ mod ordering;
 mod otel;
 mod plans;
 mod pooler;
+mod pooler_limits;
 mod prelease;
 mod prelease_batch;
 mod prelease_dispatch;

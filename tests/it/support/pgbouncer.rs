@@ -54,19 +54,37 @@ impl PgBouncer {
 
     /// [`PgBouncer::start_with`] in `pool_mode` (`transaction`, `session` or `statement`).
     pub fn start_in_mode(server_url: &str, server_connections: u32, aliases: &[Alias], pool_mode: &str) -> PgBouncer {
+        PgBouncer::start_configured(server_url, server_connections, aliases, pool_mode, &[])
+    }
+
+    /// [`PgBouncer::start_in_mode`] with `settings` of its `[pgbouncer]` section besides
+    /// (`max_client_conn`, `query_timeout`, ...), which win over the harness's own.
+    pub fn start_configured(
+        server_url: &str,
+        server_connections: u32,
+        aliases: &[Alias],
+        pool_mode: &str,
+        settings: &[(&str, &str)],
+    ) -> PgBouncer {
         // A port free when chosen may be taken before PgBouncer binds it (by another test's
         // connection or process): a start that lost its port tries another.
         for _ in 0..3 {
-            if let Some(bouncer) = PgBouncer::try_start(server_url, server_connections, aliases, pool_mode) {
+            if let Some(bouncer) = PgBouncer::try_start(server_url, server_connections, aliases, pool_mode, settings) {
                 return bouncer;
             }
         }
         panic!("pgbouncer lost its port three times");
     }
 
-    /// One start of [`PgBouncer::start_in_mode`] on a port chosen here; `None` if another
-    /// process took that port first.
-    fn try_start(server_url: &str, server_connections: u32, aliases: &[Alias], pool_mode: &str) -> Option<PgBouncer> {
+    /// One start of [`PgBouncer::start_configured`] on a port chosen here; `None` if
+    /// another process took that port first.
+    fn try_start(
+        server_url: &str,
+        server_connections: u32,
+        aliases: &[Alias],
+        pool_mode: &str,
+        settings: &[(&str, &str)],
+    ) -> Option<PgBouncer> {
         let server = url::Url::parse(server_url).expect("server URL");
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
         let dir = std::env::temp_dir().join(format!("wg-pgbouncer-{port}"));
@@ -84,12 +102,18 @@ impl PgBouncer {
                 )
             })
             .collect();
+        let defaults = [("max_client_conn", "500"), ("server_login_retry", "1"), ("query_wait_timeout", "30")];
+        let section: String = defaults
+            .iter()
+            .filter(|(name, _)| !settings.iter().any(|(given, _)| given == name))
+            .chain(settings)
+            .map(|(name, value)| format!("{name} = {value}\n"))
+            .collect();
         let ini = format!(
             "[databases]\n{aliases}* = host={host} port={sport} user={user}{password}\n\
              [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
              auth_type = trust\nauth_file = {dir}/users.txt\npool_mode = {pool_mode}\n\
-             default_pool_size = {server_connections}\nmax_client_conn = 500\n\
-             server_login_retry = 1\nquery_wait_timeout = 30\n",
+             default_pool_size = {server_connections}\n{section}",
             dir = dir.display(),
         );
         std::fs::write(dir.join("pgbouncer.ini"), ini).expect("pgbouncer.ini");

@@ -40,7 +40,7 @@ use futures_util::{FutureExt, StreamExt, TryStreamExt};
 use serde::Deserialize;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgQueryResult, PgRow, PgStatement, PgTypeInfo};
 use sqlx::query::{Query, QueryAs, QueryScalar};
-use sqlx::{Connection, Either, Execute, Executor, PgPool, Postgres};
+use sqlx::{Either, Execute, Executor, PgPool, Postgres};
 
 use super::failure::{Health, Unavailable};
 use super::tx::Tx;
@@ -233,17 +233,22 @@ impl Pool {
         E: 'q + Execute<'q, Postgres>,
     {
         let mut conn = self.take().await?;
-        let items: Vec<Item> = match self.pooler {
-            Pooler::None => conn.conn().fetch_many(query).try_collect().await?,
-            Pooler::Transaction => {
-                let mut tx = conn.conn().begin_with(self.begin_sql(None)).await?;
-                let items = (&mut *tx).fetch_many(Unnamed(query)).try_collect().await?;
-                tx.commit().await?;
-                items
+        match self.pooler {
+            Pooler::None => {
+                let items: Vec<Item> = conn.conn().fetch_many(query).try_collect().await?;
+                self.give_back(conn);
+                Ok(items)
             }
-        };
-        self.give_back(conn);
-        Ok(items)
+            // A `Tx`: its `BEGIN` abandoned closes the connection (see `Tx::begin`); its
+            // commit keeps the connection warm.
+            Pooler::Transaction => {
+                let begin = self.begin_sql(None);
+                let mut tx = Tx::begin(conn, Some(begin), self.warm.clone(), self.health.clone()).await?;
+                let items: Vec<Item> = (&mut *tx).fetch_many(Unnamed(query)).try_collect().await?;
+                tx.commit().await?;
+                Ok(items)
+            }
+        }
     }
 
     /// What sits between this pool and PostgreSQL.

@@ -39,15 +39,22 @@ pub struct Tx {
 impl Tx {
     /// Begin a transaction on `conn` with `begin` (the ANSI `BEGIN` when `None`).
     pub(super) async fn begin(
-        mut conn: WarmConn,
+        conn: WarmConn,
         begin: Option<&'static str>,
         warm: Arc<Warm>,
         health: Arc<Health>,
     ) -> Result<Tx, sqlx::Error> {
-        // On failure the connection goes back through sqlx's pool: the manager queued a
-        // `ROLLBACK` if the `BEGIN` was sent, and the pool's ping sends it.
-        PgTransactionManager::begin(conn.conn(), begin.map(Cow::Borrowed)).await?;
-        Ok(Tx { conn: Some(conn), warm, health })
+        // sqlx 0.8.6 counts the transaction (the depth its rollback guard keys on) only once
+        // the `BEGIN`'s answer is read: a `BEGIN` sent and then abandoned (the caller's
+        // timeout over a frozen database) or failed queues no `ROLLBACK`, and the pool's
+        // ping would read the answer and hand the connection on inside the transaction
+        // (the next caller's statements in it; `there is already a transaction in
+        // progress`). Such a connection is closed instead: the server rolls back.
+        let mut beginning = ClosedUnlessBegun(Some(conn));
+        if let Some(conn) = beginning.0.as_mut() {
+            PgTransactionManager::begin(conn.conn(), begin.map(Cow::Borrowed)).await?;
+        }
+        Ok(Tx { conn: beginning.0.take(), warm, health })
     }
 
     /// Commit; the connection is kept warm for the next caller.
@@ -88,6 +95,17 @@ impl DerefMut for Tx {
         // Only `end` and `drop` take the connection, and both end the `Tx`.
         #[allow(clippy::expect_used)]
         self.conn.as_mut().expect("a transaction that has not ended has its connection").conn()
+    }
+}
+
+/// A connection whose `BEGIN` has not been answered yet: closed if dropped so.
+struct ClosedUnlessBegun(Option<WarmConn>);
+
+impl Drop for ClosedUnlessBegun {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.as_mut() {
+            conn.close_on_drop();
+        }
     }
 }
 

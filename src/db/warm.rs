@@ -76,6 +76,11 @@ impl WarmConn {
         &self.conn
     }
 
+    /// Close the connection when it is dropped, instead of returning it to sqlx's pool.
+    pub(super) fn close_on_drop(&mut self) {
+        self.conn.close_on_drop();
+    }
+
     /// Whether it may still be used without sqlx's checks: kept for less than
     /// [`REVETTED_AFTER`], and no connection marked stale since it was taken.
     fn fresh(&self, health: &Health) -> bool {

@@ -6,6 +6,7 @@
 
 mod support;
 
+mod abandoned_calls;
 mod admin_api;
 mod binary;
 mod cascades;

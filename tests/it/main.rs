@@ -42,7 +42,7 @@ mod ordering;
 mod otel;
 mod plans;
 mod pooler;
-mod pooler_limits;
+mod pooler_failures;
 mod prelease;
 mod prelease_batch;
 mod prelease_dispatch;

@@ -11,6 +11,9 @@
 //!   retransmission delivers them after a short partition.
 //! - [`Proxy::cut`]: every open connection is closed (a partition long enough for either
 //!   side to give up on its connections).
+//! - [`Proxy::strand`]: every open connection goes silent for good (its bytes held and
+//!   never passed on, neither side told), while new ones flow: a server gone without a
+//!   word, its connections half-open, and the address now leading to a live one.
 //! - [`Proxy::down`] / [`Proxy::up`]: connections closed and new ones refused (the server
 //!   is gone), then accepted again on the same port.
 //! - [`Proxy::retarget`]: the address leads to another server from now on (a failover
@@ -38,6 +41,8 @@ pub struct Proxy {
     /// While down: the port, bound but not listening, so connections to it are refused
     /// and no other socket of the machine takes it before [`Proxy::up`].
     held_port: std::sync::Mutex<Option<tokio::net::TcpSocket>>,
+    /// Connections accepted before this many are stranded ([`Proxy::strand`]).
+    stranded_below: Arc<AtomicU64>,
 }
 
 impl Proxy {
@@ -55,6 +60,7 @@ impl Proxy {
             awaiting: Arc::default(),
             acceptor: std::sync::Mutex::new(None),
             held_port: std::sync::Mutex::new(None),
+            stranded_below: Arc::default(),
         };
         proxy.accept_on(listener);
         proxy
@@ -63,11 +69,12 @@ impl Proxy {
     fn accept_on(&self, listener: TcpListener) {
         let (healthy, connections, accepted) = (self.healthy.clone(), self.connections.clone(), self.accepted.clone());
         let (upstream, awaiting) = (self.upstream.clone(), self.awaiting.clone());
+        let stranded_below = self.stranded_below.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((inbound, _)) = listener.accept().await else { continue };
-                accepted.fetch_add(1, Ordering::Relaxed);
-                let state = healthy.subscribe();
+                let number = accepted.fetch_add(1, Ordering::Relaxed);
+                let state = Flowing { healthy: healthy.subscribe(), number, stranded_below: stranded_below.clone() };
                 let turn = Turn { client_spoke_last: Arc::default(), awaiting: awaiting.clone() };
                 let to = *upstream.lock().expect("proxy upstream");
                 connections.lock().expect("proxy connections").spawn(relay(inbound, to, state, turn));
@@ -111,6 +118,14 @@ impl Proxy {
     /// Forward again, held bytes first.
     pub fn heal(&self) {
         self.healthy.send_replace(true);
+    }
+
+    /// Silence every open connection for good: what it holds or is sent is never passed
+    /// on, and it stays open. Connections accepted from now on flow as usual.
+    pub fn strand(&self) {
+        self.stranded_below.store(self.accepted.load(Ordering::SeqCst), Ordering::SeqCst);
+        // Wake every pump, so that each looks at its connection's state again.
+        self.healthy.send_modify(|_| {});
     }
 
     /// Close every open connection (new ones are still accepted, and forwarded when healthy).
@@ -171,9 +186,26 @@ impl Turn {
     }
 }
 
+/// Whether one connection may pass bytes on: the proxy is healthy and the connection is
+/// not stranded.
+#[derive(Clone)]
+struct Flowing {
+    healthy: watch::Receiver<bool>,
+    number: u64,
+    stranded_below: Arc<AtomicU64>,
+}
+
+impl Flowing {
+    /// Wait until bytes may flow; `Err` once the proxy is gone.
+    async fn wait(&mut self) -> Result<(), watch::error::RecvError> {
+        let (number, stranded_below) = (self.number, self.stranded_below.clone());
+        self.healthy.wait_for(|healthy| *healthy && number >= stranded_below.load(Ordering::SeqCst)).await.map(|_| ())
+    }
+}
+
 /// One proxied connection: nothing is sent upstream, not even the connection attempt,
 /// while the proxy is in blackhole.
-async fn relay(inbound: TcpStream, upstream: SocketAddr, mut state: watch::Receiver<bool>, turn: Turn) {
+async fn relay(inbound: TcpStream, upstream: SocketAddr, mut state: Flowing, turn: Turn) {
     // Ends the connection's turn however the task ends (aborted by `cut` included).
     struct Closed(Turn);
     impl Drop for Closed {
@@ -182,7 +214,7 @@ async fn relay(inbound: TcpStream, upstream: SocketAddr, mut state: watch::Recei
         }
     }
     let _closed = Closed(turn.clone());
-    if state.wait_for(|healthy| *healthy).await.is_err() {
+    if state.wait().await.is_err() {
         return;
     }
     let Ok(outbound) = TcpStream::connect(upstream).await else { return };
@@ -200,17 +232,17 @@ async fn relay(inbound: TcpStream, upstream: SocketAddr, mut state: watch::Recei
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut state: watch::Receiver<bool>,
+    mut state: Flowing,
     (turn, from_client): (Turn, bool),
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if state.wait_for(|healthy| *healthy).await.is_err() {
+        if state.wait().await.is_err() {
             return;
         }
         let read = from.read(&mut buf).await;
         // Read just as the blackhole began: held (end of stream included) until it ends.
-        if state.wait_for(|healthy| *healthy).await.is_err() {
+        if state.wait().await.is_err() {
             return;
         }
         match read {

@@ -428,7 +428,10 @@ pub const CLAIM_FRESH_SQL: &str = "SELECT * FROM wg_claim_fresh_v3($1, $2, $3, $
 
 /// Admit one probe for each of up to `limit` half-open endpoints: claim the endpoint row
 /// (its cool-down is over and no live probe holds it) together with its oldest pending
-/// delivery, parked or not. The endpoint's `probe_until` is the probe's lease, so a
+/// delivery that is due, parked (parked only when due) or not. One still in its backoff
+/// or its subscriber's `Retry-After` is not a probe: sent early, it would spend an
+/// attempt and call a subscriber that asked for time; an endpoint with nothing due
+/// stays half-open until something is. The endpoint's `probe_until` is the probe's lease, so a
 /// prober that dies does not wedge the circuit; `probe_token` fences its outcome.
 /// Row locks with `SKIP LOCKED` on the endpoint make this exactly one probe per window
 /// across every worker and replica.
@@ -450,6 +453,7 @@ pub async fn claim_probes(db: impl PgExecutor<'_>, limit: i64, lease: Duration) 
                       ORDER BY id LIMIT 1),
                      (SELECT id FROM deliveries
                       WHERE endpoint_id = ready.id AND status = 'pending' AND NOT parked AND NOT waiting
+                        AND next_attempt_at <= now()
                         AND (leased_until IS NULL OR leased_until <= now())
                       ORDER BY next_attempt_at LIMIT 1)) AS id
              ) p

@@ -64,6 +64,39 @@ async fn an_open_circuit_stops_sending_and_spends_no_attempts() {
     assert_eq!(e["circuit"]["open_count"], 1);
 }
 
+/// A subscriber that answers 503 with `Retry-After: 3600` opens the circuit (threshold 1)
+/// with its one delivery waiting an hour. The half-open probe takes only a delivery that
+/// is due: cool-down after cool-down passes (200 ms each) and nothing is sent, no attempt
+/// spent. Before, the probe took the oldest pending delivery whatever its time, so the
+/// subscriber that asked for an hour was called again at every cool-down, each call an
+/// attempt of the budget (five within 15 s here, with the reviewer's settings).
+#[tokio::test]
+async fn a_probe_takes_only_a_delivery_that_is_due() {
+    let mut settings = test_settings();
+    settings.delivery.circuit.failure_threshold = 1;
+    settings.delivery.circuit.cooldown = Duration::from_millis(200);
+    settings.delivery.circuit.cooldown_cap = Duration::from_millis(400);
+    let app = TestApp::spawn_with(TestDb::new().await, settings, 4).await;
+    let sink = Sink::start(|_, _| Reply::Status(503, vec![("retry-after", "3600".into())], String::new())).await;
+    let ep = app.endpoint_for(&sink.url("/"), Some("api")).await;
+    seed_deliveries(&app.db.pool, &ep, 1).await;
+    eventually(Duration::from_secs(30), "the circuit open after the first answer", || async {
+        (endpoint(&app, &ep).await["circuit"]["state"] == "open").then_some(())
+    })
+    .await;
+    // Many cool-downs.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(sink.count(), 1, "the subscriber asked for an hour and was called again");
+    let (attempts, hour_away): (i32, bool) = sqlx::query_as(
+        "SELECT attempt_count, next_attempt_at > now() + interval '50 minutes' FROM deliveries WHERE endpoint_id = $1::uuid",
+    )
+    .bind(&ep)
+    .fetch_one(&app.db.pool)
+    .await
+    .unwrap();
+    assert_eq!((attempts, hour_away), (1, true), "one attempt spent, the next an hour away");
+}
+
 /// Two instances, 16 hungry workers, a subscriber that keeps failing: exactly one request
 /// per half-open window, counted at the subscriber. Then it recovers: the probe closes
 /// the circuit and the whole backlog is delivered without any budget exhausted.

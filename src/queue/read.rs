@@ -120,7 +120,8 @@ pub struct Stats {
     pub pending: i64,
     /// Pending, parked behind an open circuit or a pause.
     pub parked: i64,
-    /// Pending, not parked, due now and not leased.
+    /// Pending, not parked, due now and not under a live lease (never leased, or its
+    /// lease ran out: a worker that died): what a claim would take.
     pub due: i64,
     /// Dead-lettered.
     pub dead: i64,
@@ -133,7 +134,8 @@ pub async fn stats(pool: &crate::db::Pool) -> Result<Stats, sqlx::Error> {
     let (pending, parked, due): (i64, i64, i64) = crate::db::query_as(
         "SELECT count(*) FILTER (WHERE NOT parked),
                 count(*) FILTER (WHERE parked),
-                count(*) FILTER (WHERE NOT parked AND NOT waiting AND next_attempt_at <= now() AND leased_until IS NULL)
+                count(*) FILTER (WHERE NOT parked AND NOT waiting AND next_attempt_at <= now()
+                                   AND (leased_until IS NULL OR leased_until <= now()))
          FROM deliveries WHERE status = 'pending'",
     )
     .fetch_one(pool)

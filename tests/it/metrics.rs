@@ -7,7 +7,10 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::support::sink::{Reply, Sink};
-use crate::support::{ADMIN_TOKEN, GatewayProcess, TestDb, count_status, eventually, wait_ready};
+use crate::support::{
+    ADMIN_TOKEN, GatewayProcess, TestDb, count_status, eventually, insert_endpoint, seed_deliveries, wait_ready,
+};
+use webhook_gateway::queue;
 
 /// `name{labels} value` lines, keyed by name plus sorted labels.
 pub(crate) fn parse(text: &str) -> BTreeMap<String, f64> {
@@ -352,4 +355,34 @@ async fn a_transaction_that_holds_the_database_s_cleanup_back_is_seen() {
         (held < 1.0).then_some(())
     })
     .await;
+}
+
+/// The queue's "due" count (`webhook_gateway_queue_due`, the console's) is what a claim
+/// would take now: rows never leased and rows whose lease ran out (a worker that died),
+/// not rows under a live lease. Before, it counted only rows never leased, so right after
+/// a crash, when an operator looks, it read 0 while the lag grew.
+#[tokio::test]
+async fn the_due_count_is_what_a_claim_would_take() {
+    let db = TestDb::new().await;
+    let endpoint = insert_endpoint(&db.pool, "http://127.0.0.1:9/due").await;
+    seed_deliveries(&db.pool, &endpoint, 7).await;
+    // Two left by a dead worker (their lease over: due at its end), two under a live
+    // lease, three never leased and due.
+    sqlx::query(
+        "UPDATE deliveries d SET leased_until = now() - interval '1 second', next_attempt_at = now() - interval '1 second'
+         FROM (SELECT id FROM deliveries ORDER BY id LIMIT 2) dead WHERE d.id = dead.id",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("expired leases");
+    sqlx::query(
+        "UPDATE deliveries d SET leased_until = now() + interval '1 minute', next_attempt_at = now() + interval '1 minute'
+         FROM (SELECT id FROM deliveries WHERE leased_until IS NULL ORDER BY id LIMIT 2) live WHERE d.id = live.id",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("live leases");
+    let stats = queue::read::stats(&db.pool).await.expect("stats");
+    let claimed = queue::claim(&db.pool, 100, Duration::from_secs(60)).await.expect("claim");
+    assert_eq!((stats.due, claimed.len()), (5, 5), "{stats:?}");
 }

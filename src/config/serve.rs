@@ -12,11 +12,35 @@ use super::*;
 /// likely a mistake that opens the metadata service and every internal host.
 pub const EGRESS_ALLOW_WIDEST_PREFIX: u8 = 8;
 
+/// IPv6 ranges whose addresses carry an IPv4 address that a connection may reach:
+/// IPv4-mapped (`::ffff:a.b.c.d`, connected to as the IPv4 address), NAT64 (well-known
+/// and local-use prefixes), 6to4 and Teredo. An allow entry inside or over one of them
+/// opens IPv4 hosts under another spelling, whatever its prefix length: a "narrow"
+/// `::ffff:0:0/96` is all of IPv4, metadata service included.
+const IPV4_CARRYING: [&str; 5] = ["::ffff:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48", "2002::/16", "2001::/32"];
+
 /// An allow-list entry with host bits set (`127.0.0.1/0`) silently means its whole
 /// network: refused, with the two readings spelled out. A range wider than
-/// [`EGRESS_ALLOW_WIDEST_PREFIX`] needs `wide` (`--egress-allow-wide`).
+/// [`EGRESS_ALLOW_WIDEST_PREFIX`], or one that reaches IPv4 hosts through an IPv6
+/// spelling ([`IPV4_CARRYING`]), needs `wide` (`--egress-allow-wide`).
 fn validate_egress_allow(allow: &[ipnet::IpNet], wide: bool) -> Result<(), ConfigError> {
     for net in allow {
+        if let (ipnet::IpNet::V6(v6), false) = (net, wide) {
+            let carrying = IPV4_CARRYING.iter().filter_map(|r| r.parse::<ipnet::Ipv6Net>().ok());
+            if let Some(range) = carrying.into_iter().find(|r| r.contains(&v6.network()) || v6.contains(&r.network())) {
+                let instead = match (v6.addr().to_ipv4_mapped(), v6.prefix_len().checked_sub(96)) {
+                    (Some(v4), Some(len)) if range.prefix_len() == 96 && v6.prefix_len() >= 96 => {
+                        format!("write the IPv4 range {}/{len} instead (a mapped address matches it too)", v4)
+                    }
+                    _ => "allow the IPv4 range you mean instead".to_owned(),
+                };
+                return Err(ConfigError(format!(
+                    "egress-allow {net} covers IPv6 addresses that carry IPv4 addresses ({range}), so it would open IPv4 \
+                     hosts under another spelling (cloud metadata included): {instead}, or confirm with \
+                     --egress-allow-wide"
+                )));
+            }
+        }
         if net.addr() != net.network() {
             return Err(ConfigError(format!(
                 "egress-allow {net} has host bits set, so it would open all of {}: write {} for that network, or {}/{} \

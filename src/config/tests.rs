@@ -44,6 +44,24 @@ fn egress_allow_refuses_host_bits_and_unconfirmed_wide_ranges() {
     }
 }
 
+/// IPv6 entries that reach IPv4 hosts under another spelling are as wide as the IPv4
+/// space they carry: `::ffff:0:0/96` is all of IPv4 (found by review: it opened the
+/// metadata service through `[::ffff:169.254.169.254]` with no `--egress-allow-wide`).
+#[test]
+fn egress_allow_refuses_ipv6_ranges_that_carry_ipv4_unless_confirmed() {
+    let allow = |extra: &[&str]| parse(&[&["webhook-gateway", "serve"], extra].concat());
+    for carrying in ["::ffff:0:0/96", "::/8", "64:ff9b::/96", "64:ff9b:1::/64", "2002::/16", "2001::/32", "2000::/3"] {
+        let err = allow(&["--egress-allow", carrying]).unwrap_err();
+        assert!(err.contains("carry IPv4") && err.contains("--egress-allow-wide"), "{carrying}: {err}");
+        allow(&["--egress-allow", carrying, "--egress-allow-wide"]).unwrap();
+    }
+    let err = allow(&["--egress-allow", "::ffff:10.1.2.0/120"]).unwrap_err();
+    assert!(err.contains("10.1.2.0/24"), "the IPv4 range to write instead: {err}");
+    for fine in ["::1/128", "fd00::/8", "2a01:4f8::/32", "10.1.2.0/24"] {
+        allow(&["--egress-allow", fine]).unwrap();
+    }
+}
+
 #[test]
 fn an_otel_endpoint_must_be_an_http_url() {
     assert!(parse(&["webhook-gateway", "serve", "--otel-endpoint", "http://collector:4318"]).is_ok());

@@ -165,7 +165,7 @@ pub async fn try_on(pool: &Pool, filter: &str, event: &EventFields<'_>) -> Resul
         "WITH d AS (
              SELECT jsonb_set(wg_event_doc($1, $2, $3, $4), '{source}', COALESCE(to_jsonb($5::text), 'null'))
                  AS doc)
-         SELECT jsonb_path_match(d.doc, $6::jsonpath, silent => true), d.doc FROM d",
+         SELECT wg_filter_match(d.doc, $6::jsonpath), d.doc FROM d",
     )
     .bind(event.source_id)
     .bind(event.event_type)

@@ -268,6 +268,51 @@ async fn a_deeply_nested_body_is_filtered_in_one_walk() {
     assert!(filtered.received()[0].body.starts_with(b"[[[["));
 }
 
+/// A filter whose evaluation raises an error `silent` does not hide (a timestamp with a
+/// zone compared to one without; a `**` walk of a body nested deep enough to exhaust
+/// PostgreSQL's stack) is no match, never an error: the webhook is stored (200) and
+/// reaches the subscription without a filter beside it. Before, the whole ingest
+/// statement failed: 500, nothing stored, no subscriber reached. Trying the filter
+/// answers no match too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_filter_that_fails_on_a_webhook_is_no_match_and_the_webhook_is_stored() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let everything = Sink::ok().await;
+    app.endpoint_for(&everything.url("/"), Some("shop")).await;
+    let zoned = Sink::ok().await;
+    let by_date = "$.payload.at.datetime() < \"2025-01-01\".datetime()";
+    app.endpoint_with(&zoned.url("/"), json!({"source": "shop", "filter": by_date})).await;
+    let walked = Sink::ok().await;
+    let walk = "exists($.payload.** ? (@ == \"x\"))";
+    app.endpoint_with(&walked.url("/"), json!({"source": "shop", "filter": walk})).await;
+
+    let with_zone = r#"{"at": "2024-06-01T10:00:00+02:00"}"#;
+    let too_deep = format!("{}\"y\"{}", "[".repeat(12_000), "]".repeat(12_000));
+    let without_zone = r#"{"at": "2024-06-01"}"#;
+    for (id, body) in [("zone", with_zone), ("deep", too_deep.as_str()), ("plain-date", without_zone)] {
+        let (status, answer) = app.ingest("shop", id, "t", body).await;
+        assert_eq!(status, 200, "{id}: {answer}");
+    }
+    eventually(Duration::from_secs(30), "all three at the endpoint without a filter", || async {
+        (everything.count() >= 3).then_some(())
+    })
+    .await;
+    eventually(Duration::from_secs(30), "the date without a zone matched", || async {
+        (zoned.count() >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(app.db.count("events").await, 3, "each stored once");
+    let matched = |sink: &Sink| sink.received().iter().map(|r| r.body.len()).collect::<Vec<_>>();
+    assert_eq!(matched(&zoned), [without_zone.len()], "the failing comparison is no match");
+    assert!(walked.received().is_empty(), "the walk that failed is no match");
+    for (filter, payload) in [(by_date, json!({"at": "2024-06-01T10:00:00+02:00"}))] {
+        let tried =
+            app.admin_post("/v1/filters/test", json!({"filter": filter, "event": {"payload": payload}}), 200).await;
+        assert_eq!(tried["matches"], false, "{tried}");
+    }
+}
+
 /// Two replicas: a filter set, changed and cleared through one replica applies at once
 /// to webhooks the other one stores (the fan-out reads the subscription in the ingest
 /// statement: no copy of it to go stale), and a subscription with a filter sits beside

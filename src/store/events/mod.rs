@@ -102,6 +102,27 @@ pub fn insert_sql() -> &'static str {
 /// [`insert_sql`]'s text, built once: every lone webhook runs it.
 static INSERT_SQL: LazyLock<String> = LazyLock::new(|| format!("{}\n        {INSERT_ANSWER}", insert_ctes(FANOUT)));
 
+/// How the ingest statements evaluate a subscription's filter: `silent` hides missing keys
+/// and type errors, but not every error (a timestamp with a zone compared to one without,
+/// a `**` walk that exhausts the stack).
+const FILTER_MATCH: &str = "jsonb_path_match(d.doc, s.filter, silent => true) IS TRUE";
+
+/// [`insert_sql`] with each filter evaluated by `wg_filter_match` (migration 0038), which
+/// reads any error of the filter as no match: what a webhook whose statement failed that
+/// way is stored with. Not the usual statement: its exception block costs a
+/// subtransaction for each filter evaluated.
+static INSERT_SQL_FILTERS_CAUGHT: LazyLock<String> =
+    LazyLock::new(|| INSERT_SQL.replace(FILTER_MATCH, "wg_filter_match(d.doc, s.filter)"));
+
+/// Whether `err` may come from evaluating a filter: a data exception (class 22), a
+/// feature not supported (0A: a timestamp with a zone compared to one without) or a
+/// program limit (54: the stack). Another error of those classes fails again the same way
+/// when tried with the filters caught, and is answered then.
+fn a_filter_may_have_failed(err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = err else { return false };
+    db.code().is_some_and(|code| ["22", "0A", "54"].iter().any(|class| code.starts_with(class)))
+}
+
 /// The ingest statement's `WITH` list: the event, its bodies and the fan-out (`fanout`,
 /// [`FANOUT`] or [`FANOUT_LEASED`]).
 fn insert_ctes(fanout: &str) -> String {
@@ -332,7 +353,23 @@ where
     for _ in 0..3 {
         let statements = (insert_sql(), lean::insert_sql());
         let run = |sql| bound_event(sql, event, &terms).fetch_all(db);
-        if let Some((stored, _)) = lean_first(event.source_id, statements, "", run).await? {
+        let stored = match lean_first(event.source_id, statements, "", run).await {
+            Err(e) if a_filter_may_have_failed(&e) => {
+                tracing::warn!(
+                    error = %e,
+                    source_id = %event.source_id,
+                    "the ingest statement failed, perhaps in a subscription's filter: stored again with each filter \
+                     evaluated on its own, one that fails reading as no match"
+                );
+                let rows = bound_event(&INSERT_SQL_FILTERS_CAUGHT, event, &terms).fetch_all(db).await?;
+                match answer_of(&rows, "")? {
+                    Answer::Stored(stored) => Some(stored),
+                    Answer::NeedsFull | Answer::Unseen => None,
+                }
+            }
+            other => other?.map(|(stored, _)| stored),
+        };
+        if let Some(stored) = stored {
             return Ok(stored);
         }
         if let Some(twin) = find_twin(db, event).await? {
@@ -488,4 +525,18 @@ pub async fn insert_test(
     .bind(payload)
     .fetch_one(db)
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The statement a failed filter falls back to evaluates every filter through the
+    /// wrapper, and only that differs from the usual one.
+    #[test]
+    fn the_fallback_statement_evaluates_every_filter_through_the_wrapper() {
+        assert!(INSERT_SQL.contains(FILTER_MATCH));
+        assert!(!INSERT_SQL_FILTERS_CAUGHT.contains("jsonb_path_match"), "{}", *INSERT_SQL_FILTERS_CAUGHT);
+        assert_eq!(INSERT_SQL_FILTERS_CAUGHT.replace("wg_filter_match(d.doc, s.filter)", FILTER_MATCH), *INSERT_SQL);
+    }
 }

@@ -173,6 +173,18 @@ async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, spa
 /// body (and `application/json`) it sends instead of the event's, or why there is none.
 async fn transform(job: &mut Claimed) -> Result<(), Observed> {
     let Some(script) = job.transform.as_deref() else {
+        // The event's headers come with a delivery made with a transformation (they are
+        // its input): one that finds none now lost it with its subscription, deleted
+        // since (a cleared transformation lets its deliveries go, `store::subscriptions::
+        // update`). Sent as it is, a redaction would be undone: dead-lettered instead.
+        if job.event_headers.is_some() {
+            return Err(Observed::Refused {
+                kind: ErrorKind::Transform,
+                message: "transform: the subscription this delivery was made for, and its transformation, were \
+                          deleted; not sent untransformed"
+                    .to_owned(),
+            });
+        }
         return Ok(());
     };
     let webhook = crate::transforms::Webhook::new(
@@ -191,8 +203,6 @@ async fn transform(job: &mut Claimed) -> Result<(), Observed> {
     }
 }
 
-/// Hand a claim that sent nothing to the recorder, which ends it (`end`) without spending
-/// its attempt.
 /// What of a lease must be left after the request for its outcome to be recorded.
 const RECORD_MARGIN: Duration = Duration::from_secs(5);
 
@@ -204,6 +214,8 @@ fn fits_in_lease(waited: Duration, request_timeout: Duration, lease: Duration) -
     waited + request_timeout + RECORD_MARGIN <= lease
 }
 
+/// Hand a claim that sent nothing to the recorder, which ends it (`end`) without spending
+/// its attempt.
 async fn hand_over(ctx: &Context, job: &Claimed, end: UnsentEnd, slot: OwnedSemaphorePermit) {
     let unsent = Unsent { delivery_id: job.id, claim_token: job.claim_token, end };
     if ctx.outcomes.send((Done::Unsent(unsent), slot)).await.is_err() {

@@ -85,7 +85,10 @@ pub async fn by_id(db: impl PgExecutor<'_>, id: SubscriptionId) -> Result<Option
 
 /// Change a subscription's source, patterns, ordering and/or content filter; `Some(None)`
 /// clears one (every source, every type, unordered, no filter). Deliveries already
-/// created keep how they were made.
+/// created keep how they were made, but for the transformation: its pending deliveries
+/// made with one run the one it has at their next attempt, and a cleared one lets them go
+/// untransformed (the operator's choice, made here: a delivery made with a
+/// transformation that finds none is otherwise never sent, `deliver::attempt`).
 pub async fn update(
     db: impl PgExecutor<'_>,
     id: SubscriptionId,
@@ -109,7 +112,12 @@ pub async fn update(
                  transform = CASE WHEN $11 THEN $12 ELSE transform END
              WHERE id = $1
              RETURNING id, endpoint_id, source_id, event_types, ordered, ordered_on_dead, filter::text AS filter,
-                       transform, created_at)
+                       transform, created_at
+         ), untransformed AS (
+             UPDATE deliveries SET transform_by = NULL
+             WHERE $11 AND $12::text IS NULL AND transform_by = $1 AND status = 'pending'
+               AND EXISTS (SELECT 1 FROM s)
+         )
          SELECT s.*, src.name AS source_name FROM s LEFT JOIN sources src ON src.id = s.source_id",
     )
     .bind(id)
@@ -128,7 +136,9 @@ pub async fn update(
     .await
 }
 
-/// Delete a subscription (existing deliveries are not affected).
+/// Delete a subscription. Existing deliveries are not affected, but those made with its
+/// transformation: they are never sent untransformed (dead-lettered at their next attempt,
+/// `deliver::attempt`).
 pub async fn delete(db: impl PgExecutor<'_>, id: SubscriptionId) -> Result<bool, sqlx::Error> {
     Ok(crate::db::query("DELETE FROM subscriptions WHERE id = $1").bind(id).execute(db).await?.rows_affected() == 1)
 }

@@ -129,6 +129,50 @@ async fn a_runaway_or_failing_transformation_dead_letters_its_delivery_alone() {
     }
 }
 
+/// A delivery made with a transformation is sent transformed or not at all. Two paused
+/// endpoints hold a card number's webhook, each subscribed with a redaction. One
+/// subscription is deleted: its delivery is dead-lettered with the reason, and the card
+/// never reaches that subscriber (before, the delivery went out with the raw body once
+/// its subscription, and so its transformation, was gone). The other has its
+/// transformation cleared by a PATCH, the operator's choice: its delivery goes as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delivery_made_with_a_transformation_is_never_sent_untransformed_after_its_subscription_is_deleted() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let redact = "function handler(w) { delete w.payload.card; return w.payload; }";
+    let mut made = Vec::new();
+    for _ in 0..2 {
+        let sink = Sink::ok().await;
+        let endpoint = app.admin_post("/v1/endpoints", json!({"url": sink.url("/")}), 201).await;
+        let endpoint = endpoint["id"].as_str().unwrap().to_owned();
+        let sub = json!({"endpoint_id": endpoint, "source": "shop", "transform": redact});
+        let subscription = app.admin_post("/v1/subscriptions", sub, 201).await["id"].as_str().unwrap().to_owned();
+        app.admin_post(&format!("/v1/endpoints/{endpoint}/pause"), json!({}), 200).await;
+        made.push((sink, endpoint, subscription));
+    }
+    let (status, _) =
+        app.ingest("shop", "ch-1", "charge.succeeded", r#"{"id": "ch_1", "card": "4242424242424242"}"#).await;
+    assert_eq!(status, 200);
+    let (deleted, cleared) = (&made[0], &made[1]);
+    let (status, _) = app.admin(reqwest::Method::DELETE, &format!("/v1/subscriptions/{}", deleted.2), None).await;
+    assert_eq!(status, 204);
+    let patch = Some(json!({"transform": null}));
+    let (status, body) = app.admin(reqwest::Method::PATCH, &format!("/v1/subscriptions/{}", cleared.2), patch).await;
+    assert_eq!(status, 200, "{body}");
+    for (_, endpoint, _) in &made {
+        app.admin_post(&format!("/v1/endpoints/{endpoint}/resume"), json!({}), 200).await;
+    }
+    eventually(Duration::from_secs(30), "the cleared one delivered, the deleted one dead", || async {
+        (cleared.0.count() == 1 && count_status(&app.db.pool, "dead").await == 1).then_some(())
+    })
+    .await;
+    assert_eq!(deleted.0.count(), 0, "nothing sent untransformed");
+    let dead = app.admin_get(&format!("/v1/deliveries?endpoint_id={}&status=dead", deleted.1)).await;
+    let reason = dead["data"][0]["dead_reason"].as_str().unwrap_or_default().to_owned();
+    assert!(reason.contains("not sent untransformed"), "{reason}");
+    assert!(cleared.0.received()[0].body.ends_with(b"\"card\": \"4242424242424242\"}"), "the operator cleared it");
+}
+
 /// A transformation is checked when saved: a syntax error names where, a script without
 /// `handler` or that runs away at load is refused; a PATCH sets and clears one.
 #[tokio::test]

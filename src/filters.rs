@@ -35,8 +35,10 @@ pub enum FilterError {
     /// Empty or blank: omit the filter to match everything.
     #[error("must not be empty (omit it, or set null, to match every event)")]
     Empty,
-    /// Over [`MAX_FILTER_BYTES`].
-    #[error("longer than {MAX_FILTER_BYTES} bytes")]
+    /// Over [`MAX_FILTER_BYTES`], as given or in PostgreSQL's normal form (what is stored).
+    #[error(
+        "longer than {MAX_FILTER_BYTES} bytes (as written, or in PostgreSQL's normal form, which quotes every key)"
+    )]
     TooLong,
     /// A construct whose cost grows faster than the body (see [`superlinear`]).
     #[error("{0}")]
@@ -64,11 +66,14 @@ pub async fn check(pool: &Pool, filter: &str) -> Result<Result<(), FilterError>,
     if let Some(why) = superlinear(filter) {
         return Ok(Err(FilterError::Superlinear(why)));
     }
-    match crate::db::query("SELECT $1::jsonpath").bind(filter).execute(pool).await {
+    // The size is checked on the normal form too: that is what is stored (and bounded by
+    // the table), and it can be twice the text given (`$.a.a` is `$."a"."a"`).
+    match crate::db::query_scalar::<i32>("SELECT octet_length($1::jsonpath::text)").bind(filter).fetch_one(pool).await {
+        Ok(normal) if usize::try_from(normal).unwrap_or(usize::MAX) > MAX_FILTER_BYTES => Ok(Err(FilterError::TooLong)),
         Ok(_) => Ok(Ok(())),
-        Err(sqlx::Error::Database(e))
-            if e.code().as_deref() == Some("42601") || e.code().as_deref() == Some("22P02") =>
-        {
+        // A syntax error (42601), or any data exception of the parse (class 22: an escape
+        // jsonpath refuses, a regex that does not compile, a number out of range).
+        Err(sqlx::Error::Database(e)) if e.code().is_some_and(|c| c == "42601" || c.starts_with("22")) => {
             let message = e.message().to_owned();
             let position = position(filter, &message);
             Ok(Err(FilterError::Syntax { message, position }))

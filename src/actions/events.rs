@@ -266,10 +266,13 @@ pub async fn try_transform(
     let webhook =
         crate::transforms::Webhook::new(e.payload.into(), Some(e.headers.to_string()), e.event_type, e.source_name);
     Ok(match crate::transforms::run(&script, webhook).await {
-        Ok(bytes) => crate::transforms::TriedTransform {
-            body: Some(serde_json::from_slice(&bytes).map_err(|_| ApiError::internal())?),
-            error: None,
-        },
+        Ok(bytes) => {
+            // The engine's own JSON: read as it is (a parse into a document stops at 128
+            // levels, which a handler's result may pass).
+            let text = String::from_utf8(bytes).map_err(|_| ApiError::internal())?;
+            let body = serde_json::value::RawValue::from_string(text).map_err(|_| ApiError::internal())?;
+            crate::transforms::TriedTransform { body: Some(body), error: None }
+        }
         Err(why) => crate::transforms::TriedTransform { body: None, error: Some(format!("transform: {why}")) },
     })
 }

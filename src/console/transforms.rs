@@ -65,7 +65,9 @@ async fn tried(
     };
     match actions::try_transform(state, caller, TransformTest { transform, event_id, event }).await {
         Ok(tried) => Ok(match (tried.body, tried.error) {
-            (Some(body), _) => Ok(serde_json::to_string_pretty(&body).unwrap_or_default()),
+            (Some(body), _) => Ok(serde_json::from_str::<serde_json::Value>(body.get())
+                .and_then(|document| serde_json::to_string_pretty(&document))
+                .unwrap_or_else(|_| body.get().to_owned())),
             (None, Some(error)) => Err(error),
             (None, None) => Err("no body".into()),
         }),

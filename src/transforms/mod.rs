@@ -268,8 +268,11 @@ pub struct TransformTest {
 /// What trying a transformation gives: the body it would send, or why there is none.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct TriedTransform {
-    /// The body the endpoint would receive (any JSON), when the handler succeeded.
-    pub body: Option<serde_json::Value>,
+    /// The body the endpoint would receive (any JSON), when the handler succeeded: as the
+    /// handler returned it (a document nested deeper than a parse here would take is
+    /// shown, as the worker sends it).
+    #[schema(value_type = Option<Object>)]
+    pub body: Option<Box<serde_json::value::RawValue>>,
     /// Why there is no body (the reason its delivery would be dead with).
     pub error: Option<String>,
 }

@@ -313,6 +313,34 @@ async fn a_filter_that_fails_on_a_webhook_is_no_match_and_the_webhook_is_stored(
     }
 }
 
+/// Filters PostgreSQL's parser refuses with a data exception rather than a syntax error
+/// (an escape jsonpath refuses, a regex that does not compile, a number out of range),
+/// and one whose normal form (what is stored) is over 4 KiB though its text is not, are
+/// refused 422 naming the filter, when saved and when tried. Before: 500.
+#[tokio::test]
+async fn every_filter_the_parser_refuses_is_a_422() {
+    let app = TestApp::spawn().await;
+    app.source_none("shop").await;
+    let endpoint = app.admin_post("/v1/endpoints", json!({"url": "http://127.0.0.1:9/"}), 201).await;
+    let long_normal = format!("${} == 1", ".a".repeat(2040));
+    assert!(long_normal.len() <= 4096);
+    for filter in ["$.a == \"\\u0000\"", "$.type like_regex \"(\"", "$.a == 1e1000000", long_normal.as_str()] {
+        let (status, body) = app
+            .admin(
+                reqwest::Method::POST,
+                "/v1/subscriptions",
+                Some(json!({"endpoint_id": endpoint["id"], "source": "shop", "filter": filter})),
+            )
+            .await;
+        assert_eq!(status, 422, "{filter}: {body}");
+        assert!(body.to_string().contains("filter"), "{body}");
+        let tried = json!({"filter": filter, "event": {"payload": {}}});
+        let (status, body) = app.admin(reqwest::Method::POST, "/v1/filters/test", Some(tried)).await;
+        assert_eq!(status, 422, "tried {filter}: {body}");
+    }
+    assert_eq!(app.db.count("subscriptions").await, 0, "none saved");
+}
+
 /// Two replicas: a filter set, changed and cleared through one replica applies at once
 /// to webhooks the other one stores (the fan-out reads the subscription in the ingest
 /// statement: no copy of it to go stale), and a subscription with a filter sits beside

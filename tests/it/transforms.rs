@@ -173,6 +173,28 @@ async fn a_delivery_made_with_a_transformation_is_never_sent_untransformed_after
     assert!(cleared.0.received()[0].body.ends_with(b"\"card\": \"4242424242424242\"}"), "the operator cleared it");
 }
 
+/// Trying a transformation whose result is nested deeper than a JSON parse here takes
+/// (128 levels) shows that result, as the worker sends it. Before: 500.
+#[tokio::test]
+async fn a_tried_transformation_s_deeply_nested_result_is_shown() {
+    let app = TestApp::spawn().await;
+    let script = "function handler(w) { let v = 1; for (let i = 0; i < 200; i++) v = [v]; return v; }";
+    let tried = json!({"transform": script, "event": {"payload": {}}});
+    let answer = app
+        .http
+        .post(app.url("/v1/transforms/test"))
+        .bearer_auth(crate::support::ADMIN_TOKEN)
+        .json(&tried)
+        .send()
+        .await
+        .expect("try");
+    assert_eq!(answer.status(), 200);
+    // Read as text: a parse here stops at 128 levels too.
+    let text = answer.text().await.expect("answer");
+    let nested = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    assert!(text.replace(' ', "").contains(&format!("\"body\":{nested}")), "{text}");
+}
+
 /// A transformation is checked when saved: a syntax error names where, a script without
 /// `handler` or that runs away at load is refused; a PATCH sets and clears one.
 #[tokio::test]

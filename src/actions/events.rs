@@ -265,7 +265,7 @@ pub async fn try_transform(
     let e = TryEvent::of(state, caller, body.event_id, body.event).await?;
     let webhook =
         crate::transforms::Webhook::new(e.payload.into(), Some(e.headers.to_string()), e.event_type, e.source_name);
-    Ok(match crate::transforms::run(&script, webhook).await {
+    Ok(match crate::transforms::run_apart(&script, webhook).await {
         Ok(bytes) => {
             // The engine's own JSON: read as it is (a parse into a document stops at 128
             // levels, which a handler's result may pass).

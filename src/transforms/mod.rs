@@ -24,7 +24,7 @@ use rquickjs::{Context, Function, Runtime, Value};
 
 mod alloc;
 mod pool;
-pub use pool::run;
+pub use pool::{run, run_apart};
 
 /// Longest script, in bytes (also a database constraint).
 pub const MAX_TRANSFORM_BYTES: usize = 16 * 1024;
@@ -89,6 +89,7 @@ pub(crate) fn apply_within(script: &str, webhook: &Webhook, limit: Duration) -> 
         };
         w.runs += 1;
         w.arm(limit);
+        let started = Instant::now();
         let result = w.context.with(|ctx| {
             let run = || -> rquickjs::Result<Option<String>> {
                 let handler: Function = ctx.globals().get("handler")?;
@@ -104,7 +105,19 @@ pub(crate) fn apply_within(script: &str, webhook: &Webhook, limit: Duration) -> 
                 other => failed(other.to_string()),
             })
         });
-        if result.is_ok() {
+        // The interrupt is only looked at between bytecodes: a native call (a search in a
+        // long string) runs past it uninterrupted. A run that took longer than its bound
+        // has its answer refused all the same, as cut off.
+        let result = match result {
+            Ok(_) if started.elapsed() > limit => {
+                Err(Failed { reason: format!("ran longer than {} ms", limit.as_millis()), timed_out: true })
+            }
+            other => other,
+        };
+        // Kept warm only when small: what a script leaves in its global scope stays with
+        // its context, and each thread keeps several.
+        let small = u64::try_from(w._runtime.memory_usage().malloc_size).is_ok_and(|bytes| bytes <= WARM_MEMORY_MOST);
+        if result.is_ok() && small {
             // Most recently used first; the least recently used falls off the end.
             warm.insert(0, w);
             warm.truncate(WARM_SCRIPTS);
@@ -120,6 +133,10 @@ pub(crate) fn apply_within(script: &str, webhook: &Webhook, limit: Duration) -> 
 pub const WARM_RUNS: u32 = 1_000;
 /// Scripts a thread keeps a warm context for.
 pub const WARM_SCRIPTS: usize = 16;
+/// Most memory a context may hold after a run to be kept warm: a script that keeps
+/// megabytes in its global scope (each run within [`MEMORY_LIMIT`]) would otherwise hold
+/// them for up to [`WARM_RUNS`] runs, [`WARM_SCRIPTS`] of them per thread.
+pub const WARM_MEMORY_MOST: u64 = 4 * 1024 * 1024;
 
 thread_local! {
     static WARM: std::cell::RefCell<Vec<Warm>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -336,6 +353,35 @@ mod tests {
         assert_eq!(apply(slack, &hook(WEBHOOK)).unwrap(), br#"{"text":"Order ord_1 paid: 1200"}"#);
         let redact = "function handler(w) { delete w.payload.card; return w.payload; }";
         assert_eq!(apply(redact, &hook(WEBHOOK)).unwrap(), br#"{"id":"ord_1","amount":1200}"#);
+    }
+
+    /// A run that outlasts its bound inside one native call (the interrupt is looked at
+    /// between bytecodes only) is refused as cut off, its answer not used: before, a
+    /// search in a long string took 17 s under the 200 ms bound and its delivery was sent.
+    #[test]
+    fn a_run_past_its_bound_inside_a_native_call_is_refused_as_cut_off() {
+        let search = "const s = 'a'.repeat(100000); const needle = 'a'.repeat(200) + 'b'; \
+                      function handler(w) { return w.payload.skip ? 0 : s.indexOf(needle); }";
+        // Warm: the script evaluated, its strings built.
+        assert_eq!(apply(search, &hook(r#"{"skip": true}"#)).unwrap(), b"0");
+        let started = Instant::now();
+        let ran = apply_within(search, &hook(r#"{"skip": false}"#), Duration::from_millis(1));
+        let took = started.elapsed();
+        let failed = ran.expect_err("refused");
+        assert!(failed.timed_out && failed.reason.contains("ran longer than"), "{failed:?} after {took:?}");
+    }
+
+    /// A context whose script keeps megabytes in its global scope is not kept warm; a
+    /// small one is.
+    #[test]
+    fn only_small_contexts_are_kept_warm() {
+        let kept = |script: &str| WARM.with(|cell| cell.borrow().iter().any(|w| w.script == script));
+        let big = "var big = new Float64Array(2000000).fill(1); function handler(w) { return big.length; }";
+        assert_eq!(apply(big, &hook(WEBHOOK)).unwrap(), b"2000000");
+        assert!(!kept(big), "16 MB kept warm");
+        let small = "function handler(w) { return 1; }";
+        assert_eq!(apply(small, &hook(WEBHOOK)).unwrap(), b"1");
+        assert!(kept(small));
     }
 
     /// A body at the default size limit (1 MiB of JSON) fits the memory bound.

@@ -77,6 +77,13 @@ pub async fn run(script: &str, webhook: super::Webhook) -> Result<Vec<u8>, Strin
     on_pool(script, webhook).await
 }
 
+/// Run `script` on a transformation thread whatever its size or history: for a script
+/// nobody has run yet (trying one through the API or the console), whose first run must
+/// not hold a runtime thread (a native call runs past the interrupt that bounds a run).
+pub async fn run_apart(script: &str, webhook: super::Webhook) -> Result<Vec<u8>, String> {
+    on_pool(script, webhook).await
+}
+
 /// Longest a run may hold the caller's (runtime) thread before it is given up there.
 pub const INLINE_LIMIT: std::time::Duration = std::time::Duration::from_millis(2);
 /// Largest webhook run on the caller's thread: parsing takes time in proportion to size,

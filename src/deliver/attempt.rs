@@ -135,8 +135,13 @@ async fn attempt(ctx: Context, mut job: Claimed, slot: OwnedSemaphorePermit, spa
     };
     // At least 1: a budget count below it (never written by this release) must not wrap
     // into an attempt past any budget.
-    let verdict = policy::decide(&policy, &observed, budget_attempt.max(1) as u32, SystemTime::now(), &mut rand::rng());
-    let (outcome, next_attempt_at, next_reason) = schedule(&verdict.decision, crate::clock::now());
+    // One clock for both: the database's. A `Retry-After` date is read against it, as the
+    // delay it gives is then added to it (read against this host's clock, a retry came as
+    // late, or as early, as this host is off).
+    let now = crate::clock::now();
+    let verdict =
+        policy::decide(&policy, &observed, budget_attempt.max(1) as u32, SystemTime::from(now), &mut rand::rng());
+    let (outcome, next_attempt_at, next_reason) = schedule(&verdict.decision, now);
     let judged = judge(&observed, &verdict);
     tracing::debug!(delivery_id = %job.id, attempt = job.attempt, outcome = outcome.as_str(), reason = %verdict.reason, "attempt finished");
     span.record("webhook.outcome", outcome.as_str());

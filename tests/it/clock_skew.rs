@@ -64,11 +64,20 @@ async fn exported_offset(gateway: &GatewayProcess) -> f64 {
         .expect("the clock offset gauge")
 }
 
-/// A subscriber that answers its first request 503 with `Retry-After: 4` and every other
+/// A subscriber that answers its first request 503 with a `Retry-After` four seconds
+/// away (in seconds, or as an HTTP date by the true clock when `as_date`) and every other
 /// one 200.
-async fn retry_after_four_once() -> Sink {
-    Sink::start(|_, n| {
-        if n == 0 { Reply::Status(503, vec![("retry-after", "4".into())], String::new()) } else { Reply::status(200) }
+async fn retry_after_four_once(as_date: bool) -> Sink {
+    Sink::start(move |_, n| {
+        if n > 0 {
+            return Reply::status(200);
+        }
+        let asked = if as_date {
+            httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(4))
+        } else {
+            "4".to_owned()
+        };
+        Reply::Status(503, vec![("retry-after", asked)], String::new())
     })
     .await
 }
@@ -83,29 +92,37 @@ async fn retried_after(sink: &Sink) -> Duration {
     requests[1].at.duration_since(requests[0].at)
 }
 
-/// One webhook to a subscriber that answers its first request 503 with `Retry-After: 4`
-/// and the next 200, through a gateway whose clock is 120 s behind the database's and one
-/// whose clock is 120 s ahead: the retry comes no sooner than the subscriber asked (before,
-/// from the replica behind: at once, its due time two minutes in the database's past) and
-/// not two minutes later (before, from the replica ahead: 124 s).
+/// One webhook to a subscriber that answers its first request 503 with a `Retry-After`
+/// four seconds away and the next 200, through a gateway whose clock is 120 s behind the
+/// database's and one whose clock is 120 s ahead, the `Retry-After` in seconds and as an
+/// HTTP date: the retry comes no sooner than the subscriber asked (before, from the
+/// replica behind: at once, its due time two minutes in the database's past) and not two
+/// minutes later (before, from the replica ahead: 124 s). A date was read against the
+/// host's clock, the delay then added to the database's: from the replica behind it came
+/// two minutes late, from the one ahead at once (found by a review helper).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_whose_clock_is_off_the_database_s_retries_when_the_subscriber_asked() {
     let mut runs = Vec::new();
     for (offset, secs) in [("-120s", -120), ("+120s", 120)] {
-        let db = TestDb::new().await;
-        let gateway = skewed_gateway(&db, offset, &[]);
-        wait_ready(gateway.addr).await;
-        gateway_clock_is_shifted(&gateway, secs).await;
-        let sink = retry_after_four_once().await;
-        let base = format!("http://{}", gateway.addr);
-        shop_to(&base, json!({"url": sink.url("/hook")})).await;
-        assert_eq!(post_to_shop(&base, "d-1", &json!({"order": 1})).await.0, 200);
-        runs.push((offset, db, gateway, sink));
+        for as_date in [false, true] {
+            let db = TestDb::new().await;
+            let gateway = skewed_gateway(&db, offset, &[]);
+            wait_ready(gateway.addr).await;
+            gateway_clock_is_shifted(&gateway, secs).await;
+            let sink = retry_after_four_once(as_date).await;
+            let base = format!("http://{}", gateway.addr);
+            shop_to(&base, json!({"url": sink.url("/hook")})).await;
+            assert_eq!(post_to_shop(&base, "d-1", &json!({"order": 1})).await.0, 200);
+            runs.push((offset, as_date, db, gateway, sink));
+        }
     }
-    for (offset, _db, _gateway, sink) in &runs {
+    for (offset, as_date, _db, _gateway, sink) in &runs {
         let waited = retried_after(sink).await;
-        assert!(waited >= Duration::from_millis(3_900), "clock {offset}: retried after {waited:?}, asked 4 s");
-        assert!(waited < Duration::from_secs(60), "clock {offset}: retried after {waited:?}, asked 4 s");
+        // An HTTP date has whole seconds: four seconds from a time within the second.
+        let least = if *as_date { Duration::from_millis(2_900) } else { Duration::from_millis(3_900) };
+        let what = if *as_date { "an HTTP date 4 s away" } else { "4 s" };
+        assert!(waited >= least, "clock {offset}: retried after {waited:?}, asked {what}");
+        assert!(waited < Duration::from_secs(60), "clock {offset}: retried after {waited:?}, asked {what}");
     }
 }
 
@@ -199,7 +216,7 @@ async fn after_a_failover_to_a_server_with_another_clock_the_gateway_follows_the
     wait_ready(gateway.addr).await;
     let before = exported_offset(&gateway).await;
     assert!(before.abs() <= 2.0, "before the failover, offset {before} s from the primary's clock");
-    let sink = retry_after_four_once().await;
+    let sink = retry_after_four_once(false).await;
     let base = format!("http://{}", gateway.addr);
     shop_to(&base, json!({"url": sink.url("/hook")})).await;
 

@@ -100,7 +100,7 @@ pub async fn list(session: Session, State(state): State<AppState>, Query(q): Que
         store::endpoints::list(&state.pool).await?.into_iter().map(|e| (e.id.to_string(), e.url)),
         q.endpoint.as_deref().unwrap_or(""),
     );
-    let now = Utc::now();
+    let now = crate::clock::now();
     render(&ListPage {
         layout: Layout::new(&session, "dead"),
         endpoint: or_empty(&q.endpoint),

@@ -263,7 +263,7 @@ fn window_start(window: Option<&str>) -> Option<DateTime<Utc>> {
         "7d" => chrono::Duration::days(7),
         _ => return None,
     };
-    Some(Utc::now() - span)
+    Some(crate::clock::now() - span)
 }
 
 /// The windows offered by the search forms: (value, label).

@@ -5,7 +5,6 @@
 use askama::Template;
 use axum::Extension;
 use axum::extract::State;
-use chrono::Utc;
 
 use super::{Layout, PageResult, Session, render};
 use crate::api::AppState;
@@ -121,7 +120,7 @@ async fn live_numbers(state: &AppState, recent: &Recent) -> Result<Live, sqlx::E
 }
 
 async fn read_numbers(state: &AppState) -> Result<Live, sqlx::Error> {
-    let now = Utc::now();
+    let now = crate::clock::now();
     let window = now - chrono::Duration::seconds(RATE_WINDOW_SECS);
     let received = store::events::received_since(&state.pool, window).await?;
     let outcomes = store::attempts::outcomes_since(&state.pool, window).await?;

@@ -66,8 +66,14 @@ pub async fn readyz(
         Ok(Ok(())) => (StatusCode::OK, None, Json(Readiness { reason: None, status: "ready" })),
         Ok(Err(why)) => not_ready(why.reason()),
         Err(e) => {
-            // The details (host, port, error) go to the log, not to a public endpoint.
-            tracing::warn!(error = %e, "readiness check: database unreachable");
+            // The details (host, port, error) go to the log, not to a public endpoint;
+            // throttled: every balancer and supervisor probes, and an outage would
+            // otherwise be a line per probe, burying the lines that matter.
+            static THROTTLE: crate::log_throttle::Throttle =
+                crate::log_throttle::Throttle::new(crate::log_throttle::INTERVAL);
+            if let Some(left_out) = THROTTLE.admit() {
+                tracing::warn!(error = %e, left_out, "readiness check: database unreachable");
+            }
             not_ready("database unreachable")
         }
     }

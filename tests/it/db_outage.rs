@@ -121,4 +121,19 @@ async fn a_gateway_started_before_its_database_waits_for_it() {
     let (code, stderr) = run_to_exit(&["migrate", "--database-url", &through, "--db-start-wait-secs", "2"]).await;
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("waited") && stderr.contains("cannot connect to PostgreSQL"), "{stderr}");
+
+    // The running gateway, its database gone: every readiness probe answers 503, and the
+    // log says so once per interval, not once per probe (balancers and supervisors probe
+    // every replica every few seconds; before, an outage was a line per probe).
+    let logged = |log: &str| log.matches("readiness check: database unreachable").count();
+    let before = logged(&std::fs::read_to_string(&gateway.log).unwrap_or_default());
+    let http = reqwest::Client::new();
+    let probing = std::time::Instant::now();
+    for _ in 0..20 {
+        let probe = http.get(format!("{base}/readyz")).send().await.expect("readyz");
+        assert_eq!(probe.status(), 503);
+    }
+    let intervals = probing.elapsed().as_secs() / webhook_gateway::log_throttle::INTERVAL.as_secs() + 1;
+    let lines = logged(&std::fs::read_to_string(&gateway.log).unwrap_or_default()) - before;
+    assert!(lines >= 1 && lines as u64 <= intervals, "{lines} lines for 20 probes over {:?}", probing.elapsed());
 }

@@ -6,6 +6,7 @@
 //! exported by every process with their age ([`sample`]); pool usage is each process's. Labels are bounded: source names and endpoint
 //! ids are operator-created, never per event.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::db::Pool;
@@ -384,12 +385,27 @@ async fn sample_once(
         gauge!(DB_OLDEST_TRANSACTION).set(oldest_transaction_secs.max(0.0));
         gauge!(DB_HORIZON_AGE).set(age_transactions as f64);
     }
+    let sampled: HashSet<String> =
+        counts.circuits.iter().map(|(e, _)| e.clone()).chain(counts.loads.iter().map(|(e, ..)| e.clone())).collect();
     for (endpoint, state) in counts.circuits {
         gauge!(CIRCUIT_STATE, "endpoint_id" => endpoint).set(state);
     }
     for (endpoint, in_flight, throttled) in counts.loads {
         gauge!(ENDPOINT_IN_FLIGHT, "endpoint_id" => endpoint.clone()).set(in_flight as f64);
         gauge!(ENDPOINT_THROTTLED, "endpoint_id" => endpoint).set(f64::from(u8::from(throttled)));
+    }
+    // An endpoint gone since the last sample (deleted) is in no sample again: its gauges
+    // are set to rest (closed, nothing in flight, not throttled), or their last values
+    // would stay exported for good (an open circuit's alert that never resolves). The
+    // exporter cannot drop a series; a deleted endpoint's stay at rest.
+    static EXPORTED: std::sync::Mutex<Option<HashSet<String>>> = std::sync::Mutex::new(None);
+    if let Ok(mut exported) = EXPORTED.lock() {
+        for gone in exported.iter().flatten().filter(|e| !sampled.contains(*e)) {
+            gauge!(CIRCUIT_STATE, "endpoint_id" => gone.clone()).set(0.0);
+            gauge!(ENDPOINT_IN_FLIGHT, "endpoint_id" => gone.clone()).set(0.0);
+            gauge!(ENDPOINT_THROTTLED, "endpoint_id" => gone.clone()).set(0.0);
+        }
+        *exported = Some(sampled);
     }
     Ok(())
 }

@@ -386,3 +386,38 @@ async fn the_due_count_is_what_a_claim_would_take() {
     let claimed = queue::claim(&db.pool, 100, Duration::from_secs(60)).await.expect("claim");
     assert_eq!((stats.due, claimed.len()), (5, 5), "{stats:?}");
 }
+
+/// An endpoint deleted while its circuit is open leaves no open circuit exported: its
+/// per-endpoint gauges go to rest at the next sample (before, their last values stayed
+/// exported until every replica restarted, and the open-circuit alert never resolved).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_endpoint_s_gauges_are_set_to_rest() {
+    let db = TestDb::new().await;
+    let sink = Sink::start(|_, _| Reply::status(503)).await;
+    let gw = GatewayProcess::start(
+        &db.url,
+        &["--metrics-sample-secs", "1", "--circuit-failure-threshold", "1", "--circuit-cooldown-ms", "600000"],
+    );
+    wait_ready(gw.addr).await;
+    let base = format!("http://{}", gw.addr);
+    let endpoint = crate::support::shop_to_sink(&base, &sink).await;
+    let (status, _) = crate::support::post_to_shop(&base, "d-1", &json!({"order": 1})).await;
+    assert_eq!(status, 200);
+    let series = format!("webhook_gateway_circuit_state{{endpoint_id=\"{endpoint}\"}}");
+    let state = |text: String| text.lines().find_map(|l| l.strip_prefix(series.as_str()).map(|v| v.trim().to_owned()));
+    eventually(Duration::from_secs(30), "the circuit exported open", || async {
+        (state(crate::support::scrape(gw.addr).await).as_deref() == Some("1")).then_some(())
+    })
+    .await;
+    let deleted = reqwest::Client::new()
+        .delete(format!("{base}/v1/endpoints/{endpoint}?force=true"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(deleted.status(), 200);
+    eventually(Duration::from_secs(30), "the deleted endpoint's circuit exported at rest", || async {
+        (state(crate::support::scrape(gw.addr).await).as_deref() == Some("0")).then_some(())
+    })
+    .await;
+}

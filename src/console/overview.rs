@@ -127,7 +127,9 @@ async fn read_numbers(state: &AppState) -> Result<Live, sqlx::Error> {
     let slow = now - chrono::Duration::seconds(SLOW_WINDOW_SECS);
     let received_5m = store::events::received_since(&state.pool, slow).await?;
     let outcomes_5m = store::attempts::outcomes_since(&state.pool, slow).await?;
-    let hour = store::attempts::outcomes_since(&state.pool, now - chrono::Duration::hours(1)).await?;
+    // By the deliveries, not their attempts: some die without one (an endpoint deleted
+    // with `force`, a budget spent by workers that died).
+    let dead_last_hour = crate::queue::read::dead_since(&state.pool, now - chrono::Duration::hours(1)).await?;
     let count = |rows: &[(Outcome, i64)], outcome: Outcome| rows.iter().find(|(o, _)| *o == outcome).map_or(0, |r| r.1);
     let stats = queue::read::stats(&state.pool).await?;
     let stalled = store::endpoints::list(&state.pool)
@@ -176,7 +178,7 @@ async fn read_numbers(state: &AppState) -> Result<Live, sqlx::Error> {
         parked: stats.parked,
         lag: stats.oldest_due_age_secs.map_or_else(|| "none".to_owned(), human_secs),
         dead_total: stats.dead,
-        dead_last_hour: count(&hour, Outcome::Dead),
+        dead_last_hour,
         stalled,
         running: fleet.len() - lost,
         lost,

@@ -271,6 +271,16 @@ pub async fn dead_in_window(
     .await
 }
 
+/// Deliveries that died at or after `since` and are still dead, however they died (an
+/// attempt's answer, a budget spent by dead workers, an endpoint deleted with `force`):
+/// one range scan of `deliveries_dead_finished`.
+pub async fn dead_since(db: impl PgExecutor<'_>, since: DateTime<Utc>) -> Result<i64, sqlx::Error> {
+    crate::db::query_scalar("SELECT count(*) FROM deliveries WHERE status = 'dead' AND finished_at >= $1")
+        .bind(since)
+        .fetch_one(db)
+        .await
+}
+
 /// Deliveries of one endpoint that died in a window.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct DeadCount {

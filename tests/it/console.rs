@@ -759,3 +759,22 @@ async fn the_overview_shows_the_fleet_s_replicas_and_one_lost() {
     assert!(lost.contains(r#"id="replicas-running">1</div>"#), "{lost}");
     assert!(lost.contains(r#"<span class="badge bad">lost</span>"#), "{lost}");
 }
+
+/// The overview's "dead-lettered in the last hour" counts the deliveries that died,
+/// however they died: three buried by their endpoint's forced delete, without an attempt
+/// (before, it counted dead attempts, and showed 0 beside "3 still dead").
+#[tokio::test]
+async fn the_overview_counts_every_delivery_that_died_in_the_last_hour() {
+    let app = TestApp::spawn().await;
+    let endpoint = app.endpoint_for("http://127.0.0.1:9/gone", Some("api")).await;
+    app.admin_post(&format!("/v1/endpoints/{endpoint}/pause"), json!({}), 200).await;
+    crate::support::seed_deliveries(&app.db.pool, &endpoint, 3).await;
+    let (status, body) =
+        app.admin(reqwest::Method::DELETE, &format!("/v1/endpoints/{endpoint}?force=true"), None).await;
+    assert_eq!(status, 200, "{body}");
+    let cookie = sign_in(&app).await;
+    let (_, live) = page(&app, &cookie, "/console/overview/live").await;
+    let last_hour = live.split(r#"id="dead-hour">"#).nth(1).and_then(|s| s.split('<').next()).expect("the figure");
+    assert_eq!(last_hour, "3", "{live}");
+    assert!(live.contains(r#"id="still-dead">3 still dead</a>"#), "{live}");
+}

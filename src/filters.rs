@@ -217,10 +217,13 @@ pub struct FilterTest {
 #[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PastedEvent {
-    /// Its body (any JSON).
+    /// Its body (any JSON), kept as written: a number is compared as PostgreSQL reads it
+    /// from a stored body (a parse into a document here would round a large one to a
+    /// float first). Absent: null.
     #[serde(default)]
-    pub payload: serde_json::Value,
-    /// Its headers (names in lower case, as they are stored).
+    #[schema(value_type = Object)]
+    pub payload: Option<Box<serde_json::value::RawValue>>,
+    /// Its headers; names are taken in lower case, as they are stored.
     #[serde(default)]
     #[schema(value_type = Object)]
     pub headers: serde_json::Map<String, serde_json::Value>,

@@ -205,8 +205,12 @@ impl TryEvent {
                 source_id: None,
                 source_name: pasted.source,
                 event_type: pasted.event_type,
-                headers: serde_json::Value::Object(pasted.headers),
-                payload: serde_json::to_vec(&pasted.payload).map_err(|_| ApiError::internal())?,
+                // Stored headers' names are in lower case: a pasted `X-Foo` must read as
+                // the stored event's `x-foo` does.
+                headers: serde_json::Value::Object(
+                    pasted.headers.into_iter().map(|(name, value)| (name.to_ascii_lowercase(), value)).collect(),
+                ),
+                payload: pasted.payload.map_or_else(|| b"null".to_vec(), |raw| raw.get().as_bytes().to_vec()),
             }),
             _ => Err(ApiError::validation("event_id", "give exactly one of `event_id` (a stored event) and `event`")),
         }

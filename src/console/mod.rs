@@ -327,11 +327,11 @@ fn tried_event(
 ) -> Result<(Option<crate::ids::EventId>, Option<crate::filters::PastedEvent>), String> {
     match (non_empty(event_id), non_empty(payload)) {
         (Some(id), _) => id.parse().map(|id| (Some(id), None)).map_err(|_| format!("{id:?} is not an event id")),
-        (None, Some(payload)) => match serde_json::from_str(&payload) {
+        (None, Some(payload)) => match serde_json::value::RawValue::from_string(payload) {
             Ok(payload) => Ok((
                 None,
                 Some(crate::filters::PastedEvent {
-                    payload,
+                    payload: Some(payload),
                     headers: serde_json::Map::new(),
                     event_type: String::new(),
                     source: None,

@@ -229,6 +229,22 @@ async fn a_filter_can_be_tried_on_a_stored_or_a_pasted_event() {
     // A type error is no match, not an error.
     let tried = app.admin_post("/v1/filters/test", json!({"filter": "$.payload.ref > 3", "event": pasted}), 200).await;
     assert_eq!(tried["matches"], false);
+    // A pasted event reads as the stored one would: a number as written (not rounded to a
+    // float on the way), header names in lower case (before: no match for either).
+    let big = r#"{"filter": "$.payload.id == 12345678901234567890123 && $.headers.\"x-foo\" == \"1\"",
+                  "event": {"payload": {"id": 12345678901234567890123}, "headers": {"X-Foo": "1"}}}"#;
+    let answer = app
+        .http
+        .post(app.url("/v1/filters/test"))
+        .bearer_auth(crate::support::ADMIN_TOKEN)
+        .header("content-type", "application/json")
+        .body(big)
+        .send()
+        .await
+        .expect("try");
+    assert_eq!(answer.status(), 200);
+    let tried: Value = answer.json().await.expect("answer");
+    assert_eq!(tried["matches"], true, "{tried}");
 
     app.admin_post("/v1/filters/test", json!({"filter": "$.a = 1", "event": pasted}), 422).await;
     app.admin_post("/v1/filters/test", json!({"filter": "$.a == 1"}), 422).await;

@@ -137,7 +137,10 @@ pub async fn ingest(
 ) -> Result<Json<IngestAnswer>, ApiError> {
     // A name that is not UTF-8 names no source: JSON, as every error (axum's own answer
     // was plain text).
-    let Path(source_name) = source_name.map_err(|_| ApiError::not_found("source"))?;
+    let Ok(Path(source_name)) = source_name else {
+        crate::metrics::ingest_answered(axum::http::StatusCode::NOT_FOUND);
+        return Err(ApiError::not_found("source"));
+    };
     let span = crate::telemetry::server_span("/ingest/{source}", &headers);
     let answer = receive(state, &source_name, &headers, body).instrument(span.clone()).await;
     crate::metrics::ingest_answered(answer.as_ref().map_or_else(|e| e.status(), |_| axum::http::StatusCode::OK));

@@ -67,6 +67,9 @@ async fn scraped_counters_match_a_scripted_sequence() {
     assert_eq!(forged.status(), 401);
     let unknown = http.post(format!("{base}/ingest/nowhere")).body("{}").send().await.unwrap();
     assert_eq!(unknown.status(), 404);
+    // A name that is not UTF-8 names no source either, and is counted as such.
+    let not_utf8 = http.post(format!("{base}/ingest/%FF")).body("{}").send().await.unwrap();
+    assert_eq!(not_utf8.status(), 404);
     assert_eq!(ingest("d2", "bad.created").await.unwrap().status(), 200);
     eventually(Duration::from_secs(30), "one delivered, one dead", || async {
         (count_status(&db.pool, "delivered").await == 1 && count_status(&db.pool, "dead").await == 1).then_some(())
@@ -93,7 +96,7 @@ async fn scraped_counters_match_a_scripted_sequence() {
     // What senders saw, refusals that stored nothing included.
     assert_eq!(get(r#"webhook_gateway_ingest_responses_total{status="200"}"#), 3.0);
     assert_eq!(get(r#"webhook_gateway_ingest_responses_total{status="401"}"#), 1.0);
-    assert_eq!(get(r#"webhook_gateway_ingest_responses_total{status="404"}"#), 1.0);
+    assert_eq!(get(r#"webhook_gateway_ingest_responses_total{status="404"}"#), 2.0);
     assert_eq!(get(r#"webhook_gateway_attempts_total{class="2xx",outcome="delivered"}"#), 1.0);
     assert_eq!(get(r#"webhook_gateway_attempts_total{class="4xx",outcome="dead"}"#), 1.0);
     assert_eq!(get("webhook_gateway_attempt_duration_seconds_count"), 2.0);

@@ -98,7 +98,12 @@ pub const ATTEMPTS_BATCH: &str = "
 /// delivery waiting behind no head (a broken invariant: nothing would ever claim that
 /// delivery or those after it) is given that delivery as its head. A line locked by an
 /// outcome being recorded is skipped.
+///
+/// A line whose head names a delivery that no longer exists (deleted with its source or
+/// endpoint by a path that did not move the line on) is headless too: its waiting
+/// deliveries would otherwise wait behind it for ever.
 pub const HEADLESS_LINES_LOCK: &str = "
-    SELECT endpoint_id, ordering_key FROM order_lines WHERE head_id IS NULL
+    SELECT l.endpoint_id, l.ordering_key FROM order_lines l
+    WHERE l.head_id IS NULL OR NOT EXISTS (SELECT 1 FROM deliveries h WHERE h.id = l.head_id)
     LIMIT $1
-    FOR UPDATE SKIP LOCKED";
+    FOR UPDATE OF l SKIP LOCKED";

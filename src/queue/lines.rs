@@ -369,7 +369,15 @@ pub async fn rejoin(conn: &mut PgConnection, revived: &[DeliveryId], lines: &[Li
 
 /// Unblock the line a dead delivery blocks: its next delivery becomes the head (the dead
 /// one stays dead). Returns whether `id` was blocking a line.
+///
+/// The line is locked first, as a redelivery locks it, and the delivery read dead in a
+/// later statement: one that waited for the line then sees a redelivery that committed
+/// meanwhile (pending again, the head again) and unblocks nothing. Read in the same
+/// statement as the line's update, a stale `dead` let the next delivery go while the
+/// redelivered head was on its way: two of one key in flight, out of order.
 pub async fn unblock(conn: &mut PgConnection, id: DeliveryId) -> Result<bool, sqlx::Error> {
+    let lines = of(&mut *conn, &[id]).await?;
+    lock(&mut *conn, &lines).await?;
     let released: Vec<Line> = crate::db::query_as(
         "UPDATE order_lines l SET head_id = NULL
          FROM deliveries d

@@ -145,6 +145,21 @@ pub async fn bury_all_of_endpoint(
 /// than the waiting ones'); a dead delivery blocking its line is its head and goes at once.
 pub async fn redeliver(pool: &crate::db::Pool, id: DeliveryId) -> Result<bool, sqlx::Error> {
     let mut tx = pool.begin().await?;
+    // The endpoint first, shared: an endpoint being deleted (which locks it for update,
+    // then buries its pending deliveries) waits for this revival and buries it too, or
+    // goes first and this finds it deleted. Unlocked, a revival that read the endpoint
+    // live committed after the delete: a pending delivery to a deleted endpoint, never
+    // sent and never buried.
+    let live: Option<EndpointId> = crate::db::query_scalar(
+        "SELECT ep.id FROM deliveries d JOIN endpoints ep ON ep.id = d.endpoint_id
+         WHERE d.id = $1 AND ep.deleted_at IS NULL FOR SHARE OF ep",
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if live.is_none() {
+        return Ok(false);
+    }
     let lines = lines::of(&mut tx, &[id]).await?;
     lines::lock(&mut tx, &lines).await?;
     let done = crate::db::query(
@@ -247,11 +262,17 @@ pub async fn requeue_dead(
     until: DateTime<Utc>,
     per_sec: u32,
 ) -> Result<u64, sqlx::Error> {
+    // The candidates of a batch, read unlocked: their lines are locked before their rows,
+    // in the order a redelivery takes them (the other order deadlocked with one).
+    let candidates_sql = "SELECT id FROM deliveries
+         WHERE endpoint_id = $1 AND status = 'dead' AND finished_at >= $3 AND finished_at < $4
+           AND ($5::uuid IS NULL OR id > $5)
+         ORDER BY id
+         LIMIT $2";
     let sql = "WITH locked AS (
              SELECT id FROM deliveries
-             WHERE endpoint_id = $1 AND status = 'dead' AND finished_at >= $6 AND finished_at < $7
+             WHERE id = ANY($1) AND status = 'dead' AND finished_at >= $6 AND finished_at < $7
              ORDER BY id
-             LIMIT $2
              FOR UPDATE SKIP LOCKED
          ), n AS (
              SELECT id, row_number() OVER (ORDER BY id) AS rn FROM locked
@@ -266,11 +287,32 @@ pub async fn requeue_dead(
     let step = 1.0 / f64::from(per_sec.max(1));
     let start = crate::clock::now();
     let mut requeued: u64 = 0;
+    let mut after: Option<DeliveryId> = None;
     loop {
         // Each batch in a transaction: recovered ordered deliveries rejoin their lines.
         let mut tx = pool.begin().await?;
-        let revived: Vec<DeliveryId> = crate::db::query_scalar(sql)
+        // The endpoint shared first, as a redelivery holds it: a delete waits for the
+        // batch and buries what it revived, or goes first and the batch revives nothing.
+        let live: Option<EndpointId> =
+            crate::db::query_scalar("SELECT id FROM endpoints WHERE id = $1 AND deleted_at IS NULL FOR SHARE")
+                .bind(endpoint_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if live.is_none() {
+            return Ok(requeued);
+        }
+        let candidates: Vec<DeliveryId> = crate::db::query_scalar(candidates_sql)
             .bind(endpoint_id)
+            .bind(REQUEUE_BATCH)
+            .bind(since)
+            .bind(until)
+            .bind(after)
+            .fetch_all(&mut *tx)
+            .await?;
+        let lines = lines::of(&mut tx, &candidates).await?;
+        lines::lock(&mut tx, &lines).await?;
+        let revived: Vec<DeliveryId> = crate::db::query_scalar(sql)
+            .bind(&candidates)
             .bind(REQUEUE_BATCH)
             .bind(start)
             .bind(requeued as i64)
@@ -279,17 +321,13 @@ pub async fn requeue_dead(
             .bind(until)
             .fetch_all(&mut *tx)
             .await?;
-        let lines = lines::of(&mut tx, &revived).await?;
         if !lines.is_empty() {
-            // Lock after the revival: a delivery joining now sees the revived ones waiting
-            // after our commit; rejoin decides in a statement that sees everything before.
-            lines::lock(&mut tx, &lines).await?;
             lines::rejoin(&mut tx, &revived, &lines).await?;
         }
         tx.commit().await?;
-        let done = revived.len() as u64;
-        requeued += done;
-        if done < REQUEUE_BATCH as u64 {
+        requeued += revived.len() as u64;
+        after = candidates.last().copied();
+        if (candidates.len() as i64) < REQUEUE_BATCH {
             return Ok(requeued);
         }
     }

@@ -88,6 +88,10 @@ pub async fn event_count(db: impl PgExecutor<'_>, id: SourceId) -> Result<i64, s
 /// naming a deleted head held every later delivery of its key, from any source, forever.)
 pub async fn delete(pool: &Pool, id: SourceId, force: bool) -> Result<bool, sqlx::Error> {
     let mut tx = pool.begin().await?;
+    // The source's row first: an event stored now locks it (its foreign key's share
+    // lock), so none can commit between the read of the lines below and the delete, and
+    // start a line (its delivery then deleted with the source) that nobody moves on.
+    crate::db::query("SELECT 1 FROM sources WHERE id = $1 FOR UPDATE").bind(id).execute(&mut *tx).await?;
     let lines: Vec<Line> = crate::db::query_as(
         "SELECT DISTINCT d.endpoint_id, d.ordering_key
          FROM events e JOIN deliveries d ON d.event_id = e.id

@@ -573,7 +573,8 @@ async fn storage_report_shows_sizes_and_the_last_pass() {
 /// batches; a line with a head is kept. Lines with a delivery waiting behind no head (a
 /// broken invariant: nothing would ever claim that delivery) are given it as their head,
 /// more of them than a batch holds: the pass completes, where the old phase kept those
-/// lines, picked the same batch of them every batch of every pass, and ended capped.
+/// lines, picked the same batch of them every batch of every pass, and ended capped. So is
+/// a line whose head names a delivery that no longer exists.
 #[tokio::test]
 async fn headless_ordering_lines_are_deleted_or_given_their_waiting_delivery() {
     let db = TestDb::new().await;
@@ -619,6 +620,23 @@ async fn headless_ordering_lines_are_deleted_or_given_their_waiting_delivery() {
             .unwrap();
         stranded.push((key, waiting));
     }
+
+    // And a line whose head names a delivery that is gone, with one waiting behind it.
+    let ev = event(pool, 1).await;
+    let orphaned = delivery(pool, ev, ep, "pending", None).await;
+    sqlx::query("UPDATE deliveries SET ordering_key = 'orphan', line_seq = 2, waiting = true WHERE id = $1")
+        .bind(orphaned)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO order_lines (endpoint_id, ordering_key, head_id) VALUES ($1::uuid, 'orphan', $2)")
+        .bind(ep)
+        .bind(Uuid::new_v4())
+        .execute(pool)
+        .await
+        .unwrap();
+    stranded.push(("orphan", orphaned));
+    stranded.sort();
 
     let report = ran(janitor::run_pass(pool, &settings(2), "test").await.unwrap());
     assert_eq!(report.status, RunStatus::Complete, "{report:?}");

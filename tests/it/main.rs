@@ -55,6 +55,7 @@ mod rolling;
 mod roster;
 mod schemas;
 mod search;
+mod second_chances;
 mod secrets;
 mod server_settings;
 mod slow_clients;

@@ -61,7 +61,7 @@ fn main() -> ExitCode {
                 };
                 let pool = db::open(&target).await?;
                 db::migrate(&pool).await?;
-                println!("migrations applied");
+                print("migrations applied\n");
                 Ok(())
             })
         }
@@ -156,8 +156,13 @@ fn colours(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
 /// Write to stdout, ignoring a closed pipe (`webhook-gateway ... | head`): `println!`
 /// would panic.
 fn print(text: &str) {
+    let _ = write_out(text);
+}
+
+/// Write to stdout, saying whether it could be written (a closed pipe cannot).
+fn write_out(text: &str) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
-    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+    out.write_all(text.as_bytes()).and_then(|()| out.flush())
 }
 
 /// `admin-token show|rotate`: the token kept in the data directory, on stdout alone.
@@ -360,7 +365,13 @@ async fn tokens_command(args: webhook_gateway::config::TokensArgs) -> anyhow::Re
                 let created = tokens::sql::create(&pool, &new, &tokens::hash(&token), &actor).await?;
                 audit("tokens create", format!("token {name}"), if created.is_some() { 201 } else { 409 }).await?;
                 anyhow::ensure!(created.is_some(), "a token is named {name:?}");
-                println!("{token}");
+                // Shown once, here: a token nobody could read (stdout closed) is revoked
+                // rather than left valid and unseen.
+                if let Err(e) = write_out(&format!("{token}\n")) {
+                    tokens::sql::revoke(&pool, &name).await?;
+                    audit("tokens revoke", format!("token {name} (never shown)"), 200).await?;
+                    anyhow::bail!("the token could not be written to stdout ({e}), so it was revoked");
+                }
             }
             TokensAction::List => {
                 for t in tokens::sql::list(&pool).await? {
@@ -371,17 +382,17 @@ async fn tokens_command(args: webhook_gateway::config::TokensArgs) -> anyhow::Re
                     };
                     let payloads = if t.payloads { "payloads" } else { "no payloads" };
                     let used = t.last_used_at.map_or_else(|| "never used".to_owned(), |at| format!("last used {at}"));
-                    println!(
-                        "{}\t{}\t{}\t{payloads}\t{state}\tcreated {} by {}\t{used}",
+                    print(&format!(
+                        "{}\t{}\t{}\t{payloads}\t{state}\tcreated {} by {}\t{used}\n",
                         t.id, t.name, t.scope, t.created_at, t.created_by
-                    );
+                    ));
                 }
             }
             TokensAction::Revoke { name } => {
                 let revoked = tokens::sql::revoke(&pool, &name).await?;
                 audit("tokens revoke", format!("token {name}"), if revoked.is_some() { 200 } else { 404 }).await?;
                 let revoked = revoked.ok_or_else(|| anyhow::anyhow!("no token is named {name:?}"))?;
-                println!("revoked {} ({})", revoked.name, revoked.id);
+                print(&format!("revoked {} ({})\n", revoked.name, revoked.id));
             }
         }
         pool.close().await;
@@ -404,13 +415,13 @@ async fn reencrypt(args: ReencryptArgs, keyring: Keyring) -> anyhow::Result<()> 
     stop_embedded(cluster).await?;
     let done = result?;
     let key = keyring.current_key_id().unwrap_or_default();
-    println!(
-        "re-encrypted {} secrets under key {key} ({} endpoint, {} source); {} already under it",
+    print(&format!(
+        "re-encrypted {} secrets under key {key} ({} endpoint, {} source); {} already under it\n",
         done.rewritten(),
         done.endpoint_values,
         done.source_values,
         done.unchanged
-    );
+    ));
     if done.unreadable > 0 {
         for problem in &done.problems {
             eprintln!("webhook-gateway: cannot re-encrypt {problem}");

@@ -509,3 +509,37 @@ async fn the_console_creates_and_revokes_tokens_and_shows_the_audit_log_to_admin
     let log = app.admin_get("/v1/audit?actor=self-revoker").await;
     assert!(log.to_string().contains("POST /console/tokens/{id}/revoke"), "{log}");
 }
+
+/// The CLI writing to a stdout whose reader is gone (`... | head` that ended, a closed
+/// pipe): no panic. A token that could not be shown is revoked, not left valid and unseen
+/// (before, `println!` panicked, exit 101, after the token was committed).
+#[tokio::test]
+async fn a_cli_whose_stdout_is_closed_does_not_panic_and_leaves_no_unseen_token() {
+    let app = TestApp::spawn().await;
+    let run = |args: &[&str]| {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_webhook-gateway"))
+            .args(args)
+            .env("DATABASE_URL", &app.db.url)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the binary");
+        let out = child.wait_with_output().expect("its end");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run(&["tokens", "create", "--name", "unseen", "--scope", "read"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("revoked") && !err.contains("panicked"), "{err}");
+    let revoked: bool = sqlx::query_scalar("SELECT revoked_at IS NOT NULL FROM api_tokens WHERE name = 'unseen'")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("the token's row");
+    assert!(revoked, "the token nobody saw is revoked");
+    for args in [&["tokens", "list"][..], &["migrate"][..]] {
+        let (code, err) = run(args);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

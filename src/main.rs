@@ -94,15 +94,13 @@ fn main() -> ExitCode {
             };
             init_tracing(args.log_format, tracer);
             if telemetry.is_some() {
-                tracing::info!(
-                    endpoint = args
-                        .otel_endpoint
-                        .clone()
-                        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").ok())
-                        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
-                        .unwrap_or_default(),
-                    "OpenTelemetry traces exported over OTLP/HTTP"
-                );
+                let endpoint = args
+                    .otel_endpoint
+                    .clone()
+                    .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").ok())
+                    .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
+                    .unwrap_or_default();
+                tracing::info!(endpoint = %without_credentials(&endpoint), "OpenTelemetry traces exported over OTLP/HTTP");
             }
             let result = runtime.block_on(serve(args));
             // After the last span ended, while the runtime that sends the export still runs.
@@ -157,6 +155,19 @@ fn colours(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
 /// would panic.
 fn print(text: &str) {
     let _ = write_out(text);
+}
+
+/// `url` without the `user:password@` a collector's URL may carry, for the log.
+fn without_credentials(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if !parsed.username().is_empty() || parsed.password().is_some() => {
+            let _ = parsed.set_username("");
+            let _ = parsed.set_password(None);
+            parsed.to_string()
+        }
+        Ok(_) => url.to_owned(),
+        Err(_) => "(not a URL)".to_owned(),
+    }
 }
 
 /// Write to stdout, saying whether it could be written (a closed pipe cannot).
@@ -530,6 +541,14 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
 
 #[cfg(test)]
 mod tests {
+    /// A collector's URL is logged without the credentials it may carry.
+    #[test]
+    fn a_collector_url_is_logged_without_its_credentials() {
+        assert_eq!(super::without_credentials("http://u:pw@otel.internal:4318/"), "http://otel.internal:4318/");
+        assert_eq!(super::without_credentials("http://otel.internal:4318"), "http://otel.internal:4318");
+        assert_eq!(super::without_credentials("not a url"), "(not a URL)");
+    }
+
     #[test]
     fn colours_only_on_a_terminal_and_never_with_no_color() {
         use std::ffi::OsStr;

@@ -383,7 +383,7 @@ settings! {
         /// OTLP/HTTP collector for traces, a base URL as OTEL_EXPORTER_OTLP_ENDPOINT takes it (spans go to
         /// <url>/v1/traces); wins over the OTEL_EXPORTER_OTLP_*ENDPOINT variables. Unset: traces only when those
         /// are set. The other OTEL_* variables apply either way.
-        #[arg(long, env = "WEBHOOK_GATEWAY_OTEL_ENDPOINT")]
+        #[arg(long, env = "WEBHOOK_GATEWAY_OTEL_ENDPOINT", hide_env_values = true)]
         pub otel_endpoint: Option<String>,
 
         /// Days an event is kept, with its deliveries and attempts; never while a delivery is pending.

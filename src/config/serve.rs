@@ -61,6 +61,28 @@ fn validate_egress_allow(allow: &[ipnet::IpNet], wide: bool) -> Result<(), Confi
     Ok(())
 }
 
+/// What is wrong with a config file, where (the line and its key), and never the value:
+/// a value written with the wrong type may be a secret (a key as a string where a list is
+/// expected), and the message goes to a terminal or a journal. TOML's own message quotes
+/// the value (`invalid type: string "...", expected a sequence`): that part is left out.
+fn file_error(text: &str, error: &toml::de::Error) -> String {
+    let message = error.message();
+    let message = match (message.starts_with("invalid "), message.find(", expected ")) {
+        (true, Some(expected)) => {
+            let what = message.split(':').next().unwrap_or("invalid value");
+            format!("{what} (the value is not shown){}", &message[expected..])
+        }
+        _ => message.to_owned(),
+    };
+    let Some(span) = error.span() else { return message };
+    let line = text[..span.start.min(text.len())].lines().count().max(1);
+    let key = text.lines().nth(line - 1).and_then(|l| l.split('=').next()).map(str::trim).filter(|k| !k.is_empty());
+    match key {
+        Some(key) => format!("line {line}, `{key}`: {message}"),
+        None => format!("line {line}: {message}"),
+    }
+}
+
 impl ServeArgs {
     /// Fill in values from `--config FILE` for every key not given on the command line or
     /// in the environment.
@@ -70,10 +92,8 @@ impl ServeArgs {
         };
         let text = std::fs::read_to_string(&path)
             .map_err(|e| ConfigError(format!("cannot read config file {}: {e}", path.display())))?;
-        let file: FileConfig = toml::from_str(&text).map_err(|e| {
-            let msg = e.message().to_owned();
-            ConfigError(format!("config file {}: {msg}", path.display()))
-        })?;
+        let file: FileConfig = toml::from_str(&text)
+            .map_err(|e| ConfigError(format!("config file {}: {}", path.display(), file_error(&text, &e))))?;
         let explicit =
             |id: &str| matches!(matches.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable));
         self.take_file(file, explicit);

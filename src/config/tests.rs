@@ -102,6 +102,25 @@ fn the_drain_defaults_to_5_s_with_a_database_url_and_0_with_the_embedded_databas
     assert_eq!(set.shutdown_drain(), std::time::Duration::from_secs(9));
 }
 
+/// A value of the wrong type in a config file is named by its line and key, never shown:
+/// a secrets key written as a string where a list is expected was printed on stderr
+/// (found by review).
+#[test]
+fn a_wrong_value_in_a_config_file_is_named_by_line_and_key_and_never_shown() {
+    let dir = std::env::temp_dir().join(format!("wg-config-secret-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("gw.toml");
+    let key = "9G7hOqk8thN3utFn8uztmKWSAZf/VttGOX0u/KswHpo=";
+    std::fs::write(&path, format!("listen = \"127.0.0.1:9999\"\nsecrets_key_previous = \"{key}\"\n")).unwrap();
+    let err = parse(&["webhook-gateway", "serve", "--config", path.to_str().unwrap()]).unwrap_err();
+    assert!(!err.contains(key), "the value shown: {err}");
+    assert!(err.contains("line 2") && err.contains("`secrets_key_previous`") && err.contains("expected"), "{err}");
+    std::fs::write(&path, "workers = \"many\"\n").unwrap();
+    let err = parse(&["webhook-gateway", "serve", "--config", path.to_str().unwrap()]).unwrap_err();
+    assert!(!err.contains("many") && err.contains("`workers`"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn file_fills_only_what_the_command_line_left_unset() {
     let dir = std::env::temp_dir().join(format!("wg-config-test-{}", std::process::id()));

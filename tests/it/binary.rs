@@ -32,12 +32,13 @@ fn help_hides_secrets_from_the_environment() {
             .args(command)
             .env("DATABASE_URL", "postgres://gw:url-password-123@db.internal/gw")
             .env("WEBHOOK_GATEWAY_ADMIN_TOKEN", "admin-token-value-456")
+            .env("WEBHOOK_GATEWAY_OTEL_ENDPOINT", "http://collector:otel-password-789@otel.internal/")
             .output()
             .unwrap();
         assert!(out.status.success(), "{command:?}");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("DATABASE_URL"), "{command:?}: the variable is still named: {text}");
-        for secret in ["url-password-123", "admin-token-value-456"] {
+        for secret in ["url-password-123", "admin-token-value-456", "otel-password-789"] {
             assert!(!text.contains(secret), "{command:?} prints {secret}: {text}");
         }
     }

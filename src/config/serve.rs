@@ -94,8 +94,15 @@ impl ServeArgs {
             .map_err(|e| ConfigError(format!("cannot read config file {}: {e}", path.display())))?;
         let file: FileConfig = toml::from_str(&text)
             .map_err(|e| ConfigError(format!("config file {}: {}", path.display(), file_error(&text, &e))))?;
-        let explicit =
+        let given =
             |id: &str| matches!(matches.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable));
+        // A key and its file are one setting written two ways: given either way on the
+        // command line or in the environment, the file's is not taken (it would be two
+        // keys, refused, where the command line should win).
+        let spellings = [("secrets_key", "secrets_key_file"), ("secrets_key_previous", "secrets_key_previous_file")];
+        let explicit = |id: &str| {
+            given(id) || spellings.iter().any(|&(key, file)| (id == key && given(file)) || (id == file && given(key)))
+        };
         self.take_file(file, explicit);
         Ok(())
     }

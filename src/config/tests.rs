@@ -121,6 +121,27 @@ fn a_wrong_value_in_a_config_file_is_named_by_line_and_key_and_never_shown() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A secrets key given on the command line wins over a key file in the config file, as
+/// every setting does (it was refused: "give secrets-key or secrets-key-file, not both").
+#[test]
+fn a_secrets_key_on_the_command_line_wins_over_a_key_file_in_the_config_file() {
+    let dir = std::env::temp_dir().join(format!("wg-config-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (file_key, given_key) =
+        ("AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=", "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=");
+    let key_path = dir.join("k1.key");
+    std::fs::write(&key_path, file_key).unwrap();
+    let path = dir.join("gw.toml");
+    std::fs::write(&path, format!("secrets_key_file = {:?}\n", key_path.to_str().unwrap())).unwrap();
+    let config = path.to_str().unwrap();
+    let from_file = parse(&["webhook-gateway", "serve", "--config", config]).unwrap();
+    let given = parse(&["webhook-gateway", "serve", "--config", config, "--secrets-key", given_key]).unwrap();
+    let id = |s: &ServeArgs| s.secrets.keyring().unwrap().current_key_id().unwrap_or_default().to_owned();
+    assert_ne!(id(&from_file), id(&given), "the command line's key, not the file's");
+    assert_eq!(given.secrets.secrets_key_file, None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn file_fills_only_what_the_command_line_left_unset() {
     let dir = std::env::temp_dir().join(format!("wg-config-test-{}", std::process::id()));

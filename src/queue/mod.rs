@@ -166,8 +166,7 @@ pub async fn redeliver(pool: &crate::db::Pool, id: DeliveryId) -> Result<bool, s
         "UPDATE deliveries d
          SET status = 'pending', attempts_base = attempt_count, next_attempt_at = now(), parked = false,
              dead_reason = NULL, finished_at = NULL, leased_until = NULL, updated_at = now()
-         FROM endpoints ep
-         WHERE d.id = $1 AND d.status IN ('dead', 'delivered') AND ep.id = d.endpoint_id AND ep.deleted_at IS NULL",
+         WHERE d.id = $1 AND d.status IN ('dead', 'delivered')",
     )
     .bind(id)
     .execute(&mut *tx)
@@ -271,7 +270,7 @@ pub async fn requeue_dead(
          LIMIT $2";
     let sql = "WITH locked AS (
              SELECT id FROM deliveries
-             WHERE id = ANY($1) AND status = 'dead' AND finished_at >= $6 AND finished_at < $7
+             WHERE id = ANY($1) AND status = 'dead' AND finished_at >= $5 AND finished_at < $6
              ORDER BY id
              FOR UPDATE SKIP LOCKED
          ), n AS (
@@ -280,7 +279,7 @@ pub async fn requeue_dead(
          UPDATE deliveries d
          SET status = 'pending', attempts_base = d.attempt_count, dead_reason = NULL, finished_at = NULL,
              leased_until = NULL, parked = false,
-             next_attempt_at = $3 + (n.rn - 1 + $4) * make_interval(secs => $5),
+             next_attempt_at = $2 + (n.rn - 1 + $3) * make_interval(secs => $4),
              updated_at = now()
          FROM n WHERE d.id = n.id
          RETURNING d.id";
@@ -313,7 +312,6 @@ pub async fn requeue_dead(
         lines::lock(&mut tx, &lines).await?;
         let revived: Vec<DeliveryId> = crate::db::query_scalar(sql)
             .bind(&candidates)
-            .bind(REQUEUE_BATCH)
             .bind(start)
             .bind(requeued as i64)
             .bind(step)

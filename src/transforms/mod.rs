@@ -109,14 +109,12 @@ pub(crate) fn apply_within(script: &str, webhook: &Webhook, limit: Duration) -> 
         // long string) runs past it uninterrupted. A run that took longer than its bound
         // has its answer refused all the same, as cut off.
         let result = match result {
-            Ok(_) if started.elapsed() > limit => {
-                Err(Failed { reason: format!("ran longer than {} ms", limit.as_millis()), timed_out: true })
-            }
+            Ok(_) if started.elapsed() > limit => Err(Failed { reason: ran_longer_than(limit), timed_out: true }),
             other => other,
         };
         // Kept warm only when small: what a script leaves in its global scope stays with
         // its context, and each thread keeps several.
-        let small = u64::try_from(w._runtime.memory_usage().malloc_size).is_ok_and(|bytes| bytes <= WARM_MEMORY_MOST);
+        let small = u64::try_from(w.runtime.memory_usage().malloc_size).is_ok_and(|bytes| bytes <= WARM_MEMORY_MOST);
         if result.is_ok() && small {
             // Most recently used first; the least recently used falls off the end.
             warm.insert(0, w);
@@ -147,7 +145,7 @@ struct Warm {
     script: String,
     // The context before its runtime: fields drop in order, and the context needs the runtime.
     context: Context,
-    _runtime: Runtime,
+    runtime: Runtime,
     /// When the current run must stop: nanoseconds after `epoch`.
     deadline: std::sync::Arc<std::sync::atomic::AtomicU64>,
     epoch: Instant,
@@ -167,7 +165,7 @@ impl Warm {
             epoch.elapsed().as_nanos() as u64 > armed.load(std::sync::atomic::Ordering::Relaxed)
         })));
         let context = Context::full(&runtime).map_err(|e| failed(format!("cannot start the script engine: {e}")))?;
-        let warm = Warm { script: script.to_owned(), context, _runtime: runtime, deadline, epoch, runs: 0 };
+        let warm = Warm { script: script.to_owned(), context, runtime, deadline, epoch, runs: 0 };
         warm.arm(limit);
         warm.context.with(|ctx| {
             ctx.eval::<(), _>(script).map_err(|e| match e {
@@ -296,6 +294,11 @@ pub struct TriedTransform {
 
 /// A runtime on mimalloc ([`alloc`]) within the memory and stack bounds (the time bound
 /// is its caller's: an interrupt handler).
+/// Why a run cut off after `limit` gave no body, however it was cut off.
+fn ran_longer_than(limit: Duration) -> String {
+    format!("ran longer than {} ms", limit.as_millis())
+}
+
 fn bounded_runtime() -> Result<Runtime, String> {
     let runtime =
         Runtime::new_with_alloc(alloc::MiMalloc).map_err(|e| format!("cannot start the script engine: {e}"))?;
@@ -325,7 +328,7 @@ fn describe<'js>(_ctx: &rquickjs::Ctx<'js>, thrown: Value<'js>, limit: Duration)
     if let Some(exception) = thrown.as_exception() {
         let message = exception.message().unwrap_or_default();
         let timed_out = message == "interrupted";
-        let message = if timed_out { format!("ran longer than {} ms", limit.as_millis()) } else { message };
+        let message = if timed_out { ran_longer_than(limit) } else { message };
         let at = exception
             .stack()
             .and_then(|s| s.lines().next().map(|l| l.trim().trim_start_matches("at ").to_owned()))

@@ -74,14 +74,7 @@ pub async fn run(script: &str, webhook: super::Webhook) -> Result<Vec<u8>, Strin
             done => return done.map_err(|failed| failed.reason),
         }
     }
-    on_pool(script, webhook).await
-}
-
-/// Run `script` on a transformation thread whatever its size or history: for a script
-/// nobody has run yet (trying one through the API or the console), whose first run must
-/// not hold a runtime thread (a native call runs past the interrupt that bounds a run).
-pub async fn run_apart(script: &str, webhook: super::Webhook) -> Result<Vec<u8>, String> {
-    on_pool(script, webhook).await
+    run_apart(script, webhook).await
 }
 
 /// Longest a run may hold the caller's (runtime) thread before it is given up there.
@@ -90,8 +83,11 @@ pub const INLINE_LIMIT: std::time::Duration = std::time::Duration::from_millis(2
 /// and a large body must not make its script look slow.
 pub const INLINE_BYTES: usize = 64 * 1024;
 
-/// Run on a transformation thread, with the full bounds.
-async fn on_pool(script: &str, webhook: super::Webhook) -> Result<Vec<u8>, String> {
+/// Run `script` on a transformation thread, with the full bounds: what [`run`] does with
+/// a large webhook or a slow script, and what a script nobody has run yet needs (trying
+/// one through the API or the console), whose first run must not hold a runtime thread
+/// (a native call runs past the interrupt that bounds a run).
+pub async fn run_apart(script: &str, webhook: super::Webhook) -> Result<Vec<u8>, String> {
     let (reply, answer) = oneshot::channel();
     let job = Job { script: script.into(), webhook, reply };
     POOL.send(job).await.map_err(|_| "no transformation thread is running".to_owned())?;

@@ -25,11 +25,34 @@ fn main() -> ExitCode {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
-    let matches = Cli::command().get_matches();
+    let matches = match Cli::command().try_get_matches() {
+        Ok(matches) => matches,
+        Err(e) => match from_environment(&e) {
+            Some(line) => return fail(&line),
+            None => e.exit(),
+        },
+    };
     let mut cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    if let Command::Tokens(webhook_gateway::config::TokensArgs {
+        action:
+            webhook_gateway::config::TokensAction::Create {
+                no_payloads: true,
+                scope: webhook_gateway::tokens::Scope::Admin,
+                ..
+            },
+        ..
+    }) = &cli.command
+    {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--no-payloads with --scope admin: an admin token always reads payloads (it can create tokens)",
+            )
+            .exit();
+    }
     // `serve`'s settings are complete (file merged, checked) before the runtime is built:
     // one of them sizes it.
     let mut threads = None;
@@ -112,8 +135,63 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(&format!("{e:#}")),
+        Err(e) => fail(&chain_text(&e)),
     }
+}
+
+/// An error and its causes on one line, `a: b: c`, leaving out a cause whose text is
+/// already there: sqlx's database error repeats its server message as its source.
+fn chain_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&part);
+        }
+    }
+    text
+}
+
+/// A value the command line's parser refused that came from an environment variable,
+/// told as configuration (one line naming the variable, exit 1, as docs/configuration.md
+/// says), where clap would name only the flag the variable stands for and exit 2 with a
+/// usage hint. `None`: the error is the command line's own, left to clap.
+fn from_environment(e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(e.kind(), ErrorKind::ValueValidation | ErrorKind::InvalidValue) {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else { return None };
+    let Some(ContextValue::String(value)) = e.get(ContextKind::InvalidValue) else { return None };
+    let long = arg.split_whitespace().next()?.strip_prefix("--")?;
+    let flag = format!("--{long}");
+    let on_command_line = std::env::args_os()
+        .skip(1)
+        .any(|a| a.to_str().is_some_and(|a| a == flag || a.starts_with(&format!("{flag}="))));
+    if on_command_line {
+        return None;
+    }
+    let mut commands = vec![Cli::command()];
+    let found = std::iter::from_fn(|| {
+        let command = commands.pop()?;
+        commands.extend(command.get_subcommands().cloned());
+        Some(command)
+    })
+    .find_map(|command| {
+        let arg = command.get_arguments().find(|a| a.get_long() == Some(long))?;
+        let env = arg.get_env()?.to_str()?.to_owned();
+        (std::env::var(&env).ok().as_deref() == Some(value.as_str())).then(|| (env, arg.is_hide_env_values_set()))
+    });
+    let (env, hidden) = found?;
+    let reason = match (e.kind(), e.get(ContextKind::ValidValue)) {
+        (ErrorKind::InvalidValue, Some(ContextValue::Strings(valid))) => format!("must be one of {}", valid.join(", ")),
+        _ => std::error::Error::source(e).map_or_else(|| "not a valid value".to_owned(), ToString::to_string),
+    };
+    let shown = if hidden { String::new() } else { format!(" {value:?}") };
+    Some(format!("{env} (for {flag}): invalid value{shown}: {reason}"))
 }
 
 /// Configuration and start-up errors are one line on stderr and exit code 1.
@@ -340,6 +418,7 @@ async fn tokens_command(args: webhook_gateway::config::TokensArgs) -> anyhow::Re
     let actor = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".into()));
     let result = async {
         let pool = db::open(&db::DbConfig::direct(&url, 2)).await?;
+        db::require_migrated(&pool).await?;
         let audit = |action: &'static str, target: String, status: u16| {
             let pool = pool.clone();
             let actor = actor.clone();
@@ -358,19 +437,11 @@ async fn tokens_command(args: webhook_gateway::config::TokensArgs) -> anyhow::Re
         };
         match args.action {
             TokensAction::Create { name, scope, expires_in_days, no_payloads } => {
-                if let Some(problem) = tokens::name_problem(&name) {
-                    anyhow::bail!("--name: {problem}");
-                }
-                let scope = tokens::Scope::parse(&scope)
-                    .ok_or_else(|| anyhow::anyhow!("--scope must be read, operate or admin, not {scope:?}"))?;
+                // Name, scope and the expiry's range were checked as the command line was read.
                 let expires_at = expires_in_days
                     .map(tokens::expiry_in)
                     .transpose()
                     .map_err(|e| anyhow::anyhow!("--expires-in-days: {e}"))?;
-                anyhow::ensure!(
-                    !(no_payloads && scope == tokens::Scope::Admin),
-                    "--no-payloads: an admin token always reads payloads (it can create tokens)"
-                );
                 let token = tokens::generate();
                 let new = tokens::sql::NewToken { name: &name, scope, expires_at, payloads: !no_payloads };
                 let created = tokens::sql::create(&pool, &new, &tokens::hash(&token), &actor).await?;
@@ -418,6 +489,7 @@ async fn reencrypt(args: ReencryptArgs, keyring: Keyring) -> anyhow::Result<()> 
     let (url, cluster) = database(args.database_url.as_deref(), &args.data_dir).await?;
     let result = async {
         let pool = db::open(&db::DbConfig { pooler: args.db_pooler, ..db::DbConfig::direct(&url, 2) }).await?;
+        db::require_migrated(&pool).await?;
         let done = secrets::reencrypt(&pool, &keyring, args.batch_size).await?;
         pool.close().await;
         anyhow::Ok(done)

@@ -94,13 +94,13 @@ pub enum TokensAction {
     /// Create a token and print it (only the token: it is shown this once).
     Create {
         /// Its unique name, the audit log's actor.
-        #[arg(long)]
+        #[arg(long, value_parser = token_name)]
         name: String,
         /// `read`, `operate` or `admin`.
-        #[arg(long)]
-        scope: String,
+        #[arg(long, value_parser = token_scope)]
+        scope: crate::tokens::Scope,
         /// Days until it stops working; unset: until revoked.
-        #[arg(long)]
+        #[arg(long, value_parser = token_expiry_days)]
         expires_in_days: Option<u32>,
         /// Withhold the payloads of stored events from it (not for `admin`).
         #[arg(long)]
@@ -113,6 +113,28 @@ pub enum TokensAction {
         /// Its name or id.
         name: String,
     },
+}
+
+// A token's name, scope and expiry are checked as the command line is read, so a wrong
+// one is a usage error (exit 2) before any database is started.
+
+fn token_name(name: &str) -> Result<String, String> {
+    match crate::tokens::name_problem(name) {
+        Some(problem) => Err(problem.to_owned()),
+        None => Ok(name.to_owned()),
+    }
+}
+
+fn token_scope(name: &str) -> Result<crate::tokens::Scope, String> {
+    crate::tokens::Scope::parse(name).ok_or_else(|| "must be read, operate or admin".to_owned())
+}
+
+fn token_expiry_days(days: &str) -> Result<u32, String> {
+    let most = crate::tokens::MOST_EXPIRY_DAYS;
+    match days.parse::<u32>() {
+        Ok(days) if (1..=most).contains(&days) => Ok(days),
+        _ => Err(format!("an expiry is 1 to {most} days")),
+    }
 }
 
 /// `webhook-gateway admin-token`.

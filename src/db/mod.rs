@@ -316,6 +316,29 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
     result
 }
 
+/// Fails, naming the command to run, unless every migration this release knows is
+/// applied: the CLI's commands that read or write the gateway's tables (`tokens`,
+/// `secrets reencrypt`) on a database that `serve` or `migrate` never set up.
+pub async fn require_migrated(pool: &Pool) -> anyhow::Result<()> {
+    let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let known: bool = query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(pool).await?;
+    let applied: Option<i64> = if known {
+        query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success").fetch_one(pool).await?
+    } else {
+        None
+    };
+    match applied {
+        Some(applied) if applied >= latest => Ok(()),
+        Some(applied) => anyhow::bail!(
+            "the database's schema is at migration {applied}, this release needs {latest}: run `webhook-gateway \
+             migrate` (or start `serve`, which migrates) first"
+        ),
+        None => anyhow::bail!(
+            "the database has no gateway schema: run `webhook-gateway migrate` (or start `serve`, which migrates) first"
+        ),
+    }
+}
+
 /// Why a process is not ready for traffic (`/readyz`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotReady {

@@ -23,6 +23,31 @@ fn invalid_configuration_is_one_line_and_exit_1() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'nowhere'"));
 }
 
+/// A value from the environment that does not parse is configuration like any other:
+/// one line naming the variable (clap would name only the flag it stands for), exit 1.
+/// The same value on the command line stays clap's usage error, exit 2.
+#[test]
+fn an_environment_variable_that_does_not_parse_is_one_line_naming_it_and_exit_1() {
+    for (var, value, expected) in [
+        ("WEBHOOK_GATEWAY_MAX_BODY_BYTES", "abc", "invalid digit"),
+        ("WEBHOOK_GATEWAY_LOG_FORMAT", "xml", "must be one of pretty, json"),
+    ] {
+        let out = Command::new(BIN).args(["serve"]).env(var, value).env_remove("DATABASE_URL").output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{var}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{var}: {stderr}");
+        assert!(stderr.contains(var) && stderr.contains(value) && stderr.contains(expected), "{stderr}");
+    }
+    let out = Command::new(BIN)
+        .args(["serve", "--max-body-bytes", "5x"])
+        .env("WEBHOOK_GATEWAY_MAX_BODY_BYTES", "abc")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid value '5x'") && !stderr.contains("WEBHOOK_GATEWAY_MAX_BODY_BYTES"), "{stderr}");
+}
+
 /// `--help` never shows a secret taken from the environment (the database URL can hold
 /// a password; the admin token is one).
 #[test]

@@ -244,32 +244,56 @@ async fn the_cli_creates_lists_and_revokes_tokens_and_is_audited() {
             .output()
             .expect("run the binary");
         (
-            out.status.success(),
+            out.status.code(),
             String::from_utf8_lossy(&out.stdout).trim().to_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
-    let (ok, token, err) = run(&["tokens", "create", "--name", "backup", "--scope", "read", "--expires-in-days", "7"]);
-    assert!(ok, "{err}");
+    const OK: Option<i32> = Some(0);
+    // A usage error (a value the command line cannot take) is clap's exit code 2, before
+    // any database is touched; a refusal by the database (a taken name) is 1.
+    const USAGE: Option<i32> = Some(2);
+    let (code, token, err) =
+        run(&["tokens", "create", "--name", "backup", "--scope", "read", "--expires-in-days", "7"]);
+    assert_eq!(code, OK, "{err}");
     assert!(token.starts_with("wgt_"), "only the token on stdout: {token}");
     assert_eq!(call(&app, &Method::GET, "/v1/endpoints", Some(&token)).await, 200);
     assert_eq!(call(&app, &Method::DELETE, "/v1/endpoints/x", Some(&token)).await, 403);
-    let (ok, listed, _) = run(&["tokens", "list"]);
-    assert!(ok && listed.contains("backup\tread\tpayloads\texpires") && !listed.contains(&token), "{listed}");
-    let (ok, _, err) = run(&["tokens", "create", "--name", "grafana", "--scope", "read", "--no-payloads"]);
-    assert!(ok, "{err}");
+    let (code, listed, _) = run(&["tokens", "list"]);
+    assert!(code == OK && listed.contains("backup\tread\tpayloads\texpires") && !listed.contains(&token), "{listed}");
+    let (code, _, err) = run(&["tokens", "create", "--name", "grafana", "--scope", "read", "--no-payloads"]);
+    assert_eq!(code, OK, "{err}");
     let (_, listed, _) = run(&["tokens", "list"]);
     assert!(listed.contains("grafana\tread\tno payloads\tno expiry"), "{listed}");
-    let (ok, _, err) = run(&["tokens", "create", "--name", "root", "--scope", "admin", "--no-payloads"]);
-    assert!(!ok && err.contains("always reads payloads"), "{err}");
+    let (code, _, err) = run(&["tokens", "create", "--name", "root", "--scope", "admin", "--no-payloads"]);
+    assert!(code == USAGE && err.contains("always reads payloads"), "{code:?} {err}");
     // An expiry past a hundred years is refused with the range (it overflowed and panicked).
-    let (ok, _, err) =
+    let (code, _, err) =
         run(&["tokens", "create", "--name", "forever", "--scope", "read", "--expires-in-days", "4000000000"]);
-    assert!(!ok && err.contains("1 to 36500 days") && !err.contains("panicked"), "{err}");
-    let (ok, _, err) = run(&["tokens", "create", "--name", "backup", "--scope", "read"]);
-    assert!(!ok && err.contains("backup"), "a second token of one name is refused: {err}");
-    let (ok, _, err) = run(&["tokens", "revoke", "backup"]);
-    assert!(ok, "{err}");
+    assert!(code == USAGE && err.contains("1 to 36500 days") && !err.contains("panicked"), "{code:?} {err}");
+    for (flag, bad, reason) in [
+        ("--scope", "superuser", "must be read, operate or admin"),
+        ("--name", "admin", "not `admin`"),
+        ("--name", "bad/name", "letters, digits"),
+        ("--expires-in-days", "0", "1 to 36500 days"),
+    ] {
+        let mut args = vec!["tokens", "create", "--name", "fine", "--scope", "read"];
+        let at = args.iter().position(|a| *a == flag).map_or(args.len(), |i| i + 1);
+        if at == args.len() {
+            args.extend([flag, bad]);
+        } else {
+            args[at] = bad;
+        }
+        let (code, out, err) = run(&args);
+        assert!(
+            code == USAGE && err.contains(flag) && err.contains(reason) && out.is_empty(),
+            "{args:?}: {code:?} {err}"
+        );
+    }
+    let (code, _, err) = run(&["tokens", "create", "--name", "backup", "--scope", "read"]);
+    assert!(code == Some(1) && err.contains("backup"), "a second token of one name is refused: {code:?} {err}");
+    let (code, _, err) = run(&["tokens", "revoke", "backup"]);
+    assert_eq!(code, OK, "{err}");
     assert_eq!(call(&app, &Method::GET, "/v1/endpoints", Some(&token)).await, 401);
     let log = app.admin_get("/v1/audit?actor=cli:ops-alice").await;
     let actions: Vec<(&str, i64)> = log["data"]
@@ -542,4 +566,32 @@ async fn a_cli_whose_stdout_is_closed_does_not_panic_and_leaves_no_unseen_token(
         assert_eq!(code, Some(0), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+}
+
+/// The CLI's commands on a database the gateway never set up say what to run, once
+/// (the server's message was printed twice, and nothing said to migrate), and leave it
+/// as it was; on a schema one migration behind they say which.
+#[tokio::test]
+async fn the_cli_on_an_unmigrated_database_says_to_migrate() {
+    let db = TestDb::empty().await;
+    let url = format!("--database-url={}", db.url);
+    for args in [
+        vec!["tokens", "list", &url],
+        vec!["tokens", "create", "--name", "ci", "--scope", "read", &url],
+        vec!["secrets", "reencrypt", "--secrets-key", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", &url],
+    ] {
+        let (code, stderr) = crate::support::run_to_exit(&args).await;
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains("no gateway schema: run `webhook-gateway migrate`"), "{args:?}: {stderr}");
+    }
+    let made: bool =
+        sqlx::query_scalar("SELECT to_regclass('api_tokens') IS NOT NULL").fetch_one(&db.pool).await.unwrap();
+    assert!(!made, "nothing was created");
+    webhook_gateway::db::migrate(&db.pool).await.unwrap();
+    let newest = webhook_gateway::db::newest_migration();
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = $1").bind(newest).execute(&db.pool).await.unwrap();
+    let (code, stderr) = crate::support::run_to_exit(&["tokens", "list", &url]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("this release needs {newest}")), "{stderr}");
 }

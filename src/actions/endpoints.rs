@@ -45,7 +45,7 @@ pub async fn set_paused(state: &AppState, id: EndpointId, paused: bool) -> Resul
     let endpoint =
         store::endpoints::set_paused(&mut *tx, id, paused).await?.ok_or_else(|| ApiError::not_found("endpoint"))?;
     if state.operational_events && was != Some(paused) {
-        crate::operational::paused_changed(&mut tx, id, &endpoint.url, paused, chrono::Utc::now()).await?;
+        crate::operational::paused_changed(&mut tx, id, &endpoint.url, paused, crate::clock::now()).await?;
     }
     tx.commit().await?;
     if paused {
@@ -135,7 +135,7 @@ pub async fn send_test(state: &AppState, id: EndpointId) -> Result<TestSend, Api
     let payload = serde_json::to_vec(&serde_json::json!({
         "type": "webhook.test",
         "endpoint_id": id,
-        "sent_at": chrono::Utc::now(),
+        "sent_at": crate::clock::now(),
     }))
     .map_err(|_| ApiError::internal())?;
     let (event_id, delivery_id) = store::events::insert_test(&state.pool, id, &payload).await?;

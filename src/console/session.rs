@@ -171,8 +171,10 @@ fn over_https(parts_headers: &HeaderMap, uri: &axum::http::Uri) -> bool {
             .is_some_and(|v| v.split(',').next().is_some_and(|p| p.trim().eq_ignore_ascii_case("https")))
 }
 
+/// The database's clock: a session one replica issued is judged by whichever replica the
+/// next page reaches, and a replica whose clock is off would end it early or late.
 fn now() -> i64 {
-    chrono::Utc::now().timestamp()
+    crate::clock::now().timestamp()
 }
 
 /// Middleware on the console's pages: every form sent (a `POST`: redeliver, pause,

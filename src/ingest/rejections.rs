@@ -159,7 +159,7 @@ pub fn record(source: &str, error: &VerifyError) {
     let recorded =
         REGISTRY.lock().unwrap_or_else(PoisonError::into_inner).record(source, reason, Instant::now(), LOG_INTERVAL);
     crate::metrics::rejected(if recorded.overflow { "_overflow" } else { source }, reason);
-    crate::operational::tally::TALLY.refused(source, reason, chrono::Utc::now().timestamp().div_euclid(60));
+    crate::operational::tally::TALLY.refused(source, reason, crate::clock::now().timestamp().div_euclid(60));
     // Logged after the lock is released. The message is the verifier's, which by its
     // contract never contains a secret or a signature.
     if let Some(suppressed) = recorded.log {

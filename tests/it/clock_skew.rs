@@ -275,3 +275,50 @@ async fn the_console_s_overview_on_a_replica_whose_clock_is_off_counts_by_the_da
         .to_owned();
     assert_ne!(over_five_minutes, "0", "ten webhooks stored a moment ago");
 }
+
+/// A replica whose clock is an hour ahead reports a source refusing webhooks for the
+/// database's minute, and stamps the event by the database's clock: the event's key is the
+/// source and the minute, so a fleet of replicas whose clocks are off publishes it once a
+/// minute. Before: the minute and timestamp were the replica's own, an hour ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_clock_is_ahead_reports_refusals_for_the_database_s_minute() {
+    let db = TestDb::new().await;
+    let gateway = skewed_gateway(&db, "+3600s", &[]);
+    wait_ready(gateway.addr).await;
+    gateway_clock_is_shifted(&gateway, 3600).await;
+    let base = format!("http://{}", gateway.addr);
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("{base}/v1/sources"))
+        .bearer_auth(crate::support::ADMIN_TOKEN)
+        .json(&json!({"name": "signed", "kind": "hmac", "secrets": ["s3cret-s3cret-s3cret"],
+                      "hmac": {"header": "X-Signature", "algorithm": "sha256", "encoding": "hex"}}))
+        .send()
+        .await
+        .expect("create the source");
+    assert_eq!(created.status(), 201);
+    for _ in 0..25 {
+        let refused = http
+            .post(format!("{base}/ingest/signed"))
+            .header("x-signature", "00".repeat(32))
+            .body("{}")
+            .send()
+            .await
+            .expect("ingest");
+        assert_eq!(refused.status(), 401);
+    }
+    let (minute_off, stamp_off): (f64, f64) = eventually(Duration::from_secs(30), "source.refusing stored", || async {
+        sqlx::query_as(
+            "SELECT extract(epoch FROM now() - (doc->'data'->>'minute')::timestamptz)::float8,
+                    extract(epoch FROM now() - (doc->>'timestamp')::timestamptz)::float8
+               FROM (SELECT convert_from(payload, 'UTF8')::jsonb AS doc FROM events
+                      WHERE event_type = 'source.refusing') e",
+        )
+        .fetch_optional(&db.pool)
+        .await
+        .expect("read the event")
+    })
+    .await;
+    assert!((0.0..=120.0).contains(&minute_off), "the minute is {minute_off} s before the database's now");
+    assert!((-5.0..=60.0).contains(&stamp_off), "the timestamp is {stamp_off} s before the database's now");
+}

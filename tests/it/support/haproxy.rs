@@ -29,6 +29,19 @@ impl HaProxy {
     /// No retry on another server and no redispatch: a request sent to a server that fails
     /// it is an error the client sees, as with balancers that do not retry.
     pub fn start(servers: &[SocketAddr], check_ms: u64, fall: u32, rise: u32) -> HaProxy {
+        // HAProxy cannot listen on port 0 and say which port it got, so a port is picked by
+        // binding and releasing it: another process can take it meanwhile. A start counts
+        // only once HAProxy itself listens there (its socket, by /proc), and one whose port
+        // was taken tries another.
+        for _ in 0..5 {
+            if let Some(started) = HaProxy::start_once(servers, check_ms, fall, rise) {
+                return started;
+            }
+        }
+        panic!("haproxy did not start on any of 5 ports");
+    }
+
+    fn start_once(servers: &[SocketAddr], check_ms: u64, fall: u32, rise: u32) -> Option<HaProxy> {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
         let dir = std::env::temp_dir().join(format!("wg-haproxy-{port}"));
         std::fs::create_dir_all(&dir).expect("haproxy dir");
@@ -55,13 +68,43 @@ impl HaProxy {
             .spawn()
             .expect("start haproxy");
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let mut proxy = HaProxy { child, addr, dir };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        loop {
+            if proxy.child.try_wait().expect("haproxy's state").is_some() {
+                let log = std::fs::read_to_string(proxy.dir.join("haproxy.log")).unwrap_or_default();
+                assert!(log.contains("bind"), "haproxy exited at start: {log}");
+                return None; // its port was taken: dropped, and another is tried
+            }
+            if listens_on(proxy.child.id(), port) {
+                return Some(proxy);
+            }
             assert!(Instant::now() < deadline, "haproxy did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
-        HaProxy { child, addr, dir }
     }
+}
+
+/// Whether process `pid` holds the socket listening on 127.0.0.1:`port` (by
+/// `/proc/net/tcp`'s inode of that listener and the process's open files).
+fn listens_on(pid: u32, port: u16) -> bool {
+    const LISTEN: &str = "0A";
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let local = format!("0100007F:{port:04X}");
+    let Some(inode) = table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&LISTEN))
+            .then(|| fields.get(9).map(|i| i.to_string()))?
+    }) else {
+        return false;
+    };
+    let socket = format!("socket:[{inode}]");
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target.as_os_str() == socket.as_str()))
+        })
+        .unwrap_or(false)
 }
 
 impl Drop for HaProxy {

@@ -9,6 +9,7 @@ pub mod app;
 pub mod audit;
 pub mod banner;
 pub mod circuit;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod console;

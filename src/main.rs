@@ -2,18 +2,16 @@
 //! `--runtime-threads`) -> listen address -> admin token -> database -> `app::start_on`
 //! -> banner.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 use tracing_subscriber::EnvFilter;
 use webhook_gateway::banner::{self, Banner, TokenSource};
-use webhook_gateway::config::{
-    AdminTokenAction, AdminTokenArgs, Cli, Command, LogFormat, ReencryptArgs, SecretsAction, ServeArgs,
-};
-use webhook_gateway::db::{self, embedded};
-use webhook_gateway::secrets::{self, Keyring};
-use webhook_gateway::{admin_token, app};
+use webhook_gateway::config::{Cli, Command, LogFormat, SecretsAction, ServeArgs};
+use webhook_gateway::db;
+use webhook_gateway::secrets::Keyring;
+use webhook_gateway::{admin_token, app, cli};
 
 fn main() -> ExitCode {
     // glibc raises its mmap threshold each time a large block is freed, after which large
@@ -27,7 +25,7 @@ fn main() -> ExitCode {
     }
     let matches = match Cli::command().try_get_matches() {
         Ok(matches) => matches,
-        Err(e) => match from_environment(&e) {
+        Err(e) => match cli::from_environment(&e) {
             Some(line) => return fail(&line),
             None => e.exit(),
         },
@@ -84,7 +82,7 @@ fn main() -> ExitCode {
                 };
                 let pool = db::open(&target).await?;
                 db::migrate(&pool).await?;
-                print("migrations applied\n");
+                cli::print("migrations applied\n");
                 Ok(())
             })
         }
@@ -100,13 +98,13 @@ fn main() -> ExitCode {
                     Err(e) => return fail(&e.to_string()),
                 };
                 init_tracing(LogFormat::Pretty, None);
-                runtime.block_on(reencrypt(args, keyring))
+                runtime.block_on(cli::secrets::reencrypt(args, keyring))
             }
         },
-        Command::AdminToken(args) => admin_token_command(&args),
+        Command::AdminToken(args) => cli::admin_token::run(&args),
         Command::Tokens(args) => {
             init_tracing(LogFormat::Pretty, None);
-            runtime.block_on(tokens_command(args))
+            runtime.block_on(cli::tokens::run(args))
         }
         Command::Serve(args) => {
             // Traces only for `serve`: the one-shot commands have nothing worth a trace.
@@ -135,63 +133,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(&chain_text(&e)),
+        Err(e) => fail(&cli::chain_text(&e)),
     }
-}
-
-/// An error and its causes on one line, `a: b: c`, leaving out a cause whose text is
-/// already there: sqlx's database error repeats its server message as its source.
-fn chain_text(e: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in e.chain() {
-        let part = cause.to_string();
-        if !text.contains(&part) {
-            if !text.is_empty() {
-                text.push_str(": ");
-            }
-            text.push_str(&part);
-        }
-    }
-    text
-}
-
-/// A value the command line's parser refused that came from an environment variable,
-/// told as configuration (one line naming the variable, exit 1, as docs/configuration.md
-/// says), where clap would name only the flag the variable stands for and exit 2 with a
-/// usage hint. `None`: the error is the command line's own, left to clap.
-fn from_environment(e: &clap::Error) -> Option<String> {
-    use clap::error::{ContextKind, ContextValue, ErrorKind};
-    if !matches!(e.kind(), ErrorKind::ValueValidation | ErrorKind::InvalidValue) {
-        return None;
-    }
-    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else { return None };
-    let Some(ContextValue::String(value)) = e.get(ContextKind::InvalidValue) else { return None };
-    let long = arg.split_whitespace().next()?.strip_prefix("--")?;
-    let flag = format!("--{long}");
-    let on_command_line = std::env::args_os()
-        .skip(1)
-        .any(|a| a.to_str().is_some_and(|a| a == flag || a.starts_with(&format!("{flag}="))));
-    if on_command_line {
-        return None;
-    }
-    let mut commands = vec![Cli::command()];
-    let found = std::iter::from_fn(|| {
-        let command = commands.pop()?;
-        commands.extend(command.get_subcommands().cloned());
-        Some(command)
-    })
-    .find_map(|command| {
-        let arg = command.get_arguments().find(|a| a.get_long() == Some(long))?;
-        let env = arg.get_env()?.to_str()?.to_owned();
-        (std::env::var(&env).ok().as_deref() == Some(value.as_str())).then(|| (env, arg.is_hide_env_values_set()))
-    });
-    let (env, hidden) = found?;
-    let reason = match (e.kind(), e.get(ContextKind::ValidValue)) {
-        (ErrorKind::InvalidValue, Some(ContextValue::Strings(valid))) => format!("must be one of {}", valid.join(", ")),
-        _ => std::error::Error::source(e).map_or_else(|| "not a valid value".to_owned(), ToString::to_string),
-    };
-    let shown = if hidden { String::new() } else { format!(" {value:?}") };
-    Some(format!("{env} (for {flag}): invalid value{shown}: {reason}"))
 }
 
 /// Configuration and start-up errors are one line on stderr and exit code 1.
@@ -229,12 +172,6 @@ fn colours(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
     terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-/// Write to stdout, ignoring a closed pipe (`webhook-gateway ... | head`): `println!`
-/// would panic.
-fn print(text: &str) {
-    let _ = write_out(text);
-}
-
 /// `url` without the `user:password@` a collector's URL may carry, for the log.
 fn without_credentials(url: &str) -> String {
     match url::Url::parse(url) {
@@ -246,46 +183,6 @@ fn without_credentials(url: &str) -> String {
         Ok(_) => url.to_owned(),
         Err(_) => "(not a URL)".to_owned(),
     }
-}
-
-/// Write to stdout, saying whether it could be written (a closed pipe cannot).
-fn write_out(text: &str) -> std::io::Result<()> {
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes()).and_then(|()| out.flush())
-}
-
-/// `admin-token show|rotate`: the token kept in the data directory, on stdout alone.
-fn admin_token_command(args: &AdminTokenArgs) -> anyhow::Result<()> {
-    let path = admin_token::path(&args.data_dir);
-    let token = match args.action {
-        AdminTokenAction::Show => admin_token::read(&args.data_dir)?.ok_or_else(|| {
-            anyhow::anyhow!(
-                "no admin token in {}: `webhook-gateway serve` generates it on its first start without a configured \
-                 token (or create one now with `webhook-gateway admin-token rotate`)",
-                path.display()
-            )
-        })?,
-        AdminTokenAction::Rotate => {
-            let token = admin_token::rotate(&args.data_dir)?;
-            eprintln!(
-                "webhook-gateway: a new admin token is kept in {}; a running gateway accepts the old one until it \
-                 restarts",
-                path.display()
-            );
-            token
-        }
-    };
-    // Exported from an earlier start, the variable would be taken as a configured token
-    // by the next `serve` in that shell, and this file ignored.
-    if std::env::var("WEBHOOK_GATEWAY_ADMIN_TOKEN").is_ok_and(|v| !v.is_empty() && v != token) {
-        eprintln!(
-            "webhook-gateway: note: WEBHOOK_GATEWAY_ADMIN_TOKEN in this environment holds another token, and `serve` \
-             would use it instead of this file: {}",
-            admin_token::export_line("$(webhook-gateway admin-token show)")
-        );
-    }
-    print(&format!("{token}\n"));
-    Ok(())
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -316,7 +213,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             (token, TokenSource::Kept { path: admin_token::path(&args.data_dir), created })
         }
     };
-    let (url, cluster) = database(args.database_url.as_deref(), &args.data_dir).await?;
+    let (url, cluster) = cli::database(args.database_url.as_deref(), &args.data_dir).await?;
     let banner = Banner {
         addr: listener.local_addr()?,
         role: args.role,
@@ -368,150 +265,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     .await;
-    stop_embedded(cluster).await?;
+    cli::stop_embedded(cluster).await?;
     result
-}
-
-/// The database URL: the given one, or that of the embedded cluster in `data_dir`
-/// (started here; stop it with [`stop_embedded`]).
-async fn database(
-    url: Option<&str>,
-    data_dir: &std::path::Path,
-) -> anyhow::Result<(String, Option<embedded::Cluster>)> {
-    if let Some(url) = url {
-        return Ok((url.to_owned(), None));
-    }
-    let options = embedded::ClusterOptions {
-        data_dir: data_dir.join("pg"),
-        throwaway: false,
-        port: None,
-        settings: Vec::new(),
-        env: Vec::new(),
-    };
-    std::fs::create_dir_all(data_dir)?;
-    let started = tokio::task::spawn_blocking(move || embedded::Cluster::start(&options)).await??;
-    tracing::info!(
-        data_dir = %started.data_dir().display(),
-        port = started.port(),
-        "embedded PostgreSQL started (set DATABASE_URL to use your own server)"
-    );
-    let url = started.url("postgres");
-    Ok((url, Some(started)))
-}
-
-async fn stop_embedded(cluster: Option<embedded::Cluster>) -> anyhow::Result<()> {
-    if let Some(mut cluster) = cluster {
-        tokio::task::spawn_blocking(move || cluster.stop()).await?;
-        tracing::info!("embedded PostgreSQL stopped");
-    }
-    Ok(())
-}
-
-/// `secrets reencrypt`: prints what it rewrote; unreadable values are listed and make the
-/// exit code 1 (the rest is still rewritten).
-/// `webhook-gateway tokens ...`: each change is written to the audit log as `cli`, with
-/// the operating-system user as the actor.
-async fn tokens_command(args: webhook_gateway::config::TokensArgs) -> anyhow::Result<()> {
-    use webhook_gateway::config::TokensAction;
-    use webhook_gateway::tokens;
-    let (url, cluster) = database(args.database_url.as_deref(), &args.data_dir).await?;
-    let actor = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".into()));
-    let result = async {
-        let pool = db::open(&db::DbConfig::direct(&url, 2)).await?;
-        db::require_migrated(&pool).await?;
-        let audit = |action: &'static str, target: String, status: u16| {
-            let pool = pool.clone();
-            let actor = actor.clone();
-            async move {
-                let entry = webhook_gateway::audit::Entry {
-                    actor: &actor,
-                    via: webhook_gateway::audit::Via::Cli,
-                    action,
-                    target: &target,
-                    status,
-                    address: None,
-                    request_id: None,
-                };
-                webhook_gateway::audit::record(&pool, &entry).await
-            }
-        };
-        match args.action {
-            TokensAction::Create { name, scope, expires_in_days, no_payloads } => {
-                // Name, scope and the expiry's range were checked as the command line was read.
-                let expires_at = expires_in_days
-                    .map(tokens::expiry_in)
-                    .transpose()
-                    .map_err(|e| anyhow::anyhow!("--expires-in-days: {e}"))?;
-                let token = tokens::generate();
-                let new = tokens::sql::NewToken { name: &name, scope, expires_at, payloads: !no_payloads };
-                let created = tokens::sql::create(&pool, &new, &tokens::hash(&token), &actor).await?;
-                audit("tokens create", format!("token {name}"), if created.is_some() { 201 } else { 409 }).await?;
-                anyhow::ensure!(created.is_some(), "a token is named {name:?}");
-                // Shown once, here: a token nobody could read (stdout closed) is revoked
-                // rather than left valid and unseen.
-                if let Err(e) = write_out(&format!("{token}\n")) {
-                    tokens::sql::revoke(&pool, &name).await?;
-                    audit("tokens revoke", format!("token {name} (never shown)"), 200).await?;
-                    anyhow::bail!("the token could not be written to stdout ({e}), so it was revoked");
-                }
-            }
-            TokensAction::List => {
-                for t in tokens::sql::list(&pool).await? {
-                    let state = match (t.revoked_at, t.expires_at) {
-                        (Some(at), _) => format!("revoked {at}"),
-                        (None, Some(at)) => format!("expires {at}"),
-                        (None, None) => "no expiry".into(),
-                    };
-                    let payloads = if t.payloads { "payloads" } else { "no payloads" };
-                    let used = t.last_used_at.map_or_else(|| "never used".to_owned(), |at| format!("last used {at}"));
-                    print(&format!(
-                        "{}\t{}\t{}\t{payloads}\t{state}\tcreated {} by {}\t{used}\n",
-                        t.id, t.name, t.scope, t.created_at, t.created_by
-                    ));
-                }
-            }
-            TokensAction::Revoke { name } => {
-                let revoked = tokens::sql::revoke(&pool, &name).await?;
-                audit("tokens revoke", format!("token {name}"), if revoked.is_some() { 200 } else { 404 }).await?;
-                let revoked = revoked.ok_or_else(|| anyhow::anyhow!("no token is named {name:?}"))?;
-                print(&format!("revoked {} ({})\n", revoked.name, revoked.id));
-            }
-        }
-        pool.close().await;
-        anyhow::Ok(())
-    }
-    .await;
-    stop_embedded(cluster).await?;
-    result
-}
-
-async fn reencrypt(args: ReencryptArgs, keyring: Keyring) -> anyhow::Result<()> {
-    let (url, cluster) = database(args.database_url.as_deref(), &args.data_dir).await?;
-    let result = async {
-        let pool = db::open(&db::DbConfig { pooler: args.db_pooler, ..db::DbConfig::direct(&url, 2) }).await?;
-        db::require_migrated(&pool).await?;
-        let done = secrets::reencrypt(&pool, &keyring, args.batch_size).await?;
-        pool.close().await;
-        anyhow::Ok(done)
-    }
-    .await;
-    stop_embedded(cluster).await?;
-    let done = result?;
-    let key = keyring.current_key_id().unwrap_or_default();
-    print(&format!(
-        "re-encrypted {} secrets under key {key} ({} endpoint, {} source); {} already under it\n",
-        done.rewritten(),
-        done.endpoint_values,
-        done.source_values,
-        done.unchanged
-    ));
-    if done.unreadable > 0 {
-        for problem in &done.problems {
-            eprintln!("webhook-gateway: cannot re-encrypt {problem}");
-        }
-        anyhow::bail!("{} secrets could not be read and were left as they were", done.unreadable);
-    }
-    Ok(())
 }
 
 /// Longest the shutdown waits for the pool's connections to come back before it drops them.
@@ -550,7 +305,7 @@ async fn run(
             return Ok(Ending::StoppedDuringStartUp);
         }
     };
-    print(&banner.render(std::io::stdout().is_terminal()));
+    cli::print(&banner.render(std::io::stdout().is_terminal()));
     stop.await;
     tracing::info!("shutting down: no new requests or claims; finishing in-flight work");
     running.shutdown().await?;

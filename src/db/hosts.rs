@@ -4,8 +4,10 @@
 //!
 //! The gateway connects to the first host, in the order given, that accepts a connection
 //! and takes writes, and when the database fails (a refused or lost connection, a
-//! read-only transaction) it looks again in the same order ([`follow_writable`]), so it
-//! follows a failover by itself. Only writable nodes are any use to it, so
+//! read-only transaction) it looks again ([`follow_writable`]), so it follows a failover
+//! by itself. It stays on its host while that takes writes, and never moves to an older
+//! timeline of the cluster than one it wrote to or another host writes on: an old
+//! primary restarted as it was after a failover does not take the pool back ([`choose`]). Only writable nodes are any use to it, so
 //! `target_session_attrs` may be `read-write`, `primary` or `any` (all mean the same
 //! here); the read-only values are refused with a clear message.
 
@@ -15,6 +17,7 @@ use std::time::Duration;
 use sqlx::postgres::PgConnectOptions;
 
 use super::failure::Health;
+use crate::log_throttle::Throttle;
 
 /// How long looking at one host may take (connect and one query).
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -57,41 +60,143 @@ pub fn split(url: &str) -> anyhow::Result<Vec<String>> {
     Ok(hosts.into_iter().map(|host| format!("{scheme}://{userinfo}{host}{path}{query}")).collect())
 }
 
-/// Whether the node `options` reaches takes writes; `Err` with the reason, and whether it
-/// may pass by itself, when it cannot be reached within [`PROBE_TIMEOUT`].
-pub async fn probe(options: &PgConnectOptions) -> Result<bool, (String, bool)> {
-    match tokio::time::timeout(PROBE_TIMEOUT, super::start::writable_at(options)).await {
-        Ok(answer) => answer.map_err(|e| (e.to_string(), super::start::may_pass(&e))),
+/// Which cluster a writable node belongs to and the timeline it writes on. A standby
+/// promoted writes on a new timeline, one above its old primary's: an old primary that
+/// comes back writable (restarted as it was, not rebuilt as a standby of the new one) is
+/// the same cluster on a lower timeline, and what it holds has diverged from what was
+/// acknowledged since the failover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lineage {
+    /// `pg_control_system().system_identifier`: shared by a primary and its standbys.
+    pub system: i64,
+    /// The timeline of the node's current WAL (its segment name's first 8 hex digits).
+    pub timeline: i64,
+}
+
+impl Lineage {
+    /// Whether a node of this lineage is behind `other`: the same cluster, an older timeline.
+    pub fn behind(self, other: Lineage) -> bool {
+        self.system == other.system && self.timeline < other.timeline
+    }
+}
+
+/// The lineage of the writable node `conn` reaches; `None` when it does not tell (a
+/// function refused by a managed service): then no host is held back by it.
+pub(super) async fn lineage(conn: &mut sqlx::PgConnection) -> Option<Lineage> {
+    let (system, timeline): (i64, i64) = super::query_as(
+        "SELECT s.system_identifier, ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
+           FROM pg_control_system() s",
+    )
+    .fetch_one(conn)
+    .await
+    .ok()?;
+    Some(Lineage { system, timeline })
+}
+
+/// What a look at one host found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// It takes writes (with its lineage, when it tells it).
+    Writable(Option<Lineage>),
+    /// It answers and does not take writes (a standby, a read-only node).
+    ReadOnly,
+}
+
+/// What the node `options` reaches is; `Err` with the reason, and whether it may pass by
+/// itself, when it cannot be reached within [`PROBE_TIMEOUT`].
+pub async fn probe(options: &PgConnectOptions) -> Result<Found, (String, bool)> {
+    match tokio::time::timeout(PROBE_TIMEOUT, super::start::state_at(options, true)).await {
+        Ok(Ok(Some(lineage))) => Ok(Found::Writable(lineage)),
+        Ok(Ok(None)) => Ok(Found::ReadOnly),
+        Ok(Err(e)) => Err((e.to_string(), super::start::may_pass(&e))),
         Err(_) => Err(("no answer".into(), true)),
     }
 }
 
-/// The first of `hosts` that takes writes, or every host's reason for not being it and
-/// whether any of them may pass by itself (a standby may be promoted; a host down may come
-/// back).
-pub async fn first_writable(hosts: &[PgConnectOptions]) -> Result<usize, (Vec<String>, bool)> {
+fn name(host: &PgConnectOptions) -> String {
+    format!("{}:{}", host.get_host(), host.get_port())
+}
+
+/// The host of `hosts` to write to, with its lineage: `stay` (the host the pool is on)
+/// while it qualifies, else the first that does, in order. A host qualifies when it takes
+/// writes and is neither behind `last` (the lineage written to last) nor behind another
+/// host that takes writes: an old primary back beside the standby promoted in its place
+/// takes writes too, and only the promoted one holds what was acknowledged since. Or every
+/// host's reason for not being it, and whether any of them may pass by itself (a standby
+/// may be promoted; a host down may come back).
+pub async fn choose(
+    hosts: &[PgConnectOptions],
+    last: Option<Lineage>,
+    stay: Option<usize>,
+) -> Result<(usize, Option<Lineage>), (Vec<String>, bool)> {
     let mut reasons = Vec::new();
     let mut may_pass = false;
+    let mut writable = Vec::new();
     for (i, host) in hosts.iter().enumerate() {
-        let name = format!("{}:{}", host.get_host(), host.get_port());
         match probe(host).await {
-            Ok(true) => return Ok(i),
-            Ok(false) => {
-                reasons.push(format!("{name} does not take writes"));
+            Ok(Found::Writable(lineage)) => writable.push((i, lineage)),
+            Ok(Found::ReadOnly) => {
+                reasons.push(format!("{} does not take writes", name(host)));
                 may_pass = true;
             }
             Err((e, passing)) => {
-                reasons.push(format!("{name}: {e}"));
+                reasons.push(format!("{}: {e}", name(host)));
                 may_pass |= passing;
             }
         }
     }
-    Err((reasons, may_pass))
+    match pick(&writable, last, stay) {
+        Ok(picked) => Ok(picked),
+        Err(behind) => {
+            reasons.extend(behind.into_iter().map(|(i, old, new)| {
+                format!(
+                    "{} takes writes on timeline {old}, behind timeline {new} of the same cluster (an old primary \
+                     back without being rebuilt as a standby? fence it: what it holds has diverged)",
+                    name(&hosts[i])
+                )
+            }));
+            Err((reasons, may_pass))
+        }
+    }
 }
 
-/// For a pool over several hosts: whenever the pool's health reports a failure, look for
-/// the first host that takes writes and move the pool there (its older connections are
-/// discarded); while none does, look again every [`PROBE_INTERVAL`]. Ends when the pool
+/// A host that takes writes, held back: its index, its timeline and the newer one it is
+/// behind.
+type HeldBack = (usize, i64, i64);
+
+/// [`choose`]'s rule over the hosts found writable (index, lineage if told): `stay` if it
+/// qualifies, else the first that does; or the hosts held back, with their timeline and
+/// the newer one they are behind.
+fn pick(
+    writable: &[(usize, Option<Lineage>)],
+    last: Option<Lineage>,
+    stay: Option<usize>,
+) -> Result<(usize, Option<Lineage>), Vec<HeldBack>> {
+    let known: Vec<Lineage> = writable.iter().filter_map(|(_, l)| *l).chain(last).collect();
+    let newer = |lineage: Option<Lineage>| lineage.and_then(|l| known.iter().find(|n| l.behind(**n)).map(|n| (l, *n)));
+    let qualifying = || writable.iter().filter(|(_, l)| newer(*l).is_none());
+    if let Some(stayed) = qualifying().find(|(i, _)| Some(*i) == stay) {
+        return Ok(*stayed);
+    }
+    if let Some(first) = qualifying().next() {
+        return Ok(*first);
+    }
+    Err(writable.iter().filter_map(|(i, l)| newer(*l).map(|(old, new)| (*i, old.timeline, new.timeline))).collect())
+}
+
+/// How often the host the pool is on is looked at without a failure to prompt it: a
+/// node demoted quietly (a switchover) is left within this.
+const RECHECK: Duration = Duration::from_secs(5);
+
+/// For a pool over several hosts: whenever the pool's health reports a failure, and every
+/// [`RECHECK`], look at the hosts and [`choose`] one: the host the pool is on while it
+/// takes writes and no other host writes on a newer timeline of its cluster; otherwise
+/// the first that qualifies, and the pool moves there (its older connections are
+/// discarded). While none does, look again every [`PROBE_INTERVAL`]. Staying put is what
+/// keeps an old primary that comes back writable after a failover (the first host of the
+/// list, restarted as it was) from taking the pool back from the promoted standby, which
+/// alone holds the webhooks acknowledged since; the timelines are what move the pool off
+/// an old primary still taking writes after its standby was promoted. Ends when the pool
 /// is closed.
 pub async fn follow_writable(
     pool: sqlx::PgPool,
@@ -99,32 +204,41 @@ pub async fn follow_writable(
     hosts: Vec<PgConnectOptions>,
     mut current: usize,
 ) {
+    static NONE_WRITABLE: Throttle = Throttle::new(crate::log_throttle::INTERVAL);
+    let mut last = match probe(&hosts[current]).await {
+        Ok(Found::Writable(lineage)) => lineage,
+        _ => None,
+    };
     loop {
         tokio::select! {
             () = health.trouble() => {}
-            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+            () = tokio::time::sleep(RECHECK) => {}
         }
         if pool.is_closed() {
             return;
         }
         loop {
-            match first_writable(&hosts).await {
-                Ok(found) => {
+            match choose(&hosts, last, Some(current)).await {
+                Ok((found, lineage)) => {
                     if found != current {
-                        let (from, to) = (&hosts[current], &hosts[found]);
                         tracing::warn!(
-                            from = %format!("{}:{}", from.get_host(), from.get_port()),
-                            to = %format!("{}:{}", to.get_host(), to.get_port()),
-                            "database: another host takes writes now; the pool follows it"
+                            from = %name(&hosts[current]),
+                            to = %name(&hosts[found]),
+                            "database: the host the pool was on stopped taking writes or fell behind a newer \
+                             timeline; the pool follows another"
                         );
                         pool.set_connect_options(hosts[found].clone());
                         health.mark_all_stale();
                         current = found;
                     }
+                    last = lineage.or(last);
                     break;
                 }
                 Err((reasons, _)) => {
-                    tracing::warn!(hosts = %reasons.join("; "), "database: no host takes writes; looking again");
+                    if let Some(left_out) = NONE_WRITABLE.admit() {
+                        tracing::warn!(hosts = %reasons.join("; "), left_out,
+                            "database: no host takes writes; looking again every 0.5 s");
+                    }
                     tokio::time::sleep(PROBE_INTERVAL).await;
                     if pool.is_closed() {
                         return;
@@ -140,6 +254,25 @@ pub async fn follow_writable(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pool_stays_on_its_host_and_never_follows_an_older_timeline() {
+        let on = |timeline| Some(Lineage { system: 7, timeline });
+        let other_cluster = Some(Lineage { system: 8, timeline: 1 });
+        // Staying put while the host takes writes, whatever comes first in the list.
+        assert_eq!(pick(&[(0, on(2)), (1, on(2))], on(2), Some(1)), Ok((1, on(2))));
+        // The old primary back (timeline 1) beside the promoted standby (2): the standby,
+        // at a start (nothing written yet) and after it.
+        assert_eq!(pick(&[(0, on(1)), (1, on(2))], None, None), Ok((1, on(2))));
+        assert_eq!(pick(&[(0, on(1)), (1, on(2))], on(1), Some(0)), Ok((1, on(2))), "off the old timeline");
+        // Only the old primary takes writes, the promoted standby being down: held back
+        // with its timeline and the newer one written to last.
+        assert_eq!(pick(&[(0, on(1))], on(2), Some(1)), Err(vec![(0, 1, 2)]));
+        // Another cluster (restored from a dump) and hosts that do not tell are not held back.
+        assert_eq!(pick(&[(0, other_cluster)], on(2), None), Ok((0, other_cluster)));
+        assert_eq!(pick(&[(0, None), (1, on(2))], on(2), Some(0)), Ok((0, None)));
+        assert_eq!(pick(&[], on(2), Some(0)), Err(vec![]));
+    }
 
     #[test]
     fn a_host_list_becomes_one_url_per_host_in_order() {

@@ -84,7 +84,7 @@ async fn look(hosts: &[PgConnectOptions]) -> Result<usize, Failure> {
     if let [only] = hosts {
         return check(only).await.map(|()| 0);
     }
-    hosts::first_writable(hosts).await.map_err(|(reasons, may_pass)| Failure {
+    hosts::choose(hosts, None, None).await.map(|(found, _)| found).map_err(|(reasons, may_pass)| Failure {
         error: anyhow::anyhow!("cannot connect to PostgreSQL: no host takes writes ({})", reasons.join("; ")),
         may_pass,
     })
@@ -132,6 +132,15 @@ async fn check(options: &PgConnectOptions) -> Result<(), Failure> {
 /// (PgBouncer in statement mode) is refused here with its reason, not at the migrations.
 /// A server older than [`OLDEST_SERVER_VERSION`] is refused too.
 pub(super) async fn writable_at(options: &PgConnectOptions) -> anyhow::Result<bool> {
+    Ok(state_at(options, false).await?.is_some())
+}
+
+/// As [`writable_at`]: `None` when the node does not take writes, else its [`Lineage`]
+/// when `lineage` is asked for and the node tells it (`None` inside: unknown).
+pub(super) async fn state_at(
+    options: &PgConnectOptions,
+    lineage: bool,
+) -> anyhow::Result<Option<Option<super::hosts::Lineage>>> {
     use sqlx::{Connection as _, Executor as _};
     let mut conn = options.connect().await?;
     let answer = async {
@@ -142,13 +151,17 @@ pub(super) async fn writable_at(options: &PgConnectOptions) -> anyhow::Result<bo
         Ok::<_, sqlx::Error>((version.try_get::<i32, _>(0)?, version.try_get::<String, _>(1)?, answer))
     }
     .await;
+    let found = match answer {
+        Ok((_, _, true)) if lineage => super::hosts::lineage(&mut conn).await,
+        _ => None,
+    };
     let _ = conn.close().await;
     let (number, version, writable) = answer?;
     anyhow::ensure!(
         number >= OLDEST_SERVER_VERSION,
         "PostgreSQL {version} is older than the gateway needs (13 or later; tested on 15, docs/production-postgres.md)"
     );
-    Ok(writable)
+    Ok(writable.then_some(found))
 }
 
 /// Whether waiting may mend a first connection's failure `err`: the server or the path to

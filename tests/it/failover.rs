@@ -165,3 +165,64 @@ async fn a_replica_started_during_a_failover_waits_for_the_promotion() {
     assert_eq!(status, 200, "{body}");
     eventually(Duration::from_secs(20), "delivered", || async { (sink.count() == 1).then_some(()) }).await;
 }
+
+/// After a failover, the old primary restarted as it was (not rebuilt as a standby: a host
+/// rebooted with PostgreSQL starting by itself, a service manager's restart) takes writes
+/// again on the timeline the promoted standby left. The gateway stays on the promoted
+/// standby, which alone holds what was acknowledged since the failover. Before, the first
+/// host of its list that took writes took the pool back within 5 s of coming back, the
+/// promoted standby being healthy, and every webhook acknowledged from then on went to
+/// the diverged old primary only (a review reproduced 394 such webhooks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_old_primary_restarted_as_it_was_does_not_take_the_pool_back() {
+    use crate::support::post_to_shop;
+    let pair = ReplicatedPair::start("gw").await;
+    let sink = Sink::ok().await;
+    let (gw, base) = gateway_with_sink(&pair.host_list_url("gw"), &[], &sink).await;
+    let body = serde_json::json!({"order": 1});
+    for n in 0..10 {
+        assert_eq!(post_to_shop(&base, &format!("before-{n}"), &body).await.0, 200);
+    }
+    pair.kill_primary();
+    pair.promote_standby().await;
+    eventually(Duration::from_secs(30), "the gateway writes to the promoted standby", || async {
+        (post_to_shop(&base, "after-failover", &body).await.0 == 200).then_some(())
+    })
+    .await;
+    let mut old_primary = pair.restart_killed_primary().await;
+    let mut old = PgConnection::connect(&old_primary.url("gw")).await.expect("the old primary");
+    let writable: bool = sqlx::query_scalar("SELECT NOT pg_is_in_recovery()").fetch_one(&mut old).await.unwrap();
+    assert!(writable, "the old primary takes writes again");
+    // Two of the gateway's rechecks (every 5 s), and a failure that prompts a look
+    // (the promoted standby's connections killed) in between.
+    let mut acknowledged = Vec::new();
+    let mut new_primary = PgConnection::connect(&pair.standby.url("gw")).await.expect("new primary");
+    for n in 0..120 {
+        if n == 60 {
+            sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'gw' AND pid <> pg_backend_pid()")
+                .execute(&mut new_primary)
+                .await
+                .expect("terminate the gateway's connections");
+        }
+        let id = format!("later-{n}");
+        if post_to_shop(&base, &id, &body).await.0 == 200 {
+            acknowledged.push(id);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(acknowledged.len() >= 100, "{} of 120 acknowledged", acknowledged.len());
+    let on_new: HashSet<String> = sqlx::query_scalar("SELECT dedupe_key FROM events")
+        .fetch_all(&mut new_primary)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let on_old: HashSet<String> =
+        sqlx::query_scalar("SELECT dedupe_key FROM events").fetch_all(&mut old).await.unwrap().into_iter().collect();
+    let missing: Vec<&String> = acknowledged.iter().filter(|id| !on_new.contains(*id)).collect();
+    assert!(missing.is_empty(), "{} acknowledged webhooks are not on the promoted standby: {missing:?}", missing.len());
+    assert!(acknowledged.iter().all(|id| !on_old.contains(id)), "nothing went to the old primary");
+    old.close().await.ok();
+    drop(gw);
+    old_primary.stop();
+}

@@ -114,6 +114,30 @@ impl ReplicatedPair {
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
 
+    /// Start the primary [`ReplicatedPair::kill_primary`] killed again, as it was, on its
+    /// port: not rebuilt as a standby (a host rebooted with PostgreSQL starting by itself),
+    /// so it takes writes on its old timeline, without waiting for a synchronous standby
+    /// it no longer has. Stopped (not deleted: the pair does that) on drop.
+    pub async fn restart_killed_primary(&self) -> Cluster {
+        // The killed postmaster is this process's child: reaped here, or its zombie would
+        // pass for a postmaster still running on the data directory.
+        let pid_file = std::fs::read_to_string(self.primary.data_dir().join("postmaster.pid")).expect("postmaster.pid");
+        let pid: i32 = pid_file.lines().next().and_then(|l| l.trim().parse().ok()).expect("postmaster pid");
+        // SAFETY: waitpid(2) on the postmaster this test started and killed.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        let options = ClusterOptions {
+            data_dir: self.primary.data_dir().to_path_buf(),
+            throwaway: false,
+            port: Some(self.primary.port()),
+            settings: vec![("synchronous_standby_names".into(), String::new())],
+            env: Vec::new(),
+        };
+        tokio::task::spawn_blocking(move || Cluster::start(&options))
+            .await
+            .expect("restart")
+            .expect("restart the old primary")
+    }
+
     /// Promote the standby and wait until it takes writes.
     pub async fn promote_standby(&self) {
         let mut conn = PgConnection::connect(&self.standby.url("postgres")).await.expect("standby connection");

@@ -143,6 +143,11 @@ fn fail(message: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// The log filter without `RUST_LOG`. sqlx's pool logs every connection whose set-up the
+/// gateway refused at ERROR, again at each of its immediate retries (a read-only node: one
+/// line per new connection); the gateway says it itself, throttled (`db::connect_refused`).
+const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,sqlx_core::pool::inner=off";
+
 /// Logs on stderr, and spans to OpenTelemetry when `otel` is given. The spans meant for
 /// OpenTelemetry (target `otel`) are kept out of the logs, so the log lines are the same
 /// with tracing on or off.
@@ -150,7 +155,7 @@ fn init_tracing(format: LogFormat, otel: Option<opentelemetry_sdk::trace::SdkTra
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     let filter = match format!("{}=off", webhook_gateway::telemetry::TARGET).parse() {
         Ok(directive) => filter.add_directive(directive),
         Err(_) => filter,

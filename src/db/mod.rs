@@ -189,10 +189,12 @@ pub async fn open(config: &DbConfig) -> anyhow::Result<Pool> {
                 for target in &targets {
                     tcp::harden(target);
                 }
-                let (writable, durable) = connection_state(conn).await?;
+                let (writable, durable) = connection_state(conn).await.inspect_err(connect_refused)?;
                 if !writable {
                     refusals.note_refusal(Refusal::ReadOnly);
-                    return Err(read_only_error());
+                    let refused = read_only_error();
+                    connect_refused(&refused);
+                    return Err(refused);
                 }
                 if !durable {
                     durable_commits(conn, pooler, url_sets_commit, &made_durable).await?;
@@ -241,6 +243,17 @@ fn single_session_pool(options: PgConnectOptions) -> sqlx::PgPool {
             })
         })
         .connect_lazy_with(options)
+}
+
+/// Say that a new connection was refused in its set-up, at most once per
+/// [`crate::log_throttle::INTERVAL`]. The pool tries again at once and logs every refusal
+/// at ERROR itself (`sqlx_core::pool::inner`, which the default log filter turns off): a
+/// read-only node met 288 such lines in 10 s from one replica.
+fn connect_refused(error: &sqlx::Error) {
+    static REFUSED: crate::log_throttle::Throttle = crate::log_throttle::Throttle::new(crate::log_throttle::INTERVAL);
+    if let Some(left_out) = REFUSED.admit() {
+        tracing::warn!(%error, left_out, "database: a new connection was refused in its set-up; the pool tries again");
+    }
 }
 
 /// Whether `conn`'s node takes writes.
@@ -350,7 +363,15 @@ pub enum NotReady {
     /// Writes were refused within [`REFUSAL_MEMORY`] (a full disk, too many
     /// connections, a server shutting down).
     RefusingWrites,
+    /// Commits of this gateway's user have waited for a synchronous standby for longer
+    /// than [`STANDBY_PATIENCE`]: the standby is gone and every write hangs (a read
+    /// still answers, so nothing else shows it).
+    WaitingForStandby,
 }
+
+/// How long a commit may wait for a synchronous standby before `/readyz` says the
+/// database is not taking writes: ingest gives up on a commit after 5 s.
+pub const STANDBY_PATIENCE: Duration = Duration::from_secs(5);
 
 impl NotReady {
     /// The reason `/readyz` gives.
@@ -359,6 +380,7 @@ impl NotReady {
             NotReady::MigrationsNotApplied => "migrations not applied",
             NotReady::ReadOnly => "database read-only",
             NotReady::RefusingWrites => "database refusing writes",
+            NotReady::WaitingForStandby => "database commits waiting for a synchronous standby",
         }
     }
 }
@@ -389,18 +411,25 @@ async fn ready_now(pool: &Pool) -> Result<Result<(), NotReady>, sqlx::Error> {
         READINESS_TIMEOUT,
         query(
             "SELECT (SELECT max(version) FROM _sqlx_migrations WHERE success),
-                    pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'",
+                    pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on',
+                    EXISTS (SELECT 1 FROM pg_stat_activity
+                             WHERE wait_event = 'SyncRep' AND usename = current_user
+                               AND query_start < now() - make_interval(secs => $1))",
         )
+        .bind(STANDBY_PATIENCE.as_secs_f64())
         .fetch_one(pool),
     )
     .await
     .map_err(|_| no_answer("the readiness check"))??;
     let applied: Option<i64> = row.try_get(0)?;
     let read_only: bool = row.try_get(1)?;
+    let waiting_for_standby: bool = row.try_get(2)?;
     Ok(if applied.unwrap_or(0) < latest {
         Err(NotReady::MigrationsNotApplied)
     } else if read_only {
         Err(NotReady::ReadOnly)
+    } else if waiting_for_standby {
+        Err(NotReady::WaitingForStandby)
     } else if pool.health().refusing_writes() == Some(Refusal::Resources) {
         // A full disk or exhausted memory does not show in a read: the last refusal does.
         Err(NotReady::RefusingWrites)

@@ -226,3 +226,49 @@ async fn an_old_primary_restarted_as_it_was_does_not_take_the_pool_back() {
     drop(gw);
     old_primary.stop();
 }
+
+/// A synchronous standby gone (here: named but never connected) leaves every commit of
+/// the primary waiting, while reads still answer: `/readyz` says so within a few seconds,
+/// with the reason, so that a load balancer stops sending; once the standby is there
+/// again, the commits complete, the webhooks that waited are stored once, and `/readyz`
+/// is ready. Before, it answered 200 throughout (a review watched it for over 60 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readyz_says_when_commits_wait_for_a_synchronous_standby() {
+    use crate::support::post_to_shop;
+    let pair = ReplicatedPair::start("gw").await;
+    let sink = Sink::ok().await;
+    let (gw, base) = gateway_with_sink(&pair.primary.url("gw"), &[], &sink).await;
+    let body = serde_json::json!({"order": 1});
+    assert_eq!(post_to_shop(&base, "before", &body).await.0, 200);
+    let mut admin = PgConnection::connect(&pair.primary.url("postgres")).await.expect("primary");
+    sqlx::query("ALTER SYSTEM SET synchronous_standby_names = 'nobody'").execute(&mut admin).await.unwrap();
+    sqlx::query("SELECT pg_reload_conf()").execute(&mut admin).await.unwrap();
+    let waiting = {
+        let base = base.clone();
+        tokio::spawn(async move { post_to_shop(&base, "waiting", &serde_json::json!({"order": 2})).await })
+    };
+    let readyz = || async {
+        let answer = reqwest::get(format!("{base}/readyz")).await.expect("readyz");
+        (answer.status().as_u16(), answer.text().await.unwrap_or_default())
+    };
+    let (status, text) = eventually(Duration::from_secs(20), "/readyz says the commits wait", || async {
+        let (status, text) = readyz().await;
+        (status == 503).then_some((status, text))
+    })
+    .await;
+    assert!(text.contains("waiting for a synchronous standby"), "{status} {text}");
+    let (status, answer) = waiting.await.expect("the waiting post");
+    assert_eq!(status, 503, "a commit that waits is not acknowledged: {answer}");
+    sqlx::query("ALTER SYSTEM RESET synchronous_standby_names").execute(&mut admin).await.unwrap();
+    sqlx::query("SELECT pg_reload_conf()").execute(&mut admin).await.unwrap();
+    eventually(Duration::from_secs(20), "/readyz ready again", || async { (readyz().await.0 == 200).then_some(()) })
+        .await;
+    let (status, answer) = post_to_shop(&base, "waiting", &serde_json::json!({"order": 2})).await;
+    assert_eq!(
+        (status, answer["duplicate"].as_bool()),
+        (200, Some(true)),
+        "stored once, when the wait ended: {answer}"
+    );
+    admin.close().await.ok();
+    drop(gw);
+}

@@ -14,7 +14,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_webhook-gateway");
 /// The binary with none of the user's settings in its environment.
 fn gateway_command() -> Command {
     let mut command = Command::new(BIN);
-    command.env_remove("DATABASE_URL").env_remove("NO_COLOR").env("RUST_LOG", "info,sqlx=warn");
+    command.env_remove("DATABASE_URL").env_remove("NO_COLOR").env_remove("RUST_LOG");
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("WEBHOOK_GATEWAY_") {
             command.env_remove(name);

@@ -142,7 +142,7 @@ fn prelude(exec: bool) -> String {
 /// The environment of a user who set nothing: no database URL, no gateway settings.
 fn clean_command(dir: &std::path::Path) -> Command {
     let mut command = Command::new("bash");
-    command.current_dir(dir).env_remove("DATABASE_URL").env_remove("NO_COLOR").env("RUST_LOG", "info,sqlx=warn");
+    command.current_dir(dir).env_remove("DATABASE_URL").env_remove("NO_COLOR").env_remove("RUST_LOG");
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("WEBHOOK_GATEWAY_") {
             command.env_remove(name);

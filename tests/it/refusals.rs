@@ -114,7 +114,8 @@ async fn all_delivered(sink: &Sink, ids: &HashSet<String>) {
 async fn a_read_only_server_answers_503_and_the_gateway_heals_when_it_takes_writes_again() {
     let mut db = Private::start().await;
     let sink = Sink::ok().await;
-    let (_gw, base) = gateway_with_sink(&db.gateway_url, &[], &sink).await;
+    let (gw, base) = gateway_with_sink(&db.gateway_url, &[], &sink).await;
+    let began = std::time::Instant::now();
     let mut acknowledged = HashSet::new();
     for n in 0..10 {
         let id = format!("before-{n}");
@@ -168,6 +169,13 @@ async fn a_read_only_server_answers_503_and_the_gateway_heals_when_it_takes_writ
     assert!(recovery < Duration::from_secs(10), "healed in {recovery:?}");
     assert_eq!(readiness(&base).await.0, 200);
     all_delivered(&sink, &acknowledged).await;
+    // The refused connections are said, but not one line each: sqlx's pool logged every
+    // one at ERROR (hundreds in a few seconds).
+    let log = std::fs::read_to_string(&gw.log).expect("the gateway's log");
+    let refused = log.lines().filter(|l| l.contains("a new connection was refused in its set-up")).count();
+    let most = usize::try_from(began.elapsed().as_secs() / 5 + 1).unwrap_or(usize::MAX);
+    assert!((1..=most).contains(&refused), "{refused} lines say a refused connection, at most {most} in its time");
+    assert!(!log.contains("error returned from after_connect"), "sqlx's own lines are off by default");
 }
 
 /// A connection limit reached (role `CONNECTION LIMIT 0`: "too many connections") and

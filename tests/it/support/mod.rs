@@ -391,7 +391,8 @@ impl GatewayProcess {
             .args(["serve", "--database-url", db_url, "--listen", &addr.to_string(), "--admin-token", ADMIN_TOKEN])
             .args(["--egress-allow", "127.0.0.1/32", "--poll-interval-ms", "50", "--db-pool-size", "8"])
             .args(extra)
-            .env("RUST_LOG", "info,sqlx=warn")
+            // The gateway's own default filter, whatever the test runner's environment says.
+            .env_remove("RUST_LOG")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             .envs(env.iter().copied())

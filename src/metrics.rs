@@ -70,7 +70,7 @@ pub const INGEST_WRITE_DURATION: &str = "webhook_gateway_ingest_write_seconds";
 /// load most are `ingest`; `claim_by_key` grows when ingest finds no free worker, no room
 /// at the endpoint, or the endpoint's row held by another transaction at that moment.
 pub const LEASES: &str = "webhook_gateway_leases_total";
-/// Outcomes dropped because a newer claim took the lease over.
+/// Outcomes dropped because a newer claim took the lease over, or the delivery is gone.
 pub const FENCED: &str = "webhook_gateway_outcomes_fenced_total";
 /// Outcomes recorded without their details (status and error kind only) because the
 /// database refused them: each is a bug in sanitizing outside text, worth a look.

@@ -400,7 +400,7 @@ fn report(batch: &[Finished], recorded: &Recorded) {
             delivery_id = %r.delivery_id,
             attempt = r.attempt,
             outcome = r.outcome.as_str(),
-            "outcome dropped: the lease was taken over by a newer claim (fenced)"
+            "outcome dropped: the lease was taken over by a newer claim (fenced), or the delivery is gone (its endpoint deleted, or a failover lost it)"
         );
     }
 }

@@ -132,8 +132,11 @@ pub async fn choose(
     let mut reasons = Vec::new();
     let mut may_pass = false;
     let mut writable = Vec::new();
-    for (i, host) in hosts.iter().enumerate() {
-        match probe(host).await {
+    // All at once: a host that does not answer costs its PROBE_TIMEOUT once, not once
+    // per host after it.
+    let found = futures_util::future::join_all(hosts.iter().map(probe)).await;
+    for ((i, host), found) in hosts.iter().enumerate().zip(found) {
+        match found {
             Ok(Found::Writable(lineage)) => writable.push((i, lineage)),
             Ok(Found::ReadOnly) => {
                 reasons.push(format!("{} does not take writes", name(host)));

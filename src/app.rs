@@ -161,12 +161,13 @@ pub async fn bind(listen: SocketAddr) -> anyhow::Result<tokio::net::TcpListener>
 /// worth knowing about the stored configuration, then serve: the HTTP server, and the
 /// workers, janitor and background tasks of `settings.role`.
 pub async fn start_on(pool: Pool, settings: Settings, listener: tokio::net::TcpListener) -> anyhow::Result<Running> {
-    crate::db::migrate(&pool).await?;
+    let wait = pool.start_wait();
+    crate::db::waiting(wait, "migrations", || crate::db::migrate(&pool)).await?;
     crate::db::kept_plans::install(&pool, &kept_statements()).await;
     crate::telemetry::describe_database(&pool);
-    crate::secrets::check_stored(&pool, &settings.secrets).await?;
+    crate::db::waiting(wait, "stored secrets check", || crate::secrets::check_stored(&pool, &settings.secrets)).await?;
     log_secrets_at_rest(&settings.secrets);
-    let sources = ingestible_sources(&pool).await?;
+    let sources = crate::db::waiting(wait, "sources", || ingestible_sources(&pool)).await?;
     if let Some(limit) = crate::server::raise_open_file_limit() {
         tracing::debug!(open_files = limit, "open-file limit");
     }

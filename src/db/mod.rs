@@ -67,7 +67,7 @@ pub use session::{
     begin_sql, plan_cached,
 };
 use session::{connection_state, durable_commits, with_server_bounds};
-pub use start::{DEFAULT_START_WAIT, OLDEST_SERVER_VERSION};
+pub use start::{DEFAULT_START_WAIT, OLDEST_SERVER_VERSION, waiting};
 pub(crate) use text_enum::text_enum;
 pub use tx::Tx;
 pub use warm::UNUSED_FOR as WARM_UNUSED_FOR;
@@ -206,7 +206,8 @@ pub async fn open(config: &DbConfig) -> anyhow::Result<Pool> {
     if hosts.len() > 1 {
         tokio::spawn(hosts::follow_writable(inner.clone(), health.clone(), hosts, first));
     }
-    Ok(Pool::new(inner, health, config.pooler, session, config.pool_size, durable_for_pool))
+    Ok(Pool::new(inner, health, config.pooler, session, config.pool_size, durable_for_pool)
+        .with_start_wait(config.start_wait))
 }
 
 /// A host's options as the gateway connects with them.
@@ -300,8 +301,10 @@ const MIGRATION_LOCK_KEY: i64 = 0x7767_6d69_6772_6174;
 /// deallocated before the commit, and any left on the server connection by a migration
 /// that died are deallocated first, so none survives on a pooled server connection.
 pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
-    let fail = |e: &dyn std::fmt::Display| anyhow::anyhow!("migrations failed: {e}");
-    let mut conn = PgConnection::connect_with(&pool.connect_options()).await.map_err(|e| fail(&e))?;
+    // The causes are kept (not only their text): a start-up that meets the database out
+    // of connections tells it by them, and waits (`start::waiting`).
+    let fail = |e: anyhow::Error| e.context("migrations failed");
+    let mut conn = PgConnection::connect_with(&pool.connect_options()).await.map_err(|e| fail(e.into()))?;
     let result = async {
         let mut tx = conn.begin_with(concat!(begin!(), "; DEALLOCATE ALL; SET LOCAL statement_timeout = 0")).await?;
         query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATION_LOCK_KEY).execute(&mut *tx).await?;
@@ -324,7 +327,7 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
         anyhow::Ok(())
     }
     .await
-    .map_err(|e| fail(&e));
+    .map_err(fail);
     let _ = conn.close().await;
     result
 }

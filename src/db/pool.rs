@@ -164,6 +164,9 @@ pub struct Pool {
     /// WAL's flush, so that its pooled transactions' `BEGIN` makes them wait
     /// ([`super::session::durable_commits`]).
     made_durable: Arc<AtomicBool>,
+    /// How long the start-up waits for a database that may come back by itself
+    /// (`--db-start-wait-secs`; zero: it does not wait).
+    start_wait: std::time::Duration,
 }
 
 impl std::fmt::Debug for Pool {
@@ -185,7 +188,27 @@ impl Pool {
             NAMED_STATEMENTS.store(false, Ordering::Relaxed);
         }
         let warm = Arc::new(Warm::new(pool_size));
-        Pool { inner, warm, health, pooler, session: session.map(Arc::new), made_durable }
+        Pool {
+            inner,
+            warm,
+            health,
+            pooler,
+            session: session.map(Arc::new),
+            made_durable,
+            start_wait: std::time::Duration::ZERO,
+        }
+    }
+
+    /// This pool, its start-up waiting up to `wait` for a database that may come back.
+    pub(super) fn with_start_wait(mut self, wait: std::time::Duration) -> Pool {
+        self.start_wait = wait;
+        self
+    }
+
+    /// How long the start-up waits for a database that may come back by itself
+    /// (`--db-start-wait-secs`), at each of its steps ([`super::start::waiting`]).
+    pub fn start_wait(&self) -> std::time::Duration {
+        self.start_wait
     }
 
     /// The `BEGIN` of this pool's transactions planned as `planning` says: read when the

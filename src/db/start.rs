@@ -189,6 +189,39 @@ pub(super) fn may_pass(err: &anyhow::Error) -> bool {
     }
 }
 
+/// Run the start-up step `step` (named `what` in the log), trying it again every
+/// [`TRY_EVERY`] for up to `wait` while it fails because the database is unavailable
+/// (out of connections, restarting, failing over; the pool's checkout timing out): the
+/// first connection waited the same way, and a slot it found free may be taken by
+/// another replica before the steps after it run. A fleet started at once on a database
+/// near its `max_connections` had replicas exit 1 three seconds in (a review saw 6 of 16).
+/// Any other failure (a migration's own error, a secret that does not open) ends it.
+pub async fn waiting<T, F, Fut>(wait: Duration, what: &str, mut step: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let started = Instant::now();
+    let mut said: Option<Instant> = None;
+    loop {
+        let error = match step().await {
+            Ok(done) => return Ok(done),
+            Err(error) => error,
+        };
+        let unavailable =
+            error.chain().any(|cause| cause.downcast_ref::<sqlx::Error>().is_some_and(super::failure::is_unavailable));
+        if !unavailable || started.elapsed() + TRY_EVERY > wait {
+            return Err(error);
+        }
+        if said.is_none_or(|at| at.elapsed() >= SAY_EVERY) {
+            tracing::warn!(error = %format!("{error:#}"), step = what, waited_secs = started.elapsed().as_secs(),
+                "database: not available for a start-up step; trying again every second (--db-start-wait-secs)");
+            said = Some(Instant::now());
+        }
+        tokio::time::sleep(TRY_EVERY).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -430,3 +430,45 @@ async fn a_claim_by_key_on_a_server_turned_read_only_takes_nothing_and_takes_all
     assert_eq!(claimed, handed);
     assert!(fresh.claimed.iter().all(|c| c.attempt == 1 && c.claim_token > 0), "first leases");
 }
+
+/// The database out of connections for the gateway's role just after its first
+/// connection (another replica took the slot it found free): the start-up's later steps
+/// wait, as the first connection does (`--db-start-wait-secs`), and the replica starts
+/// once connections can be had. Before, it exited 1 three seconds in, when its pool gave
+/// up (a review saw 6 of 16 replicas started at once on a nearly full server exit so).
+/// The test holds the migrations' lock so that the limit is set between the first
+/// connection and the steps after the migrations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_finds_no_connection_after_its_first_waits_and_starts() {
+    const MIGRATION_LOCK_KEY: i64 = 0x7767_6d69_6772_6174;
+    let mut db = Private::start().await;
+    // Advisory locks are the database's: held in `gw`, where the gateway migrates.
+    let mut holder = PgConnection::connect(&db.cluster.url("gw")).await.expect("a connection to gw");
+    holder.execute(format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})").as_str()).await.expect("lock");
+    let mut gw = crate::support::GatewayProcess::start(&db.gateway_url, &[]);
+    let watcher = sqlx::PgPool::connect(&db.cluster.url("postgres")).await.expect("watcher");
+    eventually(Duration::from_secs(30), "the migrations wait for their lock", || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = 'gw' AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&watcher)
+        .await
+        .expect("activity");
+        (waiting == 1).then_some(())
+    })
+    .await;
+    watcher.close().await;
+    db.sql("ALTER ROLE gw CONNECTION LIMIT 0").await;
+    holder.execute(format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})").as_str()).await.expect("unlock");
+    // Past the pool's checkout timeout (3 s), with room to spare: still starting.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(gw.child.try_wait().expect("state").is_none(), "the replica waits instead of exiting");
+    db.sql("ALTER ROLE gw CONNECTION LIMIT -1").await;
+    crate::support::wait_ready(gw.addr).await;
+    let base = format!("http://{}", gw.addr);
+    let sink = Sink::ok().await;
+    crate::support::shop_to_sink(&base, &sink).await;
+    assert_eq!(post_once(&base, "after-the-wait", json!({"id": 1}).to_string()).await.0, 200);
+    let log = std::fs::read_to_string(&gw.log).expect("log");
+    assert!(log.contains("not available for a start-up step"), "the wait is said in the log");
+}

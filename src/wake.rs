@@ -126,17 +126,36 @@ pub async fn listen(pool: Pool, wake: Arc<Notify>, role: crate::role::Role, mut 
         }
         return;
     };
-    let mut listener = match PgListener::connect_with(&session).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot LISTEN for wake-ups; workers rely on polling");
-            return;
+    // Tried again until it works: a database out of connections at start-up (a fleet
+    // started at once) left a replica polling for good, its workers' every delivery from
+    // another process waiting for a poll.
+    let mut pause = LISTEN_RETRY_FIRST;
+    let mut listener = loop {
+        let listening = async {
+            let mut listener = PgListener::connect_with(&session).await?;
+            listener.listen(CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        match listening.await {
+            Ok(listener) => {
+                if pause > LISTEN_RETRY_FIRST {
+                    tracing::info!("listening for wake-ups again");
+                }
+                break listener;
+            }
+            Err(e) => {
+                if pause == LISTEN_RETRY_FIRST {
+                    tracing::warn!(error = %e, "cannot LISTEN for wake-ups; workers poll meanwhile, and it is tried \
+                        again (every 1 s, then less often, up to every 30 s)");
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                pause = (pause * 2).min(LISTEN_RETRY_MOST);
+            }
         }
     };
-    if let Err(e) = listener.listen(CHANNEL).await {
-        tracing::warn!(error = %e, "cannot LISTEN for wake-ups; workers rely on polling");
-        return;
-    }
     // The schema the gateway's own statements use (the pool's session, which behind a
     // pooler the alias or role sets; the listener's session URL may not name it).
     let schema = match crate::db::query_scalar::<Option<String>>("SELECT current_schema()::text").fetch_one(&pool).await
@@ -162,6 +181,11 @@ pub async fn listen(pool: Pool, wake: Arc<Notify>, role: crate::role::Role, mut 
         }
     }
 }
+
+/// The first wait before `LISTEN` is tried again after a failure; each next one doubles.
+const LISTEN_RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait between two tries of `LISTEN`.
+const LISTEN_RETRY_MOST: Duration = Duration::from_secs(30);
 
 /// Whether a notification with `payload` wakes the workers of a gateway in `schema`
 /// (`None`: not known).

@@ -681,3 +681,52 @@ async fn a_pooler_put_in_front_wrongly_is_refused_at_start_with_what_to_change()
             .await;
     assert_eq!(code, Some(0), "the control: migrate through a transaction-mode pooler with the flag: {stderr}");
 }
+
+/// A worker whose `LISTEN` session cannot be had at start (its direct session URL down,
+/// as a database out of connections is) polls meanwhile, tries again, and once it listens
+/// is woken by the ingest process's notifications: its deliveries come at once though it
+/// polls once a minute. Before, one failure at start left it polling for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_whose_listen_session_fails_at_start_listens_once_it_can() {
+    use crate::support::proxy::{Proxy, server_addr};
+    let db = TestDb::new().await;
+    let bouncer = PgBouncer::start(&db.url, 3);
+    let pooled = bouncer.url(&db.name(), &db.url);
+    let session = Proxy::start(server_addr(&db.url)).await;
+    session.down().await;
+    let ingest = GatewayProcess::start(&pooled, &["--db-pooler", "transaction", "--role", "ingest"]);
+    let worker = GatewayProcess::start(
+        &pooled,
+        &[
+            "--db-pooler",
+            "transaction",
+            "--role",
+            "worker",
+            "--db-session-url",
+            &session.url_for(&db.url),
+            "--poll-interval-ms",
+            "60000",
+        ],
+    );
+    wait_ready(ingest.addr).await;
+    wait_ready(worker.addr).await;
+    let base = format!("http://{}", ingest.addr);
+    let sink = Sink::ok().await;
+    crate::support::shop_to_sink(&base, &sink).await;
+    eventually(Duration::from_secs(20), "the worker says it cannot LISTEN", || async {
+        std::fs::read_to_string(&worker.log).ok()?.contains("cannot LISTEN for wake-ups").then_some(())
+    })
+    .await;
+    session.up().await;
+    eventually(Duration::from_secs(20), "the worker listens again", || async {
+        std::fs::read_to_string(&worker.log).ok()?.contains("listening for wake-ups again").then_some(())
+    })
+    .await;
+    for n in 0..5 {
+        let (status, answer) = crate::support::post_to_shop(&base, &format!("woken-{n}"), &json!({"order": n})).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    // Within a poll's minute only if a notification woke the worker.
+    eventually(Duration::from_secs(20), "deliveries woken by NOTIFY", || async { (sink.count() >= 5).then_some(()) })
+        .await;
+}

@@ -62,6 +62,8 @@ pub struct Health {
     /// Signalled by every failure classified unavailable (a pool over several hosts then
     /// looks for the one that takes writes).
     failures: tokio::sync::Notify,
+    /// New connections one at a time while opening one stalls.
+    pub(super) gate: super::connect_gate::ConnectGate,
 }
 
 impl Default for Health {
@@ -72,6 +74,7 @@ impl Default for Health {
             refused_at_ms: AtomicU64::new(0),
             refusal: AtomicU64::new(0),
             failures: tokio::sync::Notify::new(),
+            gate: super::connect_gate::ConnectGate::default(),
         }
     }
 }
@@ -228,6 +231,12 @@ pub fn connect_failed(err: sqlx::Error) -> sqlx::Error {
         return err;
     }
     Marked::error(std::io::ErrorKind::NotConnected, Mark::NotConnected, err.to_string())
+}
+
+/// The error of a call that got no connection because opening one is held back
+/// (`db::connect_gate`): nothing was sent, [`Unavailable::NotCommitted`].
+pub fn not_connected(what: &str) -> sqlx::Error {
+    Marked::error(std::io::ErrorKind::NotConnected, Mark::NotConnected, what.to_owned())
 }
 
 /// `err`, from a call that follows a committed transaction of the same work (a batch's

@@ -34,6 +34,7 @@
 
 #[macro_use]
 mod session;
+mod connect_gate;
 pub mod embedded;
 mod failure;
 pub mod hosts;
@@ -190,6 +191,8 @@ pub async fn open(config: &DbConfig) -> anyhow::Result<Pool> {
                     tcp::harden(target);
                 }
                 let (writable, durable) = connection_state(conn).await.inspect_err(connect_refused)?;
+                // It answered: opening connections works (`connect_gate`).
+                refusals.gate.opened();
                 if !writable {
                     refusals.note_refusal(Refusal::ReadOnly);
                     let refused = read_only_error();

@@ -31,12 +31,13 @@
 //!   longest goes back to sqlx's pool once unused for [`UNUSED_FOR`], and sqlx closes it
 //!   after its idle timeout. Tested: `warm_connections::connections_a_burst_left_warm_go_back_once_unused`.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
 
+use super::connect_gate::ConnectGate;
 use super::failure::Health;
 
 /// How long a connection is kept warm before it goes back through sqlx's pool (and its
@@ -127,7 +128,7 @@ impl Warm {
     }
 
     /// The connection given back last that may still be used, or one from sqlx's pool.
-    pub(super) async fn take(&self, pool: &PgPool, health: &Health) -> Result<WarmConn, sqlx::Error> {
+    pub(super) async fn take(&self, pool: &PgPool, health: &Arc<Health>) -> Result<WarmConn, sqlx::Error> {
         let waiting = loop {
             let Ok(mut state) = self.state.lock() else { break None };
             match state.kept.pop() {
@@ -143,7 +144,13 @@ impl Warm {
                 }
             }
         };
-        let conn = pool.acquire().await;
+        let Some(pass) = ConnectGate::enter(pool, health) else {
+            drop(waiting);
+            return Err(super::failure::not_connected(
+                "opening connections stalls; one is tried at a time, and another caller is trying",
+            ));
+        };
+        let conn = pass.check_out().await;
         drop(waiting);
         let now = Instant::now();
         let conn = conn.map_err(super::failure::connect_failed)?;

@@ -268,12 +268,21 @@ pub fn classify(err: &sqlx::Error) -> Option<(Unavailable, Option<Refusal>)> {
         // A kept statement's function gone under a running process (an operator dropped
         // it, `db::kept_plans`): rolled back, and the retry sends the statement itself.
         sqlx::Error::Database(_) if super::kept_plans::wrapper_failed(err) => Some((NotCommitted, None)),
-        sqlx::Error::Database(db) => {
-            let code = db.code()?;
-            classify_sqlstate(&code)
-        }
+        sqlx::Error::Database(db) => classify_database(&db.code()?, db.message()),
         _ => None,
     }
+}
+
+/// [`classify`] for an error the server (or a pooler) sent: its SQLSTATE, and for
+/// PgBouncer, whose own errors all carry `08P01`, its message.
+fn classify_database(code: &str, message: &str) -> Option<(Unavailable, Option<Refusal>)> {
+    // A pooler switched to statement mode while running refuses every transaction's
+    // `BEGIN`: nothing was sent to a server, so nothing can have committed (read as a
+    // connection lost mid-statement, it answered "may have been stored").
+    if code == "08P01" && message.contains("statement pooling mode") {
+        return Some((Unavailable::NotCommitted, Some(Refusal::Resources)));
+    }
+    classify_sqlstate(code)
 }
 
 /// [`classify`] for a SQLSTATE code.
@@ -374,6 +383,19 @@ mod tests {
         assert_eq!(classify(&dead_path), Some((Unavailable::Unconfirmed, Some(Refusal::NodeGoingAway))));
         assert_eq!(classify(&sqlx::Error::RowNotFound), None);
         assert_eq!(classify(&sqlx::Error::Protocol("bug".into())), None);
+    }
+
+    #[test]
+    fn a_pooler_in_statement_mode_refused_the_transaction_before_anything_was_sent() {
+        assert_eq!(
+            classify_database("08P01", "transaction blocks not allowed in statement pooling mode"),
+            Some((Unavailable::NotCommitted, Some(Refusal::Resources)))
+        );
+        assert_eq!(
+            classify_database("08P01", "server conn crashed?"),
+            Some((Unavailable::Unconfirmed, Some(Refusal::NodeGoingAway))),
+            "PgBouncer's other errors may follow a commit"
+        );
     }
 
     #[test]

@@ -58,7 +58,10 @@ pub fn from_environment(e: &clap::Error) -> Option<String> {
     .find_map(|command| {
         let arg = command.get_arguments().find(|a| a.get_long() == Some(long))?;
         let env = arg.get_env()?.to_str()?.to_owned();
-        (std::env::var(&env).ok().as_deref() == Some(value.as_str())).then(|| (env, arg.is_hide_env_values_set()))
+        // A list's variable (`a,b`) is refused by its one bad element.
+        let set = std::env::var(&env).ok()?;
+        let holds = set == *value || arg.get_value_delimiter().is_some_and(|d| set.split(d).any(|part| part == value));
+        holds.then(|| (env, arg.is_hide_env_values_set()))
     });
     let (env, hidden) = found?;
     let reason = match (e.kind(), e.get(ContextKind::ValidValue)) {

@@ -9,8 +9,9 @@
 //! checkout a slot, at about the request rate. A review filled 500 slots in 20 s with
 //! three replicas, and PgBouncer then refused every other application's connections.
 //!
-//! So once a checkout that would have opened a connection ends without one, the pool is
-//! *stalled*: while it is, a caller that would open a connection goes through only if no
+//! So once a checkout that would have opened a connection ends without one (after
+//! [`STALL_FLOOR`] or more, with room still in the pool: not a caller that waited for a
+//! connection to come back, and not a shutdown), the pool is *stalled*: while it is, a caller that would open a connection goes through only if no
 //! other such caller is under way (the probe); the others fail at once, as a checkout
 //! that timed out would ([`super::failure::not_connected`]: nothing was sent, 503). The
 //! first connection opened clears it. Callers that find an idle connection are not held.
@@ -23,7 +24,7 @@
 //! Tested: `pooler_failures::a_paused_pgbouncer_is_not_filled_with_abandoned_connections`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sqlx::{ConnectOptions as _, Connection as _, PgPool};
@@ -38,15 +39,26 @@ const DIAGNOSIS_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct ConnectGate {
     stalled: AtomicBool,
     probing: AtomicBool,
-    /// No probe before this (ms since [`ORIGIN`]): one a [`PROBE_SPACING`] after a probe
-    /// that opened nothing, not one after another against a server refusing them.
+    /// No probe before this (ms since [`ORIGIN`]): after a probe that opened nothing, the
+    /// next one waits [`PROBE_SPACING`], doubled after each such probe up to
+    /// [`PROBE_SPACING_MOST`] (each stalled probe may cost a paused pooler a slot).
     next_probe_ms: AtomicU64,
+    /// Probes in a row that opened nothing.
+    failed_probes: AtomicU32,
 }
 
 static ORIGIN: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
 
 /// The least time between the end of a probe that opened nothing and the next probe.
 const PROBE_SPACING: Duration = Duration::from_secs(1);
+
+/// The most time between the end of a probe that opened nothing and the next one: how
+/// late, at worst, the pool opens connections again once it can.
+const PROBE_SPACING_MOST: Duration = Duration::from_secs(8);
+
+/// A checkout shorter than this, ended without a connection, says nothing about opening
+/// one (a caller with little time left gave up while its connection was logging in).
+const STALL_FLOOR: Duration = Duration::from_secs(1);
 
 fn now_ms() -> u64 {
     ORIGIN.elapsed().as_millis() as u64
@@ -60,6 +72,9 @@ pub struct Pass {
     probe: bool,
     would_open: bool,
     got_one: bool,
+    /// The pool was closed (a shutdown): nothing to do with opening connections.
+    closed: bool,
+    began: Instant,
 }
 
 impl ConnectGate {
@@ -69,13 +84,26 @@ impl ConnectGate {
         let gate = &health.gate;
         let would_open = pool.num_idle() == 0 && pool.size() < pool.options().get_max_connections();
         let probe = would_open && gate.stalled.load(Ordering::Acquire);
-        if probe
-            && (now_ms() < gate.next_probe_ms.load(Ordering::Acquire)
-                || gate.probing.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err())
-        {
-            return None;
+        if probe {
+            if gate.probing.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                return None;
+            }
+            // Read once the flag is held: a probe that just failed has set it.
+            if now_ms() < gate.next_probe_ms.load(Ordering::Acquire) {
+                gate.probing.store(false, Ordering::Release);
+                return None;
+            }
         }
-        Some(Pass { health: health.clone(), pool: pool.clone(), probe, would_open, got_one: false })
+        let began = Instant::now();
+        Some(Pass {
+            health: health.clone(),
+            pool: pool.clone(),
+            probe,
+            would_open,
+            got_one: false,
+            closed: false,
+            began,
+        })
     }
 
     /// A new connection finished its set-up: opening works (again). Only this clears the
@@ -83,6 +111,7 @@ impl ConnectGate {
     /// nothing about opening one (during a pause, that cleared it, and every caller opened
     /// one again).
     pub fn opened(&self) {
+        self.failed_probes.store(0, Ordering::Release);
         if self.stalled.swap(false, Ordering::AcqRel) {
             tracing::info!("database: a connection was opened again; new connections are no longer held back");
         }
@@ -107,6 +136,7 @@ impl Pass {
     async fn acquire(&mut self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, sqlx::Error> {
         let conn = self.pool.acquire().await;
         self.got_one = conn.is_ok();
+        self.closed = matches!(conn, Err(sqlx::Error::PoolClosed));
         conn
     }
 }
@@ -119,13 +149,22 @@ impl Drop for Pass {
         // pooler lets it have stalls at every connection past the limit).
         static DIAGNOSED: crate::log_throttle::Throttle =
             crate::log_throttle::Throttle::new(crate::log_throttle::INTERVAL);
-        if !self.got_one && self.would_open && !gate.stalled.swap(true, Ordering::AcqRel) && DIAGNOSED.admit().is_some()
-        {
+        // Ended without a connection, after a while, with room in the pool at the end as at
+        // the start: its checkout was opening one (a full pool's callers wait for a
+        // connection to come back, which says nothing about opening one).
+        let stalled = !self.got_one
+            && self.would_open
+            && !self.closed
+            && self.began.elapsed() >= STALL_FLOOR
+            && self.pool.size() < self.pool.options().get_max_connections();
+        if stalled && !gate.stalled.swap(true, Ordering::AcqRel) && DIAGNOSED.admit().is_some() {
             tokio::spawn(diagnose(self.pool.clone(), self.health.clone()));
         }
         if self.probe {
             if !self.got_one {
-                gate.next_probe_ms.store(now_ms() + PROBE_SPACING.as_millis() as u64, Ordering::Release);
+                let failed = gate.failed_probes.fetch_add(1, Ordering::AcqRel).min(8);
+                let spacing = (PROBE_SPACING * 2u32.pow(failed)).min(PROBE_SPACING_MOST);
+                gate.next_probe_ms.store(now_ms() + spacing.as_millis() as u64, Ordering::Release);
             }
             gate.probing.store(false, Ordering::Release);
         }

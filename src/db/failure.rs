@@ -118,7 +118,9 @@ impl Health {
     pub fn note(&self, err: &sqlx::Error) -> Option<Unavailable> {
         super::kept_plans::note(err);
         let (committed, refusal) = classify(err)?;
-        self.failures.notify_one();
+        if !is_held_back(err) {
+            self.failures.notify_one();
+        }
         if let Some(refusal) = refusal {
             // A connection reset is not the server refusing: only the stale mark.
             let refused = matches!(err, sqlx::Error::Database(_));
@@ -175,6 +177,9 @@ enum Mark {
     NoAnswer,
     /// No connection could be opened for it: nothing was sent.
     NotConnected,
+    /// Not let open a connection while opening one stalls (`db::connect_gate`): nothing
+    /// was sent, and nothing new was learned of the database.
+    HeldBack,
     /// Failed after an earlier transaction of the same work committed.
     AfterCommit,
 }
@@ -186,7 +191,7 @@ impl Marked {
 
     fn class(&self) -> (Unavailable, Option<Refusal>) {
         match self.why {
-            Mark::NotConnected => (Unavailable::NotCommitted, None),
+            Mark::NotConnected | Mark::HeldBack => (Unavailable::NotCommitted, None),
             Mark::NoAnswer | Mark::AfterCommit => (Unavailable::Unconfirmed, None),
         }
     }
@@ -197,7 +202,7 @@ impl std::fmt::Display for Marked {
         let what = &self.what;
         match self.why {
             Mark::NoAnswer => write!(f, "{what}: no answer from the database"),
-            Mark::NotConnected => write!(f, "no connection to the database could be opened: {what}"),
+            Mark::NotConnected | Mark::HeldBack => write!(f, "no connection to the database could be opened: {what}"),
             Mark::AfterCommit => write!(f, "failed after part of the work was committed: {what}"),
         }
     }
@@ -233,10 +238,22 @@ pub fn connect_failed(err: sqlx::Error) -> sqlx::Error {
     Marked::error(std::io::ErrorKind::NotConnected, Mark::NotConnected, err.to_string())
 }
 
-/// The error of a call that got no connection because opening one is held back
-/// (`db::connect_gate`): nothing was sent, [`Unavailable::NotCommitted`].
+/// The error of a call that got no connection: nothing was sent,
+/// [`Unavailable::NotCommitted`].
 pub fn not_connected(what: &str) -> sqlx::Error {
     Marked::error(std::io::ErrorKind::NotConnected, Mark::NotConnected, what.to_owned())
+}
+
+/// The error of a call not let open a connection while opening one stalls
+/// (`db::connect_gate`): as [`not_connected`], and it does not prompt a pool over several
+/// hosts to look at them again (each look logs in to every host; at a paused pooler, each
+/// login keeps a slot).
+pub fn held_back(what: &str) -> sqlx::Error {
+    Marked::error(std::io::ErrorKind::NotConnected, Mark::HeldBack, what.to_owned())
+}
+
+fn is_held_back(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Io(e) if e.get_ref().and_then(|inner| inner.downcast_ref::<Marked>()).is_some_and(|m| matches!(m.why, Mark::HeldBack)))
 }
 
 /// `err`, from a call that follows a committed transaction of the same work (a batch's

@@ -191,8 +191,13 @@ fn pick(
 /// node demoted quietly (a switchover) is left within this.
 const RECHECK: Duration = Duration::from_secs(5);
 
+/// How often every host is looked at without a failure to prompt it: an old primary still
+/// taking writes after its standby was promoted is left within this.
+const LOOK_AT_ALL_EVERY: Duration = Duration::from_secs(30);
+
 /// For a pool over several hosts: whenever the pool's health reports a failure, and every
-/// [`RECHECK`], look at the hosts and [`choose`] one: the host the pool is on while it
+/// [`LOOK_AT_ALL_EVERY`] (every [`RECHECK`], the host the pool is on alone, and all of them
+/// if it does not take writes), look at the hosts and [`choose`] one: the host the pool is on while it
 /// takes writes and no other host writes on a newer timeline of its cluster; otherwise
 /// the first that qualifies, and the pool moves there (its older connections are
 /// discarded). While none does, look again every [`PROBE_INTERVAL`]. Staying put is what
@@ -212,14 +217,25 @@ pub async fn follow_writable(
         Ok(Found::Writable(lineage)) => lineage,
         _ => None,
     };
+    let mut looked_at_all = tokio::time::Instant::now();
     loop {
-        tokio::select! {
-            () = health.trouble() => {}
-            () = tokio::time::sleep(RECHECK) => {}
-        }
+        let prompted = tokio::select! {
+            () = health.trouble() => true,
+            () = tokio::time::sleep(RECHECK) => false,
+        };
         if pool.is_closed() {
             return;
         }
+        // Unprompted, the host the pool is on is enough, and all of them once in a while
+        // (each look at a host is a login: every host of every replica every 5 s added up).
+        if !prompted
+            && looked_at_all.elapsed() < LOOK_AT_ALL_EVERY
+            && let Ok(Found::Writable(lineage)) = probe(&hosts[current]).await
+        {
+            last = lineage.or(last);
+            continue;
+        }
+        looked_at_all = tokio::time::Instant::now();
         loop {
             match choose(&hosts, last, Some(current)).await {
                 Ok((found, lineage)) => {

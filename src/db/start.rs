@@ -168,10 +168,17 @@ pub(super) async fn state_at(
 /// it not there yet, starting, shutting down or out of connections, or a pooler saying so
 /// of its server. Not: whatever the server or pooler refuses of who we are or what we ask.
 pub(super) fn may_pass(err: &anyhow::Error) -> bool {
-    match err.downcast_ref::<sqlx::Error>() {
-        // Refused, reset, unreachable, a name not resolved yet.
-        Some(sqlx::Error::Io(_)) => true,
-        Some(sqlx::Error::Database(db)) => match db.code().as_deref() {
+    err.downcast_ref::<sqlx::Error>().is_some_and(may_pass_sqlx)
+}
+
+/// [`may_pass`] for a `sqlx::Error`; also the pool's checkout timing out (a start-up step
+/// after the first connection: the pool could not open one in time).
+fn may_pass_sqlx(err: &sqlx::Error) -> bool {
+    match err {
+        // Refused, reset, unreachable, a name not resolved yet; marked by `failure` (no
+        // connection opened, held back, no answer in time).
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Database(db) => match db.code().as_deref() {
             // Starting up or in recovery; too many connections; shut down; the connection
             // failed or was rejected.
             Some("57P03" | "53300" | "57P01" | "57P02" | "08000" | "08001" | "08004" | "08006") => true,
@@ -208,8 +215,9 @@ where
             Ok(done) => return Ok(done),
             Err(error) => error,
         };
-        let unavailable =
-            error.chain().any(|cause| cause.downcast_ref::<sqlx::Error>().is_some_and(super::failure::is_unavailable));
+        // What may pass by itself, as for the first connection: not what the database
+        // answers the step itself (a migration's own error, a pooler in statement mode).
+        let unavailable = error.chain().any(|cause| cause.downcast_ref::<sqlx::Error>().is_some_and(may_pass_sqlx));
         if !unavailable || started.elapsed() + TRY_EVERY > wait {
             return Err(error);
         }

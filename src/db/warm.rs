@@ -146,7 +146,7 @@ impl Warm {
         };
         let Some(pass) = ConnectGate::enter(pool, health) else {
             drop(waiting);
-            return Err(super::failure::not_connected(
+            return Err(super::failure::held_back(
                 "opening connections stalls; one is tried at a time, and another caller is trying",
             ));
         };

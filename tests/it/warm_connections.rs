@@ -20,7 +20,10 @@ async fn backend(pool: &Pool) -> i32 {
 async fn grown_pool() -> (TestDb, Pool) {
     let test_db = TestDb::new().await;
     let pool = db::connect(&test_db.url, 8).await.expect("pool");
-    let sleeps = (0..4).map(|_| db::query("SELECT pg_sleep(0.2)").execute(&pool));
+    // Long enough that the four connections are open before any statement ends, on a
+    // loaded machine too: a connection given back while another caller still waits for
+    // sqlx's pool goes there, not warm (a clean-clone run once kept three).
+    let sleeps = (0..4).map(|_| db::query("SELECT pg_sleep(1)").execute(&pool));
     for done in futures_util::future::join_all(sleeps).await {
         done.expect("sleep");
     }
@@ -30,7 +33,7 @@ async fn grown_pool() -> (TestDb, Pool) {
 /// The control: sqlx's own pool of 8 on `url`, grown the same way as [`grown_pool`].
 async fn grown_sqlx_pool(url: &str) -> sqlx::PgPool {
     let plain = PgPoolOptions::new().max_connections(8).connect(url).await.expect("sqlx pool");
-    let sleeps = (0..4).map(|_| sqlx::query("SELECT pg_sleep(0.2)").execute(&plain));
+    let sleeps = (0..4).map(|_| sqlx::query("SELECT pg_sleep(1)").execute(&plain));
     for done in futures_util::future::join_all(sleeps).await {
         done.expect("sleep");
     }

@@ -23,8 +23,9 @@ pub struct Health {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Readiness {
     /// Why the process is not ready (503 only): `draining` (it is stopping), `migrations not applied`, `database unreachable`,
-    /// `database read-only` (a standby, a demoted primary) or `database refusing writes` (a
-    /// write was refused in the last few seconds: disk full, too many connections, shutting down).
+    /// `database read-only` (a standby, a demoted primary), `database refusing writes` (a
+    /// write was refused in the last few seconds: disk full, too many connections, shutting down)
+    /// or `database commits waiting for a synchronous standby` (one that is gone).
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'static str>,
     /// `ready` or `not_ready`.

@@ -144,7 +144,11 @@ pub async fn listen(pool: Pool, wake: Arc<Notify>, role: crate::role::Role, mut 
                 break listener;
             }
             Err(e) => {
-                if pause == LISTEN_RETRY_FIRST {
+                // Said at the first failure, then every few minutes while it lasts: a
+                // session URL that can never work (a wrong password) must not go quiet.
+                static STILL: crate::log_throttle::Throttle =
+                    crate::log_throttle::Throttle::new(std::time::Duration::from_secs(300));
+                if STILL.admit().is_some() {
                     tracing::warn!(error = %e, "cannot LISTEN for wake-ups; workers poll meanwhile, and it is tried \
                         again (every 1 s, then less often, up to every 30 s)");
                 }

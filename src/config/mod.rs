@@ -130,11 +130,8 @@ fn token_scope(name: &str) -> Result<crate::tokens::Scope, String> {
 }
 
 fn token_expiry_days(days: &str) -> Result<u32, String> {
-    let most = crate::tokens::MOST_EXPIRY_DAYS;
-    match days.parse::<u32>() {
-        Ok(days) if (1..=most).contains(&days) => Ok(days),
-        _ => Err(format!("an expiry is 1 to {most} days")),
-    }
+    let days = days.parse::<u32>().map_err(|e| e.to_string())?;
+    crate::tokens::expiry_in(days).map(|_| days)
 }
 
 /// `webhook-gateway admin-token`.

@@ -11,12 +11,14 @@
 //!
 //! So once a checkout that would have opened a connection ends without one (after
 //! [`STALL_FLOOR`] or more, with room still in the pool: not a caller that waited for a
-//! connection to come back, and not a shutdown), the pool is *stalled*: while it is, a caller that would open a connection goes through only if no
-//! other such caller is under way (the probe); the others fail at once, as a checkout
-//! that timed out would ([`super::failure::not_connected`]: nothing was sent, 503). The
-//! first connection opened clears it. Callers that find an idle connection are not held.
+//! connection to come back, and not a shutdown), the pool is *stalled*. While it is, a
+//! caller that would open a connection goes through only if no other such caller is under
+//! way (the probe); the others fail at once, as a checkout that timed out would
+//! ([`super::failure::held_back`]: nothing was sent, 503). The first connection whose
+//! set-up answers clears it. Callers that find an idle connection are not held.
 //!
-//! On becoming stalled, a connection of its own is opened (once) to learn why: its error,
+//! On becoming stalled, a connection of its own is opened (once per 5 s at most) to learn
+//! why: its error,
 //! which the pool's "timed out" hides (the server's `too many connections`, a pooler's
 //! `no more connections allowed`), is logged and noted in the pool's [`Health`], so that
 //! `/readyz` says a refusal.
@@ -39,15 +41,13 @@ const DIAGNOSIS_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct ConnectGate {
     stalled: AtomicBool,
     probing: AtomicBool,
-    /// No probe before this (ms since [`ORIGIN`]): after a probe that opened nothing, the
+    /// No probe before this (the pool's [`Health`] clock): after a probe that opened nothing, the
     /// next one waits [`PROBE_SPACING`], doubled after each such probe up to
     /// [`PROBE_SPACING_MOST`] (each stalled probe may cost a paused pooler a slot).
     next_probe_ms: AtomicU64,
     /// Probes in a row that opened nothing.
     failed_probes: AtomicU32,
 }
-
-static ORIGIN: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
 
 /// The least time between the end of a probe that opened nothing and the next probe.
 const PROBE_SPACING: Duration = Duration::from_secs(1);
@@ -60,8 +60,9 @@ const PROBE_SPACING_MOST: Duration = Duration::from_secs(8);
 /// one (a caller with little time left gave up while its connection was logging in).
 const STALL_FLOOR: Duration = Duration::from_secs(1);
 
-fn now_ms() -> u64 {
-    ORIGIN.elapsed().as_millis() as u64
+/// Whether `pool` may open another connection (it holds fewer than its most).
+fn has_room(pool: &PgPool) -> bool {
+    pool.size() < pool.options().get_max_connections()
 }
 
 /// A caller let through to sqlx's pool; dropped without [`Pass::got_one`] (an error, or
@@ -82,14 +83,14 @@ impl ConnectGate {
     /// open a connection, and another such caller is already trying.
     pub fn enter(pool: &PgPool, health: &Arc<Health>) -> Option<Pass> {
         let gate = &health.gate;
-        let would_open = pool.num_idle() == 0 && pool.size() < pool.options().get_max_connections();
+        let would_open = pool.num_idle() == 0 && has_room(pool);
         let probe = would_open && gate.stalled.load(Ordering::Acquire);
         if probe {
             if gate.probing.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
                 return None;
             }
             // Read once the flag is held: a probe that just failed has set it.
-            if now_ms() < gate.next_probe_ms.load(Ordering::Acquire) {
+            if health.now_ms() < gate.next_probe_ms.load(Ordering::Acquire) {
                 gate.probing.store(false, Ordering::Release);
                 return None;
             }
@@ -156,7 +157,7 @@ impl Drop for Pass {
             && self.would_open
             && !self.closed
             && self.began.elapsed() >= STALL_FLOOR
-            && self.pool.size() < self.pool.options().get_max_connections();
+            && has_room(&self.pool);
         if stalled && !gate.stalled.swap(true, Ordering::AcqRel) && DIAGNOSED.admit().is_some() {
             tokio::spawn(diagnose(self.pool.clone(), self.health.clone()));
         }
@@ -164,7 +165,7 @@ impl Drop for Pass {
             if !self.got_one {
                 let failed = gate.failed_probes.fetch_add(1, Ordering::AcqRel).min(8);
                 let spacing = (PROBE_SPACING * 2u32.pow(failed)).min(PROBE_SPACING_MOST);
-                gate.next_probe_ms.store(now_ms() + spacing.as_millis() as u64, Ordering::Release);
+                gate.next_probe_ms.store(self.health.now_ms() + spacing.as_millis() as u64, Ordering::Release);
             }
             gate.probing.store(false, Ordering::Release);
         }

@@ -80,7 +80,8 @@ impl Default for Health {
 }
 
 impl Health {
-    fn now_ms(&self) -> u64 {
+    /// Milliseconds since this pool's health began, plus one (0 is "never").
+    pub(super) fn now_ms(&self) -> u64 {
         self.origin.elapsed().as_millis() as u64 + 1
     }
 
@@ -253,7 +254,15 @@ pub fn held_back(what: &str) -> sqlx::Error {
 }
 
 fn is_held_back(err: &sqlx::Error) -> bool {
-    matches!(err, sqlx::Error::Io(e) if e.get_ref().and_then(|inner| inner.downcast_ref::<Marked>()).is_some_and(|m| matches!(m.why, Mark::HeldBack)))
+    marked(err).is_some_and(|m| matches!(m.why, Mark::HeldBack))
+}
+
+/// The mark this module put on `err`, if it did.
+fn marked(err: &sqlx::Error) -> Option<&Marked> {
+    match err {
+        sqlx::Error::Io(e) => e.get_ref().and_then(|inner| inner.downcast_ref::<Marked>()),
+        _ => None,
+    }
 }
 
 /// `err`, from a call that follows a committed transaction of the same work (a batch's
@@ -274,9 +283,7 @@ pub fn classify(err: &sqlx::Error) -> Option<(Unavailable, Option<Refusal>)> {
     match err {
         // Marked by this module: its deadline, a connection not opened, a failure after
         // an earlier commit of the same work.
-        sqlx::Error::Io(e) if let Some(marked) = e.get_ref().and_then(|inner| inner.downcast_ref::<Marked>()) => {
-            Some(marked.class())
-        }
+        sqlx::Error::Io(_) if let Some(marked) = marked(err) => Some(marked.class()),
         // Raised before a statement is sent: by the pool, or while opening a connection.
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => Some((NotCommitted, None)),
         // A socket error can end a statement whose commit the server already made; the

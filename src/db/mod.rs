@@ -291,7 +291,7 @@ pub fn newest_migration() -> i64 {
 }
 
 /// Key of the transaction-level advisory lock [`migrate`] holds ("wgmigrat").
-const MIGRATION_LOCK_KEY: i64 = 0x7767_6d69_6772_6174;
+pub const MIGRATION_LOCK_KEY: i64 = 0x7767_6d69_6772_6174;
 
 /// Apply pending migrations: all of them in one transaction, on a connection of their
 /// own, without a statement timeout (building an index on a large table may take longer

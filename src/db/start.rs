@@ -46,15 +46,32 @@ struct Failure {
 /// The first host of `hosts` that takes writes (of several, in order), tried again every
 /// [`TRY_EVERY`] for up to `wait` while what keeps it may pass.
 pub(super) async fn first_connection(hosts: &[PgConnectOptions], wait: Duration) -> anyhow::Result<usize> {
+    retrying(
+        wait,
+        "first connection",
+        "database: not available yet; trying again every second (--db-start-wait-secs)",
+        || look(hosts),
+    )
+    .await
+}
+
+/// Run `step` (named `what` in the log) again every [`TRY_EVERY`] for up to `wait` while
+/// its failure may pass, saying `say` every [`SAY_EVERY`] meanwhile; when it gives up
+/// after saying so, its last error says how long it waited.
+async fn retrying<T, F, Fut>(wait: Duration, what: &str, say: &str, mut step: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Failure>>,
+{
     let started = Instant::now();
     let mut said: Option<Instant> = None;
     loop {
-        let failure = match look(hosts).await {
-            Ok(found) => {
+        let failure = match step().await {
+            Ok(done) => {
                 if said.is_some() {
-                    tracing::info!(waited = ?started.elapsed(), "database: reached; starting");
+                    tracing::info!(waited = ?started.elapsed(), step = what, "database: reached; starting");
                 }
-                return Ok(found);
+                return Ok(done);
             }
             Err(failure) => failure,
         };
@@ -68,10 +85,11 @@ pub(super) async fn first_connection(hosts: &[PgConnectOptions], wait: Duration)
         }
         if said.is_none_or(|at| at.elapsed() >= SAY_EVERY) {
             tracing::warn!(
-                error = %failure.error,
+                error = %format!("{:#}", failure.error),
+                step = what,
                 waited_secs = waited.as_secs(),
                 wait_secs = wait.as_secs(),
-                "database: not available yet; trying again every second (--db-start-wait-secs)"
+                "{say}"
             );
             said = Some(Instant::now());
         }
@@ -208,26 +226,21 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<T>>,
 {
-    let started = Instant::now();
-    let mut said: Option<Instant> = None;
-    loop {
-        let error = match step().await {
-            Ok(done) => return Ok(done),
-            Err(error) => error,
-        };
-        // What may pass by itself, as for the first connection: not what the database
-        // answers the step itself (a migration's own error, a pooler in statement mode).
-        let unavailable = error.chain().any(|cause| cause.downcast_ref::<sqlx::Error>().is_some_and(may_pass_sqlx));
-        if !unavailable || started.elapsed() + TRY_EVERY > wait {
-            return Err(error);
+    const SAY: &str = "database: not available for a start-up step; trying again every second (--db-start-wait-secs)";
+    retrying(wait, what, SAY, || {
+        let attempt = step();
+        async move {
+            attempt.await.map_err(|error| {
+                // What may pass by itself, as for the first connection: not what the
+                // database answers the step itself (a migration's own error, a pooler in
+                // statement mode).
+                let may_pass =
+                    error.chain().any(|cause| cause.downcast_ref::<sqlx::Error>().is_some_and(may_pass_sqlx));
+                Failure { error, may_pass }
+            })
         }
-        if said.is_none_or(|at| at.elapsed() >= SAY_EVERY) {
-            tracing::warn!(error = %format!("{error:#}"), step = what, waited_secs = started.elapsed().as_secs(),
-                "database: not available for a start-up step; trying again every second (--db-start-wait-secs)");
-            said = Some(Instant::now());
-        }
-        tokio::time::sleep(TRY_EVERY).await;
-    }
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -440,7 +440,7 @@ async fn a_claim_by_key_on_a_server_turned_read_only_takes_nothing_and_takes_all
 /// connection and the steps after the migrations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_finds_no_connection_after_its_first_waits_and_starts() {
-    const MIGRATION_LOCK_KEY: i64 = 0x7767_6d69_6772_6174;
+    use webhook_gateway::db::MIGRATION_LOCK_KEY;
     let mut db = Private::start().await;
     // Advisory locks are the database's: held in `gw`, where the gateway migrates.
     let mut holder = PgConnection::connect(&db.cluster.url("gw")).await.expect("a connection to gw");

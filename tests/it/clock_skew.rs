@@ -31,10 +31,14 @@ fn shifted_clock(offset: &str) -> [(&'static str, &str); 3] {
     [("LD_PRELOAD", FAKETIME_LIB), ("FAKETIME", offset), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")]
 }
 
-/// A gateway on `db` with `extra` flags whose wall clock is `offset` (libfaketime's
-/// `FAKETIME`, e.g. `-120s`) off the true one.
-fn skewed_gateway(db: &TestDb, offset: &str, extra: &[&str]) -> GatewayProcess {
-    GatewayProcess::start_with_env(&db.url, extra, &shifted_clock(offset))
+/// A gateway on `db` with `extra` flags whose wall clock is `secs` off the true one
+/// (libfaketime's `FAKETIME`, e.g. `-120s`), ready and its shift checked; its base URL.
+async fn skewed_gateway(db: &TestDb, secs: i64, extra: &[&str]) -> (GatewayProcess, String) {
+    let gateway = GatewayProcess::start_with_env(&db.url, extra, &shifted_clock(&format!("{secs:+}s")));
+    wait_ready(gateway.addr).await;
+    gateway_clock_is_shifted(&gateway, secs).await;
+    let base = format!("http://{}", gateway.addr);
+    (gateway, base)
 }
 
 /// The wall clock a process under `offset` reads, seen from the test's own: the control
@@ -103,26 +107,23 @@ async fn retried_after(sink: &Sink) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_whose_clock_is_off_the_database_s_retries_when_the_subscriber_asked() {
     let mut runs = Vec::new();
-    for (offset, secs) in [("-120s", -120), ("+120s", 120)] {
+    for secs in [-120, 120] {
         for as_date in [false, true] {
             let db = TestDb::new().await;
-            let gateway = skewed_gateway(&db, offset, &[]);
-            wait_ready(gateway.addr).await;
-            gateway_clock_is_shifted(&gateway, secs).await;
+            let (gateway, base) = skewed_gateway(&db, secs, &[]).await;
             let sink = retry_after_four_once(as_date).await;
-            let base = format!("http://{}", gateway.addr);
             shop_to(&base, json!({"url": sink.url("/hook")})).await;
             assert_eq!(post_to_shop(&base, "d-1", &json!({"order": 1})).await.0, 200);
-            runs.push((offset, as_date, db, gateway, sink));
+            runs.push((secs, as_date, db, gateway, sink));
         }
     }
-    for (offset, as_date, _db, _gateway, sink) in &runs {
+    for (secs, as_date, _db, _gateway, sink) in &runs {
         let waited = retried_after(sink).await;
         // An HTTP date has whole seconds: four seconds from a time within the second.
         let least = if *as_date { Duration::from_millis(2_900) } else { Duration::from_millis(3_900) };
         let what = if *as_date { "an HTTP date 4 s away" } else { "4 s" };
-        assert!(waited >= least, "clock {offset}: retried after {waited:?}, asked {what}");
-        assert!(waited < Duration::from_secs(60), "clock {offset}: retried after {waited:?}, asked {what}");
+        assert!(waited >= least, "clock {secs:+} s: retried after {waited:?}, asked {what}");
+        assert!(waited < Duration::from_secs(60), "clock {secs:+} s: retried after {waited:?}, asked {what}");
     }
 }
 
@@ -133,15 +134,13 @@ async fn a_replica_whose_clock_is_off_the_database_s_retries_when_the_subscriber
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_whose_clock_is_behind_keeps_an_open_circuit_closed_for_its_cool_down() {
     let db = TestDb::new().await;
-    let gateway = skewed_gateway(
+    let (_gateway, base) = skewed_gateway(
         &db,
-        "-120s",
+        -120,
         &["--circuit-failure-threshold", "2", "--circuit-cooldown-ms", "5000", "--backoff-base-ms", "20"],
-    );
-    wait_ready(gateway.addr).await;
-    gateway_clock_is_shifted(&gateway, -120).await;
+    )
+    .await;
     let sink = Sink::start(|_, _| Reply::status(500)).await;
-    let base = format!("http://{}", gateway.addr);
     shop_to(&base, json!({"url": sink.url("/hook")})).await;
     assert_eq!(post_to_shop(&base, "d-1", &json!({"order": 1})).await.0, 200);
     let requests = eventually(Duration::from_secs(60), "the probe after the circuit opened", || async {
@@ -165,10 +164,7 @@ async fn a_replica_whose_clock_is_behind_keeps_an_open_circuit_closed_for_its_co
 async fn a_replica_whose_clock_is_behind_judges_signed_timestamps_as_the_fleet_does() {
     use crate::support::signing::{now, stripe_header};
     let db = TestDb::new().await;
-    let gateway = skewed_gateway(&db, "-600s", &[]);
-    wait_ready(gateway.addr).await;
-    gateway_clock_is_shifted(&gateway, -600).await;
-    let base = format!("http://{}", gateway.addr);
+    let (_gateway, base) = skewed_gateway(&db, -600, &[]).await;
     let http = reqwest::Client::new();
     let secret = "whsec_it_clock_0123456789abcdef";
     let created = http
@@ -247,10 +243,7 @@ async fn after_a_failover_to_a_server_with_another_clock_the_gateway_follows_the
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_s_overview_on_a_replica_whose_clock_is_off_counts_by_the_database_s() {
     let db = TestDb::new().await;
-    let gateway = skewed_gateway(&db, "+300s", &[]);
-    wait_ready(gateway.addr).await;
-    gateway_clock_is_shifted(&gateway, 300).await;
-    let base = format!("http://{}", gateway.addr);
+    let (_gateway, base) = skewed_gateway(&db, 300, &[]).await;
     let sink = Sink::ok().await;
     shop_to(&base, json!({"url": sink.url("/hook")})).await;
     for i in 0..10 {
@@ -283,20 +276,15 @@ async fn the_console_s_overview_on_a_replica_whose_clock_is_off_counts_by_the_da
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_clock_is_ahead_reports_refusals_for_the_database_s_minute() {
     let db = TestDb::new().await;
-    let gateway = skewed_gateway(&db, "+3600s", &[]);
-    wait_ready(gateway.addr).await;
-    gateway_clock_is_shifted(&gateway, 3600).await;
-    let base = format!("http://{}", gateway.addr);
+    let (_gateway, base) = skewed_gateway(&db, 3600, &[]).await;
+    crate::support::admin_post_at(
+        &base,
+        "/v1/sources",
+        json!({"name": "signed", "kind": "hmac", "secrets": ["s3cret-s3cret-s3cret"],
+               "hmac": {"header": "X-Signature", "algorithm": "sha256", "encoding": "hex"}}),
+    )
+    .await;
     let http = reqwest::Client::new();
-    let created = http
-        .post(format!("{base}/v1/sources"))
-        .bearer_auth(crate::support::ADMIN_TOKEN)
-        .json(&json!({"name": "signed", "kind": "hmac", "secrets": ["s3cret-s3cret-s3cret"],
-                      "hmac": {"header": "X-Signature", "algorithm": "sha256", "encoding": "hex"}}))
-        .send()
-        .await
-        .expect("create the source");
-    assert_eq!(created.status(), 201);
     for _ in 0..25 {
         let refused = http
             .post(format!("{base}/ingest/signed"))

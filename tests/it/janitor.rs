@@ -569,6 +569,32 @@ async fn storage_report_shows_sizes_and_the_last_pass() {
     assert_eq!(unauthenticated.status().as_u16(), 401);
 }
 
+/// A pending delivery to `ep` in line `key`, at `seq`, waiting for its line or not.
+async fn ordered_delivery(pool: &Pool, ep: Uuid, key: &str, seq: i64, waiting: bool) -> Uuid {
+    let ev = event(pool, 1).await;
+    let id = delivery(pool, ev, ep, "pending", None).await;
+    sqlx::query("UPDATE deliveries SET ordering_key = $2, line_seq = $3, waiting = $4 WHERE id = $1")
+        .bind(id)
+        .bind(key)
+        .bind(seq)
+        .bind(waiting)
+        .execute(pool)
+        .await
+        .unwrap();
+    id
+}
+
+/// Line `key` of `ep`, its head `head`.
+async fn order_line(pool: &Pool, ep: Uuid, key: &str, head: Option<Uuid>) {
+    sqlx::query("INSERT INTO order_lines (endpoint_id, ordering_key, head_id) VALUES ($1, $2, $3)")
+        .bind(ep)
+        .bind(key)
+        .bind(head)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 /// Ordering lines an earlier release left idle (no head) are deleted by a pass, in
 /// batches; a line with a head is kept. Lines with a delivery waiting behind no head (a
 /// broken invariant: nothing would ever claim that delivery) are given it as their head,
@@ -589,52 +615,18 @@ async fn headless_ordering_lines_are_deleted_or_given_their_waiting_delivery() {
     .await
     .unwrap();
     // A line in use (its head), and three lines with no head but a waiting delivery each.
-    let ev = event(pool, 1).await;
-    let head = delivery(pool, ev, ep, "pending", None).await;
-    sqlx::query("UPDATE deliveries SET ordering_key = 'busy', line_seq = 1 WHERE id = $1")
-        .bind(head)
-        .execute(pool)
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO order_lines (endpoint_id, ordering_key, head_id) VALUES ($1::uuid, 'busy', $2)")
-        .bind(ep)
-        .bind(head)
-        .execute(pool)
-        .await
-        .unwrap();
+    let head = ordered_delivery(pool, ep, "busy", 1, false).await;
+    order_line(pool, ep, "busy", Some(head)).await;
     let mut stranded = Vec::new();
     for key in ["odd-1", "odd-2", "odd-3"] {
-        let ev = event(pool, 1).await;
-        let waiting = delivery(pool, ev, ep, "pending", None).await;
-        sqlx::query("UPDATE deliveries SET ordering_key = $2, line_seq = 2, waiting = true WHERE id = $1")
-            .bind(waiting)
-            .bind(key)
-            .execute(pool)
-            .await
-            .unwrap();
-        sqlx::query("INSERT INTO order_lines (endpoint_id, ordering_key, head_id) VALUES ($1::uuid, $2, NULL)")
-            .bind(ep)
-            .bind(key)
-            .execute(pool)
-            .await
-            .unwrap();
+        let waiting = ordered_delivery(pool, ep, key, 2, true).await;
+        order_line(pool, ep, key, None).await;
         stranded.push((key, waiting));
     }
 
     // And a line whose head names a delivery that is gone, with one waiting behind it.
-    let ev = event(pool, 1).await;
-    let orphaned = delivery(pool, ev, ep, "pending", None).await;
-    sqlx::query("UPDATE deliveries SET ordering_key = 'orphan', line_seq = 2, waiting = true WHERE id = $1")
-        .bind(orphaned)
-        .execute(pool)
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO order_lines (endpoint_id, ordering_key, head_id) VALUES ($1::uuid, 'orphan', $2)")
-        .bind(ep)
-        .bind(Uuid::new_v4())
-        .execute(pool)
-        .await
-        .unwrap();
+    let orphaned = ordered_delivery(pool, ep, "orphan", 2, true).await;
+    order_line(pool, ep, "orphan", Some(Uuid::new_v4())).await;
     stranded.push(("orphan", orphaned));
     stranded.sort();
 

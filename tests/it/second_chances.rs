@@ -51,6 +51,21 @@ async fn hold(app: &TestApp, sql: &str) -> webhook_gateway::db::Tx {
     holder
 }
 
+/// `first` and then `second` (method, path, body), each sent once the one before waits
+/// on the rows `lock` (a `FOR UPDATE`) holds; then the lock is let go: their statuses.
+async fn queued_on(app: &TestApp, lock: &str, first: Request, second: Request) -> (u16, u16) {
+    let holder = hold(app, lock).await;
+    let first = call(app, first.0, first.1, first.2);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = call(app, second.0, second.1, second.2);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.rollback().await.expect("let the rows go");
+    (first.await.expect("first call"), second.await.expect("second call"))
+}
+
+/// A call of the admin API: method, path and body.
+type Request = (reqwest::Method, String, Option<serde_json::Value>);
+
 /// `method path` with the admin token, in a task: its status.
 fn call(
     app: &TestApp,
@@ -85,14 +100,15 @@ async fn waiting(app: &TestApp, ids: &[Uuid]) -> Vec<bool> {
 async fn an_unblock_queued_behind_a_redelivery_lets_nothing_go_before_the_head() {
     let app = TestApp::spawn().await;
     let (_, [head, second, third]) = blocked_line(&app).await;
-    let holder = hold(&app, "SELECT 1 FROM order_lines WHERE ordering_key = 'k' FOR UPDATE").await;
-    let redelivered = call(&app, reqwest::Method::POST, format!("/v1/deliveries/{head}/redeliver"), None);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let unblocked = call(&app, reqwest::Method::POST, format!("/v1/deliveries/{head}/unblock"), None);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    holder.rollback().await.expect("let the line go");
-    assert_eq!(redelivered.await.expect("redeliver"), 200);
-    assert_eq!(unblocked.await.expect("unblock"), 409, "the head is no longer dead");
+    let (redelivered, unblocked) = queued_on(
+        &app,
+        "SELECT 1 FROM order_lines WHERE ordering_key = 'k' FOR UPDATE",
+        (reqwest::Method::POST, format!("/v1/deliveries/{head}/redeliver"), None),
+        (reqwest::Method::POST, format!("/v1/deliveries/{head}/unblock"), None),
+    )
+    .await;
+    assert_eq!(redelivered, 200);
+    assert_eq!(unblocked, 409, "the head is no longer dead");
     assert_eq!(waiting(&app, &[head, second, third]).await, [false, true, true], "the head goes first");
 }
 
@@ -104,16 +120,16 @@ async fn an_unblock_queued_behind_a_redelivery_lets_nothing_go_before_the_head()
 async fn a_recovery_and_a_redelivery_of_one_delivery_do_not_deadlock() {
     let app = TestApp::spawn().await;
     let (endpoint, [head, second, third]) = blocked_line(&app).await;
-    let holder = hold(&app, "SELECT 1 FROM order_lines WHERE ordering_key = 'k' FOR UPDATE").await;
-    let redelivered = call(&app, reqwest::Method::POST, format!("/v1/deliveries/{head}/redeliver"), None);
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let since = (chrono::Utc::now() - chrono::Duration::minutes(10)).to_rfc3339();
-    let recovered =
-        call(&app, reqwest::Method::POST, format!("/v1/endpoints/{endpoint}/recover"), Some(json!({"since": since})));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    holder.rollback().await.expect("let the line go");
-    assert_eq!(redelivered.await.expect("redeliver"), 200);
-    assert_eq!(recovered.await.expect("recover"), 200);
+    let (redelivered, recovered) = queued_on(
+        &app,
+        "SELECT 1 FROM order_lines WHERE ordering_key = 'k' FOR UPDATE",
+        (reqwest::Method::POST, format!("/v1/deliveries/{head}/redeliver"), None),
+        (reqwest::Method::POST, format!("/v1/endpoints/{endpoint}/recover"), Some(json!({"since": since}))),
+    )
+    .await;
+    assert_eq!(redelivered, 200);
+    assert_eq!(recovered, 200);
     assert_eq!(waiting(&app, &[head, second, third]).await, [false, true, true]);
 }
 
@@ -125,14 +141,14 @@ async fn a_recovery_and_a_redelivery_of_one_delivery_do_not_deadlock() {
 async fn a_redelivery_racing_its_endpoint_s_deletion_leaves_nothing_pending() {
     let app = TestApp::spawn().await;
     let (endpoint, [head, ..]) = blocked_line(&app).await;
-    let holder = hold(&app, &format!("SELECT 1 FROM deliveries WHERE id = '{head}' FOR UPDATE")).await;
-    let redelivered = call(&app, reqwest::Method::POST, format!("/v1/deliveries/{head}/redeliver"), None);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let deleted = call(&app, reqwest::Method::DELETE, format!("/v1/endpoints/{endpoint}?force=true"), None);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    holder.rollback().await.expect("let the delivery go");
-    assert_eq!(deleted.await.expect("delete"), 200);
-    redelivered.await.expect("redeliver");
+    let (_, deleted) = queued_on(
+        &app,
+        &format!("SELECT 1 FROM deliveries WHERE id = '{head}' FOR UPDATE"),
+        (reqwest::Method::POST, format!("/v1/deliveries/{head}/redeliver"), None),
+        (reqwest::Method::DELETE, format!("/v1/endpoints/{endpoint}?force=true"), None),
+    )
+    .await;
+    assert_eq!(deleted, 200);
     let pending: i64 =
         sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE endpoint_id = $1::uuid AND status = 'pending'")
             .bind(&endpoint)
